@@ -1,0 +1,510 @@
+//! The key template language, parsed without syn: a pure function over a `&str`.
+//!
+//! ```text
+//! invoice:<month>:<customer_id>      text and placeholders
+//! charge:<order.id>:<order.lines.0>  a placeholder reaches into fields (and tuple fields)
+//! kind:<r#type> or kind:<type>       raw identifiers; both name the parameter `r#type`
+//! tag:\<b\>:<id>                     `\<`, `\>` and `\\` are a literal `<`, `>` and `\`
+//! ```
+//!
+//! Between two placeholders there must be text starting with a symbol (not a letter, digit or `%`);
+//! the runtime escapes that symbol inside values, which keeps keys unambiguous.
+
+use std::fmt::Write as _;
+use std::ops::Range;
+
+/// A parsed template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    pub pieces: Vec<Piece>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Literal text, unescaped.
+    Text(String),
+    Placeholder(Placeholder),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placeholder {
+    /// The parameter, then any fields.
+    pub path: Vec<Segment>,
+    /// Byte range of `<...>` in the template source.
+    pub range: Range<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// A name, without any `r#`.
+    Name(String),
+    /// A tuple field.
+    Index(u32),
+}
+
+/// One problem in a template, with the part of the source it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateError {
+    pub message: String,
+    pub range: Range<usize>,
+}
+
+impl Placeholder {
+    /// The parameter the placeholder starts from.
+    pub fn root(&self) -> &str {
+        match self.path.first() {
+            Some(Segment::Name(name)) => name,
+            _ => "",
+        }
+    }
+
+    /// The placeholder as it would be written, `<a.b>`.
+    pub fn display(&self) -> String {
+        let mut out = String::from("<");
+        for (i, segment) in self.path.iter().enumerate() {
+            if i > 0 {
+                out.push('.');
+            }
+            match segment {
+                Segment::Name(name) if is_keyword(name) => {
+                    let _ = write!(out, "r#{name}");
+                }
+                Segment::Name(name) => out.push_str(name),
+                Segment::Index(index) => {
+                    let _ = write!(out, "{index}");
+                }
+            }
+        }
+        out.push('>');
+        out
+    }
+}
+
+impl Template {
+    pub fn placeholders(&self) -> impl Iterator<Item = &Placeholder> {
+        self.pieces.iter().filter_map(|piece| match piece {
+            Piece::Placeholder(p) => Some(p),
+            Piece::Text(_) => None,
+        })
+    }
+
+    /// The characters the runtime must escape inside values: the first character of every text that
+    /// stands between two placeholders.
+    pub fn escapes(&self) -> Vec<char> {
+        let mut escapes = Vec::new();
+        for window in self.pieces.windows(3) {
+            if let [Piece::Placeholder(_), Piece::Text(text), Piece::Placeholder(_)] = window
+                && let Some(first) = text.chars().next()
+                && !escapes.contains(&first)
+            {
+                escapes.push(first);
+            }
+        }
+        escapes
+    }
+
+    /// The template written back in the template language (a parse of it gives `self` again).
+    #[cfg(test)]
+    pub fn to_source(&self) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(text) => {
+                    for c in text.chars() {
+                        if matches!(c, '<' | '>' | '\\') {
+                            out.push('\\');
+                        }
+                        out.push(c);
+                    }
+                }
+                Piece::Placeholder(p) => out.push_str(&p.display()),
+            }
+        }
+        out
+    }
+}
+
+/// Parses `source`, reporting every problem at once.
+pub fn parse(source: &str) -> Result<Template, Vec<TemplateError>> {
+    let mut errors = Vec::new();
+    let mut pieces: Vec<Piece> = Vec::new();
+    let mut text = String::new();
+    let mut chars = source.char_indices().peekable();
+
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some((_, escaped @ ('<' | '>' | '\\'))) => text.push(escaped),
+                Some((next_at, other)) => errors.push(TemplateError {
+                    message: format!(
+                        "unknown escape `\\{other}`; only `\\<`, `\\>` and `\\\\` are escapes (a literal `<`, `>` and `\\`)"
+                    ),
+                    range: at..next_at + other.len_utf8(),
+                }),
+                None => errors.push(TemplateError {
+                    message: "the template ends with a lone `\\`; write `\\\\` for a literal backslash"
+                        .to_owned(),
+                    range: at..source.len(),
+                }),
+            },
+            '>' => errors.push(TemplateError {
+                message: "unexpected `>` with no `<` before it; write `\\>` for a literal `>`"
+                    .to_owned(),
+                range: at..at + 1,
+            }),
+            '<' => {
+                // Scan to the matching `>`, counting nested `<` so one error covers `<<a>>`.
+                let mut depth = 1usize;
+                let mut nested = false;
+                let mut end = None;
+                for (inner_at, inner) in chars.by_ref() {
+                    match inner {
+                        '<' => {
+                            depth += 1;
+                            nested = true;
+                        }
+                        '>' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = Some(inner_at + 1);
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let Some(end) = end else {
+                    errors.push(TemplateError {
+                        message: format!(
+                            "unclosed placeholder `{}`: add the closing `>`, or write `\\<` for a literal `<`",
+                            &source[at..]
+                        ),
+                        range: at..source.len(),
+                    });
+                    continue;
+                };
+                let written = &source[at..end];
+                if nested {
+                    errors.push(TemplateError {
+                        message: format!(
+                            "placeholders cannot nest: `{written}`; a placeholder is one parameter name like `<customer_id>`, or a field path like `<job.customer_id>`"
+                        ),
+                        range: at..end,
+                    });
+                    continue;
+                }
+                match parse_path(&source[at + 1..end - 1]) {
+                    Ok(path) => {
+                        if !text.is_empty() {
+                            pieces.push(Piece::Text(std::mem::take(&mut text)));
+                        }
+                        pieces.push(Piece::Placeholder(Placeholder {
+                            path,
+                            range: at..end,
+                        }));
+                    }
+                    Err(message) => errors.push(TemplateError {
+                        message,
+                        range: at..end,
+                    }),
+                }
+            }
+            c if c.is_control() => errors.push(TemplateError {
+                message: format!(
+                    "the template contains the control character {c:?}; keys are readable text"
+                ),
+                range: at..at + c.len_utf8(),
+            }),
+            c => text.push(c),
+        }
+    }
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+
+    check_separators(source, &pieces, &mut errors);
+    if errors.is_empty() {
+        Ok(Template { pieces })
+    } else {
+        Err(errors)
+    }
+}
+
+/// Two placeholders need text between them that starts with a symbol: the runtime escapes that
+/// symbol inside values, so keys can be split back into values unambiguously.
+fn check_separators(source: &str, pieces: &[Piece], errors: &mut Vec<TemplateError>) {
+    let mut previous: Option<&Placeholder> = None;
+    let mut between: Option<&str> = None;
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => between = Some(text),
+            Piece::Placeholder(next) => {
+                if let Some(before) = previous {
+                    let range = before.range.start..next.range.end;
+                    let shown = &source[range.clone()];
+                    match between.and_then(|t| t.chars().next()) {
+                        None => errors.push(TemplateError {
+                            message: format!(
+                                "placeholders `{}` and `{}` touch in `{shown}`; put a separator such as `:` between them, or two different values could give the same key",
+                                before.display(),
+                                next.display()
+                            ),
+                            range,
+                        }),
+                        Some(first) if !is_valid_separator_start(first) => {
+                            errors.push(TemplateError {
+                                message: format!(
+                                    "the text between `{}` and `{}` in `{shown}` starts with `{first}`; start it with a symbol such as `:`, `/` or `-` (not a letter, digit or `%`), or two different values could give the same key",
+                                    before.display(),
+                                    next.display()
+                                ),
+                                range,
+                            });
+                        }
+                        Some(_) => {}
+                    }
+                }
+                previous = Some(next);
+                between = None;
+            }
+        }
+    }
+}
+
+/// Must agree with `idempotent_runtime::key::is_valid_separator_start`.
+pub fn is_valid_separator_start(c: char) -> bool {
+    !(c == '%' || c.is_ascii_alphanumeric() || c.is_control())
+}
+
+fn parse_path(inner: &str) -> Result<Vec<Segment>, String> {
+    if inner.is_empty() {
+        return Err(
+            "empty placeholder `<>`: name a parameter of the function, like `<customer_id>`"
+                .to_owned(),
+        );
+    }
+    if inner.chars().any(char::is_whitespace) {
+        let trimmed: String = inner.chars().filter(|c| !c.is_whitespace()).collect();
+        return Err(format!(
+            "spaces are not allowed inside a placeholder: write `<{trimmed}>` instead of `<{inner}>`"
+        ));
+    }
+    let mut path = Vec::new();
+    for (i, part) in inner.split('.').enumerate() {
+        if i > 0
+            && !part.is_empty()
+            && part.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(index) = part.parse::<u32>()
+            && (part == "0" || !part.starts_with('0'))
+        {
+            path.push(Segment::Index(index));
+            continue;
+        }
+        match parse_ident(part) {
+            Some(name) => path.push(Segment::Name(name)),
+            None => return Err(not_an_identifier(inner, part)),
+        }
+    }
+    Ok(path)
+}
+
+fn not_an_identifier(inner: &str, part: &str) -> String {
+    let mut message = if part.is_empty() {
+        format!("`<{inner}>` has an empty name; a field path looks like `<job.customer_id>`")
+    } else if part.starts_with(|c: char| c.is_ascii_digit()) {
+        format!(
+            "`{part}` in `<{inner}>` is not a parameter name: names start with a letter or `_`"
+        )
+    } else {
+        format!(
+            "`{part}` in `<{inner}>` is not a parameter name: use letters, digits and `_`, and `.` for a field"
+        )
+    };
+    let fixed: String = part
+        .chars()
+        .map(|c| if c.is_alphanumeric() { c } else { '_' })
+        .collect();
+    if fixed != part && parse_ident(&fixed).is_some() {
+        let _ = write!(message, "; did you mean `<{}>`?", inner.replace(part, &fixed));
+    }
+    message
+}
+
+/// An identifier, raw or not, returned without `r#`.
+fn parse_ident(part: &str) -> Option<String> {
+    let (raw, name) = match part.strip_prefix("r#") {
+        Some(name) => (true, name),
+        None => (false, part),
+    };
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    if !(first == '_' || first.is_alphabetic()) || !chars.all(|c| c == '_' || c.is_alphanumeric()) {
+        return None;
+    }
+    if name == "_" || (raw && matches!(name, "self" | "Self" | "super" | "crate")) {
+        return None;
+    }
+    Some(name.to_owned())
+}
+
+/// Rust keywords, which a parameter can only be named with `r#`.
+pub fn is_keyword(name: &str) -> bool {
+    matches!(
+        name,
+        "as" | "break"
+            | "const"
+            | "continue"
+            | "crate"
+            | "else"
+            | "enum"
+            | "extern"
+            | "false"
+            | "fn"
+            | "for"
+            | "if"
+            | "impl"
+            | "in"
+            | "let"
+            | "loop"
+            | "match"
+            | "mod"
+            | "move"
+            | "mut"
+            | "pub"
+            | "ref"
+            | "return"
+            | "static"
+            | "struct"
+            | "super"
+            | "trait"
+            | "true"
+            | "type"
+            | "unsafe"
+            | "use"
+            | "where"
+            | "while"
+            | "async"
+            | "await"
+            | "dyn"
+            | "abstract"
+            | "become"
+            | "box"
+            | "do"
+            | "final"
+            | "macro"
+            | "override"
+            | "priv"
+            | "typeof"
+            | "unsized"
+            | "virtual"
+            | "yield"
+            | "try"
+            | "gen"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn names(t: &Template) -> Vec<String> {
+        t.placeholders().map(Placeholder::display).collect()
+    }
+
+    fn errors(source: &str) -> Vec<String> {
+        parse(source)
+            .expect_err("template should be rejected")
+            .into_iter()
+            .map(|e| e.message)
+            .collect()
+    }
+
+    #[test]
+    fn text_and_placeholders() {
+        let t = parse("invoice:<month>:<customer_id>").unwrap();
+        assert_eq!(names(&t), ["<month>", "<customer_id>"]);
+        assert_eq!(t.pieces[0], Piece::Text("invoice:".into()));
+        assert_eq!(t.escapes(), [':']);
+    }
+
+    #[test]
+    fn field_paths_raw_identifiers_and_tuple_fields() {
+        let t = parse("<job.customer.id>/<r#type>/<type>/<pair.0>").unwrap();
+        let paths: Vec<_> = t.placeholders().map(|p| p.path.clone()).collect();
+        assert_eq!(
+            paths[0],
+            ["job", "customer", "id"].map(|s| Segment::Name(s.into()))
+        );
+        assert_eq!(paths[1], [Segment::Name("type".into())]);
+        assert_eq!(paths[2], [Segment::Name("type".into())]);
+        assert_eq!(
+            paths[3],
+            [Segment::Name("pair".into()), Segment::Index(0)]
+        );
+    }
+
+    #[test]
+    fn escapes_give_literal_angle_brackets() {
+        let t = parse(r"tag:\<b\>\\:<id>").unwrap();
+        assert_eq!(t.pieces[0], Piece::Text(r"tag:<b>\:".into()));
+        assert_eq!(t.to_source(), r"tag:\<b\>\\:<id>");
+    }
+
+    #[test]
+    fn each_misuse_has_its_message() {
+        assert!(errors("a:<id")[0].starts_with("unclosed placeholder `<id`"));
+        assert!(errors("a>b:<id>")[0].starts_with("unexpected `>`"));
+        assert!(errors("<<a>>")[0].starts_with("placeholders cannot nest: `<<a>>`"));
+        assert!(errors("a:<>")[0].starts_with("empty placeholder"));
+        assert!(errors("<customer-id>")[0].contains("did you mean `<customer_id>`?"));
+        assert!(errors("<1x>")[0].contains("names start with a letter"));
+        assert!(errors("< id >")[0].contains("write `<id>`"));
+        assert!(errors("<a><b>")[0].contains("touch"));
+        assert!(errors("<a>x<b>")[0].contains("starts with `x`"));
+        assert!(errors("<a>%<b>")[0].contains("starts with `%`"));
+        assert!(errors(r"\q<a>")[0].starts_with("unknown escape"));
+        assert!(errors("a\n<b>")[0].contains("control character"));
+    }
+
+    #[test]
+    fn all_errors_are_reported_at_once() {
+        assert_eq!(errors("<a-b>:<>:<c").len(), 3);
+    }
+
+    fn template_source() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![
+                "[a-z:/\\-_.]{1,4}",
+                "<[a-z_][a-z0-9_]{0,5}(\\.[a-z_][a-z0-9_]{0,3}){0,2}>",
+                "\\\\[<>\\\\]",
+            ],
+            0..6,
+        )
+        .prop_map(|parts| parts.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn no_input_makes_the_parser_panic(source in "\\PC*") {
+            let _ = parse(&source);
+        }
+
+        #[test]
+        fn no_ascii_input_makes_the_parser_panic(source in "[ -~\\n]{0,40}") {
+            let _ = parse(&source);
+        }
+
+        #[test]
+        fn every_accepted_template_round_trips(source in template_source()) {
+            if let Ok(template) = parse(&source) {
+                let again = parse(&template.to_source()).expect("a written-back template parses");
+                prop_assert_eq!(&again.pieces.len(), &template.pieces.len());
+                prop_assert_eq!(again.to_source(), template.to_source());
+                let placeholders: Vec<_> = template.placeholders().map(|p| &p.path).collect();
+                let placeholders_again: Vec<_> = again.placeholders().map(|p| &p.path).collect();
+                prop_assert_eq!(placeholders, placeholders_again);
+            }
+        }
+    }
+}

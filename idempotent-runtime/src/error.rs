@@ -1,0 +1,122 @@
+//! The runtime's one error type.
+
+use std::fmt;
+
+/// What went wrong while claiming, running or recording a job.
+///
+/// A handler's error type absorbs this with `From<idempotent::Error>`; with `thiserror` that is one
+/// line: `#[error(transparent)] Idempotent(#[from] idempotent::Error)`.
+///
+/// Every variant leaves the database as it was before the call: the job's transaction was rolled back,
+/// its claim with it, so retrying the job is safe.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database refused a statement of the claim, the record or the commit.
+    #[error("job `{job}` (key `{key}`): the database failed while {step}: {source}")]
+    Database {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key (redacted when the job asks for it).
+        key: String,
+        /// What the runtime was doing.
+        step: Step,
+        /// Diesel's error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
+    /// The handler's `Ok` value could not be turned into JSON for storage.
+    #[error(
+        "job `{job}` (key `{key}`): its result could not be stored as JSON ({source}); the job was rolled back. Make the result type serialize without error (maps need string keys)"
+    )]
+    StoreResult {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The result stored by the first run no longer decodes into the handler's result type,
+    /// usually because that type changed since.
+    #[error(
+        "job `{job}` (key `{key}`) already ran, but its stored result no longer decodes into the handler's result type ({source}). The job was not run again. If the type changed on purpose, keep it able to read the old JSON (`#[serde(default)]`, an enum with the old shape) or delete the row from done_jobs"
+    )]
+    ReplayDecode {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The key is already claimed, by a different job. Two jobs whose keys meet would silently skip
+    /// each other's work, so this is an error, not a replay.
+    #[error(
+        "job `{job}` tried to claim key `{key}`, which job `{claimed_by}` already claimed. Give each job its own key prefix (for example `{job}:...`)"
+    )]
+    KeyClaimedByOtherJob {
+        /// The job that tried to claim.
+        job: &'static str,
+        /// The key.
+        key: String,
+        /// The job recorded with the key.
+        claimed_by: String,
+    },
+
+    /// Claiming kept failing with errors that are normally retried (SQLite busy, MySQL deadlock).
+    #[error(
+        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts; the database stayed busy or kept reporting deadlocks: {source}"
+    )]
+    ClaimRetriesExhausted {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// How many times the claim was tried.
+        attempts: u32,
+        /// The last error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
+    /// Running the migrations of the done-jobs schema failed.
+    #[error("creating the done_jobs schema failed: {0}")]
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The step of a job at which the database failed, for [`Error::Database`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Step {
+    /// Opening the job's transaction.
+    Begin,
+    /// Inserting or reading the claim.
+    Claim,
+    /// Storing the handler's result.
+    Record,
+    /// Committing the transaction.
+    Commit,
+    /// Rolling the transaction back.
+    Rollback,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Begin => "opening the transaction",
+            Step::Claim => "claiming the key",
+            Step::Record => "storing the result",
+            Step::Commit => "committing",
+            Step::Rollback => "rolling back",
+        })
+    }
+}
+
+/// Shorthand for results whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,90 @@
+//! The runtime behind `#[idempotent_job]`: the done-jobs schema and the claim-run-record transaction
+//! for Diesel connections.
+//!
+//! Most users depend on the `idempotent` facade crate and use the attribute. This crate holds what
+//! the attribute expands to, public so that you can call it yourself:
+//!
+//! * [`run`]: one job call in one transaction, returning an [`Outcome`] (ran or replayed);
+//! * [`JobKey`] and [`KeyBuilder`]: keys with escaped values;
+//! * [`migrate`] and [`schema`]: the `done_jobs` table.
+//!
+//! The rule it implements comes from the
+//! <a href="https://agentwranglers.se/playbook/scaling/background-jobs-and-queues/idempotent-jobs">Agent Wranglers scaling playbook</a>.
+#![deny(missing_docs)]
+
+mod error;
+mod job;
+pub mod key;
+mod outcome;
+mod run;
+pub mod schema;
+pub mod store;
+
+pub use error::{Error, Result, Step};
+pub use job::Job;
+pub use key::{JobKey, KeyBuilder, KeyError};
+pub use outcome::Outcome;
+pub use run::run;
+pub use store::JobStore;
+
+/// Creates the runtime's tables (`done_jobs`) if they do not exist yet, with Diesel's embedded
+/// migrations for the connection's backend. Safe to call at every start.
+///
+/// Teams with their own migration tool can apply the plain SQL files under
+/// `idempotent-runtime/migrations/<backend>/` instead.
+///
+/// ```
+/// use diesel::prelude::*;
+///
+/// let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+/// idempotent_runtime::migrate(&mut conn)?;
+/// # Ok::<(), idempotent_runtime::Error>(())
+/// ```
+pub fn migrate<C>(conn: &mut C) -> Result<()>
+where
+    C: JobStore + diesel_migrations::MigrationHarness<<C as diesel::Connection>::Backend>,
+{
+    conn.run_pending_migrations(C::migrations())
+        .map(drop)
+        .map_err(Error::Migration)
+}
+
+/// What generated code uses. Not part of the public API: it may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::job::Job;
+    pub use crate::key::KeyWriter;
+    pub use crate::outcome::Outcome;
+    pub use crate::run::run_with;
+    pub use crate::store::JobStore;
+
+    /// Reaches the Diesel connection behind a handler's connection parameter. Called with method
+    /// syntax, so auto-deref finds the connection inside an r2d2 pooled connection or a `Box`.
+    pub trait AsJobStore {
+        /// The connection itself.
+        fn __idempotent_store(&mut self) -> &mut Self;
+    }
+
+    impl<C: JobStore> AsJobStore for C {
+        fn __idempotent_store(&mut self) -> &mut Self {
+            self
+        }
+    }
+
+    /// A placeholder's value: anything `Display`, written into the key escaped.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be used in a job key: it does not implement `Display`",
+        label = "this parameter is a key placeholder, so its value must implement `std::fmt::Display`",
+        note = "implement `Display` for it, or name a field that does: `<param.field>`"
+    )]
+    pub trait KeyValue {
+        /// Writes the value into the key.
+        fn write_key(&self, writer: &mut KeyWriter);
+    }
+
+    impl<T: std::fmt::Display + ?Sized> KeyValue for T {
+        fn write_key(&self, writer: &mut KeyWriter) {
+            writer.value(self);
+        }
+    }
+}

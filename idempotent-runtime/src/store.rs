@@ -1,0 +1,297 @@
+//! The store: the handful of statements a job needs, per connection type.
+//!
+//! [`JobStore`] is implemented for each Diesel connection type this crate supports. The statements
+//! are Diesel DSL, so they are prepared once per connection and cached: a fresh claim is one
+//! `INSERT`, a replay one `INSERT` that inserts nothing plus one `SELECT`.
+//!
+//! The claim follows the rule from the
+//! <a href="https://agentwranglers.se/playbook/scaling/background-jobs-and-queues/idempotent-jobs">Agent Wranglers scaling playbook</a>:
+//! record the key under a unique constraint in the same transaction as the work, and skip when it
+//! exists.
+
+use chrono::NaiveDateTime;
+use diesel::connection::{AnsiTransactionManager, Connection};
+use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
+use diesel_migrations::EmbeddedMigrations;
+
+/// Whether the job's transaction is the outermost one or a savepoint inside the caller's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nesting {
+    /// The job opened the transaction: its commit is the real commit.
+    Outermost,
+    /// The caller was already in a transaction: the job runs in a savepoint and its claim commits
+    /// when the caller's transaction does.
+    Savepoint,
+}
+
+/// What the runtime writes when it claims a key.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// SHA-256 of the key: the primary key of `done_jobs`.
+    pub digest: &'a [u8; 32],
+    /// The readable key.
+    pub key: &'a str,
+    /// The claiming job's name.
+    pub job: &'a str,
+    /// The fingerprint of the inputs that must match on a replay.
+    pub fingerprint: Option<&'a [u8]>,
+    /// The worker's clock, UTC.
+    pub now: NaiveDateTime,
+    /// When the claim lapses, if it does.
+    pub expires_at: Option<NaiveDateTime>,
+}
+
+/// A `done_jobs` row as the claim reads it back.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::Queryable)]
+pub struct DoneRow {
+    /// The job that claimed the key.
+    pub job_name: String,
+    /// The stored result (JSON), if any.
+    pub result: Option<String>,
+    /// The stored fingerprint, if any.
+    pub fingerprint: Option<Vec<u8>>,
+    /// When the claim lapses, if it does.
+    pub expires_at: Option<NaiveDateTime>,
+}
+
+/// What claiming a key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimState {
+    /// The key was free (or its claim had lapsed) and is now claimed by this transaction.
+    Fresh,
+    /// The key was already claimed; the row says by whom and with what result.
+    Done(DoneRow),
+}
+
+/// The statements the runtime needs from a connection, implemented for `SqliteConnection`,
+/// `PgConnection` and `MysqlConnection` (with their features).
+///
+/// You do not call these yourself; [`run`](crate::run) and the `#[idempotent_job]` attribute do.
+/// Every method runs inside the job's transaction.
+pub trait JobStore: Connection<TransactionManager = AnsiTransactionManager> {
+    /// Opens the job's transaction: on PostgreSQL at READ COMMITTED (a waiter must see the winner's
+    /// row, not fail with a serialization error), on SQLite `BEGIN IMMEDIATE` (take the write lock
+    /// first: a deferred transaction that reads and then writes fails at once with "database is
+    /// locked"). Inside a caller's transaction, opens a savepoint instead.
+    fn begin_job(&mut self) -> QueryResult<Nesting>;
+
+    /// Inserts the claim. `Ok(true)`: inserted; `Ok(false)`: the key exists (and, if another
+    /// transaction holds it, that transaction has finished).
+    fn insert_claim(&mut self, claim: &Claim<'_>) -> QueryResult<bool>;
+
+    /// Reads the row of a claimed key (on MySQL with a locking read, which sees the latest committed
+    /// row where a REPEATABLE READ snapshot might not).
+    fn find_claim(&mut self, digest: &[u8; 32]) -> QueryResult<Option<DoneRow>>;
+
+    /// Takes over a claim that has lapsed: `Ok(true)` if this transaction now holds it.
+    fn renew_lapsed_claim(&mut self, claim: &Claim<'_>) -> QueryResult<bool>;
+
+    /// Stores the handler's result in the claimed row.
+    fn record_result(&mut self, digest: &[u8; 32], result: &str) -> QueryResult<()>;
+
+    /// Errors after which the whole transaction can simply be tried again (SQLite busy, deadlocks).
+    fn is_transient(error: &DieselError) -> bool;
+
+    /// The embedded migrations that create this backend's tables.
+    fn migrations() -> EmbeddedMigrations;
+}
+
+/// Claims `claim.digest` in the open transaction: insert, or read what is there.
+pub(crate) fn claim<C: JobStore>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<ClaimState> {
+    // Each turn either claims, or finds a live row; a row that vanishes (pruned) or lapses between
+    // our statements sends us round again. Three turns cover every interleaving of two writers.
+    for _ in 0..3 {
+        if conn.insert_claim(claim)? {
+            return Ok(ClaimState::Fresh);
+        }
+        match conn.find_claim(claim.digest)? {
+            Some(row) if row.expires_at.is_some_and(|at| at <= claim.now) => {
+                if conn.renew_lapsed_claim(claim)? {
+                    return Ok(ClaimState::Fresh);
+                }
+            }
+            Some(row) => return Ok(ClaimState::Done(row)),
+            None => {}
+        }
+    }
+    Err(DieselError::DatabaseError(
+        DatabaseErrorKind::SerializationFailure,
+        Box::new(String::from(
+            "the claimed key kept changing under the claim (pruned or renewed by other workers)",
+        )),
+    ))
+}
+
+/// Opens a transaction with `sql`, or a savepoint when the caller already holds one.
+pub(crate) fn begin_with<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    match AnsiTransactionManager::begin_transaction_sql(conn, sql) {
+        Ok(()) => Ok(Nesting::Outermost),
+        Err(DieselError::AlreadyInTransaction) => {
+            <AnsiTransactionManager as diesel::connection::TransactionManager<C>>::begin_transaction(
+                conn,
+            )?;
+            Ok(Nesting::Savepoint)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Implements the DSL statements shared by every backend; `insert_claim`, `begin_job` and
+/// `is_transient` differ per backend and are passed in.
+macro_rules! impl_job_store {
+    (
+        $conn:ty,
+        migrations: $migrations:expr,
+        begin: $begin:expr,
+        insert: |$iconn:ident, $values:ident| $insert:expr,
+        find: |$query:ident| $find:expr,
+        transient: |$err:ident| $transient:expr $(,)?
+    ) => {
+        impl $crate::store::JobStore for $conn {
+            fn begin_job(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
+                $crate::store::begin_with(self, $begin)
+            }
+
+            fn insert_claim(
+                &mut self,
+                claim: &$crate::store::Claim<'_>,
+            ) -> diesel::QueryResult<bool> {
+                use $crate::schema::done_jobs::dsl as dj;
+                use diesel::prelude::*;
+                let $iconn = self;
+                let $values = (
+                    dj::key_digest.eq(&claim.digest[..]),
+                    dj::job_key.eq(claim.key),
+                    dj::job_name.eq(claim.job),
+                    dj::fingerprint.eq(claim.fingerprint),
+                    dj::done_at.eq(claim.now),
+                    dj::expires_at.eq(claim.expires_at),
+                );
+                $insert
+            }
+
+            fn find_claim(
+                &mut self,
+                digest: &[u8; 32],
+            ) -> diesel::QueryResult<Option<$crate::store::DoneRow>> {
+                use $crate::schema::done_jobs::dsl as dj;
+                use diesel::prelude::*;
+                let $query = dj::done_jobs
+                    .filter(dj::key_digest.eq(&digest[..]))
+                    .select((dj::job_name, dj::result, dj::fingerprint, dj::expires_at));
+                $find.first::<$crate::store::DoneRow>(self).optional()
+            }
+
+            fn renew_lapsed_claim(
+                &mut self,
+                claim: &$crate::store::Claim<'_>,
+            ) -> diesel::QueryResult<bool> {
+                use $crate::schema::done_jobs::dsl as dj;
+                use diesel::prelude::*;
+                let renewed = diesel::update(
+                    dj::done_jobs
+                        .filter(dj::key_digest.eq(&claim.digest[..]))
+                        .filter(dj::expires_at.le(claim.now)),
+                )
+                .set((
+                    dj::job_key.eq(claim.key),
+                    dj::job_name.eq(claim.job),
+                    dj::fingerprint.eq(claim.fingerprint),
+                    dj::result.eq(None::<&str>),
+                    dj::done_at.eq(claim.now),
+                    dj::expires_at.eq(claim.expires_at),
+                ))
+                .execute(self)?;
+                Ok(renewed == 1)
+            }
+
+            fn record_result(
+                &mut self,
+                digest: &[u8; 32],
+                result: &str,
+            ) -> diesel::QueryResult<()> {
+                use $crate::schema::done_jobs::dsl as dj;
+                use diesel::prelude::*;
+                diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&digest[..])))
+                    .set(dj::result.eq(result))
+                    .execute(self)?;
+                Ok(())
+            }
+
+            fn is_transient($err: &diesel::result::Error) -> bool {
+                $transient
+            }
+
+            fn migrations() -> diesel_migrations::EmbeddedMigrations {
+                $migrations
+            }
+        }
+    };
+}
+
+/// The text of a database error, for backends that report transient conditions only in words.
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) fn database_message(error: &DieselError) -> Option<&str> {
+    match error {
+        DieselError::DatabaseError(_, info) => Some(info.message()),
+        _ => None,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use diesel::sqlite::SqliteConnection;
+    use diesel_migrations::{EmbeddedMigrations, embed_migrations};
+
+    const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+    impl_job_store!(
+        SqliteConnection,
+        migrations: MIGRATIONS,
+        // The write lock first: see `JobStore::begin_job`.
+        begin: "BEGIN IMMEDIATE",
+        insert: |conn, values| {
+            let inserted = diesel::insert_into(dj::done_jobs)
+                .values(values)
+                .on_conflict_do_nothing()
+                .execute(conn)?;
+            Ok(inserted == 1)
+        },
+        find: |query| query,
+        transient: |error| super::database_message(error)
+            .is_some_and(|m| m.contains("database is locked") || m.contains("database table is locked")),
+    );
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use diesel::pg::PgConnection;
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+    use diesel_migrations::{EmbeddedMigrations, embed_migrations};
+
+    const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+
+    impl_job_store!(
+        PgConnection,
+        migrations: MIGRATIONS,
+        // READ COMMITTED: see `JobStore::begin_job`.
+        begin: "BEGIN ISOLATION LEVEL READ COMMITTED",
+        insert: |conn, values| {
+            // A conflicting row from a transaction still in flight makes this wait for it; when that
+            // transaction commits we insert nothing, when it rolls back we insert.
+            let inserted = diesel::insert_into(dj::done_jobs)
+                .values(values)
+                .on_conflict_do_nothing()
+                .execute(conn)?;
+            Ok(inserted == 1)
+        },
+        find: |query| query,
+        transient: |error| matches!(
+            error,
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _)
+        ) || super::database_message(error).is_some_and(|m| m.contains("deadlock detected")),
+    );
+}
