@@ -11,6 +11,7 @@
 //! The rule it implements comes from the
 //! <a href="https://agentwranglers.se/playbook/scaling/background-jobs-and-queues/idempotent-jobs">Agent Wranglers scaling playbook</a>.
 #![deny(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod error;
 mod job;
@@ -19,6 +20,7 @@ mod outcome;
 mod run;
 pub mod schema;
 pub mod store;
+pub mod testing;
 
 pub use error::{Error, Result, Step};
 pub use job::Job;
@@ -40,13 +42,8 @@ pub use store::JobStore;
 /// idempotent_runtime::migrate(&mut conn)?;
 /// # Ok::<(), idempotent_runtime::Error>(())
 /// ```
-pub fn migrate<C>(conn: &mut C) -> Result<()>
-where
-    C: JobStore + diesel_migrations::MigrationHarness<<C as diesel::Connection>::Backend>,
-{
-    conn.run_pending_migrations(C::migrations())
-        .map(drop)
-        .map_err(Error::Migration)
+pub fn migrate<C: JobStore>(conn: &mut C) -> Result<()> {
+    conn.run_migrations().map_err(Error::Migration)
 }
 
 /// What generated code uses. Not part of the public API: it may change in any release.

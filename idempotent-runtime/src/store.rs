@@ -12,7 +12,6 @@
 use chrono::NaiveDateTime;
 use diesel::connection::{AnsiTransactionManager, Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
-use diesel_migrations::EmbeddedMigrations;
 
 /// Whether the job's transaction is the outermost one or a savepoint inside the caller's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +91,8 @@ pub trait JobStore: Connection<TransactionManager = AnsiTransactionManager> {
     /// Errors after which the whole transaction can simply be tried again (SQLite busy, deadlocks).
     fn is_transient(error: &DieselError) -> bool;
 
-    /// The embedded migrations that create this backend's tables.
-    fn migrations() -> EmbeddedMigrations;
+    /// Runs the embedded migrations that create this backend's tables, if they have not run yet.
+    fn run_migrations(&mut self) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// Claims `claim.digest` in the open transaction: insert, or read what is there.
@@ -225,8 +224,11 @@ macro_rules! impl_job_store {
                 $transient
             }
 
-            fn migrations() -> diesel_migrations::EmbeddedMigrations {
-                $migrations
+            fn run_migrations(
+                &mut self,
+            ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                diesel_migrations::MigrationHarness::run_pending_migrations(self, $migrations)
+                    .map(drop)
             }
         }
     };
