@@ -37,7 +37,12 @@ enum AppError {
 /// The example's own data access, written once for every backend it runs on.
 trait InvoiceDb: idempotent::JobStore {
     fn create_tables(&mut self) -> QueryResult<()>;
-    fn insert_invoice(&mut self, number: &str, customer_id: &str, amount_cents: i64) -> QueryResult<()>;
+    fn insert_invoice(
+        &mut self,
+        number: &str,
+        customer_id: &str,
+        amount_cents: i64,
+    ) -> QueryResult<()>;
     fn push_outbox(&mut self, kind: &str, reference: &str) -> QueryResult<()>;
     fn counts(&mut self) -> QueryResult<(i64, i64)>;
 }
@@ -50,12 +55,16 @@ macro_rules! impl_invoice_db {
                 diesel::sql_query("DROP TABLE IF EXISTS invoices").execute(self)?;
                 diesel::sql_query("DROP TABLE IF EXISTS outbox").execute(self)?;
                 diesel::sql_query(concat!(
-                    "CREATE TABLE invoices (id ", $id, ", number TEXT NOT NULL, ",
+                    "CREATE TABLE invoices (id ",
+                    $id,
+                    ", number TEXT NOT NULL, ",
                     "customer_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)"
                 ))
                 .execute(self)?;
                 diesel::sql_query(concat!(
-                    "CREATE TABLE outbox (id ", $id, ", kind TEXT NOT NULL, reference TEXT NOT NULL)"
+                    "CREATE TABLE outbox (id ",
+                    $id,
+                    ", kind TEXT NOT NULL, reference TEXT NOT NULL)"
                 ))
                 .execute(self)?;
                 // ...and forget earlier runs of this demo job.
@@ -67,7 +76,12 @@ macro_rules! impl_invoice_db {
                 Ok(())
             }
 
-            fn insert_invoice(&mut self, number: &str, customer_id: &str, amount_cents: i64) -> QueryResult<()> {
+            fn insert_invoice(
+                &mut self,
+                number: &str,
+                customer_id: &str,
+                amount_cents: i64,
+            ) -> QueryResult<()> {
                 diesel::insert_into(invoices::table)
                     .values((
                         invoices::number.eq(number),
@@ -101,12 +115,20 @@ impl_invoice_db!(PgConnection, "SERIAL PRIMARY KEY");
 
 /// The job: create the month's invoice for a customer and queue its email, once.
 #[idempotent_job(key = "invoice:<month>:<customer_id>")]
-fn send_invoice<C: InvoiceDb>(conn: &mut C, month: &str, customer_id: &str) -> Result<String, AppError> {
+fn send_invoice<C: InvoiceDb>(
+    conn: &mut C,
+    month: &str,
+    customer_id: &str,
+) -> Result<String, AppError> {
     create_invoice(conn, month, customer_id)
 }
 
 /// The work itself, with no idempotency of its own.
-fn create_invoice<C: InvoiceDb>(conn: &mut C, month: &str, customer_id: &str) -> Result<String, AppError> {
+fn create_invoice<C: InvoiceDb>(
+    conn: &mut C,
+    month: &str,
+    customer_id: &str,
+) -> Result<String, AppError> {
     let number = format!("INV-{month}-{customer_id}");
     conn.insert_invoice(&number, customer_id, 12_900)?;
     conn.push_outbox("invoice-email", &number)?; // sent later, by a relay
@@ -120,7 +142,8 @@ fn demo<C: InvoiceDb>(conn: &mut C, backend: &str) -> Result<(), AppError> {
 
     // `#[idempotent_job]` expands to `idempotent::run`; called directly, it also says whether the
     // call ran or replayed. Same job name and key as the annotated handler, so they share the claim.
-    static JOB: idempotent::Job = idempotent::Job::new("send_invoice", "invoice:<month>:<customer_id>");
+    static JOB: idempotent::Job =
+        idempotent::Job::new("send_invoice", "invoice:<month>:<customer_id>");
     let (month, customer_id) = ("2026-10", "cust_481");
     let key = JobKey::builder()
         .text("invoice:")
@@ -130,10 +153,15 @@ fn demo<C: InvoiceDb>(conn: &mut C, backend: &str) -> Result<(), AppError> {
         .build()
         .expect("the template has a separator between its values");
     for delivery in ["first delivery", "redelivery"] {
-        let outcome: Outcome<String> =
-            idempotent::run(conn, &JOB, &key, |conn| create_invoice(conn, month, customer_id))?;
+        let outcome: Outcome<String> = idempotent::run(conn, &JOB, &key, |conn| {
+            create_invoice(conn, month, customer_id)
+        })?;
         let (invoices, outbox) = conn.counts()?;
-        let how = if outcome.is_replayed() { "replayed" } else { "ran" };
+        let how = if outcome.is_replayed() {
+            "replayed"
+        } else {
+            "ran"
+        };
         println!(
             "{delivery}: {how} (invoice {}); invoices: {invoices}, outbox messages: {outbox}",
             outcome.value()
@@ -144,7 +172,9 @@ fn demo<C: InvoiceDb>(conn: &mut C, backend: &str) -> Result<(), AppError> {
     // caller gets the first run's invoice number back.
     let number = send_invoice(conn, month, customer_id)?;
     let (invoices, outbox) = conn.counts()?;
-    println!("annotated handler: replayed (invoice {number}); invoices: {invoices}, outbox messages: {outbox}");
+    println!(
+        "annotated handler: replayed (invoice {number}); invoices: {invoices}, outbox messages: {outbox}"
+    );
     Ok(())
 }
 

@@ -50,7 +50,10 @@ impl Args {
             "name" => {
                 let value = string_value(meta, "name", "send_invoice")?;
                 if value.value().trim().is_empty() {
-                    return Err(syn::Error::new(value.span(), "the job name cannot be empty"));
+                    return Err(syn::Error::new(
+                        value.span(),
+                        "the job name cannot be empty",
+                    ));
                 }
                 set_once(&mut self.name, value, meta)
             }
@@ -136,7 +139,9 @@ fn string_value(meta: &ParseNestedMeta<'_>, name: &str, example: &str) -> syn::R
             if lit.value().is_empty() {
                 return Err(syn::Error::new(
                     lit.span(),
-                    format!("`{name}` cannot be empty; write the job's purpose, like `{name} = \"{example}\"`"),
+                    format!(
+                        "`{name}` cannot be empty; write the job's purpose, like `{name} = \"{example}\"`"
+                    ),
                 ));
             }
             Ok(lit.clone())

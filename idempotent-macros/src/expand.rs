@@ -98,7 +98,8 @@ fn check_placeholder(
     if names.iter().any(|name| name == root) {
         return Ok(());
     }
-    let mut message = format!("unknown placeholder `{shown}`: `{function}` has no parameter `{root}`");
+    let mut message =
+        format!("unknown placeholder `{shown}`: `{function}` has no parameter `{root}`");
     if let Some(suggestion) = did_you_mean(root, names.iter().map(String::as_str)) {
         message.push_str(&format!("; did you mean `{suggestion}`?"));
     } else if names.is_empty() {
@@ -219,7 +220,10 @@ impl Expansion<'_> {
         let mut segments = placeholder.path.iter();
         let (mut expr, span) = match segments.next() {
             Some(Segment::Name(root)) if root == "self" => {
-                let receiver = self.handler.receiver.map_or_else(Span::call_site, |r| r.self_token.span);
+                let receiver = self
+                    .handler
+                    .receiver
+                    .map_or_else(Span::call_site, |r| r.self_token.span);
                 let token = Ident::new("self", receiver);
                 (quote!(#token), receiver)
             }

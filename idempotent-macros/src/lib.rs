@@ -17,7 +17,10 @@ pub fn idempotent_job(args: TokenStream, item: TokenStream) -> TokenStream {
     entry(args.into(), item.into()).into()
 }
 
-fn entry(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+fn entry(
+    args: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> proc_macro2::TokenStream {
     let mut errors = errors::Errors::default();
     let args = args::Args::parse(args, &mut errors);
     let item = match signature::parse_item(item.clone()) {

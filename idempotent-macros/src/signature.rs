@@ -78,9 +78,7 @@ pub fn parse_item(tokens: TokenStream) -> syn::Result<ItemFn> {
             match what {
                 Some((what, span)) => Err(syn::Error::new(
                     span,
-                    format!(
-                        "`#[idempotent_job]` goes on a job handler function, not on {what}"
-                    ),
+                    format!("`#[idempotent_job]` goes on a job handler function, not on {what}"),
                 )),
                 None => Err(error),
             }
@@ -107,7 +105,11 @@ pub struct Handler<'a> {
 
 impl<'a> Handler<'a> {
     /// Checks the signature and finds the connection; `None` when an error was recorded.
-    pub fn analyse(item: &'a ItemFn, conn_arg: Option<&Ident>, errors: &mut Errors) -> Option<Self> {
+    pub fn analyse(
+        item: &'a ItemFn,
+        conn_arg: Option<&Ident>,
+        errors: &mut Errors,
+    ) -> Option<Self> {
         let sig = &item.sig;
         if let Some(constness) = &sig.constness {
             errors.push(syn::Error::new(
@@ -181,7 +183,10 @@ fn check_return_type(sig: &Signature, errors: &mut Errors) {
                     format!(
                         "a job handler must return `Result<T, E>` ({explain}); `{}` returns `{}`",
                         sig.ident,
-                        ty.to_token_stream().to_string().replace(" < ", "<").replace(" >", ">")
+                        ty.to_token_stream()
+                            .to_string()
+                            .replace(" < ", "<")
+                            .replace(" >", ">")
                     ),
                 ));
             }
@@ -197,16 +202,24 @@ fn find_conn(
     conn_arg: Option<&Ident>,
     errors: &mut Errors,
 ) -> Option<usize> {
-    let names = || params.iter().map(|p| p.ident.unraw().to_string()).collect::<Vec<_>>();
+    let names = || {
+        params
+            .iter()
+            .map(|p| p.ident.unraw().to_string())
+            .collect::<Vec<_>>()
+    };
     let index = if let Some(wanted) = conn_arg {
         let wanted_name = wanted.unraw().to_string();
         match params.iter().position(|p| p.ident.unraw() == wanted_name) {
             Some(index) => index,
             None => {
                 let all = names();
-                let mut message =
-                    format!("`conn = {wanted}`: `{}` has no parameter `{wanted}`", sig.ident);
-                if let Some(suggestion) = did_you_mean(&wanted_name, all.iter().map(String::as_str)) {
+                let mut message = format!(
+                    "`conn = {wanted}`: `{}` has no parameter `{wanted}`",
+                    sig.ident
+                );
+                if let Some(suggestion) = did_you_mean(&wanted_name, all.iter().map(String::as_str))
+                {
                     message.push_str(&format!("; did you mean `{suggestion}`?"));
                 }
                 errors.push(syn::Error::new(wanted.span(), message));

@@ -93,7 +93,11 @@ impl Template {
     pub fn escapes(&self) -> Vec<char> {
         let mut escapes = Vec::new();
         for window in self.pieces.windows(3) {
-            if let [Piece::Placeholder(_), Piece::Text(text), Piece::Placeholder(_)] = window
+            if let [
+                Piece::Placeholder(_),
+                Piece::Text(text),
+                Piece::Placeholder(_),
+            ] = window
                 && let Some(first) = text.chars().next()
                 && !escapes.contains(&first)
             {
@@ -312,9 +316,7 @@ fn not_an_identifier(inner: &str, part: &str) -> String {
     let mut message = if part.is_empty() {
         format!("`<{inner}>` has an empty name; a field path looks like `<job.customer_id>`")
     } else if part.starts_with(|c: char| c.is_ascii_digit()) {
-        format!(
-            "`{part}` in `<{inner}>` is not a parameter name: names start with a letter or `_`"
-        )
+        format!("`{part}` in `<{inner}>` is not a parameter name: names start with a letter or `_`")
     } else {
         format!(
             "`{part}` in `<{inner}>` is not a parameter name: use letters, digits and `_`, and `.` for a field"
@@ -325,7 +327,11 @@ fn not_an_identifier(inner: &str, part: &str) -> String {
         .map(|c| if c.is_alphanumeric() { c } else { '_' })
         .collect();
     if fixed != part && parse_ident(&fixed).is_some() {
-        let _ = write!(message, "; did you mean `<{}>`?", inner.replace(part, &fixed));
+        let _ = write!(
+            message,
+            "; did you mean `<{}>`?",
+            inner.replace(part, &fixed)
+        );
     }
     message
 }
@@ -438,10 +444,7 @@ mod tests {
         );
         assert_eq!(paths[1], [Segment::Name("type".into())]);
         assert_eq!(paths[2], [Segment::Name("type".into())]);
-        assert_eq!(
-            paths[3],
-            [Segment::Name("pair".into()), Segment::Index(0)]
-        );
+        assert_eq!(paths[3], [Segment::Name("pair".into()), Segment::Index(0)]);
     }
 
     #[test]

@@ -357,7 +357,10 @@ mod tests {
 
     #[test]
     fn percent_and_control_characters_are_escaped() {
-        assert_eq!(invoice("100%", "a\0b\n").as_str(), "invoice:100%25:a%00b%0A");
+        assert_eq!(
+            invoice("100%", "a\0b\n").as_str(),
+            "invoice:100%25:a%00b%0A"
+        );
     }
 
     #[test]

@@ -89,7 +89,10 @@ where
         return match replay {
             Ok(value) => {
                 commit(store(conn), &call)?;
-                tracing::info!(outcome = "replayed", "job already done; replayed its result");
+                tracing::info!(
+                    outcome = "replayed",
+                    "job already done; replayed its result"
+                );
                 Ok(Outcome::Replayed(value))
             }
             Err(error) => {
@@ -205,7 +208,10 @@ impl<'a> Call<'a> {
 
 /// Opens the transaction and claims the key, retrying the whole transaction on transient errors
 /// (SQLite busy, deadlocks) for up to [`RETRY_WINDOW`]. Nothing has run yet, so a retry is safe.
-fn begin_and_claim<C: JobStore>(conn: &mut C, call: &Call<'_>) -> Result<(Nesting, ClaimState), Error> {
+fn begin_and_claim<C: JobStore>(
+    conn: &mut C,
+    call: &Call<'_>,
+) -> Result<(Nesting, ClaimState), Error> {
     let started = Instant::now();
     let claim = call.claim();
     let mut attempts = 0u32;

@@ -104,13 +104,12 @@ pub(crate) fn claim<C: JobStore>(conn: &mut C, claim: &Claim<'_>) -> QueryResult
             return Ok(ClaimState::Fresh);
         }
         match conn.find_claim(claim.digest)? {
-            Some(row) if row.expires_at.is_some_and(|at| at <= claim.now) => {
-                if conn.renew_lapsed_claim(claim)? {
-                    return Ok(ClaimState::Fresh);
-                }
+            Some(row) if row.expires_at.is_none_or(|at| at > claim.now) => {
+                return Ok(ClaimState::Done(row));
             }
-            Some(row) => return Ok(ClaimState::Done(row)),
-            None => {}
+            Some(_lapsed) if conn.renew_lapsed_claim(claim)? => return Ok(ClaimState::Fresh),
+            // Renewed by another worker first, or pruned between our statements: go round.
+            Some(_) | None => {}
         }
     }
     Err(DieselError::DatabaseError(
@@ -158,8 +157,8 @@ macro_rules! impl_job_store {
                 &mut self,
                 claim: &$crate::store::Claim<'_>,
             ) -> diesel::QueryResult<bool> {
-                use $crate::schema::done_jobs::dsl as dj;
                 use diesel::prelude::*;
+                use $crate::schema::done_jobs::dsl as dj;
                 let $iconn = self;
                 let $values = (
                     dj::key_digest.eq(&claim.digest[..]),
@@ -176,8 +175,8 @@ macro_rules! impl_job_store {
                 &mut self,
                 digest: &[u8; 32],
             ) -> diesel::QueryResult<Option<$crate::store::DoneRow>> {
-                use $crate::schema::done_jobs::dsl as dj;
                 use diesel::prelude::*;
+                use $crate::schema::done_jobs::dsl as dj;
                 let $query = dj::done_jobs
                     .filter(dj::key_digest.eq(&digest[..]))
                     .select((dj::job_name, dj::result, dj::fingerprint, dj::expires_at));
@@ -188,8 +187,8 @@ macro_rules! impl_job_store {
                 &mut self,
                 claim: &$crate::store::Claim<'_>,
             ) -> diesel::QueryResult<bool> {
-                use $crate::schema::done_jobs::dsl as dj;
                 use diesel::prelude::*;
+                use $crate::schema::done_jobs::dsl as dj;
                 let renewed = diesel::update(
                     dj::done_jobs
                         .filter(dj::key_digest.eq(&claim.digest[..]))
@@ -212,8 +211,8 @@ macro_rules! impl_job_store {
                 digest: &[u8; 32],
                 result: &str,
             ) -> diesel::QueryResult<()> {
-                use $crate::schema::done_jobs::dsl as dj;
                 use diesel::prelude::*;
+                use $crate::schema::done_jobs::dsl as dj;
                 diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&digest[..])))
                     .set(dj::result.eq(result))
                     .execute(self)?;
@@ -224,9 +223,7 @@ macro_rules! impl_job_store {
                 $transient
             }
 
-            fn run_migrations(
-                &mut self,
-            ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            fn run_migrations(&mut self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 diesel_migrations::MigrationHarness::run_pending_migrations(self, $migrations)
                     .map(drop)
             }

@@ -71,7 +71,10 @@ impl Snapshot {
     pub fn rows(&self, table: &str) -> &[String] {
         let found = self.tables.get(table).or_else(|| {
             let suffix = format!(".{table}");
-            let mut matching = self.tables.iter().filter(|(name, _)| name.ends_with(&suffix));
+            let mut matching = self
+                .tables
+                .iter()
+                .filter(|(name, _)| name.ends_with(&suffix));
             match (matching.next(), matching.next()) {
                 (Some((_, rows)), None) => Some(rows),
                 _ => None,
@@ -140,7 +143,9 @@ impl Changes {
 
     /// The tables that changed.
     pub fn tables(&self) -> impl Iterator<Item = (&str, &TableChange)> {
-        self.tables.iter().map(|(name, change)| (name.as_str(), change))
+        self.tables
+            .iter()
+            .map(|(name, change)| (name.as_str(), change))
     }
 }
 
@@ -322,7 +327,8 @@ impl Inspect for diesel::pg::PgConnection {
         use diesel::RunQueryDsl;
         // `table` comes from `table_names`, already quoted per part.
         let rows: Vec<Row> =
-            diesel::sql_query(format!("SELECT CAST(t AS text) AS row FROM {table} t")).load(self)?;
+            diesel::sql_query(format!("SELECT CAST(t AS text) AS row FROM {table} t"))
+                .load(self)?;
         Ok(rows.into_iter().map(|r| r.row).collect())
     }
 }

@@ -20,12 +20,18 @@ pub fn second_run_changes_nothing<B: Backend>() {
     let mut conn = db.connect();
     let before = Snapshot::take(&mut conn).unwrap();
 
-    let receipt = assert_idempotent(&mut conn, |conn| charge(conn, "order-1", 4200, Mode::Succeed));
+    let receipt = assert_idempotent(&mut conn, |conn| {
+        charge(conn, "order-1", 4200, Mode::Succeed)
+    });
 
     let after = Snapshot::take(&mut conn).unwrap();
     let changes = after.changes_since(&before);
     let changed: Vec<(&str, usize)> = changes.tables().map(|(t, c)| (t, c.added.len())).collect();
-    assert_eq!(changed.len(), 3, "first run changes charges, done_jobs, outbox: {changes}");
+    assert_eq!(
+        changed.len(),
+        3,
+        "first run changes charges, done_jobs, outbox: {changes}"
+    );
     assert_eq!(after.rows("charges").len(), 1);
     assert_eq!(after.rows("test_outbox").len(), 1);
     assert_eq!(after.rows("done_jobs").len(), 1);
@@ -39,7 +45,10 @@ pub fn replay_returns_the_stored_result<B: Backend>() {
     let mut conn = db.connect();
     let first = charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
     let second = charge(&mut conn, "order-1", 9999, Mode::Succeed).unwrap();
-    assert_eq!(second, first, "the replay returns the stored receipt, amount included");
+    assert_eq!(
+        second, first,
+        "the replay returns the stored receipt, amount included"
+    );
     assert_eq!(conn.count_charges("order-1").unwrap(), 1);
 }
 
@@ -52,12 +61,18 @@ pub fn error_then_retry_runs_once<B: Backend>() {
     let failed = charge(&mut conn, "order-1", 4200, Mode::Fail);
     assert!(matches!(failed, Err(TestError::Declined)), "{failed:?}");
     let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
-    assert!(changes.is_empty(), "a failed job leaves nothing:\n{changes}");
+    assert!(
+        changes.is_empty(),
+        "a failed job leaves nothing:\n{changes}"
+    );
 
     let retried = charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
     assert_eq!(conn.count_charges("order-1").unwrap(), 1);
     assert_eq!(conn.count_messages().unwrap(), 1);
-    assert_eq!(charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap(), retried);
+    assert_eq!(
+        charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap(),
+        retried
+    );
     assert_eq!(conn.count_charges("order-1").unwrap(), 1);
 }
 
@@ -68,10 +83,15 @@ pub fn panic_then_retry_runs_once<B: Backend>() {
     let mut conn = db.connect();
     let before = Snapshot::take(&mut conn).unwrap();
 
-    let panicked = catch_unwind(AssertUnwindSafe(|| charge(&mut conn, "order-1", 4200, Mode::Panic)));
+    let panicked = catch_unwind(AssertUnwindSafe(|| {
+        charge(&mut conn, "order-1", 4200, Mode::Panic)
+    }));
     assert!(panicked.is_err(), "the panic reaches the caller");
     let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
-    assert!(changes.is_empty(), "a panicked job leaves nothing:\n{changes}");
+    assert!(
+        changes.is_empty(),
+        "a panicked job leaves nothing:\n{changes}"
+    );
 
     charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
     let mut other = db.connect();
@@ -85,10 +105,7 @@ pub fn panic_then_retry_runs_once<B: Backend>() {
 
 /// Eight workers with their own connections deliver one job at once: one runs, seven wait and
 /// replay, and all eight return the same receipt.
-pub fn racing_workers_run_once<B: Backend>()
-where
-    B: Sync,
-{
+pub fn racing_workers_run_once<B: Backend + Sync>() {
     const WORKERS: usize = 8;
     let db = B::fresh();
     let barrier = Arc::new(Barrier::new(WORKERS));
@@ -104,7 +121,10 @@ where
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("worker thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker thread"))
+            .collect()
     });
     let receipts: Vec<Receipt> = results
         .into_iter()
@@ -153,15 +173,25 @@ pub fn crash_between_commit_and_ack<B: Backend>(test_path: &str) {
             committed = true;
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(120), "the child never committed");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the child never committed"
+        );
     }
     assert!(committed, "the child exited before committing");
     child.kill().expect("SIGKILL the worker");
     let status = child.wait().expect("reaping the worker");
-    assert!(!status.success(), "the worker was killed, not finished: {status}");
+    assert!(
+        !status.success(),
+        "the worker was killed, not finished: {status}"
+    );
 
     let mut conn = db.connect();
-    assert_eq!(conn.count_charges("order-crash").unwrap(), 1, "the killed worker's commit holds");
+    assert_eq!(
+        conn.count_charges("order-crash").unwrap(),
+        1,
+        "the killed worker's commit holds"
+    );
     static CHARGE: Job = Job::new("charge", "charge:<order_id>");
     let outcome: Outcome<Receipt> = idempotent::run(
         &mut conn,
@@ -170,8 +200,15 @@ pub fn crash_between_commit_and_ack<B: Backend>(test_path: &str) {
         |conn| charge(conn, "order-crash", 4200, Mode::Succeed),
     )
     .unwrap();
-    assert!(outcome.is_replayed(), "the redelivered job replays: {outcome:?}");
-    assert_eq!(conn.count_charges("order-crash").unwrap(), 1, "exactly one effect");
+    assert!(
+        outcome.is_replayed(),
+        "the redelivered job replays: {outcome:?}"
+    );
+    assert_eq!(
+        conn.count_charges("order-crash").unwrap(),
+        1,
+        "exactly one effect"
+    );
     assert_eq!(conn.count_messages().unwrap(), 1);
 }
 
@@ -184,8 +221,17 @@ pub fn separators_inside_values_keep_keys_apart<B: Backend>() {
     pair(&mut conn, "a", "b:c").unwrap();
     pair(&mut conn, "a:b", "c").unwrap();
     pair(&mut conn, "a", "b:c").unwrap();
-    assert_eq!(conn.count_messages().unwrap(), 2, "two distinct jobs, each ran once");
-    let keys: Vec<String> = conn.done_rows().unwrap().into_iter().map(|row| row.0).collect();
+    assert_eq!(
+        conn.count_messages().unwrap(),
+        2,
+        "two distinct jobs, each ran once"
+    );
+    let keys: Vec<String> = conn
+        .done_rows()
+        .unwrap()
+        .into_iter()
+        .map(|row| row.0)
+        .collect();
     assert_eq!(keys, ["pair:a%3Ab:c", "pair:a:b%3Ac"]);
 }
 
@@ -198,10 +244,16 @@ pub fn another_jobs_key_is_an_error<B: Backend>() {
     let error = refund(&mut conn, "order-1").unwrap_err();
     let message = error.to_string();
     assert!(
-        matches!(error, TestError::Idempotent(idempotent::Error::KeyClaimedByOtherJob { .. })),
+        matches!(
+            error,
+            TestError::Idempotent(idempotent::Error::KeyClaimedByOtherJob { .. })
+        ),
         "{message}"
     );
-    assert!(message.contains("`refund`") && message.contains("`charge`"), "{message}");
+    assert!(
+        message.contains("`refund`") && message.contains("`charge`"),
+        "{message}"
+    );
     let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
     assert!(changes.is_empty(), "{changes}");
 }
@@ -215,7 +267,10 @@ pub fn undecodable_stored_result_is_an_error<B: Backend>() {
     let before = Snapshot::take(&mut conn).unwrap();
     let error = charge_v2(&mut conn, "order-1").unwrap_err();
     assert!(
-        matches!(error, TestError::Idempotent(idempotent::Error::ReplayDecode { .. })),
+        matches!(
+            error,
+            TestError::Idempotent(idempotent::Error::ReplayDecode { .. })
+        ),
         "{error}"
     );
     assert!(error.to_string().contains("no longer decodes"), "{error}");
@@ -234,15 +289,22 @@ pub fn claims_join_the_callers_transaction<B: Backend>() {
     });
     assert!(rolled_back.is_err());
     assert_eq!(conn.count_charges("order-1").unwrap(), 0);
-    assert_eq!(conn.count_done().unwrap(), 0, "the claim rolled back with the caller");
+    assert_eq!(
+        conn.count_done().unwrap(),
+        0,
+        "the claim rolled back with the caller"
+    );
 
     conn.transaction(|conn| charge(conn, "order-1", 4200, Mode::Succeed).map(drop))
         .unwrap();
     assert_eq!(db.connect().count_charges("order-1").unwrap(), 1);
     assert!(
-        idempotent::run(&mut conn, &Job::new("charge", "charge:<order_id>"), &JobKey::new("charge:order-1"), |conn| {
-            charge(conn, "order-1", 4200, Mode::Succeed)
-        })
+        idempotent::run(
+            &mut conn,
+            &Job::new("charge", "charge:<order_id>"),
+            &JobKey::new("charge:order-1"),
+            |conn| { charge(conn, "order-1", 4200, Mode::Succeed) }
+        )
         .unwrap()
         .is_replayed()
     );
@@ -256,10 +318,11 @@ pub fn outcome_tells_ran_from_replayed<B: Backend>() {
     let key = JobKey::builder().text("plain:").value(7).build().unwrap();
     let first: Outcome<u32> =
         idempotent::run(&mut conn, &JOB, &key, |_| Ok::<_, TestError>(41 + 1)).unwrap();
-    let second: Outcome<u32> = idempotent::run(&mut conn, &JOB, &key, |_| -> Result<u32, TestError> {
-        panic!("a replay does not run the body")
-    })
-    .unwrap();
+    let second: Outcome<u32> =
+        idempotent::run(&mut conn, &JOB, &key, |_| -> Result<u32, TestError> {
+            panic!("a replay does not run the body")
+        })
+        .unwrap();
     assert_eq!(first, Outcome::Ran(42));
     assert_eq!(second, Outcome::Replayed(42));
 }
@@ -270,6 +333,11 @@ pub fn unit_results_store_nothing<B: Backend>() {
     let mut conn = db.connect();
     pair(&mut conn, "x", "y").unwrap();
     pair(&mut conn, "x", "y").unwrap();
-    let stored: Vec<Option<String>> = conn.done_rows().unwrap().into_iter().map(|row| row.2).collect();
+    let stored: Vec<Option<String>> = conn
+        .done_rows()
+        .unwrap()
+        .into_iter()
+        .map(|row| row.2)
+        .collect();
     assert_eq!(stored, [None]);
 }

@@ -62,18 +62,27 @@ macro_rules! impl_test_conn {
         impl TestConn for $conn {
             fn create_test_tables(&mut self) -> QueryResult<()> {
                 diesel::sql_query(concat!(
-                    "CREATE TABLE charges (id ", $serial, ", order_id TEXT NOT NULL, ",
+                    "CREATE TABLE charges (id ",
+                    $serial,
+                    ", order_id TEXT NOT NULL, ",
                     "amount BIGINT NOT NULL, charge_ref TEXT NOT NULL)"
                 ))
                 .execute(self)?;
                 diesel::sql_query(concat!(
-                    "CREATE TABLE test_outbox (id ", $serial, ", topic TEXT NOT NULL, payload TEXT NOT NULL)"
+                    "CREATE TABLE test_outbox (id ",
+                    $serial,
+                    ", topic TEXT NOT NULL, payload TEXT NOT NULL)"
                 ))
                 .execute(self)?;
                 Ok(())
             }
 
-            fn insert_charge(&mut self, order_id: &str, amount: i64, charge_ref: &str) -> QueryResult<()> {
+            fn insert_charge(
+                &mut self,
+                order_id: &str,
+                amount: i64,
+                charge_ref: &str,
+            ) -> QueryResult<()> {
                 diesel::insert_into(charges::table)
                     .values((
                         charges::order_id.eq(order_id),
@@ -86,13 +95,19 @@ macro_rules! impl_test_conn {
 
             fn insert_message(&mut self, topic: &str, payload: &str) -> QueryResult<()> {
                 diesel::insert_into(test_outbox::table)
-                    .values((test_outbox::topic.eq(topic), test_outbox::payload.eq(payload)))
+                    .values((
+                        test_outbox::topic.eq(topic),
+                        test_outbox::payload.eq(payload),
+                    ))
                     .execute(self)
                     .map(drop)
             }
 
             fn count_charges(&mut self, order_id: &str) -> QueryResult<i64> {
-                charges::table.filter(charges::order_id.eq(order_id)).count().get_result(self)
+                charges::table
+                    .filter(charges::order_id.eq(order_id))
+                    .count()
+                    .get_result(self)
             }
 
             fn count_messages(&mut self) -> QueryResult<i64> {
@@ -100,18 +115,26 @@ macro_rules! impl_test_conn {
             }
 
             fn count_done(&mut self) -> QueryResult<i64> {
-                idempotent::schema::done_jobs::table.count().get_result(self)
+                idempotent::schema::done_jobs::table
+                    .count()
+                    .get_result(self)
             }
 
             fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>> {
                 use idempotent::schema::done_jobs::dsl::*;
-                done_jobs.select((job_key, job_name, result)).order(job_key).load(self)
+                done_jobs
+                    .select((job_key, job_name, result))
+                    .order(job_key)
+                    .load(self)
             }
         }
     };
 }
 
-impl_test_conn!(diesel::SqliteConnection, "INTEGER PRIMARY KEY AUTOINCREMENT");
+impl_test_conn!(
+    diesel::SqliteConnection,
+    "INTEGER PRIMARY KEY AUTOINCREMENT"
+);
 #[cfg(feature = "postgres")]
 impl_test_conn!(diesel::PgConnection, "SERIAL PRIMARY KEY");
 
@@ -122,7 +145,12 @@ pub fn fresh_charge_ref() -> String {
 
 /// Charges an order once: a charge row and an outbox message, then succeeds, fails or panics.
 #[idempotent_job(key = "charge:<order_id>")]
-pub fn charge<C: TestConn>(conn: &mut C, order_id: &str, amount: i64, mode: Mode) -> Result<Receipt, TestError> {
+pub fn charge<C: TestConn>(
+    conn: &mut C,
+    order_id: &str,
+    amount: i64,
+    mode: Mode,
+) -> Result<Receipt, TestError> {
     let charge_ref = fresh_charge_ref();
     conn.insert_charge(order_id, amount, &charge_ref)?;
     conn.insert_message("charge-succeeded", order_id)?;

@@ -42,7 +42,8 @@ pub fn unique_name(prefix: &str) -> String {
 
 fn prepare<C: TestConn>(conn: &mut C) {
     idempotent::migrate(conn).expect("the runtime's migrations run");
-    conn.create_test_tables().expect("the tests' tables are created");
+    conn.create_test_tables()
+        .expect("the tests' tables are created");
 }
 
 pub struct Sqlite {
@@ -129,7 +130,10 @@ mod pg {
     impl Postgres {
         fn url(&self) -> String {
             let separator = if self.base.contains('?') { '&' } else { '?' };
-            format!("{}{separator}options=-csearch_path%3D{}", self.base, self.schema)
+            format!(
+                "{}{separator}options=-csearch_path%3D{}",
+                self.base, self.schema
+            )
         }
     }
 
