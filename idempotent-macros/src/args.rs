@@ -13,6 +13,8 @@ const ARGUMENTS: &[&str] = &["key", "conn", "name", "once", "crate"];
 #[derive(Default)]
 pub struct Args {
     pub key: Option<LitStr>,
+    /// `key` was written, even if its value was refused.
+    pub key_written: bool,
     pub conn: Option<Ident>,
     pub name: Option<LitStr>,
     /// `once`: the template has no placeholder on purpose; every call shares one key.
@@ -44,6 +46,7 @@ impl Args {
             .unwrap_or_else(|| quote::quote!(#path).to_string().replace(' ', ""));
         match name.as_str() {
             "key" => {
+                self.key_written = true;
                 let value = string_value(meta, "key", "invoice:<month>:<customer_id>")?;
                 set_once(&mut self.key, value, meta)
             }
@@ -88,18 +91,17 @@ impl Args {
                 } else if meta.input.peek(syn::token::Paren) {
                     let _ = meta.parse_nested_meta(|_| Ok(()));
                 }
-                let mut message = format!("unknown argument `{name}`");
-                if let Some(suggestion) = did_you_mean(&name, ARGUMENTS.iter().copied()) {
-                    message.push_str(&format!("; did you mean `{suggestion}`?"));
-                }
-                message.push_str(&format!(
-                    " `#[idempotent_job]` takes: {}",
-                    ARGUMENTS
-                        .iter()
-                        .map(|a| format!("`{a}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                let valid = ARGUMENTS
+                    .iter()
+                    .map(|a| format!("`{a}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let message = match did_you_mean(&name, ARGUMENTS.iter().copied()) {
+                    Some(suggestion) => format!(
+                        "unknown argument `{name}`; did you mean `{suggestion}`? (`#[idempotent_job]` takes {valid})"
+                    ),
+                    None => format!("unknown argument `{name}`: `#[idempotent_job]` takes {valid}"),
+                };
                 Err(syn::Error::new(path.span(), message))
             }
         }
@@ -124,7 +126,11 @@ fn string_value(meta: &ParseNestedMeta<'_>, name: &str, example: &str) -> syn::R
         "`{name}` must be a string literal, like `{name} = \"{example}\"`; the attribute reads the text at compile time, so constants and macros cannot be used"
     );
     let input = meta.value()?;
-    let expr: syn::Expr = input.parse()?;
+    let mut expr: syn::Expr = input.parse()?;
+    // A literal passed through `macro_rules!` arrives wrapped in an invisible group.
+    while let syn::Expr::Group(group) = expr {
+        expr = *group.expr;
+    }
     match &expr {
         syn::Expr::Lit(syn::ExprLit {
             lit: syn::Lit::Str(lit),

@@ -18,32 +18,41 @@ pub fn check_template(
     errors: &mut Errors,
 ) -> Option<Template> {
     let source = key.value();
-    let template = match template::parse(&source) {
-        Ok(template) => template,
-        Err(template_errors) => {
-            for error in template_errors {
-                errors.push(syn::Error::new(
-                    key.span(),
-                    format!("in key template `{source}`: {}", error.message),
-                ));
-            }
-            return None;
-        }
-    };
+    let (template, template_errors) = template::parse(&source);
+    let mut ok = template_errors.is_empty();
+    for error in template_errors {
+        errors.push(syn::Error::new(
+            key.span(),
+            format!("in key template `{source}`: {}", error.message),
+        ));
+    }
 
-    if template.placeholders().next().is_none() && args.once.is_none() {
+    if ok && template.placeholders().next().is_none() && args.once.is_none() {
+        let example = handler
+            .and_then(|h| {
+                h.params
+                    .iter()
+                    .enumerate()
+                    .find(|(i, _)| *i != h.conn)
+                    .map(|(_, p)| p.ident.unraw().to_string())
+            })
+            .unwrap_or_else(|| "date".to_owned());
         errors.push(syn::Error::new(
             key.span(),
             format!(
-                "the key `{source}` has no placeholder, so every call would share one key and the job would run only once, ever. Add the inputs that identify one unit of work (`{source}:<customer_id>`), or add `once` to the attribute if that is what you want"
+                "the key `{source}` has no placeholder, so every call would share one key and the job would run once, ever. Add the inputs that identify one unit of work (`{source}:<{example}>`), or add `once` to the attribute if that is what you want"
             ),
         ));
+        ok = false;
     }
-    if args.once.is_some() && template.placeholders().next().is_some() {
+    if let Some(once) = args.once
+        && template.placeholders().next().is_some()
+    {
         errors.push(syn::Error::new(
-            args.once.unwrap_or_else(Span::call_site),
+            once,
             "`once` is for a key with no placeholders; this key has some, so leave `once` out",
         ));
+        ok = false;
     }
 
     let handler = handler?;
@@ -54,7 +63,6 @@ pub fn check_template(
         .filter(|(i, _)| *i != handler.conn)
         .map(|(_, p)| p.ident.unraw().to_string())
         .collect();
-    let mut ok = true;
     for placeholder in template.placeholders() {
         if let Err(message) = check_placeholder(placeholder, handler, &names) {
             errors.push(syn::Error::new(
@@ -138,52 +146,89 @@ impl Expansion<'_> {
         let writer = Ident::new("__idempotent_writer", mixed);
         let store = Ident::new("__idempotent_conn", mixed);
 
-        let job = self.job(&krate);
+        let job_static = Ident::new("__IDEMPOTENT_JOB", mixed);
+        let job = self.job(&krate, &job_static);
         let build_key = self.build_key(&krate, &writer);
         let conn = &self.handler.conn().ident;
-        let output = match &sig.output {
-            syn::ReturnType::Type(_, ty) => quote!(#ty),
-            syn::ReturnType::Default => quote!(()),
+        let (output, output_span) = match &sig.output {
+            syn::ReturnType::Type(_, ty) => (quote!(#ty), syn::spanned::Spanned::span(ty)),
+            syn::ReturnType::Default => (quote!(()), Span::call_site()),
+        };
+        // Blame the return type when `T` cannot be stored or `E` cannot hold our errors, and the
+        // connection's type when it is not a connection.
+        let conn_span = syn::spanned::Spanned::span(&self.handler.conn().ty);
+        let reach_store = quote_spanned! {conn_span=>
+            |#store| {
+                use #krate::__private::JobConnection as _;
+                #store.job_connection()
+            }
         };
 
         // The original block sits unchanged inside the closure; its parameter rebinds the
         // connection under the user's own name and type, so the body reads exactly as written.
+        let krate_at_output = self.krate_at(output_span);
+        let run = quote_spanned! {output_span=>
+            #krate_at_output::__private::run_with(
+                #conn,
+                #reach_store,
+                &#job_static,
+                &#key_var,
+                move |#conn| -> #output #body,
+            )
+        };
+        let wrapper = quote! {
+            #job
+            let #key_var = {
+                #build_key
+            };
+            #run.map(#krate::__private::Outcome::into_inner)
+        };
+        let mut wrapper = proc_macro2::Group::new(proc_macro2::Delimiter::Brace, wrapper);
+        wrapper.set_span(item.body_span);
         quote! {
             #(#attrs)*
-            #vis #sig {
-                let #key_var = {
-                    #build_key
-                };
-                #krate::__private::run_with(
-                    #conn,
-                    |#store| {
-                        use #krate::__private::AsJobStore as _;
-                        #store.__idempotent_store()
-                    },
-                    #job,
-                    &#key_var,
-                    move |#conn| -> #output #body,
-                )
-                .map(#krate::__private::Outcome::into_inner)
-            }
+            #vis #sig #wrapper
         }
     }
 
     fn krate(&self) -> TokenStream {
+        self.krate_at(Span::call_site())
+    }
+
+    /// The runtime's path, its tokens spanned at `span` so that errors about a call through it
+    /// point there.
+    fn krate_at(&self, span: Span) -> TokenStream {
         match &self.args.krate {
             Some(path) => quote!(#path),
-            None => quote!(::idempotent),
+            None => quote_spanned!(span=> ::idempotent),
         }
     }
 
-    fn job(&self, krate: &TokenStream) -> TokenStream {
+    /// The job's static description, registered so that `registry::check_key_spaces` sees it.
+    fn job(&self, krate: &TokenStream, job_static: &Ident) -> TokenStream {
         let name = match &self.args.name {
             Some(name) => name.value(),
             None => self.handler.item.sig.ident.unraw().to_string(),
         };
         let template = self.key.value();
+        let parts = self.template.pieces.iter().map(|piece| match piece {
+            Piece::Text(text) => quote!(#krate::__private::Part::Text(#text)),
+            Piece::Placeholder(placeholder) => {
+                let path = placeholder.display();
+                let path = &path[1..path.len() - 1];
+                quote!(#krate::__private::Part::Value(#path))
+            }
+        });
         quote! {
-            const { &#krate::__private::Job::new(#name, #template) }
+            static #job_static: #krate::__private::Job = #krate::__private::Job::new(#name, #template);
+            #krate::__private::inventory::submit! {
+                #krate::__private::RegisteredJob::new(
+                    &#job_static,
+                    &[#(#parts),*],
+                    ::core::file!(),
+                    ::core::line!(),
+                )
+            }
         }
     }
 

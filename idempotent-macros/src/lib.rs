@@ -45,6 +45,7 @@ fn entry(
     }
     let template = match &args.key {
         Some(key) => expand::check_template(key, &args, handler.as_ref(), &mut errors),
+        None if args.key_written => None, // its value was refused, and said so
         None => {
             errors.push(syn::Error::new(
                 proc_macro2::Span::call_site(),
@@ -64,9 +65,10 @@ fn entry(
         .expand(),
         _ => {
             // Give the function back as written, so that IDEs and the rest of the crate keep
-            // working, next to every error found.
+            // working, next to every error found. Parameters used only by the key would read as
+            // unused without the wrapper; that warning would only distract from the errors.
             let errors = errors.to_compile_errors();
-            quote::quote! { #errors #item }
+            quote::quote! { #errors #[allow(unused_variables)] #item }
         }
     }
 }

@@ -17,7 +17,11 @@ pub struct ItemFn {
     pub attrs: Vec<Attribute>,
     pub vis: Visibility,
     pub sig: Signature,
+    /// The body, braces included.
     pub body: TokenStream,
+    /// The span of the body's braces: the wrapper's own body gets it too, so that the item looks
+    /// written by the user to lints such as `dead_code`.
+    pub body_span: proc_macro2::Span,
 }
 
 impl Parse for ItemFn {
@@ -44,6 +48,7 @@ impl Parse for ItemFn {
             vis,
             sig,
             body: block,
+            body_span: brace.span.join(),
         })
     }
 }

@@ -128,8 +128,9 @@ impl Template {
     }
 }
 
-/// Parses `source`, reporting every problem at once.
-pub fn parse(source: &str) -> Result<Template, Vec<TemplateError>> {
+/// Parses `source`, reporting every problem at once: the template holds every piece that parsed,
+/// so that its placeholders can be checked too in the same build.
+pub fn parse(source: &str) -> (Template, Vec<TemplateError>) {
     let mut errors = Vec::new();
     let mut pieces: Vec<Piece> = Vec::new();
     let mut text = String::new();
@@ -157,12 +158,20 @@ pub fn parse(source: &str) -> Result<Template, Vec<TemplateError>> {
                 range: at..at + 1,
             }),
             '<' => {
-                // Scan to the matching `>`, counting nested `<` so one error covers `<<a>>`.
+                // Scan to the closing `>`. A `<` right after the opening one is a nested placeholder
+                // (`<<a>>`), consumed whole; a `<` after some name means this one was never closed
+                // (`<month:<id>`), and parsing restarts at the new `<`.
                 let mut depth = 1usize;
                 let mut nested = false;
                 let mut end = None;
-                for (inner_at, inner) in chars.by_ref() {
+                let mut restart = false;
+                while let Some(&(inner_at, inner)) = chars.peek() {
                     match inner {
+                        '<' if !nested && inner_at > at + 1 => {
+                            restart = true;
+                            end = Some(inner_at);
+                            break;
+                        }
                         '<' => {
                             depth += 1;
                             nested = true;
@@ -170,23 +179,27 @@ pub fn parse(source: &str) -> Result<Template, Vec<TemplateError>> {
                         '>' => {
                             depth -= 1;
                             if depth == 0 {
+                                chars.next();
                                 end = Some(inner_at + 1);
                                 break;
                             }
                         }
                         _ => {}
                     }
+                    chars.next();
                 }
-                let Some(end) = end else {
+                if restart || end.is_none() {
+                    let stop = end.unwrap_or(source.len());
                     errors.push(TemplateError {
                         message: format!(
                             "unclosed placeholder `{}`: add the closing `>`, or write `\\<` for a literal `<`",
-                            &source[at..]
+                            &source[at..stop]
                         ),
-                        range: at..source.len(),
+                        range: at..stop,
                     });
                     continue;
-                };
+                }
+                let Some(end) = end else { continue };
                 let written = &source[at..end];
                 if nested {
                     errors.push(TemplateError {
@@ -227,11 +240,7 @@ pub fn parse(source: &str) -> Result<Template, Vec<TemplateError>> {
     }
 
     check_separators(source, &pieces, &mut errors);
-    if errors.is_empty() {
-        Ok(Template { pieces })
-    } else {
-        Err(errors)
-    }
+    (Template { pieces }, errors)
 }
 
 /// Two placeholders need text between them that starts with a symbol: the runtime escapes that
@@ -419,16 +428,20 @@ mod tests {
     }
 
     fn errors(source: &str) -> Vec<String> {
-        parse(source)
-            .expect_err("template should be rejected")
-            .into_iter()
-            .map(|e| e.message)
-            .collect()
+        let (_, errors) = parse(source);
+        assert!(!errors.is_empty(), "{source:?} should be rejected");
+        errors.into_iter().map(|e| e.message).collect()
+    }
+
+    fn ok(source: &str) -> Template {
+        let (template, errors) = parse(source);
+        assert!(errors.is_empty(), "{source:?}: {errors:?}");
+        template
     }
 
     #[test]
     fn text_and_placeholders() {
-        let t = parse("invoice:<month>:<customer_id>").unwrap();
+        let t = ok("invoice:<month>:<customer_id>");
         assert_eq!(names(&t), ["<month>", "<customer_id>"]);
         assert_eq!(t.pieces[0], Piece::Text("invoice:".into()));
         assert_eq!(t.escapes(), [':']);
@@ -436,7 +449,7 @@ mod tests {
 
     #[test]
     fn field_paths_raw_identifiers_and_tuple_fields() {
-        let t = parse("<job.customer.id>/<r#type>/<type>/<pair.0>").unwrap();
+        let t = ok("<job.customer.id>/<r#type>/<type>/<pair.0>");
         let paths: Vec<_> = t.placeholders().map(|p| p.path.clone()).collect();
         assert_eq!(
             paths[0],
@@ -449,7 +462,7 @@ mod tests {
 
     #[test]
     fn escapes_give_literal_angle_brackets() {
-        let t = parse(r"tag:\<b\>\\:<id>").unwrap();
+        let t = ok(r"tag:\<b\>\\:<id>");
         assert_eq!(t.pieces[0], Piece::Text(r"tag:<b>\:".into()));
         assert_eq!(t.to_source(), r"tag:\<b\>\\:<id>");
     }
@@ -473,6 +486,18 @@ mod tests {
     #[test]
     fn all_errors_are_reported_at_once() {
         assert_eq!(errors("<a-b>:<>:<c").len(), 3);
+        let (template, errors) = parse("invoice:<month:<custmer_id>:<>:<1st>");
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors[0]
+                .message
+                .starts_with("unclosed placeholder `<month:`")
+        );
+        assert_eq!(
+            names(&template),
+            ["<custmer_id>"],
+            "still checked against the parameters"
+        );
     }
 
     fn template_source() -> impl Strategy<Value = String> {
@@ -500,8 +525,10 @@ mod tests {
 
         #[test]
         fn every_accepted_template_round_trips(source in template_source()) {
-            if let Ok(template) = parse(&source) {
-                let again = parse(&template.to_source()).expect("a written-back template parses");
+            let (template, errors) = parse(&source);
+            if errors.is_empty() {
+                let (again, errors_again) = parse(&template.to_source());
+                prop_assert!(errors_again.is_empty(), "a written-back template parses");
                 prop_assert_eq!(&again.pieces.len(), &template.pieces.len());
                 prop_assert_eq!(again.to_source(), template.to_source());
                 let placeholders: Vec<_> = template.placeholders().map(|p| &p.path).collect();

@@ -17,6 +17,7 @@ mod error;
 mod job;
 pub mod key;
 mod outcome;
+pub mod registry;
 mod run;
 pub mod schema;
 pub mod store;
@@ -26,7 +27,7 @@ pub use error::{Error, Result, Step};
 pub use job::Job;
 pub use key::{JobKey, KeyBuilder, KeyError};
 pub use outcome::Outcome;
-pub use run::run;
+pub use run::{JobError, JobOutput, run};
 pub use store::JobStore;
 
 /// Creates the runtime's tables (`done_jobs`) if they do not exist yet, with Diesel's embedded
@@ -52,18 +53,20 @@ pub mod __private {
     pub use crate::job::Job;
     pub use crate::key::KeyWriter;
     pub use crate::outcome::Outcome;
+    pub use crate::registry::{Part, RegisteredJob};
     pub use crate::run::run_with;
     pub use crate::store::JobStore;
+    pub use inventory;
 
     /// Reaches the Diesel connection behind a handler's connection parameter. Called with method
     /// syntax, so auto-deref finds the connection inside an r2d2 pooled connection or a `Box`.
-    pub trait AsJobStore {
+    pub trait JobConnection {
         /// The connection itself.
-        fn __idempotent_store(&mut self) -> &mut Self;
+        fn job_connection(&mut self) -> &mut Self;
     }
 
-    impl<C: JobStore> AsJobStore for C {
-        fn __idempotent_store(&mut self) -> &mut Self {
+    impl<C: JobStore> JobConnection for C {
+        fn job_connection(&mut self) -> &mut Self {
             self
         }
     }

@@ -19,6 +19,33 @@ use crate::key::JobKey;
 use crate::outcome::Outcome;
 use crate::store::{self, Claim, ClaimState, DoneRow, JobStore, Nesting};
 
+/// An error type a job handler can return: one that can hold this crate's [`Error`].
+///
+/// Implemented for every `E: From<idempotent::Error>`. With `thiserror`, one variant does it:
+/// `#[error(transparent)] Idempotent(#[from] idempotent::Error)`.
+#[diagnostic::on_unimplemented(
+    message = "the handler's error type `{Self}` cannot hold the errors of `idempotent`",
+    label = "`{Self}` needs `impl From<idempotent::Error>`",
+    note = "the claim, the commit and a replay can fail; the handler returns those failures as its own error type",
+    note = "add `impl From<idempotent::Error> for {Self}`, or with thiserror a variant `#[error(transparent)] Idempotent(#[from] idempotent::Error)`"
+)]
+pub trait JobError: From<Error> {}
+
+impl<E: From<Error>> JobError for E {}
+
+/// A value a job handler can return: it is stored as JSON with the claim and returned to every rerun.
+///
+/// Implemented for every `T: Serialize + DeserializeOwned`.
+#[diagnostic::on_unimplemented(
+    message = "the handler's `Ok` type `{Self}` cannot be stored for replays",
+    label = "`{Self}` must implement `serde::Serialize` and `serde::Deserialize`",
+    note = "the first run's `Ok` value is stored as JSON and returned to every rerun of the same key",
+    note = "derive both: `#[derive(serde::Serialize, serde::Deserialize)]`, or return `()` to store nothing"
+)]
+pub trait JobOutput: Serialize + DeserializeOwned {}
+
+impl<T: Serialize + DeserializeOwned> JobOutput for T {}
+
 /// How long transient claim failures (SQLite busy, deadlocks) are retried before giving up.
 const RETRY_WINDOW: Duration = Duration::from_secs(30);
 
@@ -55,8 +82,8 @@ const RETRY_WINDOW: Duration = Duration::from_secs(30);
 pub fn run<C, T, E, F>(conn: &mut C, job: &Job, key: &JobKey, body: F) -> Result<Outcome<T>, E>
 where
     C: JobStore,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
+    T: JobOutput,
+    E: JobError,
     F: FnOnce(&mut C) -> Result<T, E>,
 {
     run_with(conn, |conn| conn, job, key, body)
@@ -75,8 +102,8 @@ pub fn run_with<Conn, C, T, E, F>(
 where
     Conn: ?Sized,
     C: JobStore,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
+    T: JobOutput,
+    E: JobError,
     F: FnOnce(&mut Conn) -> Result<T, E>,
 {
     let call = Call::new(job, key);

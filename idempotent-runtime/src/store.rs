@@ -67,6 +67,11 @@ pub enum ClaimState {
 ///
 /// You do not call these yourself; [`run`](crate::run) and the `#[idempotent_job]` attribute do.
 /// Every method runs inside the job's transaction.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a database connection `idempotent` can claim jobs on",
+    label = "a job needs a Diesel connection here",
+    note = "use `SqliteConnection`, `PgConnection` or `MysqlConnection` (each behind its cargo feature), or a pooled connection that derefs to one"
+)]
 pub trait JobStore: Connection<TransactionManager = AnsiTransactionManager> {
     /// Opens the job's transaction: on PostgreSQL at READ COMMITTED (a waiter must see the winner's
     /// row, not fail with a serialization error), on SQLite `BEGIN IMMEDIATE` (take the write lock

@@ -6,6 +6,7 @@
 mod behaviour;
 mod handlers;
 mod harness;
+mod key_spaces;
 mod keys;
 mod pools;
 

@@ -1,0 +1,13 @@
+//! Compile-time checks of `#[idempotent_job]`: every misuse is an error that names the problem
+//! (`tests/ui/fail/*.rs`, with the reviewed compiler output beside each), and every supported shape
+//! of handler compiles (`tests/ui/pass/*.rs`).
+//!
+//! After changing a message, regenerate with `TRYBUILD=overwrite cargo test --test ui` and read the
+//! diff of the `.stderr` files before committing it.
+
+#[test]
+fn ui() {
+    let cases = trybuild::TestCases::new();
+    cases.compile_fail("tests/ui/fail/*.rs");
+    cases.pass("tests/ui/pass/*.rs");
+}

@@ -1,0 +1,11 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+const KEY: &str = "invoice:<customer_id>";
+
+#[idempotent_job(key = KEY)]
+fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error> {
+    Ok(())
+}
+
+fn main() {}

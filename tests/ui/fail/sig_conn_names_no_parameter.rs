@@ -1,0 +1,9 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+#[idempotent_job(key = "invoice:<customer_id>", conn = databse)]
+fn send_invoice(database: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error> {
+    Ok(())
+}
+
+fn main() {}

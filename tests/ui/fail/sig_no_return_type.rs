@@ -1,0 +1,7 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+#[idempotent_job(key = "invoice:<customer_id>")]
+fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) {}
+
+fn main() {}

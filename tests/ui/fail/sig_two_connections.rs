@@ -1,0 +1,13 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+#[idempotent_job(key = "invoice:<customer_id>")]
+fn send_invoice(
+    billing: &mut SqliteConnection,
+    audit: &mut SqliteConnection,
+    customer_id: u64,
+) -> Result<(), idempotent::Error> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+#[idempotent_job(key = "invoice:<>")]
+fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+struct InvoiceJob {
+    month: String,
+    customer_id: u64,
+}
+
+#[idempotent_job(key = "invoice:<job.month>:<job.customer>")]
+fn send_invoice(conn: &mut SqliteConnection, job: &InvoiceJob) -> Result<(), idempotent::Error> {
+    Ok(())
+}
+
+fn main() {}

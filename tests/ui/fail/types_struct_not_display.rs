@@ -1,0 +1,13 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+struct Customer {
+    id: u64,
+}
+
+#[idempotent_job(key = "invoice:<customer>")]
+fn send_invoice(conn: &mut SqliteConnection, customer: &Customer) -> Result<(), idempotent::Error> {
+    Ok(())
+}
+
+fn main() {}
