@@ -299,3 +299,40 @@ mod pg {
         ) || super::database_message(error).is_some_and(|m| m.contains("deadlock detected")),
     );
 }
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel::mysql::MysqlConnection;
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+    use diesel_migrations::{EmbeddedMigrations, embed_migrations};
+
+    const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
+
+    impl_job_store!(
+        MysqlConnection,
+        migrations: MIGRATIONS,
+        begin: "BEGIN",
+        insert: |conn, values| {
+            // A plain INSERT: the duplicate-key error is the "already done" signal, and on MySQL it
+            // rolls back only this statement. Not `INSERT IGNORE` (it turns other errors, such as
+            // truncation, into warnings: a false "already done"), and not `ON DUPLICATE KEY UPDATE`
+            // (with Diesel's CLIENT_FOUND_ROWS it reports 1 row either way). A conflicting row from
+            // a transaction in flight makes this wait for it, as on PostgreSQL.
+            match diesel::insert_into(dj::done_jobs).values(values).execute(conn) {
+                Ok(inserted) => Ok(inserted == 1),
+                Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                Err(error) => Err(error),
+            }
+        },
+        // A locking read: under REPEATABLE READ a plain SELECT may read an older snapshot and miss
+        // the row whose duplicate we just hit.
+        find: |query| query.for_update(),
+        // 1213 (deadlock; a third waiter on a key whose first holder rolled back gets it) rolls the
+        // whole transaction back; 1205 (lock wait timeout) only the statement. Both are retried from
+        // BEGIN: nothing has run yet.
+        transient: |error| matches!(
+            error,
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _)
+        ) || super::database_message(error).is_some_and(|m| m.contains("Lock wait timeout")),
+    );
+}

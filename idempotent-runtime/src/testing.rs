@@ -332,3 +332,53 @@ impl Inspect for diesel::pg::PgConnection {
         Ok(rows.into_iter().map(|r| r.row).collect())
     }
 }
+
+#[cfg(feature = "mysql")]
+impl Inspect for diesel::mysql::MysqlConnection {
+    fn table_names(&mut self) -> QueryResult<Vec<String>> {
+        use diesel::RunQueryDsl;
+        let names: Vec<Name> = diesel::sql_query(
+            "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
+        )
+        .load(self)?;
+        Ok(names.into_iter().map(|n| n.name).collect())
+    }
+
+    fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
+        use diesel::RunQueryDsl;
+        #[derive(QueryableByName)]
+        struct Column {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            name: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            data_type: String,
+        }
+        let columns: Vec<Column> = diesel::sql_query(
+            "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
+             FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position",
+        )
+        .bind::<diesel::sql_types::Text, _>(table)
+        .load(self)?;
+        let backtick = |name: &str| format!("`{}`", name.replace('`', "``"));
+        let row = columns
+            .iter()
+            .map(|c| {
+                let column = backtick(&c.name);
+                if c.data_type.contains("binary") || c.data_type.contains("blob") {
+                    format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
+                } else {
+                    format!("QUOTE({column})")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rows: Vec<Row> = diesel::sql_query(format!(
+            "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}",
+            backtick(table)
+        ))
+        .load(self)?;
+        Ok(rows.into_iter().map(|r| r.row).collect())
+    }
+}

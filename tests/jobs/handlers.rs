@@ -137,6 +137,11 @@ impl_test_conn!(
 );
 #[cfg(feature = "postgres")]
 impl_test_conn!(diesel::PgConnection, "SERIAL PRIMARY KEY");
+#[cfg(feature = "mysql")]
+impl_test_conn!(
+    diesel::MysqlConnection,
+    "INTEGER PRIMARY KEY AUTO_INCREMENT"
+);
 
 /// A reference no two runs share, so a test can tell which run produced a stored result.
 pub fn fresh_charge_ref() -> String {

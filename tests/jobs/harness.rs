@@ -189,3 +189,103 @@ mod pg {
         }
     }
 }
+
+#[cfg(feature = "mysql")]
+pub use my::Mysql;
+
+#[cfg(feature = "mysql")]
+mod my {
+    use super::*;
+
+    pub const URL_VAR: &str = "IDEMPOTENT_MYSQL_URL";
+    const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+    /// A database of its own per test.
+    pub struct Mysql {
+        server: String,
+        database: String,
+        owner: bool,
+    }
+
+    pub fn base_url() -> String {
+        std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned())
+    }
+
+    /// The server part of a URL, without the database.
+    fn server_of(url: &str) -> String {
+        let after_scheme = url.find("://").map_or(0, |i| i + 3);
+        match url[after_scheme..].find('/') {
+            Some(slash) => url[..after_scheme + slash].to_owned(),
+            None => url.to_owned(),
+        }
+    }
+
+    pub fn establish(url: &str) -> diesel::MysqlConnection {
+        diesel::MysqlConnection::establish(url).unwrap_or_else(|e| {
+            panic!(
+                "MariaDB/MySQL is not reachable at {url}: {e}\n\
+                 Start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
+                 (scripts/test does this), or point {URL_VAR} at a server. \
+                 To skip MySQL, build without `--features mysql`."
+            )
+        })
+    }
+
+    impl Mysql {
+        fn url(&self) -> String {
+            format!("{}/{}", self.server, self.database)
+        }
+    }
+
+    impl Backend for Mysql {
+        type Conn = diesel::MysqlConnection;
+
+        fn fresh() -> Self {
+            let base = base_url();
+            let database = unique_name("idempotent_test");
+            let mut admin = establish(&base);
+            diesel::connection::SimpleConnection::batch_execute(
+                &mut admin,
+                &format!("CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"),
+            )
+            .expect("creating the test database");
+            let db = Mysql {
+                server: server_of(&base),
+                database,
+                owner: true,
+            };
+            prepare(&mut db.connect());
+            db
+        }
+
+        fn connect(&self) -> Self::Conn {
+            establish(&self.url())
+        }
+
+        fn locator(&self) -> String {
+            self.url()
+        }
+
+        fn attach(locator: &str) -> Self {
+            let (server, database) = locator.rsplit_once('/').expect("server/database");
+            Mysql {
+                server: server.to_owned(),
+                database: database.to_owned(),
+                owner: false,
+            }
+        }
+    }
+
+    impl Drop for Mysql {
+        fn drop(&mut self) {
+            if self.owner
+                && let Ok(mut admin) = diesel::MysqlConnection::establish(&base_url())
+            {
+                let _ = diesel::connection::SimpleConnection::batch_execute(
+                    &mut admin,
+                    &format!("DROP DATABASE IF EXISTS {}", self.database),
+                );
+            }
+        }
+    }
+}

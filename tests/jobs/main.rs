@@ -85,3 +85,5 @@ macro_rules! backend_tests {
 backend_tests!(sqlite, crate::harness::Sqlite);
 #[cfg(feature = "postgres")]
 backend_tests!(postgres, crate::harness::Postgres);
+#[cfg(feature = "mysql")]
+backend_tests!(mysql, crate::harness::Mysql);
