@@ -157,24 +157,38 @@ impl Expansion<'_> {
         // Blame the return type when `T` cannot be stored or `E` cannot hold our errors, and the
         // connection's type when it is not a connection.
         let conn_span = syn::spanned::Spanned::span(&self.handler.conn().ty);
+        let asynchronous = self.handler.is_async();
+        let (reach, runner, closure) = if asynchronous {
+            (
+                quote_spanned!(conn_span=> AsyncJobConnection as _; #store.async_job_connection()),
+                quote!(run_async_with),
+                quote!(async move |#conn| -> #output #body),
+            )
+        } else {
+            (
+                quote_spanned!(conn_span=> JobConnection as _; #store.job_connection()),
+                quote!(run_with),
+                quote!(move |#conn| -> #output #body),
+            )
+        };
         let reach_store = quote_spanned! {conn_span=>
             |#store| {
-                use #krate::__private::JobConnection as _;
-                #store.job_connection()
+                use #krate::__private::#reach
             }
         };
 
         // The original block sits unchanged inside the closure; its parameter rebinds the
         // connection under the user's own name and type, so the body reads exactly as written.
         let krate_at_output = self.krate_at(output_span);
+        let awaited = asynchronous.then(|| quote!(.await));
         let run = quote_spanned! {output_span=>
-            #krate_at_output::__private::run_with(
+            #krate_at_output::__private::#runner(
                 #conn,
                 #reach_store,
                 &#job_static,
                 &#key_var,
-                move |#conn| -> #output #body,
-            )
+                #closure,
+            )#awaited
         };
         let wrapper = quote! {
             #job

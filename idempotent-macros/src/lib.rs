@@ -35,14 +35,6 @@ fn entry(
     };
 
     let handler = signature::Handler::analyse(&item, args.conn.as_ref(), &mut errors);
-    if let Some(handler) = &handler
-        && handler.is_async()
-    {
-        errors.push(syn::Error::new(
-            handler.item.sig.ident.span(),
-            "`async fn` handlers are not supported yet; annotate a sync handler",
-        ));
-    }
     let template = match &args.key {
         Some(key) => expand::check_template(key, &args, handler.as_ref(), &mut errors),
         None if args.key_written => None, // its value was refused, and said so

@@ -13,14 +13,20 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+// First: its statement macros are shared by the sync and async stores.
+#[macro_use]
+pub mod store;
+
+#[cfg(feature = "async")]
+pub mod asynchronous;
 mod error;
 mod job;
 pub mod key;
+mod migrations;
 mod outcome;
 pub mod registry;
 mod run;
 pub mod schema;
-pub mod store;
 pub mod testing;
 
 pub use error::{Error, Result, Step};
@@ -29,6 +35,9 @@ pub use key::{JobKey, KeyBuilder, KeyError};
 pub use outcome::Outcome;
 pub use run::{JobError, JobOutput, run};
 pub use store::JobStore;
+
+#[cfg(feature = "async")]
+pub use asynchronous::{AsyncJobStore, migrate_async, run_async};
 
 /// Creates the runtime's tables (`done_jobs`) if they do not exist yet, with Diesel's embedded
 /// migrations for the connection's backend. Safe to call at every start.
@@ -55,6 +64,23 @@ pub mod __private {
     pub use crate::outcome::Outcome;
     pub use crate::registry::{Part, RegisteredJob};
     pub use crate::run::run_with;
+
+    #[cfg(feature = "async")]
+    pub use crate::asynchronous::run_async_with;
+
+    /// [`JobConnection`] for async connections.
+    #[cfg(feature = "async")]
+    pub trait AsyncJobConnection {
+        /// The connection itself.
+        fn async_job_connection(&mut self) -> &mut Self;
+    }
+
+    #[cfg(feature = "async")]
+    impl<C: crate::AsyncJobStore> AsyncJobConnection for C {
+        fn async_job_connection(&mut self) -> &mut Self {
+            self
+        }
+    }
     pub use crate::store::JobStore;
     pub use inventory;
 

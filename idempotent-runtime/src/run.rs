@@ -47,7 +47,7 @@ pub trait JobOutput: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> JobOutput for T {}
 
 /// How long transient claim failures (SQLite busy, deadlocks) are retried before giving up.
-const RETRY_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 /// Runs `body` once per key: claims `key` for `job` in a new transaction, runs the body in it,
 /// stores the body's `Ok` value and commits. When the key is already claimed, the body does not run
@@ -160,15 +160,15 @@ where
 }
 
 /// One call of a job: everything the claim needs, computed once.
-struct Call<'a> {
-    job: &'a Job,
-    key_text: String,
-    digest: [u8; 32],
-    now: NaiveDateTime,
+pub(crate) struct Call<'a> {
+    pub(crate) job: &'a Job,
+    pub(crate) key_text: String,
+    pub(crate) digest: [u8; 32],
+    pub(crate) now: NaiveDateTime,
 }
 
 impl<'a> Call<'a> {
-    fn new(job: &'a Job, key: &JobKey) -> Self {
+    pub(crate) fn new(job: &'a Job, key: &JobKey) -> Self {
         Self {
             job,
             key_text: key.readable().into_owned(),
@@ -177,7 +177,7 @@ impl<'a> Call<'a> {
         }
     }
 
-    fn claim(&self) -> Claim<'_> {
+    pub(crate) fn claim(&self) -> Claim<'_> {
         Claim {
             digest: &self.digest,
             key: &self.key_text,
@@ -192,7 +192,7 @@ impl<'a> Call<'a> {
         }
     }
 
-    fn database(&self, step: Step, source: diesel::result::Error) -> Error {
+    pub(crate) fn database(&self, step: Step, source: diesel::result::Error) -> Error {
         Error::Database {
             job: self.job.name(),
             key: self.key_text.clone(),
@@ -203,7 +203,7 @@ impl<'a> Call<'a> {
 
     /// The JSON to store for `value`; `None` when it is `null` (as `()` is), which is what an
     /// empty `result` column reads back as.
-    fn encode<T: Serialize>(&self, value: &T) -> Result<Option<String>, Error> {
+    pub(crate) fn encode<T: Serialize>(&self, value: &T) -> Result<Option<String>, Error> {
         match serde_json::to_string(value) {
             Ok(json) if json == "null" => Ok(None),
             Ok(json) => Ok(Some(json)),
@@ -215,7 +215,7 @@ impl<'a> Call<'a> {
         }
     }
 
-    fn replay<T: DeserializeOwned>(&self, row: DoneRow) -> Result<T, Error> {
+    pub(crate) fn replay<T: DeserializeOwned>(&self, row: DoneRow) -> Result<T, Error> {
         if row.job_name != self.job.name() {
             return Err(Error::KeyClaimedByOtherJob {
                 job: self.job.name(),

@@ -117,12 +117,18 @@ pub(crate) fn claim<C: JobStore>(conn: &mut C, claim: &Claim<'_>) -> QueryResult
             Some(_) | None => {}
         }
     }
-    Err(DieselError::DatabaseError(
+    Err(claim_kept_changing())
+}
+
+/// A key that vanished or lapsed under three claims in a row: treated as a serialization failure,
+/// so the whole transaction is tried again.
+pub(crate) fn claim_kept_changing() -> DieselError {
+    DieselError::DatabaseError(
         DatabaseErrorKind::SerializationFailure,
         Box::new(String::from(
             "the claimed key kept changing under the claim (pruned or renewed by other workers)",
         )),
-    ))
+    )
 }
 
 /// Opens a transaction with `sql`, or a savepoint when the caller already holds one.
@@ -142,15 +148,96 @@ where
     }
 }
 
-/// Implements the DSL statements shared by every backend; `insert_claim`, `begin_job` and
-/// `is_transient` differ per backend and are passed in.
+/// The statements, as Diesel DSL, written once for every backend and for sync and async
+/// connections alike; `$($aw)*` is empty for a sync connection and `.await` for an async one.
+macro_rules! statements {
+    (insert_claim, $conn:expr, $claim:expr, on_conflict_do_nothing, [$($aw:tt)*]) => {{
+        use $crate::schema::done_jobs::dsl as dj;
+        // A conflicting row from a transaction still in flight makes this wait for it; when that
+        // transaction commits we insert nothing, when it rolls back we insert.
+        let inserted = diesel::insert_into(dj::done_jobs)
+            .values(statements!(values, $claim))
+            .on_conflict_do_nothing()
+            .execute($conn)$($aw)*?;
+        Ok(inserted == 1)
+    }};
+    (insert_claim, $conn:expr, $claim:expr, duplicate_key_error, [$($aw:tt)*]) => {{
+        use $crate::schema::done_jobs::dsl as dj;
+        // A plain INSERT: the duplicate-key error is the "already done" signal, and on MySQL it
+        // rolls back only this statement. Not `INSERT IGNORE` (it turns other errors, such as
+        // truncation, into warnings: a false "already done"), and not `ON DUPLICATE KEY UPDATE`
+        // (with Diesel's CLIENT_FOUND_ROWS it reports 1 row either way). A conflicting row from
+        // a transaction in flight makes this wait for it, as on PostgreSQL.
+        match diesel::insert_into(dj::done_jobs)
+            .values(statements!(values, $claim))
+            .execute($conn)$($aw)*
+        {
+            Ok(inserted) => Ok(inserted == 1),
+            Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::UniqueViolation,
+                _,
+            )) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }};
+    (values, $claim:expr) => {
+        (
+            dj::key_digest.eq(&$claim.digest[..]),
+            dj::job_key.eq($claim.key),
+            dj::job_name.eq($claim.job),
+            dj::fingerprint.eq($claim.fingerprint),
+            dj::done_at.eq($claim.now),
+            dj::expires_at.eq($claim.expires_at),
+        )
+    };
+    (find_claim, $conn:expr, $digest:expr, $lock:ident, [$($aw:tt)*]) => {{
+        use $crate::schema::done_jobs::dsl as dj;
+        let query = dj::done_jobs
+            .filter(dj::key_digest.eq(&$digest[..]))
+            .select((dj::job_name, dj::result, dj::fingerprint, dj::expires_at));
+        statements!(lock, query, $lock)
+            .first::<$crate::store::DoneRow>($conn)$($aw)*
+            .optional()
+    }};
+    (lock, $query:expr, plain) => { $query };
+    // A locking read: under MySQL's REPEATABLE READ a plain SELECT may read an older snapshot and
+    // miss the row whose duplicate we just hit.
+    (lock, $query:expr, for_update) => { $query.for_update() };
+    (renew_lapsed_claim, $conn:expr, $claim:expr, [$($aw:tt)*]) => {{
+        use $crate::schema::done_jobs::dsl as dj;
+        let renewed = diesel::update(
+            dj::done_jobs
+                .filter(dj::key_digest.eq(&$claim.digest[..]))
+                .filter(dj::expires_at.le($claim.now)),
+        )
+        .set((
+            dj::job_key.eq($claim.key),
+            dj::job_name.eq($claim.job),
+            dj::fingerprint.eq($claim.fingerprint),
+            dj::result.eq(None::<&str>),
+            dj::done_at.eq($claim.now),
+            dj::expires_at.eq($claim.expires_at),
+        ))
+        .execute($conn)$($aw)*?;
+        Ok(renewed == 1)
+    }};
+    (record_result, $conn:expr, $digest:expr, $result:expr, [$($aw:tt)*]) => {{
+        use $crate::schema::done_jobs::dsl as dj;
+        diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&$digest[..])))
+            .set(dj::result.eq($result))
+            .execute($conn)$($aw)*?;
+        Ok(())
+    }};
+}
+
+/// Implements [`JobStore`] for a sync connection type.
 macro_rules! impl_job_store {
     (
         $conn:ty,
         migrations: $migrations:expr,
         begin: $begin:expr,
-        insert: |$iconn:ident, $values:ident| $insert:expr,
-        find: |$query:ident| $find:expr,
+        insert: $insert:ident,
+        find: $lock:ident,
         transient: |$err:ident| $transient:expr $(,)?
     ) => {
         impl $crate::store::JobStore for $conn {
@@ -163,17 +250,7 @@ macro_rules! impl_job_store {
                 claim: &$crate::store::Claim<'_>,
             ) -> diesel::QueryResult<bool> {
                 use diesel::prelude::*;
-                use $crate::schema::done_jobs::dsl as dj;
-                let $iconn = self;
-                let $values = (
-                    dj::key_digest.eq(&claim.digest[..]),
-                    dj::job_key.eq(claim.key),
-                    dj::job_name.eq(claim.job),
-                    dj::fingerprint.eq(claim.fingerprint),
-                    dj::done_at.eq(claim.now),
-                    dj::expires_at.eq(claim.expires_at),
-                );
-                $insert
+                statements!(insert_claim, self, claim, $insert, [])
             }
 
             fn find_claim(
@@ -181,11 +258,7 @@ macro_rules! impl_job_store {
                 digest: &[u8; 32],
             ) -> diesel::QueryResult<Option<$crate::store::DoneRow>> {
                 use diesel::prelude::*;
-                use $crate::schema::done_jobs::dsl as dj;
-                let $query = dj::done_jobs
-                    .filter(dj::key_digest.eq(&digest[..]))
-                    .select((dj::job_name, dj::result, dj::fingerprint, dj::expires_at));
-                $find.first::<$crate::store::DoneRow>(self).optional()
+                statements!(find_claim, self, digest, $lock, [])
             }
 
             fn renew_lapsed_claim(
@@ -193,22 +266,7 @@ macro_rules! impl_job_store {
                 claim: &$crate::store::Claim<'_>,
             ) -> diesel::QueryResult<bool> {
                 use diesel::prelude::*;
-                use $crate::schema::done_jobs::dsl as dj;
-                let renewed = diesel::update(
-                    dj::done_jobs
-                        .filter(dj::key_digest.eq(&claim.digest[..]))
-                        .filter(dj::expires_at.le(claim.now)),
-                )
-                .set((
-                    dj::job_key.eq(claim.key),
-                    dj::job_name.eq(claim.job),
-                    dj::fingerprint.eq(claim.fingerprint),
-                    dj::result.eq(None::<&str>),
-                    dj::done_at.eq(claim.now),
-                    dj::expires_at.eq(claim.expires_at),
-                ))
-                .execute(self)?;
-                Ok(renewed == 1)
+                statements!(renew_lapsed_claim, self, claim, [])
             }
 
             fn record_result(
@@ -217,11 +275,7 @@ macro_rules! impl_job_store {
                 result: &str,
             ) -> diesel::QueryResult<()> {
                 use diesel::prelude::*;
-                use $crate::schema::done_jobs::dsl as dj;
-                diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&digest[..])))
-                    .set(dj::result.eq(result))
-                    .execute(self)?;
-                Ok(())
+                statements!(record_result, self, digest, result, [])
             }
 
             fn is_transient($err: &diesel::result::Error) -> bool {
@@ -234,6 +288,48 @@ macro_rules! impl_job_store {
             }
         }
     };
+}
+
+/// How each backend opens a job's transaction; see [`JobStore::begin_job`].
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) mod begin {
+    /// The write lock first.
+    pub const SQLITE: &str = "BEGIN IMMEDIATE";
+    /// A waiter must see the winner's row.
+    pub const POSTGRES: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    /// The server's isolation level; the claim's read is a locking read.
+    pub const MYSQL: &str = "BEGIN";
+}
+
+/// Whether a PostgreSQL error is worth retrying the whole transaction for.
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) fn pg_is_transient(error: &DieselError) -> bool {
+    matches!(
+        error,
+        DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _)
+    ) || database_message(error).is_some_and(|m| m.contains("deadlock detected"))
+}
+
+/// Whether a MySQL error is worth retrying the whole transaction for: 1213 (deadlock; a third
+/// waiter on a key whose first holder rolled back gets it) rolls the whole transaction back, 1205
+/// (lock wait timeout) only the statement. Both are retried from BEGIN: nothing has run yet.
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) fn mysql_is_transient(error: &DieselError) -> bool {
+    matches!(
+        error,
+        DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _)
+    ) || database_message(error).is_some_and(|m| {
+        // diesel-async's MySQL driver reports these by message only.
+        m.contains("Deadlock found") || m.contains("Lock wait timeout")
+    })
+}
+
+/// Whether a SQLite error is worth retrying the whole transaction for: another connection holds
+/// the write lock.
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) fn sqlite_is_transient(error: &DieselError) -> bool {
+    database_message(error)
+        .is_some_and(|m| m.contains("database is locked") || m.contains("database table is locked"))
 }
 
 /// The text of a database error, for backends that report transient conditions only in words.
@@ -255,25 +351,16 @@ mod sqlite {
     impl_job_store!(
         SqliteConnection,
         migrations: MIGRATIONS,
-        // The write lock first: see `JobStore::begin_job`.
-        begin: "BEGIN IMMEDIATE",
-        insert: |conn, values| {
-            let inserted = diesel::insert_into(dj::done_jobs)
-                .values(values)
-                .on_conflict_do_nothing()
-                .execute(conn)?;
-            Ok(inserted == 1)
-        },
-        find: |query| query,
-        transient: |error| super::database_message(error)
-            .is_some_and(|m| m.contains("database is locked") || m.contains("database table is locked")),
+        begin: super::begin::SQLITE,
+        insert: on_conflict_do_nothing,
+        find: plain,
+        transient: |error| super::sqlite_is_transient(error),
     );
 }
 
 #[cfg(feature = "postgres")]
 mod pg {
     use diesel::pg::PgConnection;
-    use diesel::result::{DatabaseErrorKind, Error as DieselError};
     use diesel_migrations::{EmbeddedMigrations, embed_migrations};
 
     const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
@@ -281,29 +368,16 @@ mod pg {
     impl_job_store!(
         PgConnection,
         migrations: MIGRATIONS,
-        // READ COMMITTED: see `JobStore::begin_job`.
-        begin: "BEGIN ISOLATION LEVEL READ COMMITTED",
-        insert: |conn, values| {
-            // A conflicting row from a transaction still in flight makes this wait for it; when that
-            // transaction commits we insert nothing, when it rolls back we insert.
-            let inserted = diesel::insert_into(dj::done_jobs)
-                .values(values)
-                .on_conflict_do_nothing()
-                .execute(conn)?;
-            Ok(inserted == 1)
-        },
-        find: |query| query,
-        transient: |error| matches!(
-            error,
-            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _)
-        ) || super::database_message(error).is_some_and(|m| m.contains("deadlock detected")),
+        begin: super::begin::POSTGRES,
+        insert: on_conflict_do_nothing,
+        find: plain,
+        transient: |error| super::pg_is_transient(error),
     );
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
     use diesel::mysql::MysqlConnection;
-    use diesel::result::{DatabaseErrorKind, Error as DieselError};
     use diesel_migrations::{EmbeddedMigrations, embed_migrations};
 
     const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
@@ -311,28 +385,9 @@ mod mysql {
     impl_job_store!(
         MysqlConnection,
         migrations: MIGRATIONS,
-        begin: "BEGIN",
-        insert: |conn, values| {
-            // A plain INSERT: the duplicate-key error is the "already done" signal, and on MySQL it
-            // rolls back only this statement. Not `INSERT IGNORE` (it turns other errors, such as
-            // truncation, into warnings: a false "already done"), and not `ON DUPLICATE KEY UPDATE`
-            // (with Diesel's CLIENT_FOUND_ROWS it reports 1 row either way). A conflicting row from
-            // a transaction in flight makes this wait for it, as on PostgreSQL.
-            match diesel::insert_into(dj::done_jobs).values(values).execute(conn) {
-                Ok(inserted) => Ok(inserted == 1),
-                Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
-                Err(error) => Err(error),
-            }
-        },
-        // A locking read: under REPEATABLE READ a plain SELECT may read an older snapshot and miss
-        // the row whose duplicate we just hit.
-        find: |query| query.for_update(),
-        // 1213 (deadlock; a third waiter on a key whose first holder rolled back gets it) rolls the
-        // whole transaction back; 1205 (lock wait timeout) only the statement. Both are retried from
-        // BEGIN: nothing has run yet.
-        transient: |error| matches!(
-            error,
-            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _)
-        ) || super::database_message(error).is_some_and(|m| m.contains("Lock wait timeout")),
+        begin: super::begin::MYSQL,
+        insert: duplicate_key_error,
+        find: for_update,
+        transient: |error| super::mysql_is_transient(error),
     );
 }

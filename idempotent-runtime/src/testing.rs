@@ -275,110 +275,245 @@ struct Row {
     row: String,
 }
 
+#[derive(QueryableByName)]
+#[allow(dead_code)] // `data_type` is read on MySQL only
+struct Column {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    name: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    data_type: String,
+}
+
 /// `name` as a double-quoted SQL identifier.
 #[allow(dead_code)] // used by the backends that are compiled in
 fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// `name` as a MySQL identifier.
+#[allow(dead_code)] // used by the backends that are compiled in
+fn backticked(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+/// The inspection queries per backend, for sync and async connections alike (`$($aw)*` is empty
+/// or `.await`).
+macro_rules! inspect_methods {
+    (sqlite, [$($aw:tt)*]) => {
+        async_or_sync!([$($aw)*] fn table_names(&mut self) -> QueryResult<Vec<String>> {
+            run_query_dsl!([$($aw)*]);
+            let names: Vec<Name> = diesel::sql_query(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+            )
+            .load(self)$($aw)*?;
+            Ok(names.into_iter().map(|n| n.name).collect())
+        });
+
+        async_or_sync!([$($aw)*] fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
+            run_query_dsl!([$($aw)*]);
+            let columns: Vec<Column> = diesel::sql_query(
+                "SELECT name, type AS data_type FROM pragma_table_info(?) ORDER BY cid",
+            )
+            .bind::<diesel::sql_types::Text, _>(table)
+            .load(self)$($aw)*?;
+            let row = columns
+                .iter()
+                .map(|c| format!("quote({})", quoted(&c.name)))
+                .collect::<Vec<_>>()
+                .join(" || ', ' || ");
+            let rows: Vec<Row> = diesel::sql_query(format!("SELECT {row} AS row FROM {}", quoted(table)))
+                .load(self)$($aw)*?;
+            Ok(rows.into_iter().map(|r| r.row).collect())
+        });
+    };
+    (postgres, [$($aw:tt)*]) => {
+        async_or_sync!([$($aw)*] fn table_names(&mut self) -> QueryResult<Vec<String>> {
+            run_query_dsl!([$($aw)*]);
+            let names: Vec<Name> = diesel::sql_query(
+                "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) AS name \
+                 FROM information_schema.tables \
+                 WHERE table_schema = ANY (current_schemas(false)) AND table_type = 'BASE TABLE' \
+                 ORDER BY 1",
+            )
+            .load(self)$($aw)*?;
+            Ok(names.into_iter().map(|n| n.name).collect())
+        });
+
+        async_or_sync!([$($aw)*] fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
+            run_query_dsl!([$($aw)*]);
+            // `table` comes from `table_names`, already quoted per part.
+            let rows: Vec<Row> = diesel::sql_query(format!("SELECT CAST(t AS text) AS row FROM {table} t"))
+                .load(self)$($aw)*?;
+            Ok(rows.into_iter().map(|r| r.row).collect())
+        });
+    };
+    (mysql, [$($aw:tt)*]) => {
+        async_or_sync!([$($aw)*] fn table_names(&mut self) -> QueryResult<Vec<String>> {
+            run_query_dsl!([$($aw)*]);
+            let names: Vec<Name> = diesel::sql_query(
+                "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
+            )
+            .load(self)$($aw)*?;
+            Ok(names.into_iter().map(|n| n.name).collect())
+        });
+
+        async_or_sync!([$($aw)*] fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
+            run_query_dsl!([$($aw)*]);
+            let columns: Vec<Column> = diesel::sql_query(
+                "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
+                 FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position",
+            )
+            .bind::<diesel::sql_types::Text, _>(table)
+            .load(self)$($aw)*?;
+            let row = columns
+                .iter()
+                .map(|c| {
+                    let column = backticked(&c.name);
+                    if c.data_type.contains("binary") || c.data_type.contains("blob") {
+                        format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
+                    } else {
+                        format!("QUOTE({column})")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let rows: Vec<Row> = diesel::sql_query(format!(
+                "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}",
+                backticked(table)
+            ))
+            .load(self)$($aw)*?;
+            Ok(rows.into_iter().map(|r| r.row).collect())
+        });
+    };
+}
+
+/// Brings the sync or the async `RunQueryDsl` into scope.
+macro_rules! run_query_dsl {
+    ([]) => {
+        use diesel::RunQueryDsl as _;
+    };
+    ([.await]) => {
+        use diesel_async::RunQueryDsl as _;
+    };
+}
+
+/// A method, `async` when the awaits are `.await`.
+macro_rules! async_or_sync {
+    ([] fn $($rest:tt)*) => { fn $($rest)* };
+    ([.await] fn $($rest:tt)*) => { async fn $($rest)* };
+}
+
 #[cfg(feature = "sqlite")]
 impl Inspect for diesel::sqlite::SqliteConnection {
-    fn table_names(&mut self) -> QueryResult<Vec<String>> {
-        use diesel::RunQueryDsl;
-        let names: Vec<Name> = diesel::sql_query(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
-        )
-        .load(self)?;
-        Ok(names.into_iter().map(|n| n.name).collect())
-    }
-
-    fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-        use diesel::RunQueryDsl;
-        let columns: Vec<Name> =
-            diesel::sql_query("SELECT name FROM pragma_table_info(?) ORDER BY cid")
-                .bind::<diesel::sql_types::Text, _>(table)
-                .load(self)?;
-        let row = columns
-            .iter()
-            .map(|c| format!("quote({})", quoted(&c.name)))
-            .collect::<Vec<_>>()
-            .join(" || ', ' || ");
-        let rows: Vec<Row> =
-            diesel::sql_query(format!("SELECT {row} AS row FROM {}", quoted(table))).load(self)?;
-        Ok(rows.into_iter().map(|r| r.row).collect())
-    }
+    inspect_methods!(sqlite, []);
 }
 
 #[cfg(feature = "postgres")]
 impl Inspect for diesel::pg::PgConnection {
-    fn table_names(&mut self) -> QueryResult<Vec<String>> {
-        use diesel::RunQueryDsl;
-        let names: Vec<Name> = diesel::sql_query(
-            "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) AS name \
-             FROM information_schema.tables \
-             WHERE table_schema = ANY (current_schemas(false)) AND table_type = 'BASE TABLE' \
-             ORDER BY 1",
-        )
-        .load(self)?;
-        Ok(names.into_iter().map(|n| n.name).collect())
-    }
-
-    fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-        use diesel::RunQueryDsl;
-        // `table` comes from `table_names`, already quoted per part.
-        let rows: Vec<Row> =
-            diesel::sql_query(format!("SELECT CAST(t AS text) AS row FROM {table} t"))
-                .load(self)?;
-        Ok(rows.into_iter().map(|r| r.row).collect())
-    }
+    inspect_methods!(postgres, []);
 }
 
 #[cfg(feature = "mysql")]
 impl Inspect for diesel::mysql::MysqlConnection {
-    fn table_names(&mut self) -> QueryResult<Vec<String>> {
-        use diesel::RunQueryDsl;
-        let names: Vec<Name> = diesel::sql_query(
-            "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
-        )
-        .load(self)?;
-        Ok(names.into_iter().map(|n| n.name).collect())
+    inspect_methods!(mysql, []);
+}
+
+#[cfg(feature = "async")]
+pub use asynchronous::{AsyncInspect, assert_idempotent_async};
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use crate::AsyncJobStore;
+    use std::future::Future;
+
+    impl Snapshot {
+        /// Reads every table through an async connection.
+        pub async fn take_async<C: AsyncInspect>(conn: &mut C) -> QueryResult<Snapshot> {
+            let mut tables = BTreeMap::new();
+            for table in conn.table_names().await? {
+                let mut rows = conn.table_rows(&table).await?;
+                rows.sort_unstable();
+                tables.insert(table, rows);
+            }
+            Ok(Snapshot { tables })
+        }
     }
 
-    fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-        use diesel::RunQueryDsl;
-        #[derive(QueryableByName)]
-        struct Column {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            name: String,
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            data_type: String,
+    /// [`Inspect`] for diesel-async connections.
+    pub trait AsyncInspect: AsyncJobStore {
+        /// The tables a [`Snapshot`] covers.
+        fn table_names(&mut self) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+        /// Every row of `table`, rendered as text, in any order.
+        fn table_rows(
+            &mut self,
+            table: &str,
+        ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+    }
+
+    /// [`assert_idempotent`] for async jobs: runs `job` twice and asserts that the second run
+    /// succeeded and changed no row in any table. Returns the first run's value.
+    ///
+    /// # Panics
+    ///
+    /// When either run returns `Err`, or the second run changed rows (the message lists them).
+    pub async fn assert_idempotent_async<C, T, E>(
+        conn: &mut C,
+        mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
+    ) -> T
+    where
+        C: AsyncInspect,
+        E: fmt::Debug,
+    {
+        let first = match job(conn).await {
+            Ok(value) => value,
+            Err(error) => panic!("the job's first run failed: {error:?}"),
+        };
+        let before = match Snapshot::take_async(conn).await {
+            Ok(snapshot) => snapshot,
+            Err(error) => panic!("reading the tables before the second run failed: {error}"),
+        };
+        if let Err(error) = job(conn).await {
+            panic!("the job's second run failed: {error:?}");
         }
-        let columns: Vec<Column> = diesel::sql_query(
-            "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
-             FROM information_schema.columns \
-             WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position",
-        )
-        .bind::<diesel::sql_types::Text, _>(table)
-        .load(self)?;
-        let backtick = |name: &str| format!("`{}`", name.replace('`', "``"));
-        let row = columns
-            .iter()
-            .map(|c| {
-                let column = backtick(&c.name);
-                if c.data_type.contains("binary") || c.data_type.contains("blob") {
-                    format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
-                } else {
-                    format!("QUOTE({column})")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let rows: Vec<Row> = diesel::sql_query(format!(
-            "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}",
-            backtick(table)
-        ))
-        .load(self)?;
-        Ok(rows.into_iter().map(|r| r.row).collect())
+        let after = match Snapshot::take_async(conn).await {
+            Ok(snapshot) => snapshot,
+            Err(error) => panic!("reading the tables after the second run failed: {error}"),
+        };
+        let changes = after.changes_since(&before);
+        assert!(
+            changes.is_empty(),
+            "the job is not idempotent: its second run changed rows\n{changes}"
+        );
+        first
+    }
+
+    #[cfg(feature = "async-postgres")]
+    impl AsyncInspect for diesel_async::AsyncPgConnection {
+        inspect_methods!(postgres, [.await]);
+    }
+
+    #[cfg(feature = "async-mysql")]
+    impl AsyncInspect for diesel_async::AsyncMysqlConnection {
+        inspect_methods!(mysql, [.await]);
+    }
+
+    #[cfg(feature = "async-sqlite")]
+    impl AsyncInspect
+        for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+            diesel::sqlite::SqliteConnection,
+        >
+    {
+        async fn table_names(&mut self) -> QueryResult<Vec<String>> {
+            self.spawn_blocking(Inspect::table_names).await
+        }
+
+        async fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
+            let table = table.to_owned();
+            self.spawn_blocking(move |conn| Inspect::table_rows(conn, &table))
+                .await
+        }
     }
 }

@@ -1,36 +1,34 @@
-//! What a user relies on, written once and run on every backend (see `main.rs`).
+//! What a user relies on, written once and run on every connection type (see `main.rs`).
 
 use std::io::{BufRead as _, BufReader};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use diesel::prelude::*;
-use idempotent::testing::{Snapshot, assert_idempotent};
-use idempotent::{Job, JobKey, Outcome};
+use idempotent::{JobKey, Outcome};
 
-use crate::handlers::{Mode, Receipt, TestConn, TestError, charge, charge_v2, pair, refund};
-use crate::harness::Backend;
+use crate::backends::Backend;
+use crate::handlers::{Mode, Receipt, TestError};
+use crate::harness::Db;
 
 /// The rule's check: the second run changes 0 rows in every table, `done_jobs` included, and adds
 /// nothing to the outbox; the first run left exactly its effects.
 pub fn second_run_changes_nothing<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let before = Snapshot::take(&mut conn).unwrap();
+    let before = B::snapshot(&mut conn);
 
-    let receipt = assert_idempotent(&mut conn, |conn| {
-        charge(conn, "order-1", 4200, Mode::Succeed)
-    });
+    // Runs the job twice and panics if the second run changed any row of any table.
+    let receipt = B::assert_charge_idempotent(&mut conn, "order-1");
 
-    let after = Snapshot::take(&mut conn).unwrap();
+    let after = B::snapshot(&mut conn);
     let changes = after.changes_since(&before);
-    let changed: Vec<(&str, usize)> = changes.tables().map(|(t, c)| (t, c.added.len())).collect();
+    let changed: Vec<&str> = changes.tables().map(|(table, _)| table).collect();
     assert_eq!(
         changed.len(),
         3,
-        "first run changes charges, done_jobs, outbox: {changes}"
+        "the first run changes charges, done_jobs, outbox: {changes}"
     );
     assert_eq!(after.rows("charges").len(), 1);
     assert_eq!(after.rows("test_outbox").len(), 1);
@@ -41,83 +39,83 @@ pub fn second_run_changes_nothing<B: Backend>() {
 
 /// The replay returns the first run's value, not a new one.
 pub fn replay_returns_the_stored_result<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let first = charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
-    let second = charge(&mut conn, "order-1", 9999, Mode::Succeed).unwrap();
+    let first = B::charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
+    let second = B::charge(&mut conn, "order-1", 9999, Mode::Succeed).unwrap();
     assert_eq!(
         second, first,
         "the replay returns the stored receipt, amount included"
     );
-    assert_eq!(conn.count_charges("order-1").unwrap(), 1);
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 1);
 }
 
 /// `Err` rolls back the effects and the claim; a retry runs and leaves exactly one effect.
 pub fn error_then_retry_runs_once<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let before = Snapshot::take(&mut conn).unwrap();
+    let before = B::snapshot(&mut conn);
 
-    let failed = charge(&mut conn, "order-1", 4200, Mode::Fail);
+    let failed = B::charge(&mut conn, "order-1", 4200, Mode::Fail);
     assert!(matches!(failed, Err(TestError::Declined)), "{failed:?}");
-    let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
+    let changes = B::snapshot(&mut conn).changes_since(&before);
     assert!(
         changes.is_empty(),
         "a failed job leaves nothing:\n{changes}"
     );
 
-    let retried = charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
-    assert_eq!(conn.count_charges("order-1").unwrap(), 1);
-    assert_eq!(conn.count_messages().unwrap(), 1);
+    let retried = B::charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 1);
+    assert_eq!(B::count_messages(&mut conn), 1);
     assert_eq!(
-        charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap(),
+        B::charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap(),
         retried
     );
-    assert_eq!(conn.count_charges("order-1").unwrap(), 1);
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 1);
 }
 
 /// A panic rolls back, leaves the connection outside any transaction, and then unwinds; a retry
 /// runs once, and its commit is real (another connection sees it).
 pub fn panic_then_retry_runs_once<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let before = Snapshot::take(&mut conn).unwrap();
+    let before = B::snapshot(&mut conn);
 
     let panicked = catch_unwind(AssertUnwindSafe(|| {
-        charge(&mut conn, "order-1", 4200, Mode::Panic)
+        B::charge(&mut conn, "order-1", 4200, Mode::Panic)
     }));
     assert!(panicked.is_err(), "the panic reaches the caller");
-    let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
+    let changes = B::snapshot(&mut conn).changes_since(&before);
     assert!(
         changes.is_empty(),
         "a panicked job leaves nothing:\n{changes}"
     );
 
-    charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
+    B::charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
     let mut other = db.connect();
     assert_eq!(
-        other.count_charges("order-1").unwrap(),
+        B::count_charges(&mut other, "order-1"),
         1,
         "the retry committed for real: the connection was not left inside a transaction"
     );
-    assert_eq!(other.count_done().unwrap(), 1);
+    assert_eq!(B::count_done(&mut other), 1);
 }
 
 /// Eight workers with their own connections deliver one job at once: one runs, seven wait and
 /// replay, and all eight return the same receipt.
-pub fn racing_workers_run_once<B: Backend + Sync>() {
+pub fn racing_workers_run_once<B: Backend>() {
     const WORKERS: usize = 8;
-    let db = B::fresh();
-    let barrier = Arc::new(Barrier::new(WORKERS));
+    let db = Db::<B>::fresh();
+    let barrier = Barrier::new(WORKERS);
     let results: Vec<Result<Receipt, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..WORKERS)
             .map(|_| {
-                let barrier = Arc::clone(&barrier);
-                let db = &db;
+                let (db, barrier) = (&db, &barrier);
                 scope.spawn(move || {
                     let mut conn = db.connect();
                     barrier.wait();
-                    charge(&mut conn, "hot-order", 4200, Mode::Succeed).map_err(|e| e.to_string())
+                    B::charge(&mut conn, "hot-order", 4200, Mode::Succeed)
+                        .map_err(|e| e.to_string())
                 })
             })
             .collect();
@@ -132,9 +130,9 @@ pub fn racing_workers_run_once<B: Backend + Sync>() {
         .collect();
     assert!(receipts.iter().all(|r| *r == receipts[0]), "{receipts:?}");
     let mut conn = db.connect();
-    assert_eq!(conn.count_charges("hot-order").unwrap(), 1);
-    assert_eq!(conn.count_messages().unwrap(), 1);
-    assert_eq!(conn.count_done().unwrap(), 1);
+    assert_eq!(B::count_charges(&mut conn, "hot-order"), 1);
+    assert_eq!(B::count_messages(&mut conn), 1);
+    assert_eq!(B::count_done(&mut conn), 1);
 }
 
 /// The environment variable that turns a re-run of this test binary into the crashing worker.
@@ -148,15 +146,15 @@ const COMMITTED: &str = "IDEMPOTENT-TEST: committed, now waiting to be killed be
 pub fn crash_between_commit_and_ack<B: Backend>(test_path: &str) {
     if let Ok(locator) = std::env::var(CRASH_CHILD) {
         // The child: do the job, report the commit, then hang where the ack would be sent.
-        let db = B::attach(&locator);
+        let db = Db::<B>::attach(&locator);
         let mut conn = db.connect();
-        charge(&mut conn, "order-crash", 4200, Mode::Succeed).expect("the child's job");
+        B::charge(&mut conn, "order-crash", 4200, Mode::Succeed).expect("the child's job");
         println!("{COMMITTED}");
         std::thread::sleep(Duration::from_secs(600));
         std::process::exit(3); // not reached: the parent kills us first
     }
 
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
         .args([test_path, "--exact", "--nocapture", "--test-threads=1"])
         .env(CRASH_CHILD, db.locator())
@@ -188,47 +186,38 @@ pub fn crash_between_commit_and_ack<B: Backend>(test_path: &str) {
 
     let mut conn = db.connect();
     assert_eq!(
-        conn.count_charges("order-crash").unwrap(),
+        B::count_charges(&mut conn, "order-crash"),
         1,
         "the killed worker's commit holds"
     );
-    static CHARGE: Job = Job::new("charge", "charge:<order_id>");
-    let outcome: Outcome<Receipt> = idempotent::run(
-        &mut conn,
-        &CHARGE,
-        &JobKey::new("charge:order-crash"),
-        |conn| charge(conn, "order-crash", 4200, Mode::Succeed),
-    )
-    .unwrap();
+    let outcome = B::charge_outcome(&mut conn, "order-crash").unwrap();
     assert!(
         outcome.is_replayed(),
         "the redelivered job replays: {outcome:?}"
     );
     assert_eq!(
-        conn.count_charges("order-crash").unwrap(),
+        B::count_charges(&mut conn, "order-crash"),
         1,
         "exactly one effect"
     );
-    assert_eq!(conn.count_messages().unwrap(), 1);
+    assert_eq!(B::count_messages(&mut conn), 1);
 }
 
 /// Values that contain the template's separator do not collide: `("a:b", "c")` and `("a", "b:c")`
 /// are two jobs, each done once.
 pub fn separators_inside_values_keep_keys_apart<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    pair(&mut conn, "a:b", "c").unwrap();
-    pair(&mut conn, "a", "b:c").unwrap();
-    pair(&mut conn, "a:b", "c").unwrap();
-    pair(&mut conn, "a", "b:c").unwrap();
+    for _ in 0..2 {
+        B::pair(&mut conn, "a:b", "c").unwrap();
+        B::pair(&mut conn, "a", "b:c").unwrap();
+    }
     assert_eq!(
-        conn.count_messages().unwrap(),
+        B::count_messages(&mut conn),
         2,
         "two distinct jobs, each ran once"
     );
-    let keys: Vec<String> = conn
-        .done_rows()
-        .unwrap()
+    let keys: Vec<String> = B::done_rows(&mut conn)
         .into_iter()
         .map(|row| row.0)
         .collect();
@@ -237,11 +226,11 @@ pub fn separators_inside_values_keep_keys_apart<B: Backend>() {
 
 /// A key already claimed by another job is an error, not a silent skip, and changes nothing.
 pub fn another_jobs_key_is_an_error<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
-    let before = Snapshot::take(&mut conn).unwrap();
-    let error = refund(&mut conn, "order-1").unwrap_err();
+    B::charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
+    let before = B::snapshot(&mut conn);
+    let error = B::refund(&mut conn, "order-1").unwrap_err();
     let message = error.to_string();
     assert!(
         matches!(
@@ -254,18 +243,18 @@ pub fn another_jobs_key_is_an_error<B: Backend>() {
         message.contains("`refund`") && message.contains("`charge`"),
         "{message}"
     );
-    let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
+    let changes = B::snapshot(&mut conn).changes_since(&before);
     assert!(changes.is_empty(), "{changes}");
 }
 
 /// A stored result that no longer decodes (the result type changed) is a clear error, not a panic,
 /// and the job does not run again.
 pub fn undecodable_stored_result_is_an_error<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
-    let before = Snapshot::take(&mut conn).unwrap();
-    let error = charge_v2(&mut conn, "order-1").unwrap_err();
+    B::charge(&mut conn, "order-1", 4200, Mode::Succeed).unwrap();
+    let before = B::snapshot(&mut conn);
+    let error = B::charge_v2(&mut conn, "order-1").unwrap_err();
     assert!(
         matches!(
             error,
@@ -274,68 +263,67 @@ pub fn undecodable_stored_result_is_an_error<B: Backend>() {
         "{error}"
     );
     assert!(error.to_string().contains("no longer decodes"), "{error}");
-    let changes = Snapshot::take(&mut conn).unwrap().changes_since(&before);
+    let changes = B::snapshot(&mut conn).changes_since(&before);
     assert!(changes.is_empty(), "{changes}");
 }
 
 /// Inside a transaction the caller opened, the job's claim commits and rolls back with it.
 pub fn claims_join_the_callers_transaction<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let rolled_back: Result<(), TestError> = conn.transaction(|conn| {
-        charge(conn, "order-1", 4200, Mode::Succeed)?;
-        assert_eq!(conn.count_charges("order-1")?, 1);
-        Err(TestError::Declined)
-    });
-    assert!(rolled_back.is_err());
-    assert_eq!(conn.count_charges("order-1").unwrap(), 0);
+    let rolled_back = B::charge_in_transaction(&mut conn, "order-1", false);
+    assert!(
+        matches!(rolled_back, Err(TestError::Declined)),
+        "{rolled_back:?}"
+    );
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 0);
     assert_eq!(
-        conn.count_done().unwrap(),
+        B::count_done(&mut conn),
         0,
         "the claim rolled back with the caller"
     );
 
-    conn.transaction(|conn| charge(conn, "order-1", 4200, Mode::Succeed).map(drop))
-        .unwrap();
-    assert_eq!(db.connect().count_charges("order-1").unwrap(), 1);
+    assert_eq!(
+        B::charge_in_transaction(&mut conn, "order-1", true).unwrap(),
+        1
+    );
+    assert_eq!(B::count_charges(&mut db.connect(), "order-1"), 1);
     assert!(
-        idempotent::run(
-            &mut conn,
-            &Job::new("charge", "charge:<order_id>"),
-            &JobKey::new("charge:order-1"),
-            |conn| { charge(conn, "order-1", 4200, Mode::Succeed) }
-        )
-        .unwrap()
-        .is_replayed()
+        B::charge_outcome(&mut conn, "order-1")
+            .unwrap()
+            .is_replayed()
     );
 }
 
 /// The outcome of the plain function API tells a run from a replay.
 pub fn outcome_tells_ran_from_replayed<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    static JOB: Job = Job::new("plain", "plain:<n>");
     let key = JobKey::builder().text("plain:").value(7).build().unwrap();
-    let first: Outcome<u32> =
-        idempotent::run(&mut conn, &JOB, &key, |_| Ok::<_, TestError>(41 + 1)).unwrap();
-    let second: Outcome<u32> =
-        idempotent::run(&mut conn, &JOB, &key, |_| -> Result<u32, TestError> {
-            panic!("a replay does not run the body")
-        })
-        .unwrap();
-    assert_eq!(first, Outcome::Ran(42));
-    assert_eq!(second, Outcome::Replayed(42));
+    assert_eq!(
+        B::plain(&mut conn, &key, Some(42)).unwrap(),
+        Outcome::Ran(42)
+    );
+    assert_eq!(
+        B::plain(&mut conn, &key, None).unwrap(),
+        Outcome::Replayed(42)
+    );
+    let fresh = B::charge_outcome(&mut conn, "order-2").unwrap();
+    assert!(fresh.is_ran(), "{fresh:?}");
+    assert!(
+        B::charge_outcome(&mut conn, "order-2")
+            .unwrap()
+            .is_replayed()
+    );
 }
 
 /// `()` results store nothing (a NULL result column) and replay as `()`.
 pub fn unit_results_store_nothing<B: Backend>() {
-    let db = B::fresh();
+    let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    pair(&mut conn, "x", "y").unwrap();
-    pair(&mut conn, "x", "y").unwrap();
-    let stored: Vec<Option<String>> = conn
-        .done_rows()
-        .unwrap()
+    B::pair(&mut conn, "x", "y").unwrap();
+    B::pair(&mut conn, "x", "y").unwrap();
+    let stored: Vec<Option<String>> = B::done_rows(&mut conn)
         .into_iter()
         .map(|row| row.2)
         .collect();

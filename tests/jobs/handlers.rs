@@ -1,8 +1,11 @@
-//! The handlers under test, written once and generic over the connection.
+//! The handlers under test: each written once for sync connections and once as an `async fn`,
+//! both generic over the connection and sharing one job name.
 
 use diesel::prelude::*;
-use idempotent::idempotent_job;
+use idempotent::{Job, JobKey, idempotent_job};
 use serde::{Deserialize, Serialize};
+
+use crate::harness::Server;
 
 diesel::table! {
     charges (id) {
@@ -45,9 +48,79 @@ pub struct Receipt {
     pub amount: i64,
 }
 
-/// The tests' own tables, per backend.
+/// The job the plain-API calls share with `charge`.
+pub static CHARGE: Job = Job::new("charge", "charge:<order_id>");
+
+/// `charge`'s key, built as the attribute builds it.
+pub fn charge_key(order_id: &str) -> JobKey {
+    JobKey::builder()
+        .text("charge:")
+        .value(order_id)
+        .build()
+        .expect("one value")
+}
+
+/// A reference no two runs share, so a test can tell which run produced a stored result.
+pub fn fresh_charge_ref() -> String {
+    crate::harness::unique_name("ch")
+}
+
+/// `CREATE TABLE` for the tests' own tables.
+pub fn test_tables(server: Server) -> [String; 2] {
+    let id = match server {
+        Server::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
+        Server::Postgres => "SERIAL PRIMARY KEY",
+        Server::Mysql => "INTEGER PRIMARY KEY AUTO_INCREMENT",
+    };
+    [
+        format!(
+            "CREATE TABLE charges (id {id}, order_id TEXT NOT NULL, amount BIGINT NOT NULL, charge_ref TEXT NOT NULL)"
+        ),
+        format!("CREATE TABLE test_outbox (id {id}, topic TEXT NOT NULL, payload TEXT NOT NULL)"),
+    ]
+}
+
+/// The tests' data access, with the same DSL for sync (`[]`) and async (`[.await]`) connections.
+macro_rules! test_queries {
+    (insert_charge, $conn:expr, $order_id:expr, $amount:expr, $charge_ref:expr, [$($aw:tt)*]) => {
+        diesel::insert_into(charges::table)
+            .values((
+                charges::order_id.eq($order_id),
+                charges::amount.eq($amount),
+                charges::charge_ref.eq($charge_ref),
+            ))
+            .execute($conn)$($aw)*
+            .map(drop)
+    };
+    (insert_message, $conn:expr, $topic:expr, $payload:expr, [$($aw:tt)*]) => {
+        diesel::insert_into(test_outbox::table)
+            .values((test_outbox::topic.eq($topic), test_outbox::payload.eq($payload)))
+            .execute($conn)$($aw)*
+            .map(drop)
+    };
+    (count_charges, $conn:expr, $order_id:expr, [$($aw:tt)*]) => {
+        charges::table
+            .filter(charges::order_id.eq($order_id))
+            .count()
+            .get_result::<i64>($conn)$($aw)*
+    };
+    (count_messages, $conn:expr, [$($aw:tt)*]) => {
+        test_outbox::table.count().get_result::<i64>($conn)$($aw)*
+    };
+    (count_done, $conn:expr, [$($aw:tt)*]) => {
+        idempotent::schema::done_jobs::table.count().get_result::<i64>($conn)$($aw)*
+    };
+    (done_rows, $conn:expr, [$($aw:tt)*]) => {{
+        use idempotent::schema::done_jobs::dsl as dj;
+        dj::done_jobs
+            .select((dj::job_key, dj::job_name, dj::result))
+            .order(dj::job_key)
+            .load::<(String, String, Option<String>)>($conn)$($aw)*
+    }};
+}
+
+/// The tests' tables through a sync connection.
 pub trait TestConn: idempotent::JobStore + idempotent::testing::Inspect + Send {
-    fn create_test_tables(&mut self) -> QueryResult<()>;
     fn insert_charge(&mut self, order_id: &str, amount: i64, charge_ref: &str) -> QueryResult<()>;
     fn insert_message(&mut self, topic: &str, payload: &str) -> QueryResult<()>;
     fn count_charges(&mut self, order_id: &str) -> QueryResult<i64>;
@@ -58,99 +131,60 @@ pub trait TestConn: idempotent::JobStore + idempotent::testing::Inspect + Send {
 }
 
 macro_rules! impl_test_conn {
-    ($conn:ty, $serial:literal) => {
+    ($conn:ty) => {
         impl TestConn for $conn {
-            fn create_test_tables(&mut self) -> QueryResult<()> {
-                diesel::sql_query(concat!(
-                    "CREATE TABLE charges (id ",
-                    $serial,
-                    ", order_id TEXT NOT NULL, ",
-                    "amount BIGINT NOT NULL, charge_ref TEXT NOT NULL)"
-                ))
-                .execute(self)?;
-                diesel::sql_query(concat!(
-                    "CREATE TABLE test_outbox (id ",
-                    $serial,
-                    ", topic TEXT NOT NULL, payload TEXT NOT NULL)"
-                ))
-                .execute(self)?;
-                Ok(())
-            }
-
             fn insert_charge(
                 &mut self,
                 order_id: &str,
                 amount: i64,
                 charge_ref: &str,
             ) -> QueryResult<()> {
-                diesel::insert_into(charges::table)
-                    .values((
-                        charges::order_id.eq(order_id),
-                        charges::amount.eq(amount),
-                        charges::charge_ref.eq(charge_ref),
-                    ))
-                    .execute(self)
-                    .map(drop)
+                test_queries!(insert_charge, self, order_id, amount, charge_ref, [])
             }
 
             fn insert_message(&mut self, topic: &str, payload: &str) -> QueryResult<()> {
-                diesel::insert_into(test_outbox::table)
-                    .values((
-                        test_outbox::topic.eq(topic),
-                        test_outbox::payload.eq(payload),
-                    ))
-                    .execute(self)
-                    .map(drop)
+                test_queries!(insert_message, self, topic, payload, [])
             }
 
             fn count_charges(&mut self, order_id: &str) -> QueryResult<i64> {
-                charges::table
-                    .filter(charges::order_id.eq(order_id))
-                    .count()
-                    .get_result(self)
+                test_queries!(count_charges, self, order_id, [])
             }
 
             fn count_messages(&mut self) -> QueryResult<i64> {
-                test_outbox::table.count().get_result(self)
+                test_queries!(count_messages, self, [])
             }
 
             fn count_done(&mut self) -> QueryResult<i64> {
-                idempotent::schema::done_jobs::table
-                    .count()
-                    .get_result(self)
+                test_queries!(count_done, self, [])
             }
 
             fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>> {
-                use idempotent::schema::done_jobs::dsl::*;
-                done_jobs
-                    .select((job_key, job_name, result))
-                    .order(job_key)
-                    .load(self)
+                test_queries!(done_rows, self, [])
             }
         }
     };
 }
 
-impl_test_conn!(
-    diesel::SqliteConnection,
-    "INTEGER PRIMARY KEY AUTOINCREMENT"
-);
+#[cfg(feature = "sqlite")]
+impl_test_conn!(diesel::SqliteConnection);
 #[cfg(feature = "postgres")]
-impl_test_conn!(diesel::PgConnection, "SERIAL PRIMARY KEY");
+impl_test_conn!(diesel::PgConnection);
 #[cfg(feature = "mysql")]
-impl_test_conn!(
-    diesel::MysqlConnection,
-    "INTEGER PRIMARY KEY AUTO_INCREMENT"
-);
-
-/// A reference no two runs share, so a test can tell which run produced a stored result.
-pub fn fresh_charge_ref() -> String {
-    crate::harness::unique_name("ch")
-}
+impl_test_conn!(diesel::MysqlConnection);
 
 /// Charges an order once: a charge row and an outbox message, then succeeds, fails or panics.
 #[idempotent_job(key = "charge:<order_id>")]
 pub fn charge<C: TestConn>(
+    conn: &mut C,
+    order_id: &str,
+    amount: i64,
+    mode: Mode,
+) -> Result<Receipt, TestError> {
+    charge_body(conn, order_id, amount, mode)
+}
+
+/// What `charge` does, without the attribute: for the plain-function-API tests.
+pub fn charge_body<C: TestConn>(
     conn: &mut C,
     order_id: &str,
     amount: i64,
@@ -185,4 +219,149 @@ pub fn pair<C: TestConn>(conn: &mut C, left: &str, right: &str) -> Result<(), Te
 pub fn charge_v2<C: TestConn>(conn: &mut C, order_id: &str) -> Result<Vec<u32>, TestError> {
     conn.insert_message("charge-v2", order_id)?;
     Ok(vec![1, 2, 3])
+}
+
+#[cfg(feature = "async")]
+pub use asynchronous::*;
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use diesel_async::RunQueryDsl;
+    use idempotent::AsyncJobStore;
+    use idempotent::testing::AsyncInspect;
+
+    /// The tests' tables through an async connection.
+    pub trait AsyncTestConn: AsyncJobStore + AsyncInspect + Send {
+        fn insert_charge(
+            &mut self,
+            order_id: &str,
+            amount: i64,
+            charge_ref: &str,
+        ) -> impl Future<Output = QueryResult<()>> + Send;
+        fn insert_message(
+            &mut self,
+            topic: &str,
+            payload: &str,
+        ) -> impl Future<Output = QueryResult<()>> + Send;
+        fn count_charges(
+            &mut self,
+            order_id: &str,
+        ) -> impl Future<Output = QueryResult<i64>> + Send;
+        fn count_messages(&mut self) -> impl Future<Output = QueryResult<i64>> + Send;
+        fn count_done(&mut self) -> impl Future<Output = QueryResult<i64>> + Send;
+        fn done_rows(
+            &mut self,
+        ) -> impl Future<Output = QueryResult<Vec<(String, String, Option<String>)>>> + Send;
+    }
+
+    macro_rules! impl_async_test_conn {
+        ($conn:ty) => {
+            impl AsyncTestConn for $conn {
+                async fn insert_charge(&mut self, order_id: &str, amount: i64, charge_ref: &str) -> QueryResult<()> {
+                    test_queries!(insert_charge, self, order_id, amount, charge_ref, [.await])
+                }
+
+                async fn insert_message(&mut self, topic: &str, payload: &str) -> QueryResult<()> {
+                    test_queries!(insert_message, self, topic, payload, [.await])
+                }
+
+                async fn count_charges(&mut self, order_id: &str) -> QueryResult<i64> {
+                    test_queries!(count_charges, self, order_id, [.await])
+                }
+
+                async fn count_messages(&mut self) -> QueryResult<i64> {
+                    test_queries!(count_messages, self, [.await])
+                }
+
+                async fn count_done(&mut self) -> QueryResult<i64> {
+                    test_queries!(count_done, self, [.await])
+                }
+
+                async fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>> {
+                    test_queries!(done_rows, self, [.await])
+                }
+            }
+        };
+    }
+
+    #[cfg(feature = "async-postgres")]
+    impl_async_test_conn!(diesel_async::AsyncPgConnection);
+    #[cfg(feature = "async-mysql")]
+    impl_async_test_conn!(diesel_async::AsyncMysqlConnection);
+    #[cfg(feature = "async-sqlite")]
+    impl_async_test_conn!(
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+    );
+
+    /// `charge`, as an async handler.
+    #[idempotent_job(key = "charge:<order_id>", name = "charge")]
+    pub async fn charge_async<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+        amount: i64,
+        mode: Mode,
+    ) -> Result<Receipt, TestError> {
+        charge_body_async(conn, order_id, amount, mode).await
+    }
+
+    /// What `charge_async` does, without the attribute.
+    pub async fn charge_body_async<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+        amount: i64,
+        mode: Mode,
+    ) -> Result<Receipt, TestError> {
+        let charge_ref = fresh_charge_ref();
+        conn.insert_charge(order_id, amount, &charge_ref).await?;
+        conn.insert_message("charge-succeeded", order_id).await?;
+        match mode {
+            Mode::Succeed => Ok(Receipt { charge_ref, amount }),
+            Mode::Fail => Err(TestError::Declined),
+            Mode::Panic => panic!("the card service exploded mid-job"),
+        }
+    }
+
+    #[idempotent_job(key = "charge:<order_id>", name = "refund")]
+    pub async fn refund_async<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+    ) -> Result<(), TestError> {
+        conn.insert_message("refund", order_id).await?;
+        Ok(())
+    }
+
+    #[idempotent_job(key = "pair:<left>:<right>", name = "pair")]
+    pub async fn pair_async<C: AsyncTestConn>(
+        conn: &mut C,
+        left: &str,
+        right: &str,
+    ) -> Result<(), TestError> {
+        conn.insert_message("pair", &format!("{left:?} {right:?}"))
+            .await?;
+        Ok(())
+    }
+
+    #[idempotent_job(key = "charge:<order_id>", name = "charge")]
+    pub async fn charge_v2_async<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+    ) -> Result<Vec<u32>, TestError> {
+        conn.insert_message("charge-v2", order_id).await?;
+        Ok(vec![1, 2, 3])
+    }
+
+    /// Charges, tells the test it is inside its transaction, then never finishes: the test drops
+    /// it there, as a timeout or a shut-down would.
+    #[idempotent_job(key = "charge:<order_id>", name = "charge")]
+    pub async fn charge_and_hang<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+        inside: tokio::sync::oneshot::Sender<()>,
+    ) -> Result<Receipt, TestError> {
+        conn.insert_charge(order_id, 4200, "hung").await?;
+        let _ = inside.send(());
+        std::future::pending::<()>().await;
+        unreachable!("the test drops this job while it waits")
+    }
 }

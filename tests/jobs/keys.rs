@@ -5,8 +5,9 @@ use diesel::prelude::*;
 use idempotent::JobKey;
 use proptest::prelude::*;
 
+use crate::backends::Sqlite;
 use crate::handlers::pair;
-use crate::harness::{Backend, Sqlite};
+use crate::harness::Db;
 
 fn tricky_value() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -54,7 +55,7 @@ proptest! {
     fn the_attribute_gives_each_tuple_its_own_key(
         tuples in prop::collection::vec((tricky_value(), tricky_value()), 1..6),
     ) {
-        let db = Sqlite::fresh();
+        let db = Db::<Sqlite>::fresh();
         let mut conn = db.connect();
         for (left, right) in tuples.iter().chain(tuples.iter()) {
             pair(&mut conn, left, right).expect("pair job");

@@ -1,16 +1,21 @@
-//! Behaviour tests, written once in `behaviour.rs` and instantiated here for every backend.
-//!
-//! `cargo test` runs them on SQLite; `cargo test --features postgres` adds PostgreSQL (the server
-//! must be up: `scripts/test` starts it).
+//! Behaviour tests, written once in `behaviour.rs` and instantiated here for every connection
+//! type whose feature is on: `SqliteConnection`, `PgConnection`, `MysqlConnection`, and
+//! diesel-async's `SyncConnectionWrapper<SqliteConnection>`, `AsyncPgConnection` and
+//! `AsyncMysqlConnection`. `scripts/test` turns them all on.
 
+mod backends;
 mod behaviour;
+#[cfg(feature = "async")]
+mod cancellation;
 mod handlers;
 mod harness;
 mod key_spaces;
+#[cfg(feature = "sqlite")]
 mod keys;
+#[cfg(feature = "sqlite")]
 mod pools;
 
-/// One module of tests per backend, each test one line.
+/// One module of tests per connection type, each test one line.
 macro_rules! backend_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
@@ -82,8 +87,51 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(sqlite, crate::harness::Sqlite);
+/// What only async connections can do wrong: be dropped mid-transaction.
+#[allow(unused_macros)] // used when an async feature is on
+macro_rules! async_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            use crate::cancellation;
+
+            #[test]
+            fn dropped_job_never_commits() {
+                cancellation::dropped_job_never_commits::<$backend, _>();
+            }
+
+            #[test]
+            fn dropped_job_in_a_pool_never_reaches_the_next_job() {
+                cancellation::dropped_job_in_a_pool_never_reaches_the_next_job::<$backend, _>();
+            }
+
+            #[test]
+            fn pooled_connections_work_through_deref() {
+                cancellation::pooled_connections_work_through_deref::<$backend, _>();
+            }
+
+            #[test]
+            fn job_futures_are_send() {
+                cancellation::job_futures_are_send::<$backend, _>();
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+backend_tests!(sqlite, crate::backends::Sqlite);
 #[cfg(feature = "postgres")]
-backend_tests!(postgres, crate::harness::Postgres);
+backend_tests!(postgres, crate::backends::Postgres);
 #[cfg(feature = "mysql")]
-backend_tests!(mysql, crate::harness::Mysql);
+backend_tests!(mysql, crate::backends::Mysql);
+#[cfg(feature = "async-sqlite")]
+backend_tests!(async_sqlite, crate::backends::AsyncSqlite);
+#[cfg(feature = "async-postgres")]
+backend_tests!(async_postgres, crate::backends::AsyncPostgres);
+#[cfg(feature = "async-mysql")]
+backend_tests!(async_mysql, crate::backends::AsyncMysql);
+#[cfg(feature = "async-sqlite")]
+async_tests!(async_sqlite_only, crate::backends::AsyncSqlite);
+#[cfg(feature = "async-postgres")]
+async_tests!(async_postgres_only, crate::backends::AsyncPostgres);
+#[cfg(feature = "async-mysql")]
+async_tests!(async_mysql_only, crate::backends::AsyncMysql);

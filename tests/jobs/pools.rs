@@ -5,8 +5,9 @@ use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
 use idempotent::idempotent_job;
 
+use crate::backends::Sqlite;
 use crate::handlers::{TestConn, TestError};
-use crate::harness::{Backend, Sqlite};
+use crate::harness::Db;
 
 type Pooled = PooledConnection<ConnectionManager<SqliteConnection>>;
 
@@ -18,7 +19,7 @@ fn welcome(conn: &mut Pooled, user_id: u64) -> Result<String, TestError> {
 
 #[test]
 fn pooled_connections_work_through_deref() {
-    let db = Sqlite::fresh();
+    let db = Db::<Sqlite>::fresh();
     let pool = Pool::builder()
         .max_size(2)
         .build(ConnectionManager::<SqliteConnection>::new(db.locator()))

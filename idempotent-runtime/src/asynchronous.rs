@@ -1,0 +1,525 @@
+//! Async jobs on diesel-async: the same claim, run, record and commit, for `AsyncPgConnection`,
+//! `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`, and for pooled connections
+//! that deref to them (deadpool, bb8).
+//!
+//! One thing differs from sync code: a future can be dropped at any `.await` (a timeout, a
+//! `select!`, a shut-down runtime). Dropping a job's future after its `BEGIN` would leave the
+//! transaction open on the connection, and a later job on the same connection would "commit" into
+//! it. The runtime marks such a connection broken instead: pools discard it, and a later job on it
+//! fails with [`Error::Database`] rather than commit anything.
+
+use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Instant;
+
+use diesel::result::{Error as DieselError, QueryResult};
+use diesel_async::{AsyncConnection, TransactionManager};
+
+use crate::error::{Error, Step};
+use crate::job::Job;
+use crate::key::JobKey;
+use crate::outcome::Outcome;
+use crate::run::{Call, JobError, JobOutput, RETRY_WINDOW, backoff};
+use crate::store::{Claim, ClaimState, DoneRow, Nesting};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The statements the runtime needs from an async connection; the async twin of
+/// [`JobStore`](crate::JobStore), implemented for diesel-async's connections.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an async database connection `idempotent` can claim jobs on",
+    label = "an async job needs a diesel-async connection here",
+    note = "use `AsyncPgConnection`, `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` (features `async-postgres`, `async-mysql`, `async-sqlite`), or a pooled connection that derefs to one"
+)]
+pub trait AsyncJobStore: AsyncConnection + Send {
+    /// Opens the job's transaction, or a savepoint inside the caller's.
+    fn begin_job(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send;
+    /// Inserts the claim: `Ok(true)` inserted, `Ok(false)` the key exists.
+    fn insert_claim(&mut self, claim: &Claim<'_>)
+    -> impl Future<Output = QueryResult<bool>> + Send;
+    /// Reads the row of a claimed key.
+    fn find_claim(
+        &mut self,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send;
+    /// Takes over a claim that has lapsed.
+    fn renew_lapsed_claim(
+        &mut self,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+    /// Stores the handler's result in the claimed row.
+    fn record_result(
+        &mut self,
+        digest: &[u8; 32],
+        result: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+    /// Errors after which the whole transaction can simply be tried again.
+    fn is_transient(error: &DieselError) -> bool;
+    /// Creates the runtime's tables if they do not exist yet.
+    fn run_migrations(&mut self) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+/// Creates the runtime's tables through an async connection; see [`migrate`](crate::migrate).
+pub async fn migrate_async<C: AsyncJobStore>(conn: &mut C) -> crate::Result<()> {
+    conn.run_migrations().await.map_err(Error::Migration)
+}
+
+/// The async [`run`](crate::run): claims `key` for `job`, runs `body`, stores its value and commits;
+/// when the key is already claimed, the body does not run and the stored value comes back as
+/// [`Outcome::Replayed`].
+///
+/// Beyond what `run` promises: dropping the returned future after the transaction opened marks the
+/// connection broken (a pool discards it; a later job on it fails) instead of leaving a transaction
+/// open for a later job to commit into. The future is `Send` when the body's future is.
+pub async fn run_async<C, T, E, F>(
+    conn: &mut C,
+    job: &Job,
+    key: &JobKey,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    C: AsyncJobStore,
+    T: JobOutput,
+    E: JobError,
+    F: AsyncFnOnce(&mut C) -> Result<T, E>,
+{
+    run_async_with(conn, |conn| conn, job, key, body).await
+}
+
+/// [`run_async`] for a connection reached through `store`, such as a pooled connection.
+#[doc(hidden)]
+pub async fn run_async_with<Conn, C, S, T, E, F>(
+    conn: &mut Conn,
+    store: S,
+    job: &Job,
+    key: &JobKey,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    Conn: ?Sized,
+    C: AsyncJobStore,
+    S: Fn(&mut Conn) -> &mut C,
+    T: JobOutput,
+    E: JobError,
+    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
+{
+    let call = Call::new(job, key);
+    let span = tracing::info_span!("idempotent.job", job = job.name(), key = %call.key_text);
+    tracing::Instrument::instrument(run_call(conn, &store, &call, body), span).await
+}
+
+async fn run_call<Conn, C, S, T, E, F>(
+    conn: &mut Conn,
+    store: &S,
+    call: &Call<'_>,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    Conn: ?Sized,
+    C: AsyncJobStore,
+    S: Fn(&mut Conn) -> &mut C,
+    T: JobOutput,
+    E: JobError,
+    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
+{
+    let (nesting, state) = begin_and_claim(store(conn), call).await?;
+    // No `.await` between the claim's guard letting go and this one taking over.
+    let mut open = OpenTransaction {
+        conn,
+        store,
+        finished: false,
+    };
+    if let ClaimState::Done(row) = state {
+        let replay = call.replay(row);
+        return match replay {
+            Ok(value) => {
+                open.commit(call).await?;
+                tracing::info!(
+                    outcome = "replayed",
+                    "job already done; replayed its result"
+                );
+                Ok(Outcome::Replayed(value))
+            }
+            Err(error) => {
+                open.rollback(call).await;
+                Err(error.into())
+            }
+        };
+    }
+    tracing::debug!(?nesting, "claimed key");
+
+    let result = {
+        let mut running = pin!(body(&mut *open.conn));
+        // Catch a panic in the body's poll, so the transaction can be rolled back before the
+        // panic goes on.
+        poll_fn(
+            |cx| match catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+                Ok(Poll::Pending) => Poll::Pending,
+                Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
+                Err(panic) => Poll::Ready(Err(panic)),
+            },
+        )
+        .await
+    };
+    match result {
+        Err(panic) => {
+            open.rollback(call).await;
+            tracing::warn!(outcome = "panicked", "job panicked; rolled back");
+            resume_unwind(panic)
+        }
+        Ok(Err(error)) => {
+            open.rollback(call).await;
+            tracing::info!(outcome = "failed", "job returned an error; rolled back");
+            Err(error)
+        }
+        Ok(Ok(value)) => {
+            let stored = match call.encode(&value) {
+                Ok(Some(json)) => (open.store)(&mut *open.conn)
+                    .record_result(&call.digest, &json)
+                    .await
+                    .map_err(|e| call.database(Step::Record, e)),
+                Ok(None) => Ok(()),
+                Err(error) => Err(error),
+            };
+            if let Err(error) = stored {
+                open.rollback(call).await;
+                return Err(error.into());
+            }
+            open.commit(call).await?;
+            tracing::info!(outcome = "ran", "job ran and committed");
+            Ok(Outcome::Ran(value))
+        }
+    }
+}
+
+/// A job's open transaction. Until it is committed or rolled back, dropping it (the job's future
+/// was dropped, or a panic unwinds through it) marks the connection's transaction manager broken:
+/// no async rollback can run in `drop`, and a transaction left open must never be committed into
+/// by the next job on this connection.
+struct OpenTransaction<'a, Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &mut C> {
+    conn: &'a mut Conn,
+    store: &'a S,
+    finished: bool,
+}
+
+impl<Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &mut C> OpenTransaction<'_, Conn, C, S> {
+    async fn commit(&mut self, call: &Call<'_>) -> Result<(), Error> {
+        let result = C::TransactionManager::commit_transaction((self.store)(&mut *self.conn)).await;
+        self.finished = true;
+        result.map_err(|e| call.database(Step::Commit, e))
+    }
+
+    async fn rollback(&mut self, call: &Call<'_>) {
+        let result =
+            C::TransactionManager::rollback_transaction((self.store)(&mut *self.conn)).await;
+        self.finished = true;
+        if let Err(error) = result {
+            tracing::error!(job = call.job.name(), %error, "rolling back the job's transaction failed");
+        }
+    }
+}
+
+impl<Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &mut C> Drop
+    for OpenTransaction<'_, Conn, C, S>
+{
+    fn drop(&mut self) {
+        if !self.finished {
+            let conn = (self.store)(&mut *self.conn);
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            tracing::warn!(
+                "a job was dropped inside its transaction; its connection is marked broken and will not be reused"
+            );
+        }
+    }
+}
+
+fn itself<C>(conn: &mut C) -> &mut C {
+    conn
+}
+
+/// Opens the transaction and claims the key, retrying the whole transaction on transient errors.
+async fn begin_and_claim<C: AsyncJobStore>(
+    conn: &mut C,
+    call: &Call<'_>,
+) -> Result<(Nesting, ClaimState), Error> {
+    let started = Instant::now();
+    let claim = call.claim();
+    let reach: fn(&mut C) -> &mut C = itself;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let (step, error) = match conn.begin_job().await {
+            Err(error) => (Step::Begin, error),
+            Ok(nesting) => {
+                let mut open = OpenTransaction {
+                    conn: &mut *conn,
+                    store: &reach,
+                    finished: false,
+                };
+                match claim_key(&mut *open.conn, &claim).await {
+                    Ok(state) => {
+                        // The caller's guard takes over before anything else is awaited.
+                        open.finished = true;
+                        return Ok((nesting, state));
+                    }
+                    Err(error) => {
+                        open.rollback(call).await;
+                        if nesting == Nesting::Savepoint {
+                            return Err(call.database(Step::Claim, error));
+                        }
+                        (Step::Claim, error)
+                    }
+                }
+            }
+        };
+        if !C::is_transient(&error) {
+            return Err(call.database(step, error));
+        }
+        if started.elapsed() >= RETRY_WINDOW {
+            return Err(Error::ClaimRetriesExhausted {
+                job: call.job.name(),
+                key: call.key_text.clone(),
+                attempts,
+                source: error,
+            });
+        }
+        tracing::debug!(attempts, %error, "transient error while claiming; retrying");
+        tokio::time::sleep(backoff(attempts)).await;
+    }
+}
+
+/// The claim of [`store::claim`](crate::store), for an async connection.
+async fn claim_key<C: AsyncJobStore>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<ClaimState> {
+    for _ in 0..3 {
+        if conn.insert_claim(claim).await? {
+            return Ok(ClaimState::Fresh);
+        }
+        match conn.find_claim(claim.digest).await? {
+            Some(row) if row.expires_at.is_none_or(|at| at > claim.now) => {
+                return Ok(ClaimState::Done(row));
+            }
+            Some(_lapsed) if conn.renew_lapsed_claim(claim).await? => return Ok(ClaimState::Fresh),
+            Some(_) | None => {}
+        }
+    }
+    Err(crate::store::claim_kept_changing())
+}
+
+/// Opens a transaction with `sql` on a diesel-async connection, or a savepoint inside the caller's.
+#[allow(dead_code)] // used by the backends that are compiled in
+async fn begin_with<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
+where
+    C: AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
+{
+    match diesel_async::AnsiTransactionManager::begin_transaction_sql(conn, sql).await {
+        Ok(()) => Ok(Nesting::Outermost),
+        Err(DieselError::AlreadyInTransaction) => {
+            diesel_async::AnsiTransactionManager::begin_transaction(conn).await?;
+            Ok(Nesting::Savepoint)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Implements [`AsyncJobStore`] for a diesel-async connection with the shared DSL statements.
+macro_rules! impl_async_job_store {
+    (
+        $conn:ty,
+        migrations: $migrations:expr,
+        begin: $begin:expr,
+        insert: $insert:ident,
+        find: $lock:ident,
+        transient: $transient:path $(,)?
+    ) => {
+        impl AsyncJobStore for $conn {
+            async fn begin_job(&mut self) -> QueryResult<Nesting> {
+                begin_with(self, $begin).await
+            }
+
+            async fn insert_claim(&mut self, claim: &Claim<'_>) -> QueryResult<bool> {
+                use diesel::prelude::*;
+                use diesel_async::RunQueryDsl;
+                statements!(insert_claim, self, claim, $insert, [.await])
+            }
+
+            async fn find_claim(&mut self, digest: &[u8; 32]) -> QueryResult<Option<DoneRow>> {
+                use diesel::prelude::*;
+                use diesel_async::RunQueryDsl;
+                statements!(find_claim, self, digest, $lock, [.await])
+            }
+
+            async fn renew_lapsed_claim(&mut self, claim: &Claim<'_>) -> QueryResult<bool> {
+                use diesel::prelude::*;
+                use diesel_async::RunQueryDsl;
+                statements!(renew_lapsed_claim, self, claim, [.await])
+            }
+
+            async fn record_result(&mut self, digest: &[u8; 32], result: &str) -> QueryResult<()> {
+                use diesel::prelude::*;
+                use diesel_async::RunQueryDsl;
+                statements!(record_result, self, digest, result, [.await])
+            }
+
+            fn is_transient(error: &DieselError) -> bool {
+                $transient(error)
+            }
+
+            async fn run_migrations(&mut self) -> Result<(), BoxError> {
+                use diesel::prelude::*;
+                use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+                use migrations::__diesel_schema_migrations as applied_table;
+                self.batch_execute(migrations::CREATE_TABLE).await?;
+                let applied: Vec<String> = applied_table::table
+                    .select(applied_table::version)
+                    .load(self)
+                    .await?;
+                for (version, up) in $migrations {
+                    if applied.iter().any(|v| v == version) {
+                        continue;
+                    }
+                    begin_with(self, "BEGIN").await?;
+                    let ran = async {
+                        self.batch_execute(up).await?;
+                        diesel::insert_into(applied_table::table)
+                            .values(applied_table::version.eq(*version))
+                            .execute(self)
+                            .await
+                    }
+                    .await;
+                    match ran {
+                        Ok(_) => Self::TransactionManager::commit_transaction(self).await?,
+                        Err(error) => {
+                            let _ = Self::TransactionManager::rollback_transaction(self).await;
+                            return Err(error.into());
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+#[cfg(feature = "async-postgres")]
+impl_async_job_store!(
+    diesel_async::AsyncPgConnection,
+    migrations: crate::migrations::POSTGRES,
+    begin: crate::store::begin::POSTGRES,
+    insert: on_conflict_do_nothing,
+    find: plain,
+    transient: crate::store::pg_is_transient,
+);
+
+#[cfg(feature = "async-mysql")]
+impl_async_job_store!(
+    diesel_async::AsyncMysqlConnection,
+    migrations: crate::migrations::MYSQL,
+    begin: crate::store::begin::MYSQL,
+    insert: duplicate_key_error,
+    find: for_update,
+    transient: crate::store::mysql_is_transient,
+);
+
+/// SQLite through diesel-async runs the sync statements on a blocking thread: the wrapper's own
+/// model, and the one way to reach `BEGIN IMMEDIATE` on its inner connection.
+#[cfg(feature = "async-sqlite")]
+mod sqlite {
+    use super::*;
+    use crate::store::JobStore;
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+    /// A claim that can move to the blocking thread.
+    struct OwnedClaim {
+        digest: [u8; 32],
+        key: String,
+        job: String,
+        fingerprint: Option<Vec<u8>>,
+        now: chrono::NaiveDateTime,
+        expires_at: Option<chrono::NaiveDateTime>,
+    }
+
+    impl OwnedClaim {
+        fn new(claim: &Claim<'_>) -> Self {
+            Self {
+                digest: *claim.digest,
+                key: claim.key.to_owned(),
+                job: claim.job.to_owned(),
+                fingerprint: claim.fingerprint.map(<[u8]>::to_vec),
+                now: claim.now,
+                expires_at: claim.expires_at,
+            }
+        }
+
+        fn claim(&self) -> Claim<'_> {
+            Claim {
+                digest: &self.digest,
+                key: &self.key,
+                job: &self.job,
+                fingerprint: self.fingerprint.as_deref(),
+                now: self.now,
+                expires_at: self.expires_at,
+            }
+        }
+    }
+
+    impl AsyncJobStore for SyncConnectionWrapper<SqliteConnection> {
+        async fn begin_job(&mut self) -> QueryResult<Nesting> {
+            self.spawn_blocking(JobStore::begin_job).await
+        }
+
+        async fn insert_claim(&mut self, claim: &Claim<'_>) -> QueryResult<bool> {
+            let claim = OwnedClaim::new(claim);
+            self.spawn_blocking(move |conn| conn.insert_claim(&claim.claim()))
+                .await
+        }
+
+        async fn find_claim(&mut self, digest: &[u8; 32]) -> QueryResult<Option<DoneRow>> {
+            let digest = *digest;
+            self.spawn_blocking(move |conn| conn.find_claim(&digest))
+                .await
+        }
+
+        async fn renew_lapsed_claim(&mut self, claim: &Claim<'_>) -> QueryResult<bool> {
+            let claim = OwnedClaim::new(claim);
+            self.spawn_blocking(move |conn| conn.renew_lapsed_claim(&claim.claim()))
+                .await
+        }
+
+        async fn record_result(&mut self, digest: &[u8; 32], result: &str) -> QueryResult<()> {
+            let (digest, result) = (*digest, result.to_owned());
+            self.spawn_blocking(move |conn| conn.record_result(&digest, &result))
+                .await
+        }
+
+        fn is_transient(error: &DieselError) -> bool {
+            crate::store::sqlite_is_transient(error)
+        }
+
+        async fn run_migrations(&mut self) -> Result<(), BoxError> {
+            // The migration error is not `Send`-able through `QueryResult`; carry its text.
+            let outcome = self
+                .spawn_blocking(|conn| Ok(conn.run_migrations().map_err(|e| e.to_string())))
+                .await?;
+            outcome.map_err(Into::into)
+        }
+    }
+}
+
+/// Diesel's own record of applied migrations, so sync and async runs agree on what has run.
+#[allow(dead_code)] // used by the backends that are compiled in
+mod migrations {
+    diesel::table! {
+        __diesel_schema_migrations (version) {
+            version -> VarChar,
+            run_on -> Timestamp,
+        }
+    }
+
+    /// As diesel_migrations creates it.
+    pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS __diesel_schema_migrations (\
+         version VARCHAR(50) PRIMARY KEY NOT NULL, \
+         run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP)";
+}

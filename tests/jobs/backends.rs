@@ -1,0 +1,380 @@
+//! The six connection types behind one trait, so every behaviour test is written once.
+//!
+//! A sync backend calls the sync handlers on a Diesel connection; an async backend calls the
+//! `async fn` handlers on a diesel-async connection, driven by a runtime of its own.
+
+use idempotent::testing::Snapshot;
+use idempotent::{Job, JobKey, Outcome};
+
+use crate::handlers::{Mode, Receipt, TestError};
+use crate::harness::Server;
+
+/// The job of the plain-function-API tests.
+pub static PLAIN: Job = Job::new("plain", "plain:<n>");
+
+/// What a behaviour test can do through one connection type.
+pub trait Backend: Sized + 'static {
+    const SERVER: Server;
+    /// What a test holds: a connection, and for async backends the runtime that drives it.
+    type Conn: Send;
+
+    fn try_connect(url: &str) -> Result<Self::Conn, String>;
+    fn try_execute(conn: &mut Self::Conn, sql: &str) -> Result<(), String>;
+    /// Runs the runtime's migrations and creates the tests' tables.
+    fn prepare(conn: &mut Self::Conn);
+
+    fn connect(url: &str) -> Self::Conn {
+        Self::try_connect(url).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn execute(conn: &mut Self::Conn, sql: &str) {
+        Self::try_execute(conn, sql).unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+    }
+
+    // The handlers.
+    fn charge(
+        conn: &mut Self::Conn,
+        order_id: &str,
+        amount: i64,
+        mode: Mode,
+    ) -> Result<Receipt, TestError>;
+    fn refund(conn: &mut Self::Conn, order_id: &str) -> Result<(), TestError>;
+    fn pair(conn: &mut Self::Conn, left: &str, right: &str) -> Result<(), TestError>;
+    fn charge_v2(conn: &mut Self::Conn, order_id: &str) -> Result<Vec<u32>, TestError>;
+    /// `charge`'s body through the plain function API, which says whether it ran.
+    fn charge_outcome(conn: &mut Self::Conn, order_id: &str)
+    -> Result<Outcome<Receipt>, TestError>;
+    /// The plain function API on job [`PLAIN`]: the body returns `value`, or panics when `None`.
+    fn plain(
+        conn: &mut Self::Conn,
+        key: &JobKey,
+        value: Option<u32>,
+    ) -> Result<Outcome<u32>, TestError>;
+    /// `charge` inside a transaction the test opens; returns the charges it saw inside, and
+    /// commits when `commit`, else rolls back.
+    fn charge_in_transaction(
+        conn: &mut Self::Conn,
+        order_id: &str,
+        commit: bool,
+    ) -> Result<i64, TestError>;
+    /// The test kit's rule check on `charge`.
+    fn assert_charge_idempotent(conn: &mut Self::Conn, order_id: &str) -> Receipt;
+
+    // What the tests look at.
+    fn snapshot(conn: &mut Self::Conn) -> Snapshot;
+    fn count_charges(conn: &mut Self::Conn, order_id: &str) -> i64;
+    fn count_messages(conn: &mut Self::Conn) -> i64;
+    fn count_done(conn: &mut Self::Conn) -> i64;
+    /// `(job_key, job_name, result)` of every done job, by key.
+    fn done_rows(conn: &mut Self::Conn) -> Vec<(String, String, Option<String>)>;
+}
+
+fn body_value(value: Option<u32>) -> Result<u32, TestError> {
+    match value {
+        Some(value) => Ok(value),
+        None => panic!("a replay must not run the body"),
+    }
+}
+
+#[allow(unused_macros)] // each is used when one of its backends' features is on
+macro_rules! sync_backend {
+    ($name:ident, $server:expr, $conn:ty) => {
+        pub struct $name;
+
+        impl Backend for $name {
+            const SERVER: Server = $server;
+            type Conn = $conn;
+
+            fn try_connect(url: &str) -> Result<Self::Conn, String> {
+                <$conn as diesel::Connection>::establish(url)
+                    .map_err(|e| $server.unreachable(url, &e))
+            }
+
+            fn try_execute(conn: &mut Self::Conn, sql: &str) -> Result<(), String> {
+                diesel::connection::SimpleConnection::batch_execute(conn, sql)
+                    .map_err(|e| e.to_string())
+            }
+
+            fn prepare(conn: &mut Self::Conn) {
+                idempotent::migrate(conn).expect("the runtime's migrations run");
+                for sql in handlers::test_tables($server) {
+                    Self::execute(conn, &sql);
+                }
+            }
+
+            fn charge(
+                conn: &mut Self::Conn,
+                order_id: &str,
+                amount: i64,
+                mode: Mode,
+            ) -> Result<Receipt, TestError> {
+                handlers::charge(conn, order_id, amount, mode)
+            }
+
+            fn refund(conn: &mut Self::Conn, order_id: &str) -> Result<(), TestError> {
+                handlers::refund(conn, order_id)
+            }
+
+            fn pair(conn: &mut Self::Conn, left: &str, right: &str) -> Result<(), TestError> {
+                handlers::pair(conn, left, right)
+            }
+
+            fn charge_v2(conn: &mut Self::Conn, order_id: &str) -> Result<Vec<u32>, TestError> {
+                handlers::charge_v2(conn, order_id)
+            }
+
+            fn charge_outcome(
+                conn: &mut Self::Conn,
+                order_id: &str,
+            ) -> Result<Outcome<Receipt>, TestError> {
+                idempotent::run(
+                    conn,
+                    &handlers::CHARGE,
+                    &handlers::charge_key(order_id),
+                    |conn| handlers::charge_body(conn, order_id, 4200, Mode::Succeed),
+                )
+            }
+
+            fn plain(
+                conn: &mut Self::Conn,
+                key: &JobKey,
+                value: Option<u32>,
+            ) -> Result<Outcome<u32>, TestError> {
+                idempotent::run(conn, &PLAIN, key, |_| body_value(value))
+            }
+
+            fn charge_in_transaction(
+                conn: &mut Self::Conn,
+                order_id: &str,
+                commit: bool,
+            ) -> Result<i64, TestError> {
+                diesel::Connection::transaction(conn, |conn| {
+                    handlers::charge(conn, order_id, 4200, Mode::Succeed)?;
+                    let seen = handlers::TestConn::count_charges(conn, order_id)?;
+                    if commit {
+                        Ok(seen)
+                    } else {
+                        Err(TestError::Declined)
+                    }
+                })
+            }
+
+            fn assert_charge_idempotent(conn: &mut Self::Conn, order_id: &str) -> Receipt {
+                idempotent::testing::assert_idempotent(conn, |conn| {
+                    handlers::charge(conn, order_id, 4200, Mode::Succeed)
+                })
+            }
+
+            fn snapshot(conn: &mut Self::Conn) -> Snapshot {
+                Snapshot::take(conn).expect("reading every table")
+            }
+
+            fn count_charges(conn: &mut Self::Conn, order_id: &str) -> i64 {
+                handlers::TestConn::count_charges(conn, order_id).expect("counting charges")
+            }
+
+            fn count_messages(conn: &mut Self::Conn) -> i64 {
+                handlers::TestConn::count_messages(conn).expect("counting messages")
+            }
+
+            fn count_done(conn: &mut Self::Conn) -> i64 {
+                handlers::TestConn::count_done(conn).expect("counting done jobs")
+            }
+
+            fn done_rows(conn: &mut Self::Conn) -> Vec<(String, String, Option<String>)> {
+                handlers::TestConn::done_rows(conn).expect("reading done_jobs")
+            }
+        }
+    };
+}
+
+/// An async connection and the runtime that drives it.
+#[cfg(feature = "async")]
+pub struct AsyncConn<C> {
+    pub runtime: tokio::runtime::Runtime,
+    pub conn: C,
+}
+
+#[allow(unused_macros)] // each is used when one of its backends' features is on
+macro_rules! async_backend {
+    ($name:ident, $server:expr, $conn:ty) => {
+        pub struct $name;
+
+        impl Backend for $name {
+            const SERVER: Server = $server;
+            type Conn = AsyncConn<$conn>;
+
+            fn try_connect(url: &str) -> Result<Self::Conn, String> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let conn = runtime
+                    .block_on(<$conn as diesel_async::AsyncConnection>::establish(url))
+                    .map_err(|e| $server.unreachable(url, &e))?;
+                Ok(AsyncConn { runtime, conn })
+            }
+
+            fn try_execute(c: &mut Self::Conn, sql: &str) -> Result<(), String> {
+                c.runtime
+                    .block_on(diesel_async::SimpleAsyncConnection::batch_execute(
+                        &mut c.conn,
+                        sql,
+                    ))
+                    .map_err(|e| e.to_string())
+            }
+
+            fn prepare(c: &mut Self::Conn) {
+                c.runtime
+                    .block_on(idempotent::migrate_async(&mut c.conn))
+                    .expect("the runtime's migrations run");
+                for sql in handlers::test_tables($server) {
+                    Self::execute(c, &sql);
+                }
+            }
+
+            fn charge(
+                c: &mut Self::Conn,
+                order_id: &str,
+                amount: i64,
+                mode: Mode,
+            ) -> Result<Receipt, TestError> {
+                c.runtime
+                    .block_on(handlers::charge_async(&mut c.conn, order_id, amount, mode))
+            }
+
+            fn refund(c: &mut Self::Conn, order_id: &str) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::refund_async(&mut c.conn, order_id))
+            }
+
+            fn pair(c: &mut Self::Conn, left: &str, right: &str) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::pair_async(&mut c.conn, left, right))
+            }
+
+            fn charge_v2(c: &mut Self::Conn, order_id: &str) -> Result<Vec<u32>, TestError> {
+                c.runtime
+                    .block_on(handlers::charge_v2_async(&mut c.conn, order_id))
+            }
+
+            fn charge_outcome(
+                c: &mut Self::Conn,
+                order_id: &str,
+            ) -> Result<Outcome<Receipt>, TestError> {
+                c.runtime.block_on(idempotent::run_async(
+                    &mut c.conn,
+                    &handlers::CHARGE,
+                    &handlers::charge_key(order_id),
+                    async |conn| {
+                        handlers::charge_body_async(conn, order_id, 4200, Mode::Succeed).await
+                    },
+                ))
+            }
+
+            fn plain(
+                c: &mut Self::Conn,
+                key: &JobKey,
+                value: Option<u32>,
+            ) -> Result<Outcome<u32>, TestError> {
+                c.runtime.block_on(idempotent::run_async(
+                    &mut c.conn,
+                    &PLAIN,
+                    key,
+                    async |_| body_value(value),
+                ))
+            }
+
+            fn charge_in_transaction(
+                c: &mut Self::Conn,
+                order_id: &str,
+                commit: bool,
+            ) -> Result<i64, TestError> {
+                c.runtime
+                    .block_on(diesel_async::AsyncConnection::transaction(
+                        &mut c.conn,
+                        async |conn| {
+                            handlers::charge_async(conn, order_id, 4200, Mode::Succeed).await?;
+                            let seen =
+                                handlers::AsyncTestConn::count_charges(conn, order_id).await?;
+                            if commit {
+                                Ok(seen)
+                            } else {
+                                Err(TestError::Declined)
+                            }
+                        },
+                    ))
+            }
+
+            fn assert_charge_idempotent(c: &mut Self::Conn, order_id: &str) -> Receipt {
+                c.runtime
+                    .block_on(idempotent::testing::assert_idempotent_async(
+                        &mut c.conn,
+                        async |conn| {
+                            handlers::charge_async(conn, order_id, 4200, Mode::Succeed).await
+                        },
+                    ))
+            }
+
+            fn snapshot(c: &mut Self::Conn) -> Snapshot {
+                c.runtime
+                    .block_on(Snapshot::take_async(&mut c.conn))
+                    .expect("reading every table")
+            }
+
+            fn count_charges(c: &mut Self::Conn, order_id: &str) -> i64 {
+                c.runtime
+                    .block_on(handlers::AsyncTestConn::count_charges(
+                        &mut c.conn,
+                        order_id,
+                    ))
+                    .expect("counting charges")
+            }
+
+            fn count_messages(c: &mut Self::Conn) -> i64 {
+                c.runtime
+                    .block_on(handlers::AsyncTestConn::count_messages(&mut c.conn))
+                    .expect("counting messages")
+            }
+
+            fn count_done(c: &mut Self::Conn) -> i64 {
+                c.runtime
+                    .block_on(handlers::AsyncTestConn::count_done(&mut c.conn))
+                    .expect("counting done jobs")
+            }
+
+            fn done_rows(c: &mut Self::Conn) -> Vec<(String, String, Option<String>)> {
+                c.runtime
+                    .block_on(handlers::AsyncTestConn::done_rows(&mut c.conn))
+                    .expect("reading done_jobs")
+            }
+        }
+    };
+}
+
+use crate::handlers;
+
+#[cfg(feature = "sqlite")]
+sync_backend!(Sqlite, Server::Sqlite, diesel::SqliteConnection);
+#[cfg(feature = "postgres")]
+sync_backend!(Postgres, Server::Postgres, diesel::PgConnection);
+#[cfg(feature = "mysql")]
+sync_backend!(Mysql, Server::Mysql, diesel::MysqlConnection);
+#[cfg(feature = "async-sqlite")]
+async_backend!(
+    AsyncSqlite,
+    Server::Sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+);
+#[cfg(feature = "async-postgres")]
+async_backend!(
+    AsyncPostgres,
+    Server::Postgres,
+    diesel_async::AsyncPgConnection
+);
+#[cfg(feature = "async-mysql")]
+async_backend!(
+    AsyncMysql,
+    Server::Mysql,
+    diesel_async::AsyncMysqlConnection
+);

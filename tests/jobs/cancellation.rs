@@ -1,0 +1,161 @@
+//! Async jobs can be dropped at any `.await`. A job dropped inside its transaction must never let
+//! a later job commit into that transaction: the connection is marked broken, pools discard it,
+//! and a later job on it fails instead of committing.
+
+use std::pin::pin;
+
+use deadpool::managed::Manager;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use idempotent::idempotent_job;
+
+use crate::backends::{AsyncConn, Backend};
+use crate::handlers::{self, AsyncTestConn, Mode, TestError};
+use crate::harness::Db;
+
+/// Runs `charge_and_hang` until it is inside its transaction, then drops it.
+async fn drop_mid_job<C: AsyncTestConn>(conn: &mut C, order_id: &str) {
+    let (inside, entered) = tokio::sync::oneshot::channel();
+    let mut job = pin!(handlers::charge_and_hang(conn, order_id, inside));
+    tokio::select! {
+        result = &mut job => panic!("the hanging job finished: {result:?}"),
+        entered = entered => entered.expect("the job reached its body"),
+    }
+    // `job` is dropped here, inside its transaction.
+}
+
+pub fn dropped_job_never_commits<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut worker = db.connect();
+    worker
+        .runtime
+        .block_on(drop_mid_job(&mut worker.conn, "order-dropped"));
+
+    // The next job on that connection must not commit into the transaction left open.
+    let next = B::charge(&mut worker, "order-next", 4200, Mode::Succeed);
+    match &next {
+        Err(TestError::Idempotent(idempotent::Error::Database { source, .. })) => assert!(
+            matches!(source, diesel::result::Error::BrokenTransactionManager),
+            "{source}"
+        ),
+        other => panic!("a job on the dropped job's connection must fail, got {other:?}"),
+    }
+    // Closing the connection ends its transaction on the server.
+    drop(worker);
+
+    let mut other = db.connect();
+    assert_eq!(
+        B::count_charges(&mut other, "order-dropped"),
+        0,
+        "the dropped job left nothing"
+    );
+    assert_eq!(B::count_charges(&mut other, "order-next"), 0);
+    assert_eq!(B::count_done(&mut other), 0);
+    // The dropped job runs again when redelivered.
+    B::charge(&mut other, "order-dropped", 4200, Mode::Succeed).unwrap();
+    assert_eq!(B::count_charges(&mut other, "order-dropped"), 1);
+}
+
+pub fn dropped_job_in_a_pool_never_reaches_the_next_job<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + 'static,
+    AsyncDieselConnectionManager<C>:
+        Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    let db = Db::<B>::fresh();
+    let mut checker = db.connect();
+    let runtime = &checker.runtime;
+    let pool = Pool::builder(AsyncDieselConnectionManager::<C>::new(db.locator()))
+        .max_size(1)
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .expect("pool");
+    runtime.block_on(async {
+        {
+            let mut conn = pool.get().await.expect("a pooled connection");
+            drop_mid_job(&mut *conn, "order-dropped").await;
+        } // back to the pool, marked broken
+        let mut conn = pool.get().await.expect("a pooled connection");
+        handlers::charge_async(&mut *conn, "order-next", 4200, Mode::Succeed)
+            .await
+            .expect("the next job on the pool runs on a sound connection");
+    });
+    assert_eq!(
+        pool.status().size,
+        1,
+        "the broken connection was replaced, not kept"
+    );
+    drop(pool);
+    assert_eq!(B::count_charges(&mut checker, "order-dropped"), 0);
+    assert_eq!(
+        B::count_charges(&mut checker, "order-next"),
+        1,
+        "the next job committed for real"
+    );
+}
+
+/// A handler written for a deadpool connection: the attribute reaches the connection by deref.
+#[idempotent_job(key = "welcome:<user_id>")]
+async fn welcome<C>(conn: &mut Object<C>, user_id: u64) -> Result<String, TestError>
+where
+    C: AsyncTestConn + 'static,
+    AsyncDieselConnectionManager<C>:
+        Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    conn.insert_message("welcome", &user_id.to_string()).await?;
+    Ok(format!("welcomed {user_id}"))
+}
+
+pub fn pooled_connections_work_through_deref<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + 'static,
+    AsyncDieselConnectionManager<C>:
+        Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    let db = Db::<B>::fresh();
+    let mut checker = db.connect();
+    let pool = Pool::builder(AsyncDieselConnectionManager::<C>::new(db.locator()))
+        .max_size(2)
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .expect("pool");
+    let (first, second) = checker.runtime.block_on(async {
+        let first = welcome(&mut pool.get().await.expect("conn"), 7)
+            .await
+            .unwrap();
+        let second = welcome(&mut pool.get().await.expect("conn"), 7)
+            .await
+            .unwrap();
+        (first, second)
+    });
+    assert_eq!(first, second);
+    assert_eq!(B::count_messages(&mut checker), 1);
+}
+
+/// The job's future can be spawned on a multi-threaded runtime: it is `Send`.
+pub fn job_futures_are_send<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + 'static,
+{
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, conn } = db.connect();
+    let spawned = runtime.block_on(async move {
+        let mut conn = conn;
+        tokio::spawn(async move {
+            handlers::charge_async(&mut conn, "order-spawned", 4200, Mode::Succeed).await?;
+            handlers::charge_async(&mut conn, "order-spawned", 4200, Mode::Succeed).await?;
+            Ok::<_, TestError>(
+                handlers::AsyncTestConn::count_charges(&mut conn, "order-spawned").await?,
+            )
+        })
+        .await
+    });
+    assert_eq!(spawned.expect("the task ran").expect("the jobs ran"), 1);
+}
