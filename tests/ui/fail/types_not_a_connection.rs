@@ -1,8 +1,10 @@
-use diesel::SqliteConnection;
 use idempotent::idempotent_job;
 
+struct Mailer;
+
 #[idempotent_job(key = "invoice:<customer_id>")]
-fn send_invoice(conn: &mut String, customer_id: u64) -> Result<(), idempotent::Error> {
+fn send_invoice(conn: &mut Mailer, customer_id: u64) -> Result<(), idempotent::Error> {
+    let _ = conn;
     Ok(())
 }
 

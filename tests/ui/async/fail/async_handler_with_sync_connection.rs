@@ -1,0 +1,10 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+#[idempotent_job(key = "welcome:<user_id>")]
+async fn welcome(conn: &mut SqliteConnection, user_id: u64) -> Result<u64, idempotent::Error> {
+    let _ = conn;
+    Ok(user_id)
+}
+
+fn main() {}
