@@ -6,9 +6,19 @@ use syn::spanned::Spanned as _;
 use syn::{Ident, LitStr, Path};
 
 use crate::errors::{Errors, did_you_mean};
+use crate::template::Segment;
 
 /// Every argument the attribute takes, for "unknown argument" messages.
-const ARGUMENTS: &[&str] = &["key", "conn", "name", "once", "crate"];
+const ARGUMENTS: &[&str] = &[
+    "key",
+    "conn",
+    "name",
+    "fingerprint",
+    "keep",
+    "redact_key",
+    "once",
+    "crate",
+];
 
 #[derive(Default)]
 pub struct Args {
@@ -20,6 +30,20 @@ pub struct Args {
     /// `once`: the template has no placeholder on purpose; every call shares one key.
     pub once: Option<Span>,
     pub krate: Option<Path>,
+    /// `fingerprint(a, b.c)`: the inputs that must match on a replay.
+    pub fingerprint: Option<Vec<Input>>,
+    /// `keep = "30d"`: how long a key holds, in seconds.
+    pub keep: Option<u64>,
+    /// `redact_key`: show the key as a digest prefix in events, errors and `job_key`.
+    pub redact_key: Option<Span>,
+}
+
+/// A fingerprint input: a parameter, or a field path into one.
+pub struct Input {
+    /// As written: `amount`, `order.total`.
+    pub name: String,
+    pub path: Vec<Segment>,
+    pub span: Span,
 }
 
 impl Args {
@@ -78,8 +102,47 @@ impl Args {
                 };
                 set_once(&mut self.krate, value, meta)
             }
+            "fingerprint" => {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                let exprs =
+                    syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated(
+                        &content,
+                    )?;
+                let mut inputs = Vec::new();
+                for expr in &exprs {
+                    inputs.push(input_path(expr)?);
+                }
+                if inputs.is_empty() {
+                    return Err(meta.error(
+                        "`fingerprint()` names no input; list the parameters that must match on a replay, like `fingerprint(amount, currency)`",
+                    ));
+                }
+                set_once(&mut self.fingerprint, inputs, meta)
+            }
+            "keep" => {
+                let value = string_value(meta, "keep", "30d")?;
+                let seconds = parse_duration(&value.value()).ok_or_else(|| {
+                    syn::Error::new(
+                        value.span(),
+                        format!(
+                            "`keep = \"{}\"` is not a duration; write a number and a unit, like \"90s\", \"15m\", \"12h\", \"30d\", \"2w\" or \"1d12h\"",
+                            value.value()
+                        ),
+                    )
+                })?;
+                set_once(&mut self.keep, seconds, meta)
+            }
+            "redact_key" => {
+                if meta.input.peek(syn::Token![=]) {
+                    let _: syn::Expr = meta.value()?.parse()?;
+                    return Err(meta.error("`redact_key` takes no value: write `redact_key`"));
+                }
+                set_once(&mut self.redact_key, path.span(), meta)
+            }
             "once" => {
                 if meta.input.peek(syn::Token![=]) {
+                    let _: syn::Expr = meta.value()?.parse()?;
                     return Err(meta.error("`once` takes no value: write `once`"));
                 }
                 set_once(&mut self.once, path.span(), meta)
@@ -153,5 +216,91 @@ fn string_value(meta: &ParseNestedMeta<'_>, name: &str, example: &str) -> syn::R
             Ok(lit.clone())
         }
         _ => Err(syn::Error::new(expr.span(), expected)),
+    }
+}
+
+/// A fingerprint input written as `name` or `name.field.field` (tuple fields too).
+fn input_path(expr: &syn::Expr) -> syn::Result<Input> {
+    fn walk(expr: &syn::Expr, path: &mut Vec<Segment>) -> bool {
+        match expr {
+            syn::Expr::Path(p) if p.qself.is_none() => match p.path.get_ident() {
+                Some(ident) => {
+                    path.push(Segment::Name(syn::ext::IdentExt::unraw(ident).to_string()));
+                    true
+                }
+                None => false,
+            },
+            syn::Expr::Field(field) => {
+                if !walk(&field.base, path) {
+                    return false;
+                }
+                path.push(match &field.member {
+                    syn::Member::Named(ident) => {
+                        Segment::Name(syn::ext::IdentExt::unraw(ident).to_string())
+                    }
+                    syn::Member::Unnamed(index) => Segment::Index(index.index),
+                });
+                true
+            }
+            _ => false,
+        }
+    }
+    let mut path = Vec::new();
+    if walk(expr, &mut path) {
+        let name = quote::ToTokens::to_token_stream(expr)
+            .to_string()
+            .replace(' ', "");
+        Ok(Input {
+            name,
+            path,
+            span: expr.span(),
+        })
+    } else {
+        Err(syn::Error::new(
+            expr.span(),
+            "`fingerprint` takes parameter names and field paths, like `fingerprint(amount, order.currency)`",
+        ))
+    }
+}
+
+/// `"90s"`, `"15m"`, `"12h"`, `"30d"`, `"2w"`, `"1d12h"`: seconds, or `None`.
+pub fn parse_duration(text: &str) -> Option<u64> {
+    let mut total: u64 = 0;
+    let mut number: Option<u64> = None;
+    for c in text.trim().chars() {
+        if let Some(digit) = c.to_digit(10) {
+            number = Some(
+                number
+                    .unwrap_or(0)
+                    .checked_mul(10)?
+                    .checked_add(u64::from(digit))?,
+            );
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3_600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return None,
+        };
+        total = total.checked_add(number.take()?.checked_mul(unit)?)?;
+    }
+    (number.is_none() && total > 0).then_some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30d"), Some(30 * 86_400));
+        assert_eq!(parse_duration("1d12h"), Some(86_400 + 12 * 3_600));
+        assert_eq!(parse_duration("90s"), Some(90));
+        for bad in ["", "30", "d", "30x", "0s", "1.5h", "-1d"] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
     }
 }

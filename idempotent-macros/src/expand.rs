@@ -8,7 +8,7 @@ use syn::{Ident, LitStr};
 use crate::args::Args;
 use crate::errors::{Errors, did_you_mean};
 use crate::signature::{Handler, param_span};
-use crate::template::{self, Piece, Placeholder, Segment, Template};
+use crate::template::{self, Piece, Segment, Template};
 
 /// Parses the key template and checks every placeholder against the handler's parameters.
 pub fn check_template(
@@ -64,7 +64,8 @@ pub fn check_template(
         .map(|(_, p)| p.ident.unraw().to_string())
         .collect();
     for placeholder in template.placeholders() {
-        if let Err(message) = check_placeholder(placeholder, handler, &names) {
+        if let Err(message) = check_path(&placeholder.display(), &placeholder.path, handler, &names)
+        {
             errors.push(syn::Error::new(
                 key.span(),
                 format!("in key template `{source}`: {message}"),
@@ -72,16 +73,32 @@ pub fn check_template(
             ok = false;
         }
     }
+    for input in args.fingerprint.iter().flatten() {
+        if let Err(message) = check_path(&input.name, &input.path, handler, &names) {
+            errors.push(syn::Error::new(
+                input.span,
+                format!(
+                    "fingerprint input {}",
+                    message.replacen("unknown placeholder ", "", 1)
+                ),
+            ));
+            ok = false;
+        }
+    }
     ok.then_some(template)
 }
 
-fn check_placeholder(
-    placeholder: &Placeholder,
+/// Checks that a placeholder or fingerprint input names a parameter (or `self`'s field).
+fn check_path(
+    shown: &str,
+    path: &[Segment],
     handler: &Handler<'_>,
     names: &[String],
 ) -> Result<(), String> {
-    let shown = placeholder.display();
-    let root = placeholder.root();
+    let root = match path.first() {
+        Some(Segment::Name(name)) => name.as_str(),
+        _ => "",
+    };
     let function = &handler.item.sig.ident;
     if root == "self" {
         if handler.receiver.is_none() {
@@ -89,11 +106,10 @@ fn check_placeholder(
                 "`{shown}`: `{function}` is not a method, so there is no `self`"
             ));
         }
-        if placeholder.path.len() == 1 {
-            return Err(
-                "`<self>` names the whole receiver; name a field of it instead, like `<self.id>`"
-                    .to_owned(),
-            );
+        if path.len() == 1 {
+            return Err(format!(
+                "`{shown}` names the whole receiver; name a field of it instead, like `self.id`"
+            ));
         }
         return Ok(());
     }
@@ -179,14 +195,14 @@ impl Expansion<'_> {
 
         // The original block sits unchanged inside the closure; its parameter rebinds the
         // connection under the user's own name and type, so the body reads exactly as written.
+        let job_call = self.job_call(&krate, &job_static, &key_var);
         let krate_at_output = self.krate_at(output_span);
         let awaited = asynchronous.then(|| quote!(.await));
         let run = quote_spanned! {output_span=>
             #krate_at_output::__private::#runner(
                 #conn,
                 #reach_store,
-                &#job_static,
-                &#key_var,
+                #job_call,
                 #closure,
             )#awaited
         };
@@ -233,8 +249,18 @@ impl Expansion<'_> {
                 quote!(#krate::__private::Part::Value(#path))
             }
         });
+        let keep = self
+            .args
+            .keep
+            .map(|seconds| quote!(.keep_for(::core::time::Duration::from_secs(#seconds))));
+        let redact = self.args.redact_key.map(|_| quote!(.redact_key()));
+        let inputs = self.args.fingerprint.as_ref().map(|inputs| {
+            let names = inputs.iter().map(|input| &input.name);
+            quote!(.fingerprint_inputs(&[#(#names),*]))
+        });
         quote! {
-            static #job_static: #krate::__private::Job = #krate::__private::Job::new(#name, #template);
+            static #job_static: #krate::__private::Job =
+                #krate::__private::Job::new(#name, #template) #keep #redact #inputs;
             #krate::__private::inventory::submit! {
                 #krate::__private::RegisteredJob::new(
                     &#job_static,
@@ -260,7 +286,7 @@ impl Expansion<'_> {
         let pushes = self.template.pieces.iter().map(|piece| match piece {
             Piece::Text(text) => quote! { #writer.text(#text); },
             Piece::Placeholder(placeholder) => {
-                let (value, span) = self.value_expr(placeholder);
+                let (value, span) = self.value_expr(&placeholder.path);
                 // Spanned at the parameter, so "does not implement `Display`" points at it.
                 quote_spanned! {span=>
                     #krate::__private::KeyValue::write_key(&#value, &mut #writer);
@@ -274,9 +300,31 @@ impl Expansion<'_> {
         }
     }
 
+    /// The call: job, key, and the fingerprint of the inputs the attribute names.
+    fn job_call(&self, krate: &TokenStream, job_static: &Ident, key_var: &Ident) -> TokenStream {
+        let call = quote!(#krate::__private::JobCall::new(&#job_static, &#key_var));
+        let Some(inputs) = &self.args.fingerprint else {
+            return call;
+        };
+        let builder = Ident::new("__idempotent_fingerprint", Span::mixed_site());
+        let adds = inputs.iter().map(|input| {
+            let (value, span) = self.value_expr(&input.path);
+            let name = &input.name;
+            // Spanned at the parameter, so "does not implement `Serialize`" points at it.
+            quote_spanned! {span=>
+                let #builder = #krate::__private::FingerprintInput::add_to(&#value, #name, #builder);
+            }
+        });
+        quote! {{
+            let #builder = #krate::__private::FingerprintBuilder::default();
+            #(#adds)*
+            #call.fingerprint_result(#builder.finish())
+        }}
+    }
+
     /// The expression for a placeholder's value, and the span to blame for it.
-    fn value_expr(&self, placeholder: &Placeholder) -> (TokenStream, Span) {
-        let mut segments = placeholder.path.iter();
+    fn value_expr(&self, path: &[Segment]) -> (TokenStream, Span) {
+        let mut segments = path.iter();
         let (mut expr, span) = match segments.next() {
             Some(Segment::Name(root)) if root == "self" => {
                 let receiver = self

@@ -50,14 +50,6 @@ pub struct TemplateError {
 }
 
 impl Placeholder {
-    /// The parameter the placeholder starts from.
-    pub fn root(&self) -> &str {
-        match self.path.first() {
-            Some(Segment::Name(name)) => name,
-            _ => "",
-        }
-    }
-
     /// The placeholder as it would be written, `<a.b>`.
     pub fn display(&self) -> String {
         let mut out = String::from("<");

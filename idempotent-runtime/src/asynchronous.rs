@@ -21,7 +21,8 @@ use crate::error::{Error, Step};
 use crate::job::Job;
 use crate::key::JobKey;
 use crate::outcome::Outcome;
-use crate::run::{Call, JobError, JobOutput, RETRY_WINDOW, backoff};
+use crate::run::{Call, JobCall, JobError, JobOutput, RETRY_WINDOW, backoff};
+use crate::stats::{self, Ending};
 use crate::store::{Claim, ClaimState, DoneRow, Nesting};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -55,6 +56,12 @@ pub trait AsyncJobStore: AsyncConnection + Send {
         digest: &[u8; 32],
         result: &str,
     ) -> impl Future<Output = QueryResult<()>> + Send;
+    /// Deletes up to `limit` claims that lapsed before `now`; returns how many.
+    fn prune_lapsed(
+        &mut self,
+        now: chrono::NaiveDateTime,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
     /// Errors after which the whole transaction can simply be tried again.
     fn is_transient(error: &DieselError) -> bool;
     /// Creates the runtime's tables if they do not exist yet.
@@ -75,7 +82,7 @@ pub async fn migrate_async<C: AsyncJobStore>(conn: &mut C) -> crate::Result<()> 
 /// open for a later job to commit into. The future is `Send` when the body's future is.
 pub async fn run_async<C, T, E, F>(
     conn: &mut C,
-    job: &Job,
+    job: &'static Job,
     key: &JobKey,
     body: F,
 ) -> Result<Outcome<T>, E>
@@ -85,7 +92,7 @@ where
     E: JobError,
     F: AsyncFnOnce(&mut C) -> Result<T, E>,
 {
-    run_async_with(conn, |conn| conn, job, key, body).await
+    JobCall::new(job, key).run_async(conn, body).await
 }
 
 /// [`run_async`] for a connection reached through `store`, such as a pooled connection.
@@ -93,8 +100,7 @@ where
 pub async fn run_async_with<Conn, C, S, T, E, F>(
     conn: &mut Conn,
     store: S,
-    job: &Job,
-    key: &JobKey,
+    job_call: JobCall<'_>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -105,15 +111,15 @@ where
     E: JobError,
     F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
 {
-    let call = Call::new(job, key);
-    let span = tracing::info_span!("idempotent.job", job = job.name(), key = %call.key_text);
+    let call = Call::new(job_call)?;
+    let span = call.span();
     tracing::Instrument::instrument(run_call(conn, &store, &call, body), span).await
 }
 
 async fn run_call<Conn, C, S, T, E, F>(
     conn: &mut Conn,
     store: &S,
-    call: &Call<'_>,
+    call: &Call,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -124,7 +130,9 @@ where
     E: JobError,
     F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
 {
-    let (nesting, state) = begin_and_claim(store(conn), call).await?;
+    let (nesting, state) = begin_and_claim(store(conn), call)
+        .await
+        .map_err(|e| call.failed(e))?;
     // No `.await` between the claim's guard letting go and this one taking over.
     let mut open = OpenTransaction {
         conn,
@@ -135,16 +143,13 @@ where
         let replay = call.replay(row);
         return match replay {
             Ok(value) => {
-                open.commit(call).await?;
-                tracing::info!(
-                    outcome = "replayed",
-                    "job already done; replayed its result"
-                );
+                open.commit(call).await.map_err(|e| call.failed(e))?;
+                call.finished(Ending::Replayed);
                 Ok(Outcome::Replayed(value))
             }
             Err(error) => {
                 open.rollback(call).await;
-                Err(error.into())
+                Err(call.failed(error).into())
             }
         };
     }
@@ -166,12 +171,12 @@ where
     match result {
         Err(panic) => {
             open.rollback(call).await;
-            tracing::warn!(outcome = "panicked", "job panicked; rolled back");
+            call.finished(Ending::Panicked);
             resume_unwind(panic)
         }
         Ok(Err(error)) => {
             open.rollback(call).await;
-            tracing::info!(outcome = "failed", "job returned an error; rolled back");
+            call.finished(Ending::Failed);
             Err(error)
         }
         Ok(Ok(value)) => {
@@ -185,10 +190,10 @@ where
             };
             if let Err(error) = stored {
                 open.rollback(call).await;
-                return Err(error.into());
+                return Err(call.failed(error).into());
             }
-            open.commit(call).await?;
-            tracing::info!(outcome = "ran", "job ran and committed");
+            open.commit(call).await.map_err(|e| call.failed(e))?;
+            call.finished(Ending::Ran);
             Ok(Outcome::Ran(value))
         }
     }
@@ -205,13 +210,13 @@ struct OpenTransaction<'a, Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &
 }
 
 impl<Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &mut C> OpenTransaction<'_, Conn, C, S> {
-    async fn commit(&mut self, call: &Call<'_>) -> Result<(), Error> {
+    async fn commit(&mut self, call: &Call) -> Result<(), Error> {
         let result = C::TransactionManager::commit_transaction((self.store)(&mut *self.conn)).await;
         self.finished = true;
         result.map_err(|e| call.database(Step::Commit, e))
     }
 
-    async fn rollback(&mut self, call: &Call<'_>) {
+    async fn rollback(&mut self, call: &Call) {
         let result =
             C::TransactionManager::rollback_transaction((self.store)(&mut *self.conn)).await;
         self.finished = true;
@@ -242,7 +247,7 @@ fn itself<C>(conn: &mut C) -> &mut C {
 /// Opens the transaction and claims the key, retrying the whole transaction on transient errors.
 async fn begin_and_claim<C: AsyncJobStore>(
     conn: &mut C,
-    call: &Call<'_>,
+    call: &Call,
 ) -> Result<(Nesting, ClaimState), Error> {
     let started = Instant::now();
     let claim = call.claim();
@@ -285,7 +290,7 @@ async fn begin_and_claim<C: AsyncJobStore>(
                 source: error,
             });
         }
-        tracing::debug!(attempts, %error, "transient error while claiming; retrying");
+        stats::retried(call.job.name(), attempts, &error);
         tokio::time::sleep(backoff(attempts)).await;
     }
 }
@@ -331,6 +336,7 @@ macro_rules! impl_async_job_store {
         begin: $begin:expr,
         insert: $insert:ident,
         find: $lock:ident,
+        prune: $prune:expr,
         transient: $transient:path $(,)?
     ) => {
         impl AsyncJobStore for $conn {
@@ -360,6 +366,15 @@ macro_rules! impl_async_job_store {
                 use diesel::prelude::*;
                 use diesel_async::RunQueryDsl;
                 statements!(record_result, self, digest, result, [.await])
+            }
+
+            async fn prune_lapsed(
+                &mut self,
+                now: chrono::NaiveDateTime,
+                limit: i64,
+            ) -> QueryResult<usize> {
+                use diesel_async::RunQueryDsl;
+                statements!(prune_lapsed, self, $prune, now, limit, [.await])
             }
 
             fn is_transient(error: &DieselError) -> bool {
@@ -409,6 +424,7 @@ impl_async_job_store!(
     begin: crate::store::begin::POSTGRES,
     insert: on_conflict_do_nothing,
     find: plain,
+    prune: crate::store::prune::POSTGRES,
     transient: crate::store::pg_is_transient,
 );
 
@@ -419,6 +435,7 @@ impl_async_job_store!(
     begin: crate::store::begin::MYSQL,
     insert: duplicate_key_error,
     find: for_update,
+    prune: crate::store::prune::MYSQL,
     transient: crate::store::mysql_is_transient,
 );
 
@@ -491,6 +508,15 @@ mod sqlite {
         async fn record_result(&mut self, digest: &[u8; 32], result: &str) -> QueryResult<()> {
             let (digest, result) = (*digest, result.to_owned());
             self.spawn_blocking(move |conn| conn.record_result(&digest, &result))
+                .await
+        }
+
+        async fn prune_lapsed(
+            &mut self,
+            now: chrono::NaiveDateTime,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            self.spawn_blocking(move |conn| conn.prune_lapsed(now, limit))
                 .await
         }
 

@@ -69,6 +69,31 @@ pub enum Error {
         claimed_by: String,
     },
 
+    /// The key came back with inputs different from the first run's: nothing ran, nothing changed.
+    #[error(
+        "job `{job}` was called again with key `{key}` but with different inputs ({inputs}) than its first run; nothing ran and nothing changed. A key reused with different input is usually a bug: make the key include what identifies the work, or let the first run's inputs stand"
+    )]
+    FingerprintMismatch {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// The names of the inputs the fingerprint covers.
+        inputs: String,
+    },
+
+    /// A fingerprint input could not be serialized; nothing ran.
+    #[error("job `{job}` (key `{key}`): {source}; nothing ran")]
+    Fingerprint {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// Which input, and why.
+        #[source]
+        source: crate::fingerprint::FingerprintError,
+    },
+
     /// Claiming kept failing with errors that are normally retried (SQLite busy, MySQL deadlock).
     #[error(
         "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts; the database stayed busy or kept reporting deadlocks: {source}"
@@ -84,6 +109,12 @@ pub enum Error {
         #[source]
         source: diesel::result::Error,
     },
+
+    /// A batch of [`prune`](crate::prune) failed; the batches before it stay deleted.
+    #[error(
+        "pruning lapsed claims failed: {0}; the batches before it stay deleted, and the next prune continues where this one stopped"
+    )]
+    Prune(#[source] diesel::result::Error),
 
     /// Running the migrations of the done-jobs schema failed.
     #[error("creating the done_jobs schema failed: {0}")]

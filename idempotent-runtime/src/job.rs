@@ -18,6 +18,8 @@ pub struct Job {
     name: &'static str,
     template: &'static str,
     keep: Option<Duration>,
+    redact_key: bool,
+    fingerprint_inputs: &'static [&'static str],
 }
 
 impl Job {
@@ -28,7 +30,33 @@ impl Job {
             name,
             template,
             keep: None,
+            redact_key: false,
+            fingerprint_inputs: &[],
         }
+    }
+
+    /// Shows this job's keys as `redacted:<digest prefix>` in events, errors and the readable
+    /// `job_key` column, for keys built from personal data. The digest still finds the row.
+    pub const fn redact_key(mut self) -> Self {
+        self.redact_key = true;
+        self
+    }
+
+    /// Names the inputs whose fingerprint must match when a key comes back (for the error
+    /// message; the fingerprint itself is passed to each call).
+    pub const fn fingerprint_inputs(mut self, inputs: &'static [&'static str]) -> Self {
+        self.fingerprint_inputs = inputs;
+        self
+    }
+
+    /// Whether keys are redacted.
+    pub const fn redacts_key(&self) -> bool {
+        self.redact_key
+    }
+
+    /// The names of the fingerprint's inputs.
+    pub const fn fingerprint_input_names(&self) -> &'static [&'static str] {
+        self.fingerprint_inputs
     }
 
     /// Keys of this job hold for `keep`; after that a delivery with the same key runs the job again.

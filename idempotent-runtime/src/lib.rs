@@ -20,24 +20,30 @@ pub mod store;
 #[cfg(feature = "async")]
 pub mod asynchronous;
 mod error;
+pub mod fingerprint;
 mod job;
 pub mod key;
 mod migrations;
 mod outcome;
+pub mod prune;
 pub mod registry;
 mod run;
 pub mod schema;
+pub mod stats;
 pub mod testing;
 
 pub use error::{Error, Result, Step};
 pub use job::Job;
 pub use key::{JobKey, KeyBuilder, KeyError};
 pub use outcome::Outcome;
-pub use run::{JobError, JobOutput, run};
+pub use prune::{Prune, PruneReport, prune};
+pub use run::{JobCall, JobError, JobOutput, run};
 pub use store::JobStore;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncJobStore, migrate_async, run_async};
+#[cfg(feature = "async")]
+pub use prune::prune_async;
 
 /// Creates the runtime's tables (`done_jobs`) if they do not exist yet, with Diesel's embedded
 /// migrations for the connection's backend. Safe to call at every start.
@@ -59,10 +65,12 @@ pub fn migrate<C: JobStore>(conn: &mut C) -> Result<()> {
 /// What generated code uses. Not part of the public API: it may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::fingerprint::FingerprintBuilder;
     pub use crate::job::Job;
     pub use crate::key::KeyWriter;
     pub use crate::outcome::Outcome;
     pub use crate::registry::{Part, RegisteredJob};
+    pub use crate::run::JobCall;
     pub use crate::run::run_with;
 
     #[cfg(feature = "async")]
@@ -94,6 +102,23 @@ pub mod __private {
     impl<C: JobStore> JobConnection for C {
         fn job_connection(&mut self) -> &mut Self {
             self
+        }
+    }
+
+    /// A fingerprint input: anything `Serialize`.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be a fingerprint input: it does not implement `Serialize`",
+        label = "this parameter is a fingerprint input, so its value must implement `serde::Serialize`",
+        note = "derive `serde::Serialize` for it, or name a field that implements it: `fingerprint(param.field)`"
+    )]
+    pub trait FingerprintInput {
+        /// Adds the value to the fingerprint under `name`.
+        fn add_to(&self, name: &str, builder: FingerprintBuilder) -> FingerprintBuilder;
+    }
+
+    impl<T: serde::Serialize + ?Sized> FingerprintInput for T {
+        fn add_to(&self, name: &str, builder: FingerprintBuilder) -> FingerprintBuilder {
+            builder.input(name, self)
         }
     }
 

@@ -14,9 +14,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Step};
+use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::job::Job;
 use crate::key::JobKey;
 use crate::outcome::Outcome;
+use crate::stats::{self, Ending};
 use crate::store::{self, Claim, ClaimState, DoneRow, JobStore, Nesting};
 
 /// An error type a job handler can return: one that can hold this crate's [`Error`].
@@ -54,7 +56,7 @@ pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(30);
 /// and the stored value comes back as [`Outcome::Replayed`].
 ///
 /// This is what `#[idempotent_job]` expands to; call it yourself to build keys your own way or to
-/// learn whether a call ran or replayed.
+/// learn whether a call ran or replayed. [`JobCall`] adds an input fingerprint.
 ///
 /// * `Err` from the body rolls the transaction back, the claim with it, so a retry runs again.
 /// * A panic in the body rolls back too, leaves the connection usable, and then continues unwinding.
@@ -79,14 +81,102 @@ pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(30);
 /// # Ok(())
 /// # }
 /// ```
-pub fn run<C, T, E, F>(conn: &mut C, job: &Job, key: &JobKey, body: F) -> Result<Outcome<T>, E>
+pub fn run<C, T, E, F>(
+    conn: &mut C,
+    job: &'static Job,
+    key: &JobKey,
+    body: F,
+) -> Result<Outcome<T>, E>
 where
     C: JobStore,
     T: JobOutput,
     E: JobError,
     F: FnOnce(&mut C) -> Result<T, E>,
 {
-    run_with(conn, |conn| conn, job, key, body)
+    JobCall::new(job, key).run(conn, body)
+}
+
+/// One call of a job, for the plain function API: the job, the key, and optionally a fingerprint of
+/// the inputs that must match when the key comes back.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use idempotent_runtime::fingerprint::Fingerprint;
+/// use idempotent_runtime::{Error, Job, JobCall, JobKey};
+///
+/// static CHARGE: Job = Job::new("charge", "charge:<order_id>").fingerprint_inputs(&["amount"]);
+///
+/// let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+/// idempotent_runtime::migrate(&mut conn)?;
+/// let key = JobKey::new("charge:42");
+/// let charge = |amount: u64| -> Result<_, Error> {
+///     let fingerprint = Fingerprint::builder().input("amount", &amount).finish().expect("a number serializes");
+///     JobCall::new(&CHARGE, &key).fingerprint(fingerprint).run(&mut conn, |_| Ok::<_, Error>(amount))
+/// };
+/// # let mut charge = charge;
+/// assert!(charge(4200)?.is_ran());
+/// assert!(charge(4200)?.is_replayed());
+/// assert!(matches!(charge(9900), Err(Error::FingerprintMismatch { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a JobCall does nothing until it is run"]
+pub struct JobCall<'a> {
+    job: &'static Job,
+    key: &'a JobKey,
+    fingerprint: Option<Result<Fingerprint, FingerprintError>>,
+}
+
+impl<'a> JobCall<'a> {
+    /// A call of `job` with `key`.
+    pub fn new(job: &'static Job, key: &'a JobKey) -> Self {
+        Self {
+            job,
+            key,
+            fingerprint: None,
+        }
+    }
+
+    /// Checks `fingerprint` against the first run's when the key comes back: a difference is an
+    /// [`Error::FingerprintMismatch`] and nothing runs.
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(Ok(fingerprint));
+        self
+    }
+
+    /// As [`fingerprint`](Self::fingerprint), with a failure to build it reported when the call
+    /// runs (what the attribute generates).
+    #[doc(hidden)]
+    pub fn fingerprint_result(
+        mut self,
+        fingerprint: Result<Fingerprint, FingerprintError>,
+    ) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Runs the call; see [`run`].
+    pub fn run<C, T, E, F>(self, conn: &mut C, body: F) -> Result<Outcome<T>, E>
+    where
+        C: JobStore,
+        T: JobOutput,
+        E: JobError,
+        F: FnOnce(&mut C) -> Result<T, E>,
+    {
+        run_with(conn, |conn| conn, self, body)
+    }
+
+    /// Runs the call on an async connection; see [`run_async`](crate::run_async).
+    #[cfg(feature = "async")]
+    pub async fn run_async<C, T, E, F>(self, conn: &mut C, body: F) -> Result<Outcome<T>, E>
+    where
+        C: crate::AsyncJobStore,
+        T: JobOutput,
+        E: JobError,
+        F: AsyncFnOnce(&mut C) -> Result<T, E>,
+    {
+        crate::asynchronous::run_async_with(conn, |conn| conn, self, body).await
+    }
 }
 
 /// [`run`] for a connection reached through `store`, such as a pooled connection that derefs to a
@@ -95,8 +185,7 @@ where
 pub fn run_with<Conn, C, T, E, F>(
     conn: &mut Conn,
     store: impl Fn(&mut Conn) -> &mut C,
-    job: &Job,
-    key: &JobKey,
+    job_call: JobCall<'_>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -106,25 +195,21 @@ where
     E: JobError,
     F: FnOnce(&mut Conn) -> Result<T, E>,
 {
-    let call = Call::new(job, key);
-    let span = tracing::info_span!("idempotent.job", job = job.name(), key = %call.key_text);
+    let call = Call::new(job_call)?;
+    let span = call.span();
     let _entered = span.enter();
 
-    let (nesting, state) = begin_and_claim(store(conn), &call)?;
+    let (nesting, state) = begin_and_claim(store(conn), &call).map_err(|e| call.failed(e))?;
     if let ClaimState::Done(row) = state {
-        let replay = call.replay(row);
-        return match replay {
+        return match call.replay(row) {
             Ok(value) => {
-                commit(store(conn), &call)?;
-                tracing::info!(
-                    outcome = "replayed",
-                    "job already done; replayed its result"
-                );
+                commit(store(conn), &call).map_err(|e| call.failed(e))?;
+                call.finished(Ending::Replayed);
                 Ok(Outcome::Replayed(value))
             }
             Err(error) => {
                 rollback(store(conn), &call);
-                Err(error.into())
+                Err(call.failed(error).into())
             }
         };
     }
@@ -133,12 +218,12 @@ where
     match catch_unwind(AssertUnwindSafe(|| body(conn))) {
         Err(panic) => {
             rollback(store(conn), &call);
-            tracing::warn!(outcome = "panicked", "job panicked; rolled back");
+            call.finished(Ending::Panicked);
             resume_unwind(panic)
         }
         Ok(Err(error)) => {
             rollback(store(conn), &call);
-            tracing::info!(outcome = "failed", "job returned an error; rolled back");
+            call.finished(Ending::Failed);
             Err(error)
         }
         Ok(Ok(value)) => {
@@ -150,31 +235,61 @@ where
             });
             if let Err(error) = stored {
                 rollback(store(conn), &call);
-                return Err(error.into());
+                return Err(call.failed(error).into());
             }
-            commit(store(conn), &call)?;
-            tracing::info!(outcome = "ran", "job ran and committed");
+            commit(store(conn), &call).map_err(|e| call.failed(e))?;
+            call.finished(Ending::Ran);
             Ok(Outcome::Ran(value))
         }
     }
 }
 
 /// One call of a job: everything the claim needs, computed once.
-pub(crate) struct Call<'a> {
-    pub(crate) job: &'a Job,
+pub(crate) struct Call {
+    pub(crate) job: &'static Job,
+    /// The key as shown in events and errors and stored in `job_key`: readable, or redacted.
     pub(crate) key_text: String,
     pub(crate) digest: [u8; 32],
+    pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) now: NaiveDateTime,
+    pub(crate) started: Instant,
 }
 
-impl<'a> Call<'a> {
-    pub(crate) fn new(job: &'a Job, key: &JobKey) -> Self {
-        Self {
+impl Call {
+    pub(crate) fn new(job_call: JobCall<'_>) -> Result<Self, Error> {
+        let JobCall {
             job,
-            key_text: key.readable().into_owned(),
-            digest: key.digest(),
+            key,
+            fingerprint,
+        } = job_call;
+        let digest = key.digest();
+        let key_text = if job.redacts_key() {
+            redacted(&digest)
+        } else {
+            key.readable().into_owned()
+        };
+        let fingerprint = match fingerprint.transpose() {
+            Ok(fingerprint) => fingerprint,
+            Err(source) => {
+                return Err(Error::Fingerprint {
+                    job: job.name(),
+                    key: key_text,
+                    source,
+                });
+            }
+        };
+        Ok(Self {
+            job,
+            key_text,
+            digest,
+            fingerprint,
             now: chrono::Utc::now().naive_utc(),
-        }
+            started: Instant::now(),
+        })
+    }
+
+    pub(crate) fn span(&self) -> tracing::Span {
+        tracing::info_span!("idempotent.job", job = self.job.name(), key = %self.key_text)
     }
 
     pub(crate) fn claim(&self) -> Claim<'_> {
@@ -182,7 +297,7 @@ impl<'a> Call<'a> {
             digest: &self.digest,
             key: &self.key_text,
             job: self.job.name(),
-            fingerprint: None,
+            fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
             now: self.now,
             expires_at: self
                 .job
@@ -201,6 +316,21 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// Records how the call ended.
+    pub(crate) fn finished(&self, ending: Ending) {
+        stats::finished(self.job.name(), ending, self.started);
+    }
+
+    /// Records a call that ended in `error`, and passes the error on.
+    pub(crate) fn failed(&self, error: Error) -> Error {
+        self.finished(match &error {
+            Error::FingerprintMismatch { .. } => Ending::FingerprintMismatch,
+            Error::KeyClaimedByOtherJob { .. } => Ending::KeyConflict,
+            _ => Ending::Error,
+        });
+        error
+    }
+
     /// The JSON to store for `value`; `None` when it is `null` (as `()` is), which is what an
     /// empty `result` column reads back as.
     pub(crate) fn encode<T: Serialize>(&self, value: &T) -> Result<Option<String>, Error> {
@@ -215,12 +345,23 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// The first run's result, if this call is the same job with the same inputs.
     pub(crate) fn replay<T: DeserializeOwned>(&self, row: DoneRow) -> Result<T, Error> {
         if row.job_name != self.job.name() {
             return Err(Error::KeyClaimedByOtherJob {
                 job: self.job.name(),
                 key: self.key_text.clone(),
                 claimed_by: row.job_name,
+            });
+        }
+        // A row from before the job had a fingerprint, or a call without one, is not compared.
+        if let (Some(stored), Some(ours)) = (&row.fingerprint, &self.fingerprint)
+            && stored.as_slice() != ours.as_bytes()
+        {
+            return Err(Error::FingerprintMismatch {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                inputs: self.job.fingerprint_input_names().join(", "),
             });
         }
         serde_json::from_str(row.result.as_deref().unwrap_or("null")).map_err(|source| {
@@ -233,12 +374,18 @@ impl<'a> Call<'a> {
     }
 }
 
+/// What a redacted key looks like: enough of its digest to find its row, nothing of its values.
+pub(crate) fn redacted(digest: &[u8; 32]) -> String {
+    let mut text = String::from("redacted:");
+    for byte in &digest[..8] {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
+}
+
 /// Opens the transaction and claims the key, retrying the whole transaction on transient errors
 /// (SQLite busy, deadlocks) for up to [`RETRY_WINDOW`]. Nothing has run yet, so a retry is safe.
-fn begin_and_claim<C: JobStore>(
-    conn: &mut C,
-    call: &Call<'_>,
-) -> Result<(Nesting, ClaimState), Error> {
+fn begin_and_claim<C: JobStore>(conn: &mut C, call: &Call) -> Result<(Nesting, ClaimState), Error> {
     let started = Instant::now();
     let claim = call.claim();
     let mut attempts = 0u32;
@@ -270,7 +417,7 @@ fn begin_and_claim<C: JobStore>(
                 source: error,
             });
         }
-        tracing::debug!(attempts, %error, "transient error while claiming; retrying");
+        stats::retried(call.job.name(), attempts, &error);
         std::thread::sleep(backoff(attempts));
     }
 }
@@ -286,14 +433,14 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_micros(ceiling * 500 + jitter / 2)
 }
 
-fn commit<C: JobStore>(conn: &mut C, call: &Call<'_>) -> Result<(), Error> {
+fn commit<C: JobStore>(conn: &mut C, call: &Call) -> Result<(), Error> {
     AnsiTransactionManager::commit_transaction(conn).map_err(|e| call.database(Step::Commit, e))
 }
 
 /// Rolls back, logging a failure rather than returning it: the caller is already returning the error
 /// that made the rollback necessary, and Diesel marks the connection broken if it could not roll
 /// back, so a pool will not hand it out again.
-fn rollback<C: JobStore>(conn: &mut C, call: &Call<'_>) {
+fn rollback<C: JobStore>(conn: &mut C, call: &Call) {
     if let Err(error) = AnsiTransactionManager::rollback_transaction(conn) {
         tracing::error!(job = call.job.name(), %error, "rolling back the job's transaction failed");
     }

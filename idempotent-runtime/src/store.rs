@@ -93,6 +93,10 @@ pub trait JobStore: Connection<TransactionManager = AnsiTransactionManager> {
     /// Stores the handler's result in the claimed row.
     fn record_result(&mut self, digest: &[u8; 32], result: &str) -> QueryResult<()>;
 
+    /// Deletes up to `limit` claims that lapsed before `now`, in one statement of its own; returns
+    /// how many it deleted.
+    fn prune_lapsed(&mut self, now: NaiveDateTime, limit: i64) -> QueryResult<usize>;
+
     /// Errors after which the whole transaction can simply be tried again (SQLite busy, deadlocks).
     fn is_transient(error: &DieselError) -> bool;
 
@@ -221,6 +225,12 @@ macro_rules! statements {
         .execute($conn)$($aw)*?;
         Ok(renewed == 1)
     }};
+    (prune_lapsed, $conn:expr, $sql:expr, $now:expr, $limit:expr, [$($aw:tt)*]) => {
+        diesel::sql_query($sql)
+            .bind::<diesel::sql_types::Timestamp, _>($now)
+            .bind::<diesel::sql_types::BigInt, _>($limit)
+            .execute($conn)$($aw)*
+    };
     (record_result, $conn:expr, $digest:expr, $result:expr, [$($aw:tt)*]) => {{
         use $crate::schema::done_jobs::dsl as dj;
         diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&$digest[..])))
@@ -238,6 +248,7 @@ macro_rules! impl_job_store {
         begin: $begin:expr,
         insert: $insert:ident,
         find: $lock:ident,
+        prune: $prune:expr,
         transient: |$err:ident| $transient:expr $(,)?
     ) => {
         impl $crate::store::JobStore for $conn {
@@ -278,6 +289,15 @@ macro_rules! impl_job_store {
                 statements!(record_result, self, digest, result, [])
             }
 
+            fn prune_lapsed(
+                &mut self,
+                now: chrono::NaiveDateTime,
+                limit: i64,
+            ) -> diesel::QueryResult<usize> {
+                use diesel::prelude::*;
+                statements!(prune_lapsed, self, $prune, now, limit, [])
+            }
+
             fn is_transient($err: &diesel::result::Error) -> bool {
                 $transient
             }
@@ -299,6 +319,22 @@ pub(crate) mod begin {
     pub const POSTGRES: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
     /// The server's isolation level; the claim's read is a locking read.
     pub const MYSQL: &str = "BEGIN";
+}
+
+/// One batch of pruning, per backend: lapsed claims, at most `$2` of them, oldest first where the
+/// backend allows it. Each runs as a statement of its own, so no batch holds locks for long.
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) mod prune {
+    /// Through the partial index on `expires_at`.
+    pub const SQLITE: &str = "DELETE FROM done_jobs WHERE key_digest IN \
+        (SELECT key_digest FROM done_jobs WHERE expires_at <= ? LIMIT ?)";
+    /// Rows a claim is renewing right now are skipped, not waited for.
+    pub const POSTGRES: &str = "DELETE FROM done_jobs WHERE key_digest IN \
+        (SELECT key_digest FROM done_jobs WHERE expires_at <= $1 \
+         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    /// MySQL takes no `LIMIT` in an `IN` subquery, but does in `DELETE`.
+    pub const MYSQL: &str =
+        "DELETE FROM done_jobs WHERE expires_at <= ? ORDER BY expires_at LIMIT ?";
 }
 
 /// Whether a PostgreSQL error is worth retrying the whole transaction for.
@@ -354,6 +390,7 @@ mod sqlite {
         begin: super::begin::SQLITE,
         insert: on_conflict_do_nothing,
         find: plain,
+        prune: super::prune::SQLITE,
         transient: |error| super::sqlite_is_transient(error),
     );
 }
@@ -371,6 +408,7 @@ mod pg {
         begin: super::begin::POSTGRES,
         insert: on_conflict_do_nothing,
         find: plain,
+        prune: super::prune::POSTGRES,
         transient: |error| super::pg_is_transient(error),
     );
 }
@@ -388,6 +426,7 @@ mod mysql {
         begin: super::begin::MYSQL,
         insert: duplicate_key_error,
         find: for_update,
+        prune: super::prune::MYSQL,
         transient: |error| super::mysql_is_transient(error),
     );
 }

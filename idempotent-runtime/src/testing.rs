@@ -421,7 +421,7 @@ impl Inspect for diesel::mysql::MysqlConnection {
 }
 
 #[cfg(feature = "async")]
-pub use asynchronous::{AsyncInspect, assert_idempotent_async};
+pub use asynchronous::{AsyncInspect, assert_idempotent_async, assert_rerun_after_crash_async};
 
 #[cfg(feature = "async")]
 mod asynchronous {
@@ -486,6 +486,49 @@ mod asynchronous {
         assert!(
             changes.is_empty(),
             "the job is not idempotent: its second run changed rows\n{changes}"
+        );
+        first
+    }
+
+    /// [`assert_rerun_after_crash`] for async jobs: runs `job` on a connection from `connect`,
+    /// drops it as a killed worker would, and asserts that a rerun on a new connection changed
+    /// nothing. Returns the first run's value.
+    ///
+    /// # Panics
+    ///
+    /// When either run returns `Err`, or the rerun changed rows (the message lists them).
+    pub async fn assert_rerun_after_crash_async<C, T, E>(
+        mut connect: impl AsyncFnMut() -> C,
+        mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
+    ) -> T
+    where
+        C: AsyncInspect,
+        E: fmt::Debug,
+    {
+        let first = {
+            let mut worker = connect().await;
+            match job(&mut worker).await {
+                Ok(value) => value,
+                Err(error) => panic!("the job's first run failed: {error:?}"),
+            }
+            // The worker dies here: its connection closes, the acknowledgement is never sent.
+        };
+        let mut retry = connect().await;
+        let before = match Snapshot::take_async(&mut retry).await {
+            Ok(snapshot) => snapshot,
+            Err(error) => panic!("reading the tables before the rerun failed: {error}"),
+        };
+        if let Err(error) = job(&mut retry).await {
+            panic!("the job's rerun after the crash failed: {error:?}");
+        }
+        let after = match Snapshot::take_async(&mut retry).await {
+            Ok(snapshot) => snapshot,
+            Err(error) => panic!("reading the tables after the rerun failed: {error}"),
+        };
+        let changes = after.changes_since(&before);
+        assert!(
+            changes.is_empty(),
+            "the job is not idempotent: its rerun after the crash changed rows\n{changes}"
         );
         first
     }

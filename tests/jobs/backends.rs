@@ -59,6 +59,19 @@ pub trait Backend: Sized + 'static {
     ) -> Result<i64, TestError>;
     /// The test kit's rule check on `charge`.
     fn assert_charge_idempotent(conn: &mut Self::Conn, order_id: &str) -> Receipt;
+    /// The test kit's crash variant on `charge`, with connections to `url`.
+    fn assert_charge_survives_crash(url: &str, order_id: &str) -> Receipt;
+    /// The test kit's rule check on a handler that is not idempotent: the panic's message.
+    fn test_kit_on_sloppy_handler(conn: &mut Self::Conn, order_id: &str) -> String;
+    fn charge_checked(
+        conn: &mut Self::Conn,
+        order_id: &str,
+        amount: i64,
+        currency: &str,
+    ) -> Result<Receipt, TestError>;
+    fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError>;
+    fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError>;
+    fn prune(conn: &mut Self::Conn, options: &idempotent::Prune) -> idempotent::PruneReport;
 
     // What the tests look at.
     fn snapshot(conn: &mut Self::Conn) -> Snapshot;
@@ -67,6 +80,18 @@ pub trait Backend: Sized + 'static {
     fn count_done(conn: &mut Self::Conn) -> i64;
     /// `(job_key, job_name, result)` of every done job, by key.
     fn done_rows(conn: &mut Self::Conn) -> Vec<(String, String, Option<String>)>;
+}
+
+/// The message of a caught panic, or a note that there was none.
+fn panic_message<T>(caught: std::thread::Result<T>) -> String {
+    match caught {
+        Ok(_) => "no panic".to_owned(),
+        Err(panic) => panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic without a message".to_owned()),
+    }
 }
 
 fn body_value(value: Option<u32>) -> Result<u32, TestError> {
@@ -163,6 +188,47 @@ macro_rules! sync_backend {
                 idempotent::testing::assert_idempotent(conn, |conn| {
                     handlers::charge(conn, order_id, 4200, Mode::Succeed)
                 })
+            }
+
+            fn assert_charge_survives_crash(url: &str, order_id: &str) -> Receipt {
+                idempotent::testing::assert_rerun_after_crash(
+                    || Self::connect(url),
+                    |conn| handlers::charge(conn, order_id, 4200, Mode::Succeed),
+                )
+            }
+
+            fn test_kit_on_sloppy_handler(conn: &mut Self::Conn, order_id: &str) -> String {
+                panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || {
+                        idempotent::testing::assert_idempotent(conn, |conn| {
+                            handlers::sloppy_audit_then_charge(conn, order_id)
+                        })
+                    },
+                )))
+            }
+
+            fn charge_checked(
+                conn: &mut Self::Conn,
+                order_id: &str,
+                amount: i64,
+                currency: &str,
+            ) -> Result<Receipt, TestError> {
+                handlers::charge_checked(conn, order_id, amount, currency)
+            }
+
+            fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError> {
+                handlers::remind(conn, user_id)
+            }
+
+            fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError> {
+                handlers::greet(conn, email)
+            }
+
+            fn prune(
+                conn: &mut Self::Conn,
+                options: &idempotent::Prune,
+            ) -> idempotent::PruneReport {
+                idempotent::prune(conn, options).expect("pruning")
             }
 
             fn snapshot(conn: &mut Self::Conn) -> Snapshot {
@@ -314,6 +380,65 @@ macro_rules! async_backend {
                             handlers::charge_async(conn, order_id, 4200, Mode::Succeed).await
                         },
                     ))
+            }
+
+            fn assert_charge_survives_crash(url: &str, order_id: &str) -> Receipt {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(idempotent::testing::assert_rerun_after_crash_async(
+                    async || {
+                        <$conn as diesel_async::AsyncConnection>::establish(url)
+                            .await
+                            .unwrap_or_else(|e| panic!("{}", $server.unreachable(url, &e)))
+                    },
+                    async |conn| handlers::charge_async(conn, order_id, 4200, Mode::Succeed).await,
+                ))
+            }
+
+            fn test_kit_on_sloppy_handler(c: &mut Self::Conn, order_id: &str) -> String {
+                let AsyncConn { runtime, conn } = c;
+                panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || {
+                        runtime.block_on(idempotent::testing::assert_idempotent_async(
+                            conn,
+                            async |conn| {
+                                handlers::sloppy_audit_then_charge_async(conn, order_id).await
+                            },
+                        ))
+                    },
+                )))
+            }
+
+            fn charge_checked(
+                c: &mut Self::Conn,
+                order_id: &str,
+                amount: i64,
+                currency: &str,
+            ) -> Result<Receipt, TestError> {
+                c.runtime.block_on(handlers::charge_checked_async(
+                    &mut c.conn,
+                    order_id,
+                    amount,
+                    currency,
+                ))
+            }
+
+            fn remind(c: &mut Self::Conn, user_id: i64) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::remind_async(&mut c.conn, user_id))
+            }
+
+            fn greet(c: &mut Self::Conn, email: &str) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::greet_async(&mut c.conn, email))
+            }
+
+            fn prune(c: &mut Self::Conn, options: &idempotent::Prune) -> idempotent::PruneReport {
+                c.runtime
+                    .block_on(idempotent::prune_async(&mut c.conn, options))
+                    .expect("pruning")
             }
 
             fn snapshot(c: &mut Self::Conn) -> Snapshot {

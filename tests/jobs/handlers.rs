@@ -221,6 +221,44 @@ pub fn charge_v2<C: TestConn>(conn: &mut C, order_id: &str) -> Result<Vec<u32>, 
     Ok(vec![1, 2, 3])
 }
 
+/// A charge whose amount and currency must match when its key comes back.
+#[idempotent_job(key = "checked:<order_id>", fingerprint(amount, currency))]
+pub fn charge_checked<C: TestConn>(
+    conn: &mut C,
+    order_id: &str,
+    amount: i64,
+    currency: &str,
+) -> Result<Receipt, TestError> {
+    charge_body(conn, order_id, amount, Mode::Succeed).map(|receipt| Receipt {
+        charge_ref: format!("{}-{currency}", receipt.charge_ref),
+        ..receipt
+    })
+}
+
+/// A reminder that may be sent again a second after the last one.
+#[idempotent_job(key = "remind:<user_id>", keep = "1s")]
+pub fn remind<C: TestConn>(conn: &mut C, user_id: i64) -> Result<(), TestError> {
+    conn.insert_message("reminder", &user_id.to_string())?;
+    Ok(())
+}
+
+/// A job whose key carries personal data.
+#[idempotent_job(key = "greet:<email>", redact_key)]
+pub fn greet<C: TestConn>(conn: &mut C, email: &str) -> Result<(), TestError> {
+    conn.insert_message("greeting", "hello")?;
+    let _ = email;
+    Ok(())
+}
+
+/// Not idempotent: it writes an audit row outside the job's claim, so a rerun writes it again.
+pub fn sloppy_audit_then_charge<C: TestConn>(
+    conn: &mut C,
+    order_id: &str,
+) -> Result<Receipt, TestError> {
+    conn.insert_message("audit", order_id)?;
+    charge(conn, order_id, 4200, Mode::Succeed)
+}
+
 #[cfg(feature = "async")]
 pub use asynchronous::*;
 
@@ -349,6 +387,50 @@ mod asynchronous {
     ) -> Result<Vec<u32>, TestError> {
         conn.insert_message("charge-v2", order_id).await?;
         Ok(vec![1, 2, 3])
+    }
+
+    #[idempotent_job(
+        key = "checked:<order_id>",
+        fingerprint(amount, currency),
+        name = "charge_checked"
+    )]
+    pub async fn charge_checked_async<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+        amount: i64,
+        currency: &str,
+    ) -> Result<Receipt, TestError> {
+        charge_body_async(conn, order_id, amount, Mode::Succeed)
+            .await
+            .map(|receipt| Receipt {
+                charge_ref: format!("{}-{currency}", receipt.charge_ref),
+                ..receipt
+            })
+    }
+
+    #[idempotent_job(key = "remind:<user_id>", keep = "1s", name = "remind")]
+    pub async fn remind_async<C: AsyncTestConn>(
+        conn: &mut C,
+        user_id: i64,
+    ) -> Result<(), TestError> {
+        conn.insert_message("reminder", &user_id.to_string())
+            .await?;
+        Ok(())
+    }
+
+    #[idempotent_job(key = "greet:<email>", redact_key, name = "greet")]
+    pub async fn greet_async<C: AsyncTestConn>(conn: &mut C, email: &str) -> Result<(), TestError> {
+        conn.insert_message("greeting", "hello").await?;
+        let _ = email;
+        Ok(())
+    }
+
+    pub async fn sloppy_audit_then_charge_async<C: AsyncTestConn>(
+        conn: &mut C,
+        order_id: &str,
+    ) -> Result<Receipt, TestError> {
+        conn.insert_message("audit", order_id).await?;
+        charge_async(conn, order_id, 4200, Mode::Succeed).await
     }
 
     /// Charges, tells the test it is inside its transaction, then never finishes: the test drops

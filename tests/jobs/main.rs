@@ -7,6 +7,7 @@ mod backends;
 mod behaviour;
 #[cfg(feature = "async")]
 mod cancellation;
+mod capture;
 mod handlers;
 mod harness;
 mod key_spaces;
@@ -14,12 +15,13 @@ mod key_spaces;
 mod keys;
 #[cfg(feature = "sqlite")]
 mod pools;
+mod second_run;
 
 /// One module of tests per connection type, each test one line.
 macro_rules! backend_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
-            use crate::behaviour;
+            use crate::{behaviour, second_run};
 
             #[test]
             fn second_run_changes_nothing() {
@@ -82,6 +84,41 @@ macro_rules! backend_tests {
             #[test]
             fn unit_results_store_nothing() {
                 behaviour::unit_results_store_nothing::<$backend>();
+            }
+
+            #[test]
+            fn fingerprints_guard_replays() {
+                second_run::fingerprints_guard_replays::<$backend>();
+            }
+
+            #[test]
+            fn lapsed_keys_run_again() {
+                second_run::lapsed_keys_run_again::<$backend>();
+            }
+
+            #[test]
+            fn prune_removes_lapsed_claims_in_batches() {
+                second_run::prune_removes_lapsed_claims_in_batches::<$backend>();
+            }
+
+            #[test]
+            fn events_say_what_happened() {
+                second_run::events_say_what_happened::<$backend>();
+            }
+
+            #[test]
+            fn redacted_keys_stay_out_of_logs() {
+                second_run::redacted_keys_stay_out_of_logs::<$backend>();
+            }
+
+            #[test]
+            fn test_kit_crash_variant_passes_a_sound_handler() {
+                second_run::test_kit_crash_variant_passes_a_sound_handler::<$backend>();
+            }
+
+            #[test]
+            fn test_kit_catches_a_handler_that_is_not_idempotent() {
+                second_run::test_kit_catches_a_handler_that_is_not_idempotent::<$backend>();
             }
         }
     };

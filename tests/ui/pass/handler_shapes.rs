@@ -112,6 +112,13 @@ fn backfill(conn: &mut SqliteConnection) -> Result<(), AppError> {
     Ok(())
 }
 
+/// A fingerprint over inputs and a field, a key that lapses, and a redacted key.
+#[idempotent_job(key = "charge:<order_id>", fingerprint(amount, job.customer.id), keep = "1d12h", redact_key)]
+fn charge(conn: &mut SqliteConnection, order_id: u64, amount: u64, job: &InvoiceJob) -> Result<u64, AppError> {
+    let _ = (conn, job);
+    Ok(order_id + amount)
+}
+
 /// Literal angle brackets.
 #[idempotent_job(key = r"tag:\<b\>:<id>")]
 fn escaped(conn: &mut SqliteConnection, id: u64) -> Result<(), AppError> {
@@ -157,6 +164,12 @@ fn main() {
     escaped(&mut conn, 1).unwrap();
     assert_eq!(via_macro(&mut conn, 3).unwrap(), 3);
     assert_eq!(generic(&mut conn, 4).unwrap(), 4);
+    assert_eq!(charge(&mut conn, 1, 10, &job).unwrap(), 11);
+    assert_eq!(charge(&mut conn, 1, 10, &job).unwrap(), 11, "same inputs: replayed");
+    assert!(matches!(
+        charge(&mut conn, 1, 20, &job),
+        Err(AppError::Idempotent(idempotent::Error::FingerprintMismatch { .. }))
+    ));
 
     let keys: Vec<String> = idempotent::schema::done_jobs::table
         .select(idempotent::schema::done_jobs::job_key)

@@ -1,0 +1,195 @@
+//! Input fingerprints: the inputs that must match when a key comes back.
+//!
+//! A key says *which* unit of work a call is (the charge for order 42); a fingerprint says *what*
+//! it was asked to do (4200 cents, in EUR). A replay whose fingerprint differs from the first run's
+//! is almost always a bug (a reused order id, a retry with edited data), so it is an
+//! [`Error::FingerprintMismatch`](crate::Error::FingerprintMismatch) instead of a silent replay of
+//! the old result.
+//!
+//! # How a fingerprint is computed
+//!
+//! Each input is serialized with serde into a JSON value; the inputs form one JSON object keyed by
+//! their names; that object is written in canonical form (object keys sorted at every depth, no
+//! whitespace, serde_json's number formatting) and hashed with SHA-256. So:
+//!
+//! * the order in which inputs are named, and the iteration order of maps inside them (a
+//!   `HashMap`), do not matter, whatever serde_json features the build enables;
+//! * formatting does not matter: there is none;
+//! * the value's type does: `1_i64` is `1` and `1.0_f64` is `1.0`, so changing an input's type from
+//!   integer to float changes the fingerprint. Strings are compared as written (no Unicode
+//!   normalization).
+//!
+//! Only the digest is stored, never the inputs, so fingerprints may cover personal data.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+/// The SHA-256 of a job call's canonical inputs; see the [module docs](self).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Starts a fingerprint.
+    ///
+    /// ```
+    /// use idempotent_runtime::fingerprint::Fingerprint;
+    ///
+    /// let a = Fingerprint::builder().input("amount", &4200).input("currency", "EUR").finish()?;
+    /// let b = Fingerprint::builder().input("currency", "EUR").input("amount", &4200).finish()?;
+    /// assert_eq!(a, b);
+    /// # Ok::<(), idempotent_runtime::fingerprint::FingerprintError>(())
+    /// ```
+    pub fn builder() -> FingerprintBuilder {
+        FingerprintBuilder::default()
+    }
+
+    /// The digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint(")?;
+        for byte in &self.0[..8] {
+            write!(f, "{byte:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+/// Collects named inputs; see [`Fingerprint::builder`].
+#[derive(Debug, Default)]
+pub struct FingerprintBuilder {
+    inputs: BTreeMap<String, Value>,
+    error: Option<FingerprintError>,
+}
+
+/// An input that could not be serialized.
+#[derive(Debug, thiserror::Error)]
+#[error("the fingerprint input `{input}` could not be serialized: {source}")]
+pub struct FingerprintError {
+    /// The input's name.
+    pub input: String,
+    /// serde_json's error.
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl FingerprintBuilder {
+    /// Adds an input under `name`. An input that cannot be serialized makes [`finish`](Self::finish)
+    /// fail.
+    pub fn input<T: Serialize + ?Sized>(mut self, name: &str, value: &T) -> Self {
+        if self.error.is_none() {
+            match serde_json::to_value(value) {
+                Ok(value) => {
+                    self.inputs.insert(name.to_owned(), value);
+                }
+                Err(source) => {
+                    self.error = Some(FingerprintError {
+                        input: name.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+        self
+    }
+
+    /// The fingerprint, or the first input that failed.
+    pub fn finish(self) -> Result<Fingerprint, FingerprintError> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let mut canonical = String::new();
+        write_canonical(
+            &mut canonical,
+            &Value::Object(self.inputs.into_iter().collect()),
+        );
+        Ok(Fingerprint(Sha256::digest(canonical.as_bytes()).into()))
+    }
+}
+
+/// Writes `value` as compact JSON with object keys sorted at every depth.
+fn write_canonical(out: &mut String, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(out, value);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(out, item);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn of<T: Serialize>(value: &T) -> Fingerprint {
+        Fingerprint::builder().input("v", value).finish().unwrap()
+    }
+
+    #[test]
+    fn map_order_does_not_matter() {
+        let a: HashMap<String, u32> = (0..50).map(|i| (format!("k{i}"), i)).collect();
+        let b: HashMap<String, u32> = (0..50).rev().map(|i| (format!("k{i}"), i)).collect();
+        assert_eq!(of(&a), of(&b));
+        let c: BTreeMap<String, u32> = a.clone().into_iter().collect();
+        assert_eq!(
+            of(&a),
+            of(&c),
+            "a HashMap and a BTreeMap with the same entries agree"
+        );
+    }
+
+    #[test]
+    fn values_and_names_matter() {
+        assert_ne!(of(&4200), of(&4201));
+        assert_ne!(
+            Fingerprint::builder().input("a", &1).finish().unwrap(),
+            Fingerprint::builder().input("b", &1).finish().unwrap()
+        );
+        assert_ne!(
+            of(&1_i64),
+            of(&1.0_f64),
+            "the type of a number is part of the input"
+        );
+    }
+
+    #[test]
+    fn unserializable_inputs_are_reported_by_name() {
+        let mut bad = HashMap::new();
+        bad.insert((1, 2), "tuple keys are not JSON");
+        let error = Fingerprint::builder()
+            .input("lines", &bad)
+            .finish()
+            .unwrap_err();
+        assert_eq!(error.input, "lines");
+    }
+}

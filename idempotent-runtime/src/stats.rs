@@ -1,0 +1,231 @@
+//! What happened to jobs, for operators: `tracing` events, counters you can read, and (with the
+//! `metrics` feature) counters and histograms through the `metrics` facade.
+//!
+//! Every job call runs in a `tracing` span `idempotent.job` with fields `job` and `key`, and ends
+//! with one event whose `outcome` field is one of:
+//!
+//! | outcome                | level | meaning                                                         |
+//! |------------------------|-------|-----------------------------------------------------------------|
+//! | `ran`                  | INFO  | the key was free; the body ran and committed                    |
+//! | `replayed`             | INFO  | the key was claimed; the stored result came back, nothing ran   |
+//! | `failed`               | INFO  | the body returned `Err`; rolled back, claim included            |
+//! | `panicked`             | WARN  | the body panicked; rolled back, then the panic went on          |
+//! | `fingerprint_mismatch` | WARN  | the key came back with different inputs; nothing ran            |
+//! | `key_conflict`         | WARN  | another job holds the key; nothing ran                          |
+//! | `error`                | WARN  | the database or the result encoding failed; rolled back         |
+//!
+//! Each event carries `duration_us`, the time from the claim's start to the commit or rollback. A
+//! job with `redact_key` shows `redacted:<digest prefix>` in place of its key, here and in errors.
+//!
+//! With the `metrics` feature the same outcomes count in `idempotent_jobs_total{job, outcome}` and
+//! durations go to the histogram `idempotent_job_duration_seconds{job, outcome}`; transient-error
+//! retries count in `idempotent_claim_retries_total{job}`.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+/// How a job call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Ending {
+    /// The body ran and committed.
+    Ran,
+    /// The stored result came back; nothing ran.
+    Replayed,
+    /// The body returned `Err`; rolled back.
+    Failed,
+    /// The body panicked; rolled back.
+    Panicked,
+    /// The key came back with different inputs; nothing ran.
+    FingerprintMismatch,
+    /// Another job holds the key; nothing ran.
+    KeyConflict,
+    /// The database or the result encoding failed; rolled back.
+    Error,
+}
+
+impl Ending {
+    /// The name used in events and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Ran => "ran",
+            Ending::Replayed => "replayed",
+            Ending::Failed => "failed",
+            Ending::Panicked => "panicked",
+            Ending::FingerprintMismatch => "fingerprint_mismatch",
+            Ending::KeyConflict => "key_conflict",
+            Ending::Error => "error",
+        }
+    }
+}
+
+/// Counts of job calls by outcome, since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Calls whose body ran and committed.
+    pub ran: u64,
+    /// Calls that replayed a stored result.
+    pub replayed: u64,
+    /// Calls whose body returned `Err`.
+    pub failed: u64,
+    /// Calls whose body panicked.
+    pub panicked: u64,
+    /// Calls refused because their inputs differed from the first run's.
+    pub fingerprint_mismatches: u64,
+    /// Calls refused because another job holds their key.
+    pub key_conflicts: u64,
+    /// Calls that failed in the database or encoding their result.
+    pub errors: u64,
+    /// Transient errors (busy, deadlock) after which the claim was tried again.
+    pub claim_retries: u64,
+}
+
+impl Counts {
+    fn add(&mut self, outcome: Ending) {
+        let slot = match outcome {
+            Ending::Ran => &mut self.ran,
+            Ending::Replayed => &mut self.replayed,
+            Ending::Failed => &mut self.failed,
+            Ending::Panicked => &mut self.panicked,
+            Ending::FingerprintMismatch => &mut self.fingerprint_mismatches,
+            Ending::KeyConflict => &mut self.key_conflicts,
+            Ending::Error => &mut self.errors,
+        };
+        *slot += 1;
+    }
+
+    fn merge(&mut self, other: &Counts) {
+        self.ran += other.ran;
+        self.replayed += other.replayed;
+        self.failed += other.failed;
+        self.panicked += other.panicked;
+        self.fingerprint_mismatches += other.fingerprint_mismatches;
+        self.key_conflicts += other.key_conflicts;
+        self.errors += other.errors;
+        self.claim_retries += other.claim_retries;
+    }
+}
+
+static COUNTS: Mutex<Option<HashMap<&'static str, Counts>>> = Mutex::new(None);
+
+fn with_counts<R>(f: impl FnOnce(&mut HashMap<&'static str, Counts>) -> R) -> R {
+    // A panic elsewhere while holding this lock cannot leave the counts inconsistent.
+    let mut guard = COUNTS.lock().unwrap_or_else(PoisonError::into_inner);
+    f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// The counts of one job, by its name.
+pub fn counts_for(job: &str) -> Counts {
+    with_counts(|counts| counts.get(job).copied().unwrap_or_default())
+}
+
+/// The counts of every job together.
+pub fn totals() -> Counts {
+    with_counts(|counts| {
+        let mut total = Counts::default();
+        for job in counts.values() {
+            total.merge(job);
+        }
+        total
+    })
+}
+
+/// Every job's counts, by name.
+pub fn all() -> Vec<(&'static str, Counts)> {
+    let mut all: Vec<_> = with_counts(|counts| counts.iter().map(|(k, v)| (*k, *v)).collect());
+    all.sort_unstable_by_key(|(name, _)| *name);
+    all
+}
+
+/// Records the end of a job call: counters, metrics, and the event.
+pub(crate) fn finished(job: &'static str, outcome: Ending, started: Instant) {
+    let elapsed = started.elapsed();
+    with_counts(|counts| counts.entry(job).or_default().add(outcome));
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("idempotent_jobs_total", "job" => job, "outcome" => outcome.as_str())
+            .increment(1);
+        metrics::histogram!(
+            "idempotent_job_duration_seconds",
+            "job" => job,
+            "outcome" => outcome.as_str()
+        )
+        .record(elapsed.as_secs_f64());
+    }
+    let duration_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+    let message = match outcome {
+        Ending::Ran => "job ran and committed",
+        Ending::Replayed => "job already done; replayed its stored result",
+        Ending::Failed => "job returned an error; rolled back",
+        Ending::Panicked => "job panicked; rolled back",
+        Ending::FingerprintMismatch => "job key came back with different inputs; refused",
+        Ending::KeyConflict => "job key is held by another job; refused",
+        Ending::Error => "job failed in the database; rolled back",
+    };
+    match outcome {
+        Ending::Ran | Ending::Replayed | Ending::Failed => {
+            tracing::info!(outcome = outcome.as_str(), duration_us, "{message}");
+        }
+        _ => tracing::warn!(outcome = outcome.as_str(), duration_us, "{message}"),
+    }
+}
+
+/// Records a transient error after which the claim is tried again.
+pub(crate) fn retried(job: &'static str, attempts: u32, error: &diesel::result::Error) {
+    with_counts(|counts| counts.entry(job).or_default().claim_retries += 1);
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idempotent_claim_retries_total", "job" => job).increment(1);
+    tracing::debug!(attempts, %error, "transient error while claiming; retrying");
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use diesel::{Connection as _, SqliteConnection};
+
+    use crate::fingerprint::Fingerprint;
+    use crate::{Error, Job, JobCall, JobKey};
+
+    #[test]
+    fn counts_follow_each_outcome() {
+        static JOB: Job = Job::new("stats_counts_follow_each_outcome", "k:<n>");
+        let mut conn = SqliteConnection::establish(":memory:").expect("SQLite");
+        crate::migrate(&mut conn).expect("migrations");
+        let run = |conn: &mut SqliteConnection, n: u32, amount: u32, fail: bool| {
+            let key = JobKey::new(format!("k:{n}"));
+            let fingerprint = Fingerprint::builder()
+                .input("amount", &amount)
+                .finish()
+                .expect("fingerprint");
+            JobCall::new(&JOB, &key)
+                .fingerprint(fingerprint)
+                .run(conn, |_| {
+                    if fail {
+                        Err(Error::Migration("the body failed".into()))
+                    } else {
+                        Ok(())
+                    }
+                })
+        };
+        assert!(run(&mut conn, 1, 10, false).expect("ran").is_ran());
+        assert!(
+            run(&mut conn, 1, 10, false)
+                .expect("replayed")
+                .is_replayed()
+        );
+        run(&mut conn, 1, 11, false).expect_err("fingerprint mismatch");
+        run(&mut conn, 2, 10, true).expect_err("failed");
+        let counts = super::counts_for(JOB.name());
+        assert_eq!(
+            (
+                counts.ran,
+                counts.replayed,
+                counts.fingerprint_mismatches,
+                counts.failed
+            ),
+            (1, 1, 1, 1)
+        );
+        assert!(super::totals().ran >= 1);
+        assert!(super::all().iter().any(|(name, _)| *name == JOB.name()));
+    }
+}

@@ -1,0 +1,10 @@
+use diesel::SqliteConnection;
+use idempotent::idempotent_job;
+
+#[idempotent_job(key = "greet:<email>", redact_key = true)]
+fn greet(conn: &mut SqliteConnection, email: &str) -> Result<(), idempotent::Error> {
+    let _ = conn;
+    Ok(())
+}
+
+fn main() {}
