@@ -1,7 +1,12 @@
 //! Captures the `tracing` events a piece of code emits, with the fields of the spans around them.
+//!
+//! One global subscriber for the whole test binary records into a buffer of the current thread,
+//! when that thread is capturing. (A scoped `with_default` subscriber per test would race other
+//! tests for tracing's global per-callsite interest cache, and lose events.)
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Once;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -31,7 +36,11 @@ impl Visit for Recorder {
 
 struct SpanFields(BTreeMap<String, String>);
 
-struct Capture(Arc<Mutex<Vec<Fields>>>);
+struct Capture;
+
+thread_local! {
+    static BUFFER: RefCell<Option<Vec<Fields>>> = const { RefCell::new(None) };
+}
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
@@ -56,16 +65,28 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
             }
         }
         fields.insert("level".to_owned(), event.metadata().level().to_string());
-        self.0.lock().expect("capture lock").push(fields);
+        BUFFER.with(|buffer| {
+            if let Some(events) = buffer.borrow_mut().as_mut() {
+                events.push(fields);
+            }
+        });
     }
 }
 
-/// Runs `f` with a subscriber on this thread that records every event.
+/// Runs `f` and returns the events it emitted on this thread.
 pub fn events<R>(f: impl FnOnce() -> R) -> (R, Vec<Fields>) {
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let subscriber = tracing_subscriber::registry().with(Capture(Arc::clone(&events)));
-    let result = tracing::subscriber::with_default(subscriber, f);
-    let events = events.lock().expect("capture lock").clone();
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
+            .expect("no other global subscriber in this test binary");
+        // A callsite first hit while the subscriber was being installed may have cached "never".
+        tracing::callsite::rebuild_interest_cache();
+    });
+    BUFFER.with(|buffer| *buffer.borrow_mut() = Some(Vec::new()));
+    let result = f();
+    let events = BUFFER
+        .with(|buffer| buffer.borrow_mut().take())
+        .unwrap_or_default();
     (result, events)
 }
 
