@@ -18,14 +18,6 @@ diesel::table! {
     }
 }
 
-diesel::table! {
-    outbox (id) {
-        id -> Integer,
-        kind -> Text,
-        reference -> Text,
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
@@ -43,7 +35,6 @@ trait InvoiceDb: idempotent::JobStore {
         customer_id: &str,
         amount_cents: i64,
     ) -> QueryResult<()>;
-    fn push_outbox(&mut self, kind: &str, reference: &str) -> QueryResult<()>;
     fn counts(&mut self) -> QueryResult<(i64, i64)>;
 }
 
@@ -53,7 +44,6 @@ macro_rules! impl_invoice_db {
             fn create_tables(&mut self) -> QueryResult<()> {
                 // A fresh start each run, so the output always shows one run and one replay.
                 diesel::sql_query("DROP TABLE IF EXISTS invoices").execute(self)?;
-                diesel::sql_query("DROP TABLE IF EXISTS outbox").execute(self)?;
                 diesel::sql_query(concat!(
                     "CREATE TABLE invoices (id ",
                     $id,
@@ -61,16 +51,15 @@ macro_rules! impl_invoice_db {
                     "customer_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)"
                 ))
                 .execute(self)?;
-                diesel::sql_query(concat!(
-                    "CREATE TABLE outbox (id ",
-                    $id,
-                    ", kind TEXT NOT NULL, reference TEXT NOT NULL)"
-                ))
-                .execute(self)?;
-                // ...and forget earlier runs of this demo job.
+                // ...and forget earlier runs of this demo job and its messages.
                 diesel::delete(
                     idempotent::schema::done_jobs::table
                         .filter(idempotent::schema::done_jobs::job_name.eq("send_invoice")),
+                )
+                .execute(self)?;
+                diesel::delete(
+                    idempotent::schema::outbox::table
+                        .filter(idempotent::schema::outbox::topic.eq("invoice-email")),
                 )
                 .execute(self)?;
                 Ok(())
@@ -92,17 +81,10 @@ macro_rules! impl_invoice_db {
                     .map(drop)
             }
 
-            fn push_outbox(&mut self, kind: &str, reference: &str) -> QueryResult<()> {
-                diesel::insert_into(outbox::table)
-                    .values((outbox::kind.eq(kind), outbox::reference.eq(reference)))
-                    .execute(self)
-                    .map(drop)
-            }
-
             fn counts(&mut self) -> QueryResult<(i64, i64)> {
                 Ok((
                     invoices::table.count().get_result(self)?,
-                    outbox::table.count().get_result(self)?,
+                    idempotent::schema::outbox::table.count().get_result(self)?,
                 ))
             }
         }
@@ -131,7 +113,8 @@ fn create_invoice<C: InvoiceDb>(
 ) -> Result<String, AppError> {
     let number = format!("INV-{month}-{customer_id}");
     conn.insert_invoice(&number, customer_id, 12_900)?;
-    conn.push_outbox("invoice-email", &number)?; // sent later, by a relay
+    // Recorded in this job's transaction; a relay sends it after the commit (examples/outbox.rs).
+    idempotent::outbox::push(conn, "invoice-email", &number)?;
     Ok(number)
 }
 

@@ -23,7 +23,7 @@ use crate::key::JobKey;
 use crate::outcome::Outcome;
 use crate::run::{Call, JobCall, JobError, JobOutput, RETRY_WINDOW, backoff};
 use crate::stats::{self, Ending};
-use crate::store::{Claim, ClaimState, DoneRow, Nesting};
+use crate::store::{Claim, ClaimState, DoneRow, Nesting, NewOutboxMessage};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -55,6 +55,11 @@ pub trait AsyncJobStore: AsyncConnection + Send {
         &mut self,
         digest: &[u8; 32],
         result: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+    /// Inserts an outbox message (inside the job's transaction).
+    fn insert_outbox(
+        &mut self,
+        message: &NewOutboxMessage<'_>,
     ) -> impl Future<Output = QueryResult<()>> + Send;
     /// Deletes up to `limit` claims that lapsed before `now`; returns how many.
     fn prune_lapsed(
@@ -159,13 +164,16 @@ where
         let mut running = pin!(body(&mut *open.conn));
         // Catch a panic in the body's poll, so the transaction can be rolled back before the
         // panic goes on.
-        poll_fn(
-            |cx| match catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+        poll_fn(|cx| {
+            match catch_unwind(AssertUnwindSafe(|| {
+                // The body's key is current while it is polled, on whichever thread polls it.
+                crate::context::enter(&call.context, || running.as_mut().poll(cx))
+            })) {
                 Ok(Poll::Pending) => Poll::Pending,
                 Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
                 Err(panic) => Poll::Ready(Err(panic)),
-            },
-        )
+            }
+        })
         .await
     };
     match result {
@@ -368,6 +376,12 @@ macro_rules! impl_async_job_store {
                 statements!(record_result, self, digest, result, [.await])
             }
 
+            async fn insert_outbox(&mut self, message: &NewOutboxMessage<'_>) -> QueryResult<()> {
+                use diesel::prelude::*;
+                use diesel_async::RunQueryDsl;
+                statements!(insert_outbox, self, message, [.await])
+            }
+
             async fn prune_lapsed(
                 &mut self,
                 now: chrono::NaiveDateTime,
@@ -509,6 +523,26 @@ mod sqlite {
             let (digest, result) = (*digest, result.to_owned());
             self.spawn_blocking(move |conn| conn.record_result(&digest, &result))
                 .await
+        }
+
+        async fn insert_outbox(&mut self, message: &NewOutboxMessage<'_>) -> QueryResult<()> {
+            let (id, topic, payload, key, now) = (
+                message.message_id.to_owned(),
+                message.topic.to_owned(),
+                message.payload.to_owned(),
+                message.job_key.to_owned(),
+                message.now,
+            );
+            self.spawn_blocking(move |conn| {
+                conn.insert_outbox(&NewOutboxMessage {
+                    message_id: &id,
+                    topic: &topic,
+                    payload: &payload,
+                    job_key: &key,
+                    now,
+                })
+            })
+            .await
         }
 
         async fn prune_lapsed(

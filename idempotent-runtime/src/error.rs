@@ -116,6 +116,29 @@ pub enum Error {
     )]
     Prune(#[source] diesel::result::Error),
 
+    /// [`outbox::push`](crate::outbox::push) was called outside a job's body.
+    #[error(
+        "outbox::push(\"{topic}\") was called outside a job: a message is recorded in its job's transaction and takes its id from the job's key, so push it from inside an annotated handler's body (or a body given to idempotent::run)"
+    )]
+    OutboxOutsideJob {
+        /// The message's topic.
+        topic: String,
+    },
+
+    /// An outbox payload could not be turned into JSON.
+    #[error("the payload of outbox message \"{topic}\" could not be stored as JSON: {source}")]
+    OutboxPayload {
+        /// The message's topic.
+        topic: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A statement of the outbox or its relay failed.
+    #[error("the outbox failed in the database: {0}")]
+    Outbox(#[source] diesel::result::Error),
+
     /// Running the migrations of the done-jobs schema failed.
     #[error("creating the done_jobs schema failed: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -19,11 +19,13 @@ pub mod store;
 
 #[cfg(feature = "async")]
 pub mod asynchronous;
+mod context;
 mod error;
 pub mod fingerprint;
 mod job;
 pub mod key;
 mod migrations;
+pub mod outbox;
 mod outcome;
 pub mod prune;
 pub mod registry;
@@ -32,6 +34,7 @@ pub mod schema;
 pub mod stats;
 pub mod testing;
 
+pub use context::current_key;
 pub use error::{Error, Result, Step};
 pub use job::Job;
 pub use key::{JobKey, KeyBuilder, KeyError};

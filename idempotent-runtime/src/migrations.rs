@@ -3,17 +3,29 @@
 
 /// `(version, up.sql)` of each PostgreSQL migration, oldest first.
 #[allow(dead_code)] // used when the backend's async feature is on
-pub(crate) const POSTGRES: &[(&str, &str)] = &[(
-    "20261130000001",
-    include_str!("../migrations/postgres/2026-11-30-000001_idempotent_done_jobs/up.sql"),
-)];
+pub(crate) const POSTGRES: &[(&str, &str)] = &[
+    (
+        "20261130000001",
+        include_str!("../migrations/postgres/2026-11-30-000001_idempotent_done_jobs/up.sql"),
+    ),
+    (
+        "20261130000002",
+        include_str!("../migrations/postgres/2026-11-30-000002_idempotent_outbox/up.sql"),
+    ),
+];
 
 /// `(version, up.sql)` of each MySQL migration, oldest first.
 #[allow(dead_code)] // used when the backend's async feature is on
-pub(crate) const MYSQL: &[(&str, &str)] = &[(
-    "20261130000001",
-    include_str!("../migrations/mysql/2026-11-30-000001_idempotent_done_jobs/up.sql"),
-)];
+pub(crate) const MYSQL: &[(&str, &str)] = &[
+    (
+        "20261130000001",
+        include_str!("../migrations/mysql/2026-11-30-000001_idempotent_done_jobs/up.sql"),
+    ),
+    (
+        "20261130000002",
+        include_str!("../migrations/mysql/2026-11-30-000002_idempotent_outbox/up.sql"),
+    ),
+];
 
 #[cfg(test)]
 mod tests {

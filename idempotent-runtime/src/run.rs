@@ -13,6 +13,9 @@ use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use std::sync::Arc;
+
+use crate::context::{self, JobContext};
 use crate::error::{Error, Step};
 use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::job::Job;
@@ -215,7 +218,9 @@ where
     }
     tracing::debug!(?nesting, "claimed key");
 
-    match catch_unwind(AssertUnwindSafe(|| body(conn))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        context::enter(&call.context, || body(conn))
+    })) {
         Err(panic) => {
             rollback(store(conn), &call);
             call.finished(Ending::Panicked);
@@ -253,6 +258,8 @@ pub(crate) struct Call {
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) now: NaiveDateTime,
     pub(crate) started: Instant,
+    /// What the body can ask about its job: its key, its outbox messages so far.
+    pub(crate) context: Arc<JobContext>,
 }
 
 impl Call {
@@ -285,6 +292,7 @@ impl Call {
             fingerprint,
             now: chrono::Utc::now().naive_utc(),
             started: Instant::now(),
+            context: JobContext::new(key.clone()),
         })
     }
 

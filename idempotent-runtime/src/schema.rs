@@ -24,3 +24,38 @@ diesel::table! {
         expires_at -> Nullable<Timestamp>,
     }
 }
+
+diesel::table! {
+    /// Messages recorded in a job's transaction, sent after it commits by a
+    /// [`Relay`](crate::outbox::Relay).
+    outbox (id) {
+        /// Order of pushing.
+        id -> BigInt,
+        /// Stable across reruns of the job that pushed it: receivers drop duplicates by it.
+        message_id -> Text,
+        /// What kind of message it is; the relay's delivery function routes by it.
+        topic -> Text,
+        /// The message, as JSON.
+        payload -> Text,
+        /// The pushing job's key, as in `done_jobs.job_key`.
+        job_key -> Nullable<Text>,
+        /// When it was pushed (UTC).
+        created_at -> Timestamp,
+        /// Not sent before this: a failed delivery backs off.
+        available_at -> Timestamp,
+        /// Deliveries tried and failed.
+        attempts -> Integer,
+        /// The last delivery's error.
+        last_error -> Nullable<Text>,
+        /// The relay holding the message while it sends it.
+        lease_owner -> Nullable<Text>,
+        /// Until when that relay holds it.
+        lease_until -> Nullable<Timestamp>,
+        /// When it was delivered.
+        delivered_at -> Nullable<Timestamp>,
+        /// When it was parked after too many failed attempts.
+        parked_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(done_jobs, outbox);

@@ -40,6 +40,21 @@ pub struct Claim<'a> {
     pub expires_at: Option<NaiveDateTime>,
 }
 
+/// An outbox message as [`outbox::push`](crate::outbox::push) writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct NewOutboxMessage<'a> {
+    /// Stable across reruns of the pushing job.
+    pub message_id: &'a str,
+    /// What kind of message it is.
+    pub topic: &'a str,
+    /// The payload as JSON.
+    pub payload: &'a str,
+    /// The pushing job's key.
+    pub job_key: &'a str,
+    /// The worker's clock, UTC.
+    pub now: NaiveDateTime,
+}
+
 /// A `done_jobs` row as the claim reads it back.
 #[derive(Debug, Clone, PartialEq, Eq, diesel::Queryable)]
 pub struct DoneRow {
@@ -92,6 +107,9 @@ pub trait JobStore: Connection<TransactionManager = AnsiTransactionManager> {
 
     /// Stores the handler's result in the claimed row.
     fn record_result(&mut self, digest: &[u8; 32], result: &str) -> QueryResult<()>;
+
+    /// Inserts an outbox message (inside the job's transaction).
+    fn insert_outbox(&mut self, message: &NewOutboxMessage<'_>) -> QueryResult<()>;
 
     /// Deletes up to `limit` claims that lapsed before `now`, in one statement of its own; returns
     /// how many it deleted.
@@ -231,6 +249,20 @@ macro_rules! statements {
             .bind::<diesel::sql_types::BigInt, _>($limit)
             .execute($conn)$($aw)*
     };
+    (insert_outbox, $conn:expr, $m:expr, [$($aw:tt)*]) => {{
+        use $crate::schema::outbox::dsl as o;
+        diesel::insert_into(o::outbox)
+            .values((
+                o::message_id.eq($m.message_id),
+                o::topic.eq($m.topic),
+                o::payload.eq($m.payload),
+                o::job_key.eq(Some($m.job_key)),
+                o::created_at.eq($m.now),
+                o::available_at.eq($m.now),
+            ))
+            .execute($conn)$($aw)*
+            .map(drop)
+    }};
     (record_result, $conn:expr, $digest:expr, $result:expr, [$($aw:tt)*]) => {{
         use $crate::schema::done_jobs::dsl as dj;
         diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&$digest[..])))
@@ -287,6 +319,14 @@ macro_rules! impl_job_store {
             ) -> diesel::QueryResult<()> {
                 use diesel::prelude::*;
                 statements!(record_result, self, digest, result, [])
+            }
+
+            fn insert_outbox(
+                &mut self,
+                message: &$crate::store::NewOutboxMessage<'_>,
+            ) -> diesel::QueryResult<()> {
+                use diesel::prelude::*;
+                statements!(insert_outbox, self, message, [])
             }
 
             fn prune_lapsed(

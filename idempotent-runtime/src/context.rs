@@ -1,0 +1,71 @@
+//! The job a body is running for: its key, readable from inside the body.
+//!
+//! Pass the key on to other services as their idempotency key, so that their effect happens once
+//! too, however often this job is retried:
+//!
+//! ```
+//! # fn charge_card(_idempotency_key: &str) {}
+//! // Inside an annotated handler's body:
+//! if let Some(key) = idempotent_runtime::current_key() {
+//!     // Stable across reruns of this job: `<job key>/charge`.
+//!     charge_card(key.derive("charge").as_str());
+//! }
+//! ```
+//!
+//! The key is set while the body runs: for a sync body, on its thread; for an async body, during
+//! every poll of its future, whichever thread polls it. Nested jobs see their own key.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::key::JobKey;
+
+/// What the runtime knows about the job whose body is running.
+#[derive(Debug)]
+pub(crate) struct JobContext {
+    pub(crate) key: JobKey,
+    /// Outbox messages pushed so far, for their stable ids.
+    pushes: AtomicU32,
+}
+
+impl JobContext {
+    pub(crate) fn new(key: JobKey) -> Arc<Self> {
+        Arc::new(Self {
+            key,
+            pushes: AtomicU32::new(0),
+        })
+    }
+
+    /// The position of the next outbox message of this run: 0, 1, 2, ...
+    pub(crate) fn next_push(&self) -> u32 {
+        self.pushes.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Vec<Arc<JobContext>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `context` as the current job, restoring the previous one after, even on a panic.
+pub(crate) fn enter<R>(context: &Arc<JobContext>, f: impl FnOnce() -> R) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            CURRENT.with(|current| current.borrow_mut().pop());
+        }
+    }
+    CURRENT.with(|current| current.borrow_mut().push(Arc::clone(context)));
+    let _leave = Leave;
+    f()
+}
+
+/// The job whose body is running on this thread, if any.
+pub(crate) fn current() -> Option<Arc<JobContext>> {
+    CURRENT.with(|current| current.borrow().last().cloned())
+}
+
+/// The key of the job whose body is running, if any; see the [module docs](self).
+pub fn current_key() -> Option<JobKey> {
+    current().map(|context| context.key.clone())
+}
