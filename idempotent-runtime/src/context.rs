@@ -25,14 +25,18 @@ use crate::key::JobKey;
 #[derive(Debug)]
 pub(crate) struct JobContext {
     pub(crate) key: JobKey,
+    pub(crate) digest: [u8; 32],
+    pub(crate) job: &'static str,
     /// Outbox messages pushed so far, for their stable ids.
     pushes: AtomicU32,
 }
 
 impl JobContext {
-    pub(crate) fn new(key: JobKey) -> Arc<Self> {
+    pub(crate) fn new(key: JobKey, digest: [u8; 32], job: &'static str) -> Arc<Self> {
         Arc::new(Self {
             key,
+            digest,
+            job,
             pushes: AtomicU32::new(0),
         })
     }
@@ -63,6 +67,19 @@ pub(crate) fn enter<R>(context: &Arc<JobContext>, f: impl FnOnce() -> R) -> R {
 /// The job whose body is running on this thread, if any.
 pub(crate) fn current() -> Option<Arc<JobContext>> {
     CURRENT.with(|current| current.borrow().last().cloned())
+}
+
+/// The enclosing job (on this thread) that already holds the key with `digest`, if any: a job
+/// called from inside its own body runs there, inside the claim it already made.
+pub(crate) fn enclosing_claim(digest: &[u8; 32]) -> Option<&'static str> {
+    CURRENT.with(|current| {
+        current
+            .borrow()
+            .iter()
+            .rev()
+            .find(|context| context.digest == *digest)
+            .map(|context| context.job)
+    })
 }
 
 /// The key of the job whose body is running, if any; see the [module docs](self).

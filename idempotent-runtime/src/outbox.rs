@@ -55,6 +55,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::context;
 use crate::error::Error;
+use crate::run::retry_transient;
 use crate::store::{JobStore, NewOutboxMessage};
 
 /// A message as the relay hands it to a delivery function.
@@ -364,7 +365,7 @@ impl_outbox_store!(
 
 /// Messages parked after too many failed deliveries, oldest first.
 pub fn parked<C: OutboxStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
-    conn.parked().map_err(Error::Outbox)
+    retry_transient::<C, _>(|| conn.parked()).map_err(Error::Outbox)
 }
 
 /// Sends parked messages again: all of them, or the one with `message_id`. Returns how many.
@@ -372,8 +373,8 @@ pub fn retry_parked<C: OutboxStore>(
     conn: &mut C,
     message_id: Option<&str>,
 ) -> Result<usize, Error> {
-    conn.retry_parked(message_id, chrono::Utc::now().naive_utc())
-        .map_err(Error::Outbox)
+    let now = chrono::Utc::now().naive_utc();
+    retry_transient::<C, _>(|| conn.retry_parked(message_id, now)).map_err(Error::Outbox)
 }
 
 /// Deletes messages delivered more than `older_than` ago, in batches of `batch_size`; returns how
@@ -387,9 +388,9 @@ pub fn prune_delivered<C: OutboxStore>(
         - chrono::TimeDelta::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX);
     let mut removed = 0u64;
     loop {
-        let batch = conn
-            .prune_delivered(before, i64::from(batch_size.max(1)))
-            .map_err(Error::Outbox)?;
+        let batch =
+            retry_transient::<C, _>(|| conn.prune_delivered(before, i64::from(batch_size.max(1))))
+                .map_err(Error::Outbox)?;
         removed += batch as u64;
         if batch < batch_size.max(1) as usize {
             return Ok(removed);
@@ -493,9 +494,10 @@ impl Relay {
     {
         let now = chrono::Utc::now().naive_utc();
         let until = now + chrono::TimeDelta::from_std(self.lease).unwrap_or(chrono::TimeDelta::MAX);
-        let batch = conn
-            .lease(&self.owner, now, until, i64::from(self.batch_size))
-            .map_err(Error::Outbox)?;
+        let batch = retry_transient::<C, _>(|| {
+            conn.lease(&self.owner, now, until, i64::from(self.batch_size))
+        })
+        .map_err(Error::Outbox)?;
         let mut report = RelayReport {
             leased: batch.len() as u64,
             ..RelayReport::default()
@@ -504,8 +506,7 @@ impl Relay {
             match deliver(message) {
                 Ok(()) => {
                     let now = chrono::Utc::now().naive_utc();
-                    if conn
-                        .mark_delivered(message.id, &self.owner, now)
+                    if retry_transient::<C, _>(|| conn.mark_delivered(message.id, &self.owner, now))
                         .map_err(Error::Outbox)?
                     {
                         report.delivered += 1;
@@ -522,14 +523,17 @@ impl Relay {
                     let now = chrono::Utc::now().naive_utc();
                     let park = u32::try_from(attempts).unwrap_or(u32::MAX) >= self.max_attempts;
                     let retry_at = (!park).then(|| now + self.delay(attempts));
-                    conn.mark_failed(
-                        message.id,
-                        &self.owner,
-                        attempts,
-                        &error.to_string(),
-                        now,
-                        retry_at,
-                    )
+                    let error_text = error.to_string();
+                    retry_transient::<C, _>(|| {
+                        conn.mark_failed(
+                            message.id,
+                            &self.owner,
+                            attempts,
+                            &error_text,
+                            now,
+                            retry_at,
+                        )
+                    })
                     .map_err(Error::Outbox)?;
                     if park {
                         report.parked += 1;

@@ -75,9 +75,10 @@ pub fn prune<C: JobStore>(conn: &mut C, options: &Prune) -> Result<PruneReport, 
     let now = chrono::Utc::now().naive_utc();
     let mut report = PruneReport::default();
     loop {
-        let removed = conn
-            .prune_lapsed(now, i64::from(options.batch_size))
-            .map_err(Error::Prune)?;
+        let removed = crate::run::retry_transient::<C, _>(|| {
+            conn.prune_lapsed(now, i64::from(options.batch_size))
+        })
+        .map_err(Error::Prune)?;
         report.record(removed);
         if report.done(removed, options) {
             return Ok(report);

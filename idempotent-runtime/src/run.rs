@@ -201,6 +201,10 @@ where
     let call = Call::new(job_call)?;
     let span = call.span();
     let _entered = span.enter();
+    if call.inside_own_claim()? {
+        // The enclosing run of this job holds the key in this same transaction: run here.
+        return body(conn).map(Outcome::Ran);
+    }
 
     let (nesting, state) = begin_and_claim(store(conn), &call).map_err(|e| call.failed(e))?;
     if let ClaimState::Done(row) = state {
@@ -292,7 +296,7 @@ impl Call {
             fingerprint,
             now: chrono::Utc::now().naive_utc(),
             started: Instant::now(),
-            context: JobContext::new(key.clone()),
+            context: JobContext::new(key.clone(), digest, job.name()),
         })
     }
 
@@ -321,6 +325,20 @@ impl Call {
             key: self.key_text.clone(),
             step,
             source,
+        }
+    }
+
+    /// Whether an enclosing body on this thread already holds this key, for this job: then the
+    /// call is part of that run. For another job it is [`Error::KeyClaimedByOtherJob`].
+    pub(crate) fn inside_own_claim(&self) -> Result<bool, Error> {
+        match context::enclosing_claim(&self.digest) {
+            None => Ok(false),
+            Some(job) if job == self.job.name() => Ok(true),
+            Some(job) => Err(self.failed(Error::KeyClaimedByOtherJob {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                claimed_by: job.to_owned(),
+            })),
         }
     }
 
@@ -427,6 +445,25 @@ fn begin_and_claim<C: JobStore>(conn: &mut C, call: &Call) -> Result<(Nesting, C
         }
         stats::retried(call.job.name(), attempts, &error);
         std::thread::sleep(backoff(attempts));
+    }
+}
+
+/// Runs `op` until it succeeds or fails with an error that is not transient for `C` (SQLite busy,
+/// deadlocks), for up to [`RETRY_WINDOW`]. For statements outside a job's claim: the relay's and
+/// the prune's.
+pub(crate) fn retry_transient<C: JobStore, T>(
+    mut op: impl FnMut() -> diesel::QueryResult<T>,
+) -> diesel::QueryResult<T> {
+    let started = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match op() {
+            Err(error) if C::is_transient(&error) && started.elapsed() < RETRY_WINDOW => {
+                std::thread::sleep(backoff(attempts));
+            }
+            result => return result,
+        }
     }
 }
 

@@ -15,6 +15,8 @@ pub static PLAIN: Job = Job::new("plain", "plain:<n>");
 /// What a behaviour test can do through one connection type.
 pub trait Backend: Sized + 'static {
     const SERVER: Server;
+    /// For printed figures.
+    const NAME: &'static str;
     /// What a test holds: a connection, and for async backends the runtime that drives it.
     type Conn: Send;
 
@@ -43,6 +45,9 @@ pub trait Backend: Sized + 'static {
     fn charge_v2(conn: &mut Self::Conn, order_id: &str) -> Result<Vec<u32>, TestError>;
     /// `charge`'s body through the plain function API, which says whether it ran.
     fn charge_outcome(conn: &mut Self::Conn, order_id: &str)
+    -> Result<Outcome<Receipt>, TestError>;
+    /// The plain function API around the annotated `charge`: the same job and key twice over.
+    fn charge_wrapped(conn: &mut Self::Conn, order_id: &str)
     -> Result<Outcome<Receipt>, TestError>;
     /// The plain function API on job [`PLAIN`]: the body returns `value`, or panics when `None`.
     fn plain(
@@ -108,6 +113,7 @@ macro_rules! sync_backend {
 
         impl Backend for $name {
             const SERVER: Server = $server;
+            const NAME: &'static str = stringify!($name);
             type Conn = $conn;
 
             fn try_connect(url: &str) -> Result<Self::Conn, String> {
@@ -157,6 +163,18 @@ macro_rules! sync_backend {
                     &handlers::CHARGE,
                     &handlers::charge_key(order_id),
                     |conn| handlers::charge_body(conn, order_id, 4200, Mode::Succeed),
+                )
+            }
+
+            fn charge_wrapped(
+                conn: &mut Self::Conn,
+                order_id: &str,
+            ) -> Result<Outcome<Receipt>, TestError> {
+                idempotent::run(
+                    conn,
+                    &handlers::CHARGE,
+                    &handlers::charge_key(order_id),
+                    |conn| handlers::charge(conn, order_id, 4200, Mode::Succeed),
                 )
             }
 
@@ -268,6 +286,7 @@ macro_rules! async_backend {
 
         impl Backend for $name {
             const SERVER: Server = $server;
+            const NAME: &'static str = stringify!($name);
             type Conn = AsyncConn<$conn>;
 
             fn try_connect(url: &str) -> Result<Self::Conn, String> {
@@ -335,6 +354,18 @@ macro_rules! async_backend {
                     async |conn| {
                         handlers::charge_body_async(conn, order_id, 4200, Mode::Succeed).await
                     },
+                ))
+            }
+
+            fn charge_wrapped(
+                c: &mut Self::Conn,
+                order_id: &str,
+            ) -> Result<Outcome<Receipt>, TestError> {
+                c.runtime.block_on(idempotent::run_async(
+                    &mut c.conn,
+                    &handlers::CHARGE,
+                    &handlers::charge_key(order_id),
+                    async |conn| handlers::charge_async(conn, order_id, 4200, Mode::Succeed).await,
                 ))
             }
 

@@ -1,16 +1,14 @@
 //! What a user relies on, written once and run on every connection type (see `main.rs`).
 
-use std::io::{BufRead as _, BufReader};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::process::{Command, Stdio};
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idempotent::{JobKey, Outcome};
 
 use crate::backends::Backend;
 use crate::handlers::{Mode, Receipt, TestError};
-use crate::harness::Db;
+use crate::harness::{self, Db};
 
 /// The rule's check: the second run changes 0 rows in every table, `done_jobs` included, and adds
 /// nothing to the outbox; the first run left exactly its effects.
@@ -155,34 +153,8 @@ pub fn crash_between_commit_and_ack<B: Backend>(test_path: &str) {
     }
 
     let db = Db::<B>::fresh();
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([test_path, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CRASH_CHILD, db.locator())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawning the worker process");
-    let stdout = child.stdout.take().expect("child stdout");
-    let started = Instant::now();
-    let mut committed = false;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("reading the child's output");
-        if line.contains(COMMITTED) {
-            committed = true;
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the child never committed"
-        );
-    }
-    assert!(committed, "the child exited before committing");
-    child.kill().expect("SIGKILL the worker");
-    let status = child.wait().expect("reaping the worker");
-    assert!(
-        !status.success(),
-        "the worker was killed, not finished: {status}"
-    );
+    let child = harness::spawn_child_until(test_path, &[(CRASH_CHILD, db.locator())], COMMITTED);
+    harness::kill(child);
 
     let mut conn = db.connect();
     assert_eq!(
@@ -315,6 +287,19 @@ pub fn outcome_tells_ran_from_replayed<B: Backend>() {
             .unwrap()
             .is_replayed()
     );
+}
+
+/// The plain API wrapped around the annotated handler, with the same job and key: the inner call
+/// runs inside the outer claim, once, and a redelivery replays the outer run.
+pub fn a_job_inside_its_own_body_runs_once<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let first = B::charge_wrapped(&mut conn, "order-1").unwrap();
+    assert!(first.is_ran(), "{first:?}");
+    let again = B::charge_wrapped(&mut conn, "order-1").unwrap();
+    assert_eq!(again, Outcome::Replayed(first.into_inner()));
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 1);
+    assert_eq!(B::count_done(&mut conn), 1);
 }
 
 /// `()` results store nothing (a NULL result column) and replay as `()`.

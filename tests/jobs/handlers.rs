@@ -32,6 +32,8 @@ pub enum TestError {
     Database(#[from] diesel::result::Error),
     #[error("the card was declined")]
     Declined,
+    #[error("the payment service failed: {0}")]
+    Service(String),
 }
 
 /// What the charge handler does after writing its effects.
@@ -110,6 +112,13 @@ macro_rules! test_queries {
     (count_done, $conn:expr, [$($aw:tt)*]) => {
         idempotent::schema::done_jobs::table.count().get_result::<i64>($conn)$($aw)*
     };
+    (outbox_rows, $conn:expr, [$($aw:tt)*]) => {{
+        use idempotent::schema::outbox::dsl as o;
+        o::outbox
+            .order(o::id)
+            .select((o::message_id, o::job_key))
+            .load::<(String, Option<String>)>($conn)$($aw)*
+    }};
     (done_rows, $conn:expr, [$($aw:tt)*]) => {{
         use idempotent::schema::done_jobs::dsl as dj;
         dj::done_jobs
@@ -128,6 +137,8 @@ pub trait TestConn: idempotent::JobStore + idempotent::testing::Inspect + Send {
     fn count_done(&mut self) -> QueryResult<i64>;
     /// `(job_key, job_name, result)` of every done job, by key.
     fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>>;
+    /// `(message_id, job_key)` of every outbox message, in order.
+    fn outbox_rows(&mut self) -> QueryResult<Vec<(String, Option<String>)>>;
 }
 
 macro_rules! impl_test_conn {
@@ -160,6 +171,10 @@ macro_rules! impl_test_conn {
 
             fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>> {
                 test_queries!(done_rows, self, [])
+            }
+
+            fn outbox_rows(&mut self) -> QueryResult<Vec<(String, Option<String>)>> {
+                test_queries!(outbox_rows, self, [])
             }
         }
     };

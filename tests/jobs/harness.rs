@@ -173,3 +173,49 @@ impl<B: Backend> Drop for Db<B> {
         }
     }
 }
+
+/// This test binary, started again to run one test as a child process, with `env` telling it
+/// what role to play; returned once the child has printed `marker` (and is ready to be killed).
+pub fn spawn_child_until(
+    test_path: &str,
+    env: &[(&str, &str)],
+    marker: &str,
+) -> std::process::Child {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args([test_path, "--exact", "--nocapture", "--test-threads=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("spawning the child process");
+    let stdout = child.stdout.take().expect("the child's stdout");
+    let started = Instant::now();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("reading the child's output");
+        if line.contains(marker) {
+            return child;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the child never printed {marker:?}"
+        );
+    }
+    let status = child.wait().expect("reaping the child");
+    panic!("the child exited ({status}) before printing {marker:?}");
+}
+
+/// SIGKILLs a child, as an operator or the OOM killer would, and reaps it.
+pub fn kill(mut child: std::process::Child) {
+    child.kill().expect("SIGKILL the child");
+    let status = child.wait().expect("reaping the child");
+    assert!(
+        !status.success(),
+        "the child was killed, not finished: {status}"
+    );
+}

@@ -8,6 +8,7 @@ mod behaviour;
 #[cfg(feature = "async")]
 mod cancellation;
 mod capture;
+mod effects;
 mod handlers;
 mod harness;
 mod key_spaces;
@@ -15,6 +16,7 @@ mod key_spaces;
 mod keys;
 #[cfg(feature = "sqlite")]
 mod pools;
+mod receiver;
 mod second_run;
 
 /// One module of tests per connection type, each test one line.
@@ -79,6 +81,11 @@ macro_rules! backend_tests {
             #[test]
             fn outcome_tells_ran_from_replayed() {
                 behaviour::outcome_tells_ran_from_replayed::<$backend>();
+            }
+
+            #[test]
+            fn a_job_inside_its_own_body_runs_once() {
+                behaviour::a_job_inside_its_own_body_runs_once::<$backend>();
             }
 
             #[test]
@@ -153,6 +160,59 @@ macro_rules! async_tests {
         }
     };
 }
+
+/// Effects beyond the database, for the sync connection types (the relay is sync).
+#[allow(unused_macros)] // used when a sync backend's feature is on
+macro_rules! effects_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            use crate::effects;
+
+            #[test]
+            fn running_a_job_twice_leaves_one_message() {
+                effects::running_a_job_twice_leaves_one_message::<$backend, _>();
+            }
+
+            #[test]
+            fn the_key_inside_the_body_is_stable() {
+                effects::the_key_inside_the_body_is_stable::<$backend, _>();
+            }
+
+            #[test]
+            fn killed_worker_charges_once() {
+                effects::killed_worker_charges_once::<$backend, _>(concat!(
+                    stringify!($module),
+                    "::killed_worker_charges_once"
+                ));
+            }
+
+            #[test]
+            fn killed_relay_delivers_once() {
+                effects::killed_relay_delivers_once::<$backend, _>(concat!(
+                    stringify!($module),
+                    "::killed_relay_delivers_once"
+                ));
+            }
+
+            #[test]
+            fn two_relays_deliver_no_message_twice() {
+                effects::two_relays_deliver_no_message_twice::<$backend, _>();
+            }
+
+            #[test]
+            fn failing_deliveries_back_off_then_park() {
+                effects::failing_deliveries_back_off_then_park::<$backend, _>();
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+effects_tests!(sqlite_outbox, crate::backends::Sqlite);
+#[cfg(feature = "postgres")]
+effects_tests!(postgres_outbox, crate::backends::Postgres);
+#[cfg(feature = "mysql")]
+effects_tests!(mysql_outbox, crate::backends::Mysql);
 
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);
