@@ -345,6 +345,7 @@ macro_rules! impl_async_job_store {
     (
         $conn:ty,
         migrations: $migrations:expr,
+        migration_lock: [$migration_lock:expr, $migration_unlock:expr],
         begin: $begin:expr,
         insert: $insert:ident,
         find: $lock:ident,
@@ -403,33 +404,41 @@ macro_rules! impl_async_job_store {
                 use diesel::prelude::*;
                 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
                 use migrations::__diesel_schema_migrations as applied_table;
-                self.batch_execute(migrations::CREATE_TABLE).await?;
-                let applied: Vec<String> = applied_table::table
-                    .select(applied_table::version)
-                    .load(self)
-                    .await?;
-                for (version, up) in $migrations {
-                    if applied.iter().any(|v| v == version) {
-                        continue;
-                    }
-                    begin_with(self, "BEGIN").await?;
-                    let ran = async {
-                        self.batch_execute(up).await?;
-                        diesel::insert_into(applied_table::table)
-                            .values(applied_table::version.eq(*version))
-                            .execute(self)
-                            .await
-                    }
-                    .await;
-                    match ran {
-                        Ok(_) => Self::TransactionManager::commit_transaction(self).await?,
-                        Err(error) => {
-                            let _ = Self::TransactionManager::rollback_transaction(self).await;
-                            return Err(error.into());
+                // Several workers may start at once: one migrates, the others wait, then find
+                // nothing left to do.
+                self.batch_execute($migration_lock).await?;
+                let migrated: Result<(), BoxError> = async {
+                    self.batch_execute(migrations::CREATE_TABLE).await?;
+                    let applied: Vec<String> = applied_table::table
+                        .select(applied_table::version)
+                        .load(self)
+                        .await?;
+                    for (version, up) in $migrations {
+                        if applied.iter().any(|v| v == version) {
+                            continue;
+                        }
+                        begin_with(self, "BEGIN").await?;
+                        let ran = async {
+                            self.batch_execute(up).await?;
+                            diesel::insert_into(applied_table::table)
+                                .values(applied_table::version.eq(*version))
+                                .execute(self)
+                                .await
+                        }
+                        .await;
+                        match ran {
+                            Ok(_) => Self::TransactionManager::commit_transaction(self).await?,
+                            Err(error) => {
+                                let _ = Self::TransactionManager::rollback_transaction(self).await;
+                                return Err(error.into());
+                            }
                         }
                     }
+                    Ok(())
                 }
-                Ok(())
+                .await;
+                self.batch_execute($migration_unlock).await?;
+                migrated
             }
         }
     };
@@ -439,6 +448,10 @@ macro_rules! impl_async_job_store {
 impl_async_job_store!(
     diesel_async::AsyncPgConnection,
     migrations: crate::migrations::POSTGRES,
+    migration_lock: [
+        "SELECT pg_advisory_lock(7307305512431843179)",
+        "SELECT pg_advisory_unlock(7307305512431843179)"
+    ],
     begin: crate::store::begin::POSTGRES,
     insert: on_conflict_do_nothing,
     find: plain,
@@ -450,6 +463,10 @@ impl_async_job_store!(
 impl_async_job_store!(
     diesel_async::AsyncMysqlConnection,
     migrations: crate::migrations::MYSQL,
+    migration_lock: [
+        crate::store::migration_lock::MYSQL_LOCK,
+        crate::store::migration_lock::MYSQL_UNLOCK
+    ],
     begin: crate::store::begin::MYSQL,
     insert: duplicate_key_error,
     find: for_update,

@@ -277,6 +277,7 @@ macro_rules! impl_job_store {
     (
         $conn:ty,
         migrations: $migrations:expr,
+        migration_lock: $migration_lock:expr,
         begin: $begin:expr,
         insert: $insert:ident,
         find: $lock:ident,
@@ -343,11 +344,76 @@ macro_rules! impl_job_store {
             }
 
             fn run_migrations(&mut self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-                diesel_migrations::MigrationHarness::run_pending_migrations(self, $migrations)
-                    .map(drop)
+                $crate::store::with_migration_lock(self, $migration_lock, |conn| {
+                    diesel_migrations::MigrationHarness::run_pending_migrations(conn, $migrations)
+                        .map(drop)
+                })
             }
         }
     };
+}
+
+/// How migrations keep out of each other's way when several workers start at once (two
+/// `CREATE TABLE`s of one table race and fail on PostgreSQL).
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // each variant is used by the backends that are compiled in
+pub(crate) enum MigrationLock {
+    /// In one `BEGIN IMMEDIATE` transaction: SQLite's single writer.
+    Immediate,
+    /// In one transaction that first takes this lock (released by the commit): PostgreSQL, whose
+    /// DDL is transactional.
+    Transaction(&'static str),
+    /// Between a session lock and its release: MySQL, whose DDL commits by itself.
+    Session(&'static str, &'static str),
+}
+
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) mod migration_lock {
+    /// An advisory lock held until the migrations' transaction ends.
+    pub const POSTGRES: &str = "SELECT pg_advisory_xact_lock(7307305512431843179)";
+    /// A named lock, waited for up to ten minutes.
+    pub const MYSQL_LOCK: &str = "SELECT GET_LOCK('idempotent_migrations', 600)";
+    /// Its release.
+    pub const MYSQL_UNLOCK: &str = "SELECT RELEASE_LOCK('idempotent_migrations')";
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs `migrate` under `lock`, retrying while the database is busy.
+#[allow(dead_code)] // used by the backends that are compiled in
+pub(crate) fn with_migration_lock<C: JobStore>(
+    conn: &mut C,
+    lock: MigrationLock,
+    mut migrate: impl FnMut(&mut C) -> Result<(), BoxError>,
+) -> Result<(), BoxError> {
+    use diesel::connection::TransactionManager as _;
+    match lock {
+        MigrationLock::Session(lock, unlock) => {
+            crate::run::retry_transient::<C, _>(|| conn.batch_execute(lock))?;
+            let result = migrate(conn);
+            let released = conn.batch_execute(unlock);
+            result.and(released.map_err(Into::into))
+        }
+        MigrationLock::Immediate | MigrationLock::Transaction(_) => {
+            crate::run::retry_transient::<C, _>(|| {
+                conn.begin_job()?;
+                if let MigrationLock::Transaction(lock) = lock
+                    && let Err(error) = conn.batch_execute(lock)
+                {
+                    let _ = AnsiTransactionManager::rollback_transaction(conn);
+                    return Err(error);
+                }
+                Ok(())
+            })?;
+            match migrate(conn) {
+                Ok(()) => AnsiTransactionManager::commit_transaction(conn).map_err(Into::into),
+                Err(error) => {
+                    let _ = AnsiTransactionManager::rollback_transaction(conn);
+                    Err(error)
+                }
+            }
+        }
+    }
 }
 
 /// How each backend opens a job's transaction; see [`JobStore::begin_job`].
@@ -427,6 +493,7 @@ mod sqlite {
     impl_job_store!(
         SqliteConnection,
         migrations: MIGRATIONS,
+        migration_lock: super::MigrationLock::Immediate,
         begin: super::begin::SQLITE,
         insert: on_conflict_do_nothing,
         find: plain,
@@ -445,6 +512,7 @@ mod pg {
     impl_job_store!(
         PgConnection,
         migrations: MIGRATIONS,
+        migration_lock: super::MigrationLock::Transaction(super::migration_lock::POSTGRES),
         begin: super::begin::POSTGRES,
         insert: on_conflict_do_nothing,
         find: plain,
@@ -463,6 +531,7 @@ mod mysql {
     impl_job_store!(
         MysqlConnection,
         migrations: MIGRATIONS,
+        migration_lock: super::MigrationLock::Session(super::migration_lock::MYSQL_LOCK, super::migration_lock::MYSQL_UNLOCK),
         begin: super::begin::MYSQL,
         insert: duplicate_key_error,
         find: for_update,

@@ -75,6 +75,7 @@ pub trait Backend: Sized + 'static {
         currency: &str,
     ) -> Result<Receipt, TestError>;
     fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError>;
+    fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError>;
     fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError>;
     fn prune(conn: &mut Self::Conn, options: &idempotent::Prune) -> idempotent::PruneReport;
 
@@ -236,6 +237,10 @@ macro_rules! sync_backend {
 
             fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError> {
                 handlers::remind(conn, user_id)
+            }
+
+            fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError> {
+                handlers::hostile(conn, value)
             }
 
             fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError> {
@@ -459,6 +464,11 @@ macro_rules! async_backend {
             fn remind(c: &mut Self::Conn, user_id: i64) -> Result<(), TestError> {
                 c.runtime
                     .block_on(handlers::remind_async(&mut c.conn, user_id))
+            }
+
+            fn hostile(c: &mut Self::Conn, value: &str) -> Result<usize, TestError> {
+                c.runtime
+                    .block_on(handlers::hostile_async(&mut c.conn, value))
             }
 
             fn greet(c: &mut Self::Conn, email: &str) -> Result<(), TestError> {

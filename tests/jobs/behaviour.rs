@@ -302,6 +302,70 @@ pub fn a_job_inside_its_own_body_runs_once<B: Backend>() {
     assert_eq!(B::count_done(&mut conn), 1);
 }
 
+/// Values that try to break keys: each claims its own key, replays it, and changes no other
+/// key's fate; SQL-shaped values are stored verbatim, as bound parameters.
+pub fn hostile_values_claim_and_replay<B: Backend>() {
+    const INJECTION: &str = "'; DROP TABLE done_jobs; --";
+    let megabyte_of_x = "x".repeat(1 << 20);
+    let megabyte_of_separators = ":%".repeat(1 << 19);
+    let values: Vec<&str> = vec![
+        "",
+        "\0",
+        "a\0b",
+        ":",
+        "a:b",
+        "%",
+        "%3A",
+        "%%25",
+        "\n",
+        "\r\n\t",
+        INJECTION,
+        "\" OR 1=1 --",
+        "Robert'); DROP TABLE charges;--",
+        "\\'\\\"",
+        "😀",
+        "é",
+        "e\u{301}",
+        "\u{202E}gnp.exe",
+        "\u{FEFF}",
+        "\u{10FFFF}",
+        &megabyte_of_x,
+        &megabyte_of_separators,
+    ];
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for round in 0..2 {
+        for value in &values {
+            let length =
+                B::hostile(&mut conn, value).unwrap_or_else(|e| panic!("{value:.40?}: {e}"));
+            assert_eq!(length, value.len(), "round {round}: {value:.40?}");
+        }
+    }
+    assert_eq!(
+        B::count_messages(&mut conn),
+        values.len() as i64,
+        "each value ran once"
+    );
+    assert_eq!(
+        B::count_done(&mut conn),
+        values.len() as i64,
+        "each value has a key of its own"
+    );
+    let keys: Vec<String> = B::done_rows(&mut conn)
+        .into_iter()
+        .map(|row| row.0)
+        .collect();
+    assert!(
+        keys.contains(&format!("hostile:{INJECTION}")),
+        "SQL-shaped text is stored verbatim"
+    );
+    assert!(
+        keys.contains(&"hostile:a%00b".to_owned()),
+        "NUL is escaped in the readable key"
+    );
+    assert!(keys.iter().all(|k| !k.contains('\0')));
+}
+
 /// `()` results store nothing (a NULL result column) and replay as `()`.
 pub fn unit_results_store_nothing<B: Backend>() {
     let db = Db::<B>::fresh();

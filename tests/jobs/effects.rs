@@ -21,6 +21,22 @@ const RELAY_CHILD: &str = "IDEMPOTENT_TEST_RELAY_CHILD";
 const SENT: &str = "IDEMPOTENT-TEST: sent, now waiting to be killed before marking it delivered";
 const SERVICE: &str = "IDEMPOTENT_TEST_SERVICE";
 
+/// Prints a line of figures, and appends it to the file `IDEMPOTENT_FIGURES` names (scripts/test
+/// shows them after the run: passing tests' output is captured).
+fn report_figures(line: &str) {
+    println!("{line}");
+    if let Ok(path) = std::env::var("IDEMPOTENT_FIGURES") {
+        use std::io::Write as _;
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
 /// Charges an order through the payment service, with the job's own key as the service's
 /// idempotency key.
 #[idempotent_job(key = "pay:<order_id>")]
@@ -185,13 +201,13 @@ where
     );
 
     let ledger = service.ledger();
-    println!(
+    report_figures(&format!(
         "worker kill ({}): charge requests {}, charges made {}, jobs done {}",
         B::NAME,
         ledger.charge_requests,
         ledger.charges.len(),
         conn.count_done().unwrap()
-    );
+    ));
     assert_eq!(
         ledger.charge_requests, 2,
         "the killed run and the rerun both asked"
@@ -244,14 +260,14 @@ where
         .drain(&mut conn, |message| deliver(&service.addr(), message))
         .unwrap();
     let ledger = service.ledger();
-    println!(
+    report_figures(&format!(
         "relay kill ({}): messages {}, deliveries {}, duplicates dropped {}, effects {}",
         B::NAME,
         outbox_rows(&mut conn).len(),
         ledger.deliveries,
         ledger.duplicates_dropped,
         ledger.messages.len()
-    );
+    ));
     assert_eq!(
         report.delivered, 3,
         "the restarted relay sends all three, the first again"
@@ -299,14 +315,14 @@ where
             .collect()
     });
     let ledger = service.ledger();
-    println!(
+    report_figures(&format!(
         "two relays ({}): messages {MESSAGES}, deliveries {} ({} + {}), duplicates {}",
         B::NAME,
         ledger.deliveries,
         reports[0].delivered,
         reports[1].delivered,
         ledger.duplicates_dropped
-    );
+    ));
     assert_eq!(ledger.messages.len(), MESSAGES);
     assert_eq!(
         ledger.deliveries, MESSAGES as u64,

@@ -265,6 +265,13 @@ pub fn greet<C: TestConn>(conn: &mut C, email: &str) -> Result<(), TestError> {
     Ok(())
 }
 
+/// A job keyed by whatever a caller sends: NUL bytes, separators, SQL, megabytes.
+#[idempotent_job(key = "hostile:<value>")]
+pub fn hostile<C: TestConn>(conn: &mut C, value: &str) -> Result<usize, TestError> {
+    conn.insert_message("hostile", &value.len().to_string())?;
+    Ok(value.len())
+}
+
 /// Not idempotent: it writes an audit row outside the job's claim, so a rerun writes it again.
 pub fn sloppy_audit_then_charge<C: TestConn>(
     conn: &mut C,
@@ -438,6 +445,16 @@ mod asynchronous {
         conn.insert_message("greeting", "hello").await?;
         let _ = email;
         Ok(())
+    }
+
+    #[idempotent_job(key = "hostile:<value>", name = "hostile")]
+    pub async fn hostile_async<C: AsyncTestConn>(
+        conn: &mut C,
+        value: &str,
+    ) -> Result<usize, TestError> {
+        conn.insert_message("hostile", &value.len().to_string())
+            .await?;
+        Ok(value.len())
     }
 
     pub async fn sloppy_audit_then_charge_async<C: AsyncTestConn>(

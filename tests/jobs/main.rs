@@ -18,6 +18,8 @@ mod keys;
 mod pools;
 mod receiver;
 mod second_run;
+#[cfg(feature = "postgres")]
+mod security;
 
 /// One module of tests per connection type, each test one line.
 macro_rules! backend_tests {
@@ -86,6 +88,11 @@ macro_rules! backend_tests {
             #[test]
             fn a_job_inside_its_own_body_runs_once() {
                 behaviour::a_job_inside_its_own_body_runs_once::<$backend>();
+            }
+
+            #[test]
+            fn hostile_values_claim_and_replay() {
+                behaviour::hostile_values_claim_and_replay::<$backend>();
             }
 
             #[test]

@@ -1,0 +1,294 @@
+//! A RabbitMQ worker whose handler is safe to run twice.
+//!
+//! It consumes with manual acknowledgement and a prefetch window, runs an `#[idempotent_job]` async
+//! handler on diesel-async (PostgreSQL or MySQL/MariaDB, by the URL), and acknowledges only after
+//! the job's transaction committed. A redelivery of a job that already committed (the worker died
+//! before its ack, or the producer published twice) replays instead of running again.
+//!
+//! On SIGTERM or SIGINT it stops taking work, finishes the job in hand, closes its channel (the
+//! broker requeues whatever was prefetched and not acknowledged) and exits 0. A database that goes
+//! away (a restart, a killed connection) fails the job in hand, which is returned to the queue
+//! (`nack` with requeue), and the worker reconnects instead of dying.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1/test \
+//!     cargo run --example rabbitmq_worker --features async-postgres,async-mysql
+//! ```
+//!
+//! Environment: `DATABASE_URL` (required), `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
+//! `QUEUE` (default `idempotent-jobs`), `PREFETCH` (default 8). Messages are JSON:
+//! `{"job_id": "invoice-42", "amount": 1200}`.
+//!
+//! Each handled delivery prints one line, `OUTCOME <job_id> <copy> <ran|replayed> redelivered=<bool>`,
+//! then `ACKED <copy>` once acknowledged; the chaos tests read them. Test hooks, off unless set:
+//! `IDEMPOTENT_CHAOS_PAUSE_MID_JOB` and `IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK` (per mille of jobs that
+//! pause inside the transaction, or between the commit and the ack, printing `PAUSE-...` first) and
+//! `IDEMPOTENT_CHAOS_PAUSE_MS` (how long, default 300).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use diesel::{ExpressionMethods as _, QueryResult};
+use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
+use futures_util::StreamExt as _;
+use idempotent::{AsyncJobStore, idempotent_job};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use serde::Deserialize;
+use tokio::signal::unix::{SignalKind, signal};
+
+diesel::table! {
+    effects (id) {
+        id -> BigInt,
+        job_id -> Text,
+        amount -> BigInt,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum WorkerError {
+    #[error(transparent)]
+    Idempotent(#[from] idempotent::Error),
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+}
+
+/// A job as published to the queue.
+#[derive(Debug, Deserialize)]
+struct JobMessage {
+    job_id: String,
+    amount: i64,
+    /// Which published copy this is, when a producer published the job more than once.
+    #[serde(default)]
+    copy: Option<String>,
+}
+
+/// What the worker needs from its database, per backend.
+trait WorkerDb: AsyncJobStore + Sized + 'static {
+    async fn create_tables(&mut self) -> QueryResult<()>;
+    async fn insert_effect(&mut self, job_id: &str, amount: i64) -> QueryResult<()>;
+    async fn ping(&mut self) -> QueryResult<()>;
+}
+
+macro_rules! impl_worker_db {
+    ($conn:ty, $id:literal) => {
+        impl WorkerDb for $conn {
+            async fn create_tables(&mut self) -> QueryResult<()> {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query(concat!(
+                    "CREATE TABLE IF NOT EXISTS effects (id ",
+                    $id,
+                    ", job_id VARCHAR(200) NOT NULL, amount BIGINT NOT NULL)"
+                ))
+                .execute(self)
+                .await
+                .map(drop)
+            }
+
+            async fn insert_effect(&mut self, job_id: &str, amount: i64) -> QueryResult<()> {
+                use diesel_async::RunQueryDsl;
+                diesel::insert_into(effects::table)
+                    .values((effects::job_id.eq(job_id), effects::amount.eq(amount)))
+                    .execute(self)
+                    .await
+                    .map(drop)
+            }
+
+            async fn ping(&mut self) -> QueryResult<()> {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query("SELECT 1").execute(self).await.map(drop)
+            }
+        }
+    };
+}
+
+impl_worker_db!(AsyncPgConnection, "BIGSERIAL PRIMARY KEY");
+impl_worker_db!(AsyncMysqlConnection, "BIGINT AUTO_INCREMENT PRIMARY KEY");
+
+/// The job: apply a payment once. `attempt` is not part of the key; the stored result is the
+/// attempt that ran, so a replay returns another attempt's number.
+#[idempotent_job(key = "job:<job_id>")]
+async fn apply_payment<C: WorkerDb>(
+    conn: &mut C,
+    job_id: &str,
+    amount: i64,
+    attempt: u64,
+) -> Result<u64, WorkerError> {
+    conn.insert_effect(job_id, amount).await?;
+    pause_maybe("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", "PAUSE-MID-JOB", job_id).await;
+    Ok(attempt)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let database_url = std::env::var("DATABASE_URL")
+        .map_err(|_| "set DATABASE_URL to a postgres:// or mysql:// URL")?;
+    if database_url.starts_with("mysql") {
+        run::<AsyncMysqlConnection>(&database_url).await
+    } else {
+        run::<AsyncPgConnection>(&database_url).await
+    }
+}
+
+async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let amqp_url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let queue = std::env::var("QUEUE").unwrap_or_else(|_| "idempotent-jobs".to_owned());
+    let prefetch: u16 = std::env::var("PREFETCH")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(8);
+
+    let mut conn = connect::<C>(database_url).await;
+    idempotent::migrate_async(&mut conn).await?;
+    conn.create_tables().await?;
+
+    let amqp = Connection::connect(&amqp_url, ConnectionProperties::default()).await?;
+    let channel = amqp.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let tag = format!("worker-{}", std::process::id());
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    println!("READY");
+
+    static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
+    loop {
+        // Signals are looked at between jobs: the job in hand always finishes first.
+        let delivery = tokio::select! {
+            biased;
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => delivery,
+                Some(Err(error)) => return Err(error.into()),
+                None => break,
+            },
+        };
+        let message: JobMessage = match serde_json::from_slice(&delivery.data) {
+            Ok(message) => message,
+            Err(error) => {
+                eprintln!("dropping a message that is not a job ({error})");
+                delivery
+                    .nack(BasicNackOptions {
+                        requeue: false,
+                        ..Default::default()
+                    })
+                    .await?;
+                continue;
+            }
+        };
+        let copy = message
+            .copy
+            .clone()
+            .unwrap_or_else(|| message.job_id.clone());
+        let attempt =
+            ATTEMPTS.fetch_add(1, Ordering::Relaxed) + (u64::from(std::process::id()) << 32);
+        match apply_payment(&mut conn, &message.job_id, message.amount, attempt).await {
+            Ok(ran_in) => {
+                let outcome = if ran_in == attempt { "ran" } else { "replayed" };
+                println!(
+                    "OUTCOME {} {copy} {outcome} redelivered={}",
+                    message.job_id, delivery.redelivered
+                );
+                pause_maybe(
+                    "IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK",
+                    "PAUSE-BEFORE-ACK",
+                    &message.job_id,
+                )
+                .await;
+                delivery.ack(BasicAckOptions::default()).await?;
+                println!("ACKED {copy}");
+            }
+            Err(error) => {
+                // Rolled back whole: give the job back to the queue and make sure the database is
+                // reachable before taking the next one.
+                println!("FAILED {} {copy}: {error}", message.job_id);
+                delivery
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                if conn.ping().await.is_err() {
+                    println!("RECONNECTING");
+                    conn = connect::<C>(database_url).await;
+                    println!("RECONNECTED");
+                }
+            }
+        }
+    }
+
+    // Stop: no more deliveries; closing the channel hands unacknowledged prefetched messages back.
+    channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await?;
+    channel.close(200, "worker stopping".into()).await?;
+    amqp.close(200, "worker stopping".into()).await?;
+    println!("STOPPED");
+    Ok(())
+}
+
+/// Connects, retrying for as long as the database is down (a restart, say).
+async fn connect<C: WorkerDb>(url: &str) -> C {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match C::establish(url).await {
+            Ok(conn) => return conn,
+            Err(error) => {
+                eprintln!("database unreachable ({error}); retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// The chaos tests' hook: pause here for some jobs, after saying so.
+async fn pause_maybe(variable: &str, line: &str, job_id: &str) {
+    let Some(per_mille) = std::env::var(variable)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let seed = STATE.load(Ordering::Relaxed)
+        ^ u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = seed | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    if x % 1000 < per_mille {
+        let pause: u64 = std::env::var("IDEMPOTENT_CHAOS_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300);
+        println!("{line} {job_id}");
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
