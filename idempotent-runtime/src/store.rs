@@ -88,10 +88,10 @@ pub enum ClaimState {
     note = "use `SqliteConnection`, `PgConnection` or `MysqlConnection` (each behind its cargo feature), or a pooled connection that derefs to one"
 )]
 pub trait JobStore: Connection<TransactionManager = AnsiTransactionManager> {
-    /// Opens the job's transaction: on PostgreSQL at READ COMMITTED (a waiter must see the winner's
-    /// row, not fail with a serialization error), on SQLite `BEGIN IMMEDIATE` (take the write lock
-    /// first: a deferred transaction that reads and then writes fails at once with "database is
-    /// locked"). Inside a caller's transaction, opens a savepoint instead.
+    /// Opens the job's transaction: on SQLite `BEGIN IMMEDIATE` (take the write lock first: a
+    /// deferred transaction that reads and then writes fails at once with "database is locked"),
+    /// elsewhere a plain `BEGIN` (see `begin::POSTGRES` on isolation levels). Inside a caller's
+    /// transaction, opens a savepoint instead.
     fn begin_job(&mut self) -> QueryResult<Nesting>;
 
     /// Inserts the claim. `Ok(true)`: inserted; `Ok(false)`: the key exists (and, if another
@@ -177,10 +177,10 @@ macro_rules! statements {
         use $crate::schema::done_jobs::dsl as dj;
         // A conflicting row from a transaction still in flight makes this wait for it; when that
         // transaction commits we insert nothing, when it rolls back we insert.
-        let inserted = diesel::insert_into(dj::done_jobs)
+        let insert = diesel::insert_into(dj::done_jobs)
             .values(statements!(values, $claim))
-            .on_conflict_do_nothing()
-            .execute($conn)$($aw)*?;
+            .on_conflict_do_nothing();
+        let inserted = $crate::store::CachedClaim(insert).execute($conn)$($aw)*?;
         Ok(inserted == 1)
     }};
     (insert_claim, $conn:expr, $claim:expr, duplicate_key_error, [$($aw:tt)*]) => {{
@@ -271,6 +271,35 @@ macro_rules! statements {
         Ok(())
     }};
 }
+
+/// The claim's `INSERT ... ON CONFLICT DO NOTHING` with a static query id. Diesel 2.3 gives
+/// upserts none, so it would build the statement's SQL text on every call to look up its prepared
+/// statement (measured: about 7,000 instructions, 2 µs, per claim); with this id it finds the
+/// statement by type. Sound because the claim insert has one shape per backend, and prepared
+/// statement caches are per connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CachedClaim<Q>(pub(crate) Q);
+
+/// The query id of [`CachedClaim`].
+#[allow(dead_code)] // only named as a type
+pub(crate) struct CachedClaimId;
+
+impl<Q> diesel::query_builder::QueryId for CachedClaim<Q> {
+    type QueryId = CachedClaimId;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<DB, Q> diesel::query_builder::QueryFragment<DB> for CachedClaim<Q>
+where
+    DB: diesel::backend::Backend,
+    Q: diesel::query_builder::QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, pass: diesel::query_builder::AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+}
+
+impl<Q, Conn> diesel::RunQueryDsl<Conn> for CachedClaim<Q> {}
 
 /// Implements [`JobStore`] for a sync connection type.
 macro_rules! impl_job_store {
@@ -421,8 +450,11 @@ pub(crate) fn with_migration_lock<C: JobStore>(
 pub(crate) mod begin {
     /// The write lock first.
     pub const SQLITE: &str = "BEGIN IMMEDIATE";
-    /// A waiter must see the winner's row.
-    pub const POSTGRES: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    /// The session's isolation level: READ COMMITTED unless changed, where a waiter sees the
+    /// winner's row at once. At stricter levels the waiter's serialization failure is retried from
+    /// `BEGIN`, and the retry sees the row. (`BEGIN ISOLATION LEVEL READ COMMITTED` measured 10 µs
+    /// slower per job than `BEGIN`.)
+    pub const POSTGRES: &str = "BEGIN";
     /// The server's isolation level; the claim's read is a locking read.
     pub const MYSQL: &str = "BEGIN";
 }

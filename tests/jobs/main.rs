@@ -11,6 +11,8 @@ mod capture;
 mod effects;
 mod handlers;
 mod harness;
+#[cfg(feature = "postgres")]
+mod isolation;
 mod key_spaces;
 #[cfg(feature = "sqlite")]
 mod keys;
