@@ -24,6 +24,9 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection as Amqp, ConnectionProperties};
 
+#[path = "support/figures.rs"]
+mod figures;
+
 /// One chaos test at a time.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
@@ -42,28 +45,31 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{nanos}", std::process::id())
 }
 
-/// Prints a line of figures, and appends it to the file `IDEMPOTENT_FIGURES` names (scripts/test
-/// shows them after the run: passing tests' output is captured).
-fn report_figures(line: &str) {
-    println!("{line}");
-    if let Ok(path) = std::env::var("IDEMPOTENT_FIGURES") {
-        use std::io::Write as _;
-        if let Ok(mut file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(file, "{line}");
-        }
-    }
-}
-
 // ---- databases ---------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Server {
     Postgres,
     Mysql,
+}
+
+/// Runs `$body` with `$conn` bound to a new connection to `$url`, of the server's type.
+macro_rules! with_connection {
+    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
+        match $server {
+            Server::Postgres => {
+                let $conn = &mut PgConnection::establish($url).unwrap_or_else(|e| {
+                    panic!("PostgreSQL at {}: {e}; scripts/test starts it", $url)
+                });
+                $body
+            }
+            Server::Mysql => {
+                let $conn = &mut MysqlConnection::establish($url)
+                    .unwrap_or_else(|e| panic!("MariaDB at {}: {e}; scripts/test starts it", $url));
+                $body
+            }
+        }
+    };
 }
 
 /// A database of this run's own: a schema on PostgreSQL, a database on MariaDB.
@@ -120,17 +126,8 @@ impl Db {
 
     /// Runs SQL on the shared database (not this run's).
     fn admin(&self, sql: &str) {
-        match self.server {
-            Server::Postgres => PgConnection::establish(&self.base)
-                .unwrap_or_else(|e| {
-                    panic!("PostgreSQL at {}: {e}; scripts/test starts it", self.base)
-                })
-                .batch_execute(sql),
-            Server::Mysql => MysqlConnection::establish(&self.base)
-                .unwrap_or_else(|e| panic!("MariaDB at {}: {e}; scripts/test starts it", self.base))
-                .batch_execute(sql),
-        }
-        .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+        with_connection!(self.server, &self.base, |conn| conn.batch_execute(sql))
+            .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
     }
 
     /// `(job_id, effects)` for every job with an effect, and the number of done jobs.
@@ -142,31 +139,17 @@ impl Db {
             #[diesel(sql_type = diesel::sql_types::BigInt)]
             n: i64,
         }
-        let effects = "SELECT job_id, COUNT(*) AS n FROM effects GROUP BY job_id";
-        let (rows, done): (Vec<Count>, i64) = match self.server {
-            Server::Postgres => {
-                let mut conn = PgConnection::establish(&self.url).expect("PostgreSQL");
-                let rows = diesel::sql_query(effects)
-                    .load(&mut conn)
+        let (rows, done): (Vec<Count>, i64) = with_connection!(self.server, &self.url, |conn| {
+            let rows =
+                diesel::sql_query("SELECT job_id, COUNT(*) AS n FROM effects GROUP BY job_id")
+                    .load(conn)
                     .unwrap_or_default();
-                let done = idempotent::schema::done_jobs::table
-                    .count()
-                    .get_result(&mut conn)
-                    .unwrap_or(0);
-                (rows, done)
-            }
-            Server::Mysql => {
-                let mut conn = MysqlConnection::establish(&self.url).expect("MariaDB");
-                let rows = diesel::sql_query(effects)
-                    .load(&mut conn)
-                    .unwrap_or_default();
-                let done = idempotent::schema::done_jobs::table
-                    .count()
-                    .get_result(&mut conn)
-                    .unwrap_or(0);
-                (rows, done)
-            }
-        };
+            let done = idempotent::schema::done_jobs::table
+                .count()
+                .get_result(conn)
+                .unwrap_or(0);
+            (rows, done)
+        });
         (rows.into_iter().map(|c| (c.job_id, c.n)).collect(), done)
     }
 
@@ -536,7 +519,7 @@ fn chaos(server: Server) {
     delete_queue(&queue);
 
     let (effects, done) = db.effects();
-    report_figures(&format!(
+    figures::report(&format!(
         "chaos ({server:?}): jobs {JOBS}, duplicate publishes {DUPLICATES}, workers {WORKERS} (+{} replacements), \
          kills {} ({kills_mid_job} mid-job, {kills_before_ack} between commit and ack), deliveries handled {}, \
          redelivered {}, replays {}, ran {}, effects {}, done jobs {done}, in {elapsed:.1?}",
@@ -626,7 +609,7 @@ fn terminated_connections(server: Server) {
     );
     delete_queue(&queue);
     let (effects, _) = db.effects();
-    report_figures(&format!(
+    figures::report(&format!(
         "terminated connections ({server:?}): jobs {JOBS}, terminations {terminated}, failed jobs {}, reconnects {}, effects {}",
         figures.failed,
         figures.reconnects,
@@ -695,7 +678,7 @@ fn postgres_restart_during_a_run() {
     assert_eq!(workers.stop_all(), 2, "both workers survived the restart");
     delete_queue(&queue);
     let (effects, _) = db.effects();
-    report_figures(&format!(
+    figures::report(&format!(
         "postgres restart: jobs {JOBS}, restart took {:.1?}, failed jobs {}, reconnects {}, effects {}",
         restart_took.unwrap_or_default(),
         figures.failed,
@@ -737,7 +720,7 @@ fn racing_at_scale(server: Server) {
     assert_eq!(workers.stop_all(), 8);
     delete_queue(&queue);
     let (effects, done) = db.effects();
-    report_figures(&format!(
+    figures::report(&format!(
         "racing ({server:?}): 8 workers, {DISTINCT} keys + {HOT_COPIES} deliveries of one hot key, ran {}, replays {}, failed {}, effects {}, in {elapsed:.1?}",
         figures.ran,
         figures.replays,

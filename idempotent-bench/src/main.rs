@@ -73,42 +73,18 @@ trait BenchDb: JobStore + SimpleConnection + Sized {
     fn settle(&mut self);
 }
 
-macro_rules! hand_claim {
-    (on_conflict_do_nothing, $conn:expr, $values:expr) => {
-        diesel::insert_into(idempotent::schema::done_jobs::table)
+/// An insert that reports whether it inserted, the way a user would write it for the backend:
+/// `ON CONFLICT DO NOTHING`, or (MySQL) a plain insert whose duplicate-key error means "there".
+macro_rules! insert_unless_present {
+    (on_conflict_do_nothing, $conn:expr, $table:expr, $values:expr) => {
+        diesel::insert_into($table)
             .values($values)
             .on_conflict_do_nothing()
             .execute($conn)
             .map(|n| n == 1)
     };
-    (duplicate_key_error, $conn:expr, $values:expr) => {
-        match diesel::insert_into(idempotent::schema::done_jobs::table)
-            .values($values)
-            .execute($conn)
-        {
-            Ok(n) => Ok(n == 1),
-            Err(diesel::result::Error::DatabaseError(
-                diesel::result::DatabaseErrorKind::UniqueViolation,
-                _,
-            )) => Ok(false),
-            Err(e) => Err(e),
-        }
-    };
-}
-
-macro_rules! two_phase_start {
-    (on_conflict_do_nothing, $conn:expr, $values:expr) => {
-        diesel::insert_into(two_phase_jobs::table)
-            .values($values)
-            .on_conflict_do_nothing()
-            .execute($conn)
-            .map(|n| n == 1)
-    };
-    (duplicate_key_error, $conn:expr, $values:expr) => {
-        match diesel::insert_into(two_phase_jobs::table)
-            .values($values)
-            .execute($conn)
-        {
+    (duplicate_key_error, $conn:expr, $table:expr, $values:expr) => {
+        match diesel::insert_into($table).values($values).execute($conn) {
             Ok(n) => Ok(n == 1),
             Err(diesel::result::Error::DatabaseError(
                 diesel::result::DatabaseErrorKind::UniqueViolation,
@@ -147,12 +123,12 @@ macro_rules! impl_bench_db {
                     dj::job_name.eq("hand"),
                     dj::done_at.eq(chrono::Utc::now().naive_utc()),
                 );
-                hand_claim!($insert, self, values)
+                insert_unless_present!($insert, self, idempotent::schema::done_jobs::table, values)
             }
 
             fn two_phase_start(&mut self, digest: &[u8; 32]) -> QueryResult<bool> {
                 let values = (two_phase_jobs::key_digest.eq(&digest[..]), two_phase_jobs::status.eq("in_progress"));
-                two_phase_start!($insert, self, values)
+                insert_unless_present!($insert, self, two_phase_jobs::table, values)
             }
 
             fn two_phase_finish(&mut self, digest: &[u8; 32]) -> QueryResult<()> {

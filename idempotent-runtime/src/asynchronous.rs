@@ -21,8 +21,8 @@ use crate::error::{Error, Step};
 use crate::job::Job;
 use crate::key::JobKey;
 use crate::outcome::Outcome;
-use crate::run::{Call, JobCall, JobError, JobOutput, RETRY_WINDOW, backoff};
-use crate::stats::{self, Ending};
+use crate::run::{Call, JobCall, JobError, JobOutput, backoff};
+use crate::stats::Ending;
 use crate::store::{Claim, ClaimState, DoneRow, Nesting, NewOutboxMessage};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -291,18 +291,7 @@ async fn begin_and_claim<C: AsyncJobStore>(
                 }
             }
         };
-        if !C::is_transient(&error) {
-            return Err(call.database(step, error));
-        }
-        if started.elapsed() >= RETRY_WINDOW {
-            return Err(Error::ClaimRetriesExhausted {
-                job: call.job.name(),
-                key: call.key_text.clone(),
-                attempts,
-                source: error,
-            });
-        }
-        stats::retried(call.job.name(), attempts, &error);
+        call.retry_or_fail(step, error, C::is_transient, attempts, started)?;
         tokio::time::sleep(backoff(attempts)).await;
     }
 }

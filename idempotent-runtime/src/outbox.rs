@@ -55,6 +55,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::context;
 use crate::error::Error;
+use crate::prune::{Prune, PruneReport};
 use crate::run::retry_transient;
 use crate::store::{JobStore, NewOutboxMessage};
 
@@ -377,25 +378,18 @@ pub fn retry_parked<C: OutboxStore>(
     retry_transient::<C, _>(|| conn.retry_parked(message_id, now)).map_err(Error::Outbox)
 }
 
-/// Deletes messages delivered more than `older_than` ago, in batches of `batch_size`; returns how
-/// many.
+/// Deletes messages delivered more than `older_than` ago, in batches as `options` says (as
+/// [`prune`](crate::prune::prune) does for lapsed claims).
 pub fn prune_delivered<C: OutboxStore>(
     conn: &mut C,
     older_than: Duration,
-    batch_size: u32,
-) -> Result<u64, Error> {
+    options: &Prune,
+) -> Result<PruneReport, Error> {
     let before = chrono::Utc::now().naive_utc()
         - chrono::TimeDelta::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX);
-    let mut removed = 0u64;
-    loop {
-        let batch =
-            retry_transient::<C, _>(|| conn.prune_delivered(before, i64::from(batch_size.max(1))))
-                .map_err(Error::Outbox)?;
-        removed += batch as u64;
-        if batch < batch_size.max(1) as usize {
-            return Ok(removed);
-        }
-    }
+    crate::prune::in_batches(options, |limit| {
+        retry_transient::<C, _>(|| conn.prune_delivered(before, limit)).map_err(Error::Outbox)
+    })
 }
 
 /// Sends outbox messages; see the [module docs](self).

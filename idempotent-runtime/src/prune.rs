@@ -73,12 +73,20 @@ pub struct PruneReport {
 /// Deletes lapsed claims in batches; see the [module docs](self).
 pub fn prune<C: JobStore>(conn: &mut C, options: &Prune) -> Result<PruneReport, Error> {
     let now = chrono::Utc::now().naive_utc();
+    in_batches(options, |limit| {
+        crate::run::retry_transient::<C, _>(|| conn.prune_lapsed(now, limit)).map_err(Error::Prune)
+    })
+}
+
+/// Runs `batch` (which deletes at most `limit` rows and says how many) until one comes back short
+/// or `options` says to stop, pausing between batches as it says.
+pub(crate) fn in_batches(
+    options: &Prune,
+    mut batch: impl FnMut(i64) -> Result<usize, Error>,
+) -> Result<PruneReport, Error> {
     let mut report = PruneReport::default();
     loop {
-        let removed = crate::run::retry_transient::<C, _>(|| {
-            conn.prune_lapsed(now, i64::from(options.batch_size))
-        })
-        .map_err(Error::Prune)?;
+        let removed = batch(i64::from(options.batch_size))?;
         report.record(removed);
         if report.done(removed, options) {
             return Ok(report);

@@ -342,6 +342,31 @@ impl Call {
         }
     }
 
+    /// After a failed claim attempt: `Ok` to try again (a transient error, within
+    /// [`RETRY_WINDOW`]), or the error to give up with.
+    pub(crate) fn retry_or_fail(
+        &self,
+        step: Step,
+        error: diesel::result::Error,
+        is_transient: fn(&diesel::result::Error) -> bool,
+        attempts: u32,
+        started: Instant,
+    ) -> Result<(), Error> {
+        if !is_transient(&error) {
+            return Err(self.database(step, error));
+        }
+        if started.elapsed() >= RETRY_WINDOW {
+            return Err(Error::ClaimRetriesExhausted {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                attempts,
+                source: error,
+            });
+        }
+        stats::retried(self.job.name(), attempts, &error);
+        Ok(())
+    }
+
     /// Records how the call ended.
     pub(crate) fn finished(&self, ending: Ending) {
         stats::finished(self.job.name(), ending, self.started);
@@ -432,18 +457,7 @@ fn begin_and_claim<C: JobStore>(conn: &mut C, call: &Call) -> Result<(Nesting, C
                 }
             },
         };
-        if !C::is_transient(&error) {
-            return Err(call.database(step, error));
-        }
-        if started.elapsed() >= RETRY_WINDOW {
-            return Err(Error::ClaimRetriesExhausted {
-                job: call.job.name(),
-                key: call.key_text.clone(),
-                attempts,
-                source: error,
-            });
-        }
-        stats::retried(call.job.name(), attempts, &error);
+        call.retry_or_fail(step, error, C::is_transient, attempts, started)?;
         std::thread::sleep(backoff(attempts));
     }
 }

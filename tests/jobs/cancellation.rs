@@ -13,6 +13,20 @@ use crate::backends::{AsyncConn, Backend};
 use crate::handlers::{self, AsyncTestConn, Mode, TestError};
 use crate::harness::Db;
 
+/// A deadpool of `size` connections to `url`.
+fn pool<C>(url: &str, size: usize) -> Pool<C>
+where
+    C: AsyncTestConn + 'static,
+    AsyncDieselConnectionManager<C>:
+        Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    Pool::builder(AsyncDieselConnectionManager::<C>::new(url))
+        .max_size(size)
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .expect("a pool")
+}
+
 /// Runs `charge_and_hang` until it is inside its transaction, then drops it.
 async fn drop_mid_job<C: AsyncTestConn>(conn: &mut C, order_id: &str) {
     let (inside, entered) = tokio::sync::oneshot::channel();
@@ -70,11 +84,7 @@ where
     let db = Db::<B>::fresh();
     let mut checker = db.connect();
     let runtime = &checker.runtime;
-    let pool = Pool::builder(AsyncDieselConnectionManager::<C>::new(db.locator()))
-        .max_size(1)
-        .runtime(deadpool::Runtime::Tokio1)
-        .build()
-        .expect("pool");
+    let pool = pool::<C>(db.locator(), 1);
     runtime.block_on(async {
         {
             let mut conn = pool.get().await.expect("a pooled connection");
@@ -120,11 +130,7 @@ where
 {
     let db = Db::<B>::fresh();
     let mut checker = db.connect();
-    let pool = Pool::builder(AsyncDieselConnectionManager::<C>::new(db.locator()))
-        .max_size(2)
-        .runtime(deadpool::Runtime::Tokio1)
-        .build()
-        .expect("pool");
+    let pool = pool::<C>(db.locator(), 2);
     let (first, second) = checker.runtime.block_on(async {
         let first = welcome(&mut pool.get().await.expect("conn"), 7)
             .await

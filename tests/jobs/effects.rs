@@ -9,6 +9,7 @@ use idempotent::idempotent_job;
 use idempotent::outbox::{self, OutboxStore, Relay};
 
 use crate::backends::Backend;
+use crate::figures;
 use crate::handlers::{TestConn, TestError};
 use crate::harness::{self, Db};
 use crate::receiver::{self, Service};
@@ -20,22 +21,6 @@ const CHARGED: &str = "IDEMPOTENT-TEST: charged, now waiting to be killed before
 const RELAY_CHILD: &str = "IDEMPOTENT_TEST_RELAY_CHILD";
 const SENT: &str = "IDEMPOTENT-TEST: sent, now waiting to be killed before marking it delivered";
 const SERVICE: &str = "IDEMPOTENT_TEST_SERVICE";
-
-/// Prints a line of figures, and appends it to the file `IDEMPOTENT_FIGURES` names (scripts/test
-/// shows them after the run: passing tests' output is captured).
-fn report_figures(line: &str) {
-    println!("{line}");
-    if let Ok(path) = std::env::var("IDEMPOTENT_FIGURES") {
-        use std::io::Write as _;
-        if let Ok(mut file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(file, "{line}");
-        }
-    }
-}
 
 /// Charges an order through the payment service, with the job's own key as the service's
 /// idempotency key.
@@ -201,7 +186,7 @@ where
     );
 
     let ledger = service.ledger();
-    report_figures(&format!(
+    figures::report(&format!(
         "worker kill ({}): charge requests {}, charges made {}, jobs done {}",
         B::NAME,
         ledger.charge_requests,
@@ -260,7 +245,7 @@ where
         .drain(&mut conn, |message| deliver(&service.addr(), message))
         .unwrap();
     let ledger = service.ledger();
-    report_figures(&format!(
+    figures::report(&format!(
         "relay kill ({}): messages {}, deliveries {}, duplicates dropped {}, effects {}",
         B::NAME,
         outbox_rows(&mut conn).len(),
@@ -315,7 +300,7 @@ where
             .collect()
     });
     let ledger = service.ledger();
-    report_figures(&format!(
+    figures::report(&format!(
         "two relays ({}): messages {MESSAGES}, deliveries {} ({} + {}), duplicates {}",
         B::NAME,
         ledger.deliveries,
@@ -392,10 +377,8 @@ where
             .delivered,
         1
     );
-    assert_eq!(
-        outbox::prune_delivered(&mut conn, Duration::ZERO, 100).unwrap(),
-        1
-    );
+    let pruned = outbox::prune_delivered(&mut conn, Duration::ZERO, &idempotent::Prune::default());
+    assert_eq!(pruned.unwrap().removed, 1);
     assert!(outbox_rows(&mut conn).is_empty());
 }
 

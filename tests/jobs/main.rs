@@ -9,6 +9,8 @@ mod behaviour;
 mod cancellation;
 mod capture;
 mod effects;
+#[path = "../support/figures.rs"]
+mod figures;
 mod handlers;
 mod harness;
 #[cfg(feature = "postgres")]
