@@ -165,3 +165,49 @@ where
     });
     assert_eq!(spawned.expect("the task ran").expect("the jobs ran"), 1);
 }
+
+/// bb8's pooled connection works through deref too (on PostgreSQL; the handler is the same for
+/// every backend).
+#[cfg(feature = "async-postgres")]
+mod bb8_pool {
+    use diesel_async::AsyncPgConnection;
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::bb8::{Pool, PooledConnection};
+    use idempotent::idempotent_job;
+
+    use crate::backends::{AsyncPostgres, Backend as _};
+    use crate::handlers::{AsyncTestConn as _, TestError};
+    use crate::harness::Db;
+
+    #[idempotent_job(key = "greeting:<user_id>")]
+    async fn greet(
+        conn: &mut PooledConnection<'_, AsyncPgConnection>,
+        user_id: u64,
+    ) -> Result<u64, TestError> {
+        conn.insert_message("greeting", &user_id.to_string())
+            .await?;
+        Ok(user_id)
+    }
+
+    #[test]
+    fn bb8_pooled_connections_work_through_deref() {
+        let db = Db::<AsyncPostgres>::fresh();
+        let mut checker = db.connect();
+        let greeted = checker.runtime.block_on(async {
+            let pool: Pool<AsyncPgConnection> = Pool::builder()
+                .max_size(2)
+                .build(AsyncDieselConnectionManager::new(db.locator()))
+                .await
+                .expect("a bb8 pool");
+            let first = greet(&mut pool.get().await.expect("a connection"), 5)
+                .await
+                .unwrap();
+            let second = greet(&mut pool.get().await.expect("a connection"), 5)
+                .await
+                .unwrap();
+            (first, second)
+        });
+        assert_eq!(greeted, (5, 5));
+        assert_eq!(AsyncPostgres::count_messages(&mut checker), 1);
+    }
+}
