@@ -26,9 +26,9 @@ pub enum Error {
         source: diesel::result::Error,
     },
 
-    /// The handler's `Ok` value could not be turned into JSON for storage.
+    /// The handler's `Ok` value could not be stored as JSON that reads back as its type.
     #[error(
-        "job `{job}` (key `{key}`): its result could not be stored as JSON ({source}); the job was rolled back. Make the result type serialize without error (maps need string keys)"
+        "job `{job}` (key `{key}`): its result could not be stored as JSON that reads back as the same type ({source}); the job was rolled back. Make the value round-trip through serde_json (maps need string keys; a NaN float becomes null)"
     )]
     StoreResult {
         /// The job's name.

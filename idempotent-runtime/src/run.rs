@@ -384,8 +384,14 @@ impl Call {
 
     /// The JSON to store for `value`; `None` when it is `null` (as `()` is), which is what an
     /// empty `result` column reads back as.
-    pub(crate) fn encode<T: Serialize>(&self, value: &T) -> Result<Option<String>, Error> {
-        match serde_json::to_string(value) {
+    ///
+    /// The JSON must read back as a `T`, or the first replay would fail where this run succeeded:
+    /// serde_json writes a NaN as `null`, and some `Serialize` impls have no matching
+    /// `Deserialize`. Such a value fails this run instead, rolled back, while its cause is at hand.
+    pub(crate) fn encode<T: JobOutput>(&self, value: &T) -> Result<Option<String>, Error> {
+        let stored = serde_json::to_string(value)
+            .and_then(|json| serde_json::from_str::<T>(&json).map(|_| json));
+        match stored {
             Ok(json) if json == "null" => Ok(None),
             Ok(json) => Ok(Some(json)),
             Err(source) => Err(Error::StoreResult {
@@ -502,5 +508,44 @@ fn commit<C: JobStore>(conn: &mut C, call: &Call) -> Result<(), Error> {
 fn rollback<C: JobStore>(conn: &mut C, call: &Call) {
     if let Err(error) = AnsiTransactionManager::rollback_transaction(conn) {
         tracing::error!(job = call.job.name(), %error, "rolling back the job's transaction failed");
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use diesel::prelude::*;
+
+    use crate::{Error, Job, JobKey, run};
+
+    fn done(conn: &mut SqliteConnection) -> i64 {
+        crate::schema::done_jobs::table
+            .count()
+            .get_result(conn)
+            .expect("count")
+    }
+
+    #[test]
+    fn a_result_that_would_not_replay_fails_the_first_run_instead() {
+        static JOB: Job = Job::new("not_storable", "k:<n>");
+        let mut conn = SqliteConnection::establish(":memory:").expect("SQLite");
+        crate::migrate(&mut conn).expect("migrations");
+
+        // serde_json writes NaN as null, which does not read back as an f64.
+        let nan = run(&mut conn, &JOB, &JobKey::new("k:1"), |_| {
+            Ok::<f64, Error>(f64::NAN)
+        });
+        assert!(matches!(nan, Err(Error::StoreResult { .. })), "{nan:?}");
+        // Maps need string keys in JSON.
+        let map = run(&mut conn, &JOB, &JobKey::new("k:2"), |_| {
+            Ok::<_, Error>(std::collections::HashMap::from([((1, 2), 3)]))
+        });
+        assert!(matches!(map, Err(Error::StoreResult { .. })), "{map:?}");
+        assert_eq!(done(&mut conn), 0, "both rolled back, claims included");
+
+        let fine = run(&mut conn, &JOB, &JobKey::new("k:3"), |_| {
+            Ok::<f64, Error>(1.5)
+        });
+        assert_eq!(fine.expect("a number").into_inner(), 1.5);
+        assert_eq!(done(&mut conn), 1);
     }
 }
