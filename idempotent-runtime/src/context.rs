@@ -82,7 +82,21 @@ pub(crate) fn enclosing_claim(digest: &[u8; 32]) -> Option<&'static str> {
     })
 }
 
-/// The key of the job whose body is running, if any; see the [module docs](self).
+/// The key of the job whose body is running, if any: outside a job's body, `None`.
+///
+/// Pass it on to other services as their idempotency key, so that their effect happens once too,
+/// however often this job is retried; [`JobKey::derive`] gives each call from one job its own key,
+/// stable across reruns. It is set while the body runs: for a sync body, on its thread; for an
+/// async body, during every poll of its future, whichever thread polls it. Nested jobs see their
+/// own key.
+///
+/// ```
+/// # fn charge_card(_idempotency_key: &str) {}
+/// // Inside an annotated handler's body:
+/// if let Some(key) = idempotent_runtime::current_key() {
+///     charge_card(key.derive("charge").as_str()); // `<job key>/charge`
+/// }
+/// ```
 pub fn current_key() -> Option<JobKey> {
     current().map(|context| context.key.clone())
 }

@@ -110,7 +110,7 @@ pub enum Error {
         source: diesel::result::Error,
     },
 
-    /// A batch of [`prune`](crate::prune) failed; the batches before it stay deleted.
+    /// A batch of [`prune`](crate::prune::prune()) failed; the batches before it stay deleted.
     #[error(
         "pruning lapsed claims failed: {0}; the batches before it stay deleted, and the next prune continues where this one stopped"
     )]
