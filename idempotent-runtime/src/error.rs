@@ -13,7 +13,10 @@ use std::fmt;
 #[non_exhaustive]
 pub enum Error {
     /// The database refused a statement of the claim, the record or the commit.
-    #[error("job `{job}` (key `{key}`): the database failed while {step}: {source}")]
+    #[error(
+        "job `{job}` (key `{key}`): the database failed while {step}: {source}{hint}; nothing of the job was committed",
+        hint = hint(source)
+    )]
     Database {
         /// The job's name.
         job: &'static str,
@@ -169,6 +172,20 @@ impl fmt::Display for Step {
             Step::Commit => "committing",
             Step::Rollback => "rolling back",
         })
+    }
+}
+
+/// What to do about a database error, where there is something to say.
+fn hint(error: &diesel::result::Error) -> &'static str {
+    match error {
+        diesel::result::Error::BrokenTransactionManager => {
+            " (this connection's transaction state is broken: a job's future was dropped inside its transaction, or a rollback failed; close the connection and use a new one, as a pool does by itself)"
+        }
+        diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ClosedConnection,
+            _,
+        ) => " (the connection is closed: reconnect, and the job can be retried)",
+        _ => "",
     }
 }
 
