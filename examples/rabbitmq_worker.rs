@@ -19,7 +19,8 @@
 //! `QUEUE` (default `idempotent-jobs`), `PREFETCH` (default 8). Messages are JSON:
 //! `{"job_id": "invoice-42", "amount": 1200}`.
 //!
-//! Each handled delivery prints one line, `OUTCOME <job_id> <copy> <ran|replayed> redelivered=<bool>`,
+//! It prints `STARTING` once it handles signals (a SIGTERM from then on, even before it is ready,
+//! exits 0) and `READY` once it consumes. Each handled delivery prints one line, `OUTCOME <job_id> <copy> <ran|replayed> redelivered=<bool>`,
 //! then `ACKED <copy>` once acknowledged; the chaos tests read them. Test hooks, off unless set:
 //! `IDEMPOTENT_CHAOS_PAUSE_MID_JOB` and `IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK` (per mille of jobs that
 //! pause inside the transaction, or between the commit and the ack, printing `PAUSE-...` first) and
@@ -143,33 +144,27 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
         .and_then(|p| p.parse().ok())
         .unwrap_or(8);
 
-    let mut conn = connect::<C>(database_url).await;
-    idempotent::migrate_async(&mut conn).await?;
-    conn.create_tables().await?;
-
-    let amqp = Connection::connect(&amqp_url, ConnectionProperties::default()).await?;
-    let channel = amqp.create_channel().await?;
-    channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let tag = format!("worker-{}", std::process::id());
-    let mut consumer = channel
-        .basic_consume(
-            queue.as_str().into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    // Signals first: a worker told to stop while it is still starting exits cleanly too.
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    println!("STARTING");
+    let started = tokio::select! {
+        biased;
+        _ = terminate.recv() => None,
+        _ = interrupt.recv() => None,
+        started = start::<C>(database_url, &amqp_url, &queue, prefetch) => Some(started?),
+    };
+    let Some(Started {
+        mut conn,
+        amqp,
+        channel,
+        mut consumer,
+        tag,
+    }) = started
+    else {
+        println!("STOPPED before taking any work");
+        return Ok(());
+    };
     println!("READY");
 
     static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
@@ -247,6 +242,56 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
     amqp.close(200, "worker stopping".into()).await?;
     println!("STOPPED");
     Ok(())
+}
+
+/// A worker ready to consume.
+struct Started<C> {
+    conn: C,
+    amqp: Connection,
+    channel: lapin::Channel,
+    consumer: lapin::Consumer,
+    tag: String,
+}
+
+/// Connects to the database (migrating it) and to the broker, and starts consuming.
+async fn start<C: WorkerDb>(
+    database_url: &str,
+    amqp_url: &str,
+    queue: &str,
+    prefetch: u16,
+) -> Result<Started<C>, Box<dyn std::error::Error>> {
+    let mut conn = connect::<C>(database_url).await;
+    idempotent::migrate_async(&mut conn).await?;
+    conn.create_tables().await?;
+
+    let amqp = Connection::connect(amqp_url, ConnectionProperties::default()).await?;
+    let channel = amqp.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let tag = format!("worker-{}", std::process::id());
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(Started {
+        conn,
+        amqp,
+        channel,
+        consumer,
+        tag,
+    })
 }
 
 /// Connects, retrying for as long as the database is down (a restart, say).

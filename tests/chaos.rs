@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection as _;
@@ -294,6 +295,8 @@ struct Workers {
     queue: String,
     env: Vec<(String, String)>,
     children: HashMap<usize, Child>,
+    /// Per worker: whether it has said `STARTING`, i.e. handles SIGTERM.
+    handling_signals: HashMap<usize, Arc<AtomicBool>>,
     lines: Receiver<(usize, String)>,
     sender: Sender<(usize, String)>,
     next: usize,
@@ -310,6 +313,7 @@ impl Workers {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             children: HashMap::new(),
+            handling_signals: HashMap::new(),
             lines,
             sender,
             next: 0,
@@ -332,8 +336,14 @@ impl Workers {
         let mut child = command.spawn().expect("starting a worker");
         let stdout = child.stdout.take().expect("worker stdout");
         let sender = self.sender.clone();
+        let handling_signals = Arc::new(AtomicBool::new(false));
+        self.handling_signals
+            .insert(id, Arc::clone(&handling_signals));
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line == "STARTING" {
+                    handling_signals.store(true, Ordering::SeqCst);
+                }
                 if sender.send((id, line)).is_err() {
                     break;
                 }
@@ -349,17 +359,26 @@ impl Workers {
     }
 
     fn kill(&mut self, id: usize) {
+        self.handling_signals.remove(&id);
         if let Some(mut child) = self.children.remove(&id) {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// SIGTERM to every worker; each must stop by itself and exit 0.
+    /// SIGTERM to every worker; each must stop by itself and exit 0, even one still starting. (A
+    /// worker just spawned is given until it says `STARTING`: no process handles a signal before
+    /// it has installed its handler.)
     fn stop_all(&mut self) -> usize {
         let mut stopped = 0;
         let children: Vec<(usize, Child)> = self.children.drain().collect();
         for (id, mut child) in children {
+            let handling = Arc::clone(&self.handling_signals[&id]);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !handling.load(Ordering::SeqCst) && child.try_wait().ok().flatten().is_none() {
+                assert!(Instant::now() < deadline, "worker {id} never started");
+                std::thread::sleep(Duration::from_millis(5));
+            }
             let pid = child.id().to_string();
             let _ = Command::new("kill").args(["-TERM", &pid]).status();
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -688,6 +707,39 @@ fn postgres_restart_during_a_run() {
     assert!(restart_took.is_some());
     assert_eq!(effects.len(), JOBS, "every job done");
     assert!(effects.values().all(|n| *n == 1), "none twice");
+}
+
+/// A worker told to stop while it is still starting (here: waiting for a database that does not
+/// answer) exits 0 at once, having taken no work.
+#[test]
+fn sigterm_while_starting_exits_cleanly() {
+    let _serial = serial();
+    let db = Db::fresh(Server::Postgres);
+    let mut workers = Workers::new(&db, &unique("idempotent_starting"), &[]);
+    workers.db_url = "postgres://postgres@127.0.0.1:1/test".to_owned();
+    let id = workers.start();
+    let started = Instant::now();
+    assert_eq!(workers.stop_all(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "it stopped at once, not after giving up on the database"
+    );
+    // Its last lines may still be on their way from the pipe's reader thread.
+    let mut said = Vec::new();
+    while let Ok((worker, line)) = workers.lines.recv_timeout(Duration::from_secs(5)) {
+        let last = line.starts_with("STOPPED");
+        if worker == id {
+            said.push(line);
+        }
+        if last {
+            break;
+        }
+    }
+    assert!(
+        said.iter().any(|l| l == "STOPPED before taking any work"),
+        "{said:?}"
+    );
+    assert!(!said.iter().any(|l| l == "READY"), "{said:?}");
 }
 
 /// Eight worker processes on one hot key and on ten thousand distinct keys: no deadlock escapes

@@ -296,6 +296,25 @@ async fn begin_and_claim<C: AsyncJobStore>(
     }
 }
 
+/// [`retry_transient`](crate::run::retry_transient) for async connections.
+pub(crate) async fn retry_transient_async<C: AsyncJobStore, T>(
+    mut op: impl AsyncFnMut() -> QueryResult<T>,
+) -> QueryResult<T> {
+    let started = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match op().await {
+            Err(error)
+                if C::is_transient(&error) && started.elapsed() < crate::run::RETRY_WINDOW =>
+            {
+                tokio::time::sleep(backoff(attempts)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// The claim of [`store::claim`](crate::store), for an async connection.
 async fn claim_key<C: AsyncJobStore>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<ClaimState> {
     for _ in 0..3 {
@@ -330,6 +349,7 @@ where
 }
 
 /// Implements [`AsyncJobStore`] for a diesel-async connection with the shared DSL statements.
+#[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
 macro_rules! impl_async_job_store {
     (
         $conn:ty,

@@ -19,6 +19,9 @@
 //! * A failed delivery backs off exponentially; after [`Relay::max_attempts`] it is parked:
 //!   visible through [`parked`], sent again after [`retry_parked`]. Delivered messages are removed
 //!   by [`prune_delivered`].
+//! * With an async feature on, `Relay::drain_async` / `run_once_async`, `parked_async`,
+//!   `retry_parked_async` and `prune_delivered_async` do the same through diesel-async
+//!   connections, with the same statements and leases: sync and async relays can share an outbox.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -217,6 +220,81 @@ pub trait OutboxStore: JobStore {
     fn prune_delivered(&mut self, before: NaiveDateTime, limit: i64) -> QueryResult<usize>;
 }
 
+/// The relay's statements, written once for sync (`[]`) and async (`[.await]`) connections.
+macro_rules! outbox_statements {
+    (lease, $conn:expr, $owner:expr, $now:expr, $until:expr, $limit:expr, $lock:ident, [$($aw:tt)*]) => {{
+        use crate::schema::outbox::dsl as o;
+        let pending = o::outbox
+            .filter(o::delivered_at.is_null())
+            .filter(o::parked_at.is_null())
+            .filter(o::available_at.le($now))
+            .filter(o::lease_until.is_null().or(o::lease_until.le($now)))
+            .order(o::id)
+            .limit($limit)
+            .select((o::id, o::message_id, o::topic, o::payload, o::job_key, o::attempts));
+        let messages: Vec<OutboxMessage> = outbox_statements!(@lock $lock, pending).load($conn)$($aw)*?;
+        let ids: Vec<i64> = messages.iter().map(|m| m.id).collect();
+        if !ids.is_empty() {
+            diesel::update(o::outbox.filter(o::id.eq_any(&ids)))
+                .set((o::lease_owner.eq($owner), o::lease_until.eq($until)))
+                .execute($conn)$($aw)*?;
+        }
+        Ok(messages)
+    }};
+    (@lock skip_locked, $query:expr) => { $query.for_update().skip_locked() };
+    // SQLite: the lease runs in `BEGIN IMMEDIATE`, so one relay leases at a time.
+    (@lock plain, $query:expr) => { $query };
+    (mark_delivered, $conn:expr, $id:expr, $owner:expr, $now:expr, [$($aw:tt)*]) => {{
+        use crate::schema::outbox::dsl as o;
+        let updated = diesel::update(o::outbox.filter(o::id.eq($id)).filter(o::lease_owner.eq($owner)))
+            .set((o::delivered_at.eq($now), o::lease_until.eq(None::<NaiveDateTime>)))
+            .execute($conn)$($aw)*?;
+        Ok(updated == 1)
+    }};
+    (mark_failed, $conn:expr, $id:expr, $owner:expr, $attempts:expr, $error:expr, $now:expr, $retry_at:expr, [$($aw:tt)*]) => {{
+        use crate::schema::outbox::dsl as o;
+        let target = o::outbox.filter(o::id.eq($id)).filter(o::lease_owner.eq($owner));
+        let released = (
+            o::attempts.eq($attempts),
+            o::last_error.eq($error),
+            o::lease_owner.eq(None::<&str>),
+            o::lease_until.eq(None::<NaiveDateTime>),
+        );
+        match $retry_at {
+            Some(at) => diesel::update(target).set((released, o::available_at.eq(at))).execute($conn)$($aw)*?,
+            None => diesel::update(target).set((released, o::parked_at.eq($now))).execute($conn)$($aw)*?,
+        };
+        Ok(())
+    }};
+    (parked, $conn:expr, [$($aw:tt)*]) => {{
+        use crate::schema::outbox::dsl as o;
+        o::outbox
+            .filter(o::parked_at.is_not_null())
+            .order(o::id)
+            .select((o::id, o::message_id, o::topic, o::payload, o::job_key, o::attempts))
+            .load($conn)$($aw)*
+    }};
+    (retry_parked, $conn:expr, $message_id:expr, $now:expr, [$($aw:tt)*]) => {{
+        use crate::schema::outbox::dsl as o;
+        let reset = (
+            o::parked_at.eq(None::<NaiveDateTime>),
+            o::attempts.eq(0),
+            o::available_at.eq($now),
+        );
+        let parked = o::outbox.filter(o::parked_at.is_not_null());
+        match $message_id {
+            Some(id) => diesel::update(parked.filter(o::message_id.eq(id))).set(reset).execute($conn)$($aw)*,
+            None => diesel::update(parked).set(reset).execute($conn)$($aw)*,
+        }
+    }};
+    (prune_delivered, $conn:expr, $sql:expr, $before:expr, $limit:expr, [$($aw:tt)*]) => {
+        diesel::sql_query($sql)
+            .bind::<diesel::sql_types::Timestamp, _>($before)
+            .bind::<diesel::sql_types::BigInt, _>($limit)
+            .execute($conn)$($aw)*
+    };
+}
+
 macro_rules! impl_outbox_store {
     ($conn:ty, lock: $lock:ident, prune: $prune:expr) => {
         impl OutboxStore for $conn {
@@ -227,37 +305,21 @@ macro_rules! impl_outbox_store {
                 until: NaiveDateTime,
                 limit: i64,
             ) -> QueryResult<Vec<OutboxMessage>> {
-                use crate::schema::outbox::dsl as o;
                 use diesel::prelude::*;
                 let nesting = self.begin_job()?;
-                let leased = (|| {
-                    let pending = o::outbox
-                        .filter(o::delivered_at.is_null())
-                        .filter(o::parked_at.is_null())
-                        .filter(o::available_at.le(now))
-                        .filter(o::lease_until.is_null().or(o::lease_until.le(now)))
-                        .order(o::id)
-                        .limit(limit)
-                        .select((o::id, o::message_id, o::topic, o::payload, o::job_key, o::attempts));
-                    let messages: Vec<OutboxMessage> = impl_outbox_store!(@lock $lock, pending).load(self)?;
-                    let ids: Vec<i64> = messages.iter().map(|m| m.id).collect();
-                    if !ids.is_empty() {
-                        diesel::update(o::outbox.filter(o::id.eq_any(&ids)))
-                            .set((o::lease_owner.eq(owner), o::lease_until.eq(until)))
-                            .execute(self)?;
-                    }
-                    Ok(messages)
-                })();
+                let leased =
+                    (|| outbox_statements!(lease, self, owner, now, until, limit, $lock, []))();
                 finish(self, nesting, leased)
             }
 
-            fn mark_delivered(&mut self, id: i64, owner: &str, now: NaiveDateTime) -> QueryResult<bool> {
-                use crate::schema::outbox::dsl as o;
+            fn mark_delivered(
+                &mut self,
+                id: i64,
+                owner: &str,
+                now: NaiveDateTime,
+            ) -> QueryResult<bool> {
                 use diesel::prelude::*;
-                let updated = diesel::update(o::outbox.filter(o::id.eq(id)).filter(o::lease_owner.eq(owner)))
-                    .set((o::delivered_at.eq(now), o::lease_until.eq(None::<NaiveDateTime>)))
-                    .execute(self)?;
-                Ok(updated == 1)
+                outbox_statements!(mark_delivered, self, id, owner, now, [])
             }
 
             fn mark_failed(
@@ -269,59 +331,276 @@ macro_rules! impl_outbox_store {
                 now: NaiveDateTime,
                 retry_at: Option<NaiveDateTime>,
             ) -> QueryResult<()> {
-                use crate::schema::outbox::dsl as o;
                 use diesel::prelude::*;
-                let target = o::outbox.filter(o::id.eq(id)).filter(o::lease_owner.eq(owner));
-                let released = (
-                    o::attempts.eq(attempts),
-                    o::last_error.eq(error),
-                    o::lease_owner.eq(None::<&str>),
-                    o::lease_until.eq(None::<NaiveDateTime>),
-                );
-                match retry_at {
-                    Some(at) => diesel::update(target).set((released, o::available_at.eq(at))).execute(self)?,
-                    None => diesel::update(target).set((released, o::parked_at.eq(now))).execute(self)?,
-                };
-                Ok(())
+                outbox_statements!(
+                    mark_failed,
+                    self,
+                    id,
+                    owner,
+                    attempts,
+                    error,
+                    now,
+                    retry_at,
+                    []
+                )
             }
 
             fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>> {
-                use crate::schema::outbox::dsl as o;
                 use diesel::prelude::*;
-                o::outbox
-                    .filter(o::parked_at.is_not_null())
-                    .order(o::id)
-                    .select((o::id, o::message_id, o::topic, o::payload, o::job_key, o::attempts))
-                    .load(self)
+                outbox_statements!(parked, self, [])
             }
 
-            fn retry_parked(&mut self, message_id: Option<&str>, now: NaiveDateTime) -> QueryResult<usize> {
-                use crate::schema::outbox::dsl as o;
+            fn retry_parked(
+                &mut self,
+                message_id: Option<&str>,
+                now: NaiveDateTime,
+            ) -> QueryResult<usize> {
                 use diesel::prelude::*;
-                let reset = (
-                    o::parked_at.eq(None::<NaiveDateTime>),
-                    o::attempts.eq(0),
-                    o::available_at.eq(now),
-                );
-                let parked = o::outbox.filter(o::parked_at.is_not_null());
-                match message_id {
-                    Some(id) => diesel::update(parked.filter(o::message_id.eq(id))).set(reset).execute(self),
-                    None => diesel::update(parked).set(reset).execute(self),
-                }
+                outbox_statements!(retry_parked, self, message_id, now, [])
             }
 
             fn prune_delivered(&mut self, before: NaiveDateTime, limit: i64) -> QueryResult<usize> {
                 use diesel::prelude::*;
-                diesel::sql_query($prune)
-                    .bind::<diesel::sql_types::Timestamp, _>(before)
-                    .bind::<diesel::sql_types::BigInt, _>(limit)
-                    .execute(self)
+                outbox_statements!(prune_delivered, self, $prune, before, limit, [])
             }
         }
     };
-    (@lock skip_locked, $query:expr) => { $query.for_update().skip_locked() };
-    // SQLite: the lease runs in `BEGIN IMMEDIATE`, so one relay leases at a time.
-    (@lock plain, $query:expr) => { $query };
+}
+
+#[cfg(feature = "async")]
+pub use asynchronous::{AsyncOutboxStore, parked_async, prune_delivered_async, retry_parked_async};
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use std::future::Future;
+
+    use super::*;
+    use crate::AsyncJobStore;
+    use crate::asynchronous::retry_transient_async;
+
+    /// [`OutboxStore`] for async connections.
+    pub trait AsyncOutboxStore: AsyncJobStore {
+        /// Leases up to `limit` pending messages to `owner` until `until`, in one short transaction.
+        fn lease(
+            &mut self,
+            owner: &str,
+            now: NaiveDateTime,
+            until: NaiveDateTime,
+            limit: i64,
+        ) -> impl Future<Output = QueryResult<Vec<OutboxMessage>>> + Send;
+        /// Marks a message delivered, if `owner` still holds its lease.
+        fn mark_delivered(
+            &mut self,
+            id: i64,
+            owner: &str,
+            now: NaiveDateTime,
+        ) -> impl Future<Output = QueryResult<bool>> + Send;
+        /// Records a failed delivery: back off until `retry_at`, or park when it is `None`.
+        fn mark_failed(
+            &mut self,
+            id: i64,
+            owner: &str,
+            attempts: i32,
+            error: &str,
+            now: NaiveDateTime,
+            retry_at: Option<NaiveDateTime>,
+        ) -> impl Future<Output = QueryResult<()>> + Send;
+        /// Parked messages, oldest first.
+        fn parked(&mut self) -> impl Future<Output = QueryResult<Vec<OutboxMessage>>> + Send;
+        /// Un-parks messages (all, or the one with `message_id`).
+        fn retry_parked(
+            &mut self,
+            message_id: Option<&str>,
+            now: NaiveDateTime,
+        ) -> impl Future<Output = QueryResult<usize>> + Send;
+        /// Deletes up to `limit` messages delivered before `before`.
+        fn prune_delivered(
+            &mut self,
+            before: NaiveDateTime,
+            limit: i64,
+        ) -> impl Future<Output = QueryResult<usize>> + Send;
+    }
+
+    #[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
+    macro_rules! impl_async_outbox_store {
+        ($conn:ty, lock: $lock:ident, prune: $prune:expr) => {
+            impl AsyncOutboxStore for $conn {
+                async fn lease(
+                    &mut self,
+                    owner: &str,
+                    now: NaiveDateTime,
+                    until: NaiveDateTime,
+                    limit: i64,
+                ) -> QueryResult<Vec<OutboxMessage>> {
+                    use diesel::prelude::*;
+                    use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
+                    AsyncJobStore::begin_job(self).await?;
+                    let leased: QueryResult<Vec<OutboxMessage>> =
+                        async { outbox_statements!(lease, self, owner, now, until, limit, $lock, [.await]) }.await;
+                    match leased {
+                        Ok(messages) => {
+                            <Self as AsyncConnection>::TransactionManager::commit_transaction(self).await?;
+                            Ok(messages)
+                        }
+                        Err(error) => {
+                            let _ = <Self as AsyncConnection>::TransactionManager::rollback_transaction(self).await;
+                            Err(error)
+                        }
+                    }
+                }
+
+                async fn mark_delivered(&mut self, id: i64, owner: &str, now: NaiveDateTime) -> QueryResult<bool> {
+                    use diesel::prelude::*;
+                    use diesel_async::RunQueryDsl;
+                    outbox_statements!(mark_delivered, self, id, owner, now, [.await])
+                }
+
+                async fn mark_failed(
+                    &mut self,
+                    id: i64,
+                    owner: &str,
+                    attempts: i32,
+                    error: &str,
+                    now: NaiveDateTime,
+                    retry_at: Option<NaiveDateTime>,
+                ) -> QueryResult<()> {
+                    use diesel::prelude::*;
+                    use diesel_async::RunQueryDsl;
+                    outbox_statements!(mark_failed, self, id, owner, attempts, error, now, retry_at, [.await])
+                }
+
+                async fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>> {
+                    use diesel::prelude::*;
+                    use diesel_async::RunQueryDsl;
+                    outbox_statements!(parked, self, [.await])
+                }
+
+                async fn retry_parked(&mut self, message_id: Option<&str>, now: NaiveDateTime) -> QueryResult<usize> {
+                    use diesel::prelude::*;
+                    use diesel_async::RunQueryDsl;
+                    outbox_statements!(retry_parked, self, message_id, now, [.await])
+                }
+
+                async fn prune_delivered(&mut self, before: NaiveDateTime, limit: i64) -> QueryResult<usize> {
+                    use diesel_async::RunQueryDsl;
+                    outbox_statements!(prune_delivered, self, $prune, before, limit, [.await])
+                }
+            }
+        };
+    }
+
+    #[cfg(feature = "async-postgres")]
+    impl_async_outbox_store!(diesel_async::AsyncPgConnection, lock: skip_locked, prune: prune_sql::POSTGRES);
+    #[cfg(feature = "async-mysql")]
+    impl_async_outbox_store!(diesel_async::AsyncMysqlConnection, lock: skip_locked, prune: prune_sql::MYSQL);
+
+    /// SQLite through diesel-async: the sync statements on the wrapper's blocking thread.
+    #[cfg(feature = "async-sqlite")]
+    impl AsyncOutboxStore
+        for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+            diesel::sqlite::SqliteConnection,
+        >
+    {
+        async fn lease(
+            &mut self,
+            owner: &str,
+            now: NaiveDateTime,
+            until: NaiveDateTime,
+            limit: i64,
+        ) -> QueryResult<Vec<OutboxMessage>> {
+            let owner = owner.to_owned();
+            self.spawn_blocking(move |conn| OutboxStore::lease(conn, &owner, now, until, limit))
+                .await
+        }
+
+        async fn mark_delivered(
+            &mut self,
+            id: i64,
+            owner: &str,
+            now: NaiveDateTime,
+        ) -> QueryResult<bool> {
+            let owner = owner.to_owned();
+            self.spawn_blocking(move |conn| OutboxStore::mark_delivered(conn, id, &owner, now))
+                .await
+        }
+
+        async fn mark_failed(
+            &mut self,
+            id: i64,
+            owner: &str,
+            attempts: i32,
+            error: &str,
+            now: NaiveDateTime,
+            retry_at: Option<NaiveDateTime>,
+        ) -> QueryResult<()> {
+            let (owner, error) = (owner.to_owned(), error.to_owned());
+            self.spawn_blocking(move |conn| {
+                OutboxStore::mark_failed(conn, id, &owner, attempts, &error, now, retry_at)
+            })
+            .await
+        }
+
+        async fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>> {
+            self.spawn_blocking(OutboxStore::parked).await
+        }
+
+        async fn retry_parked(
+            &mut self,
+            message_id: Option<&str>,
+            now: NaiveDateTime,
+        ) -> QueryResult<usize> {
+            let message_id = message_id.map(str::to_owned);
+            self.spawn_blocking(move |conn| {
+                OutboxStore::retry_parked(conn, message_id.as_deref(), now)
+            })
+            .await
+        }
+
+        async fn prune_delivered(
+            &mut self,
+            before: NaiveDateTime,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            self.spawn_blocking(move |conn| OutboxStore::prune_delivered(conn, before, limit))
+                .await
+        }
+    }
+
+    /// [`parked`](super::parked) through an async connection.
+    pub async fn parked_async<C: AsyncOutboxStore>(
+        conn: &mut C,
+    ) -> Result<Vec<OutboxMessage>, Error> {
+        retry_transient_async::<C, _>(async || conn.parked().await)
+            .await
+            .map_err(Error::Outbox)
+    }
+
+    /// [`retry_parked`](super::retry_parked) through an async connection.
+    pub async fn retry_parked_async<C: AsyncOutboxStore>(
+        conn: &mut C,
+        message_id: Option<&str>,
+    ) -> Result<usize, Error> {
+        let now = chrono::Utc::now().naive_utc();
+        retry_transient_async::<C, _>(async || conn.retry_parked(message_id, now).await)
+            .await
+            .map_err(Error::Outbox)
+    }
+
+    /// [`prune_delivered`](super::prune_delivered) through an async connection.
+    pub async fn prune_delivered_async<C: AsyncOutboxStore>(
+        conn: &mut C,
+        older_than: Duration,
+        options: &Prune,
+    ) -> Result<PruneReport, Error> {
+        let before = chrono::Utc::now().naive_utc()
+            - chrono::TimeDelta::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX);
+        crate::prune::in_batches_async(options, async |limit| {
+            retry_transient_async::<C, _>(async || conn.prune_delivered(before, limit).await)
+                .await
+                .map_err(Error::Outbox)
+        })
+        .await
+    }
 }
 
 /// Commits or rolls back the lease's transaction.
@@ -343,26 +622,23 @@ fn finish<C: JobStore, T>(
     }
 }
 
+/// One batch of deleting delivered messages, per backend.
+#[allow(dead_code)] // used by the backends that are compiled in
+mod prune_sql {
+    pub const SQLITE: &str = "DELETE FROM outbox WHERE id IN \
+        (SELECT id FROM outbox WHERE delivered_at <= ? ORDER BY delivered_at LIMIT ?)";
+    pub const POSTGRES: &str = "DELETE FROM outbox WHERE id IN \
+        (SELECT id FROM outbox WHERE delivered_at <= $1 ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    pub const MYSQL: &str =
+        "DELETE FROM outbox WHERE delivered_at <= ? ORDER BY delivered_at LIMIT ?";
+}
+
 #[cfg(feature = "sqlite")]
-impl_outbox_store!(
-    diesel::sqlite::SqliteConnection,
-    lock: plain,
-    prune: "DELETE FROM outbox WHERE id IN \
-        (SELECT id FROM outbox WHERE delivered_at <= ? ORDER BY delivered_at LIMIT ?)"
-);
+impl_outbox_store!(diesel::sqlite::SqliteConnection, lock: plain, prune: prune_sql::SQLITE);
 #[cfg(feature = "postgres")]
-impl_outbox_store!(
-    diesel::pg::PgConnection,
-    lock: skip_locked,
-    prune: "DELETE FROM outbox WHERE id IN \
-        (SELECT id FROM outbox WHERE delivered_at <= $1 ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
-);
+impl_outbox_store!(diesel::pg::PgConnection, lock: skip_locked, prune: prune_sql::POSTGRES);
 #[cfg(feature = "mysql")]
-impl_outbox_store!(
-    diesel::mysql::MysqlConnection,
-    lock: skip_locked,
-    prune: "DELETE FROM outbox WHERE delivered_at <= ? ORDER BY delivered_at LIMIT ?"
-);
+impl_outbox_store!(diesel::mysql::MysqlConnection, lock: skip_locked, prune: prune_sql::MYSQL);
 
 /// Messages parked after too many failed deliveries, oldest first.
 pub fn parked<C: OutboxStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
@@ -423,6 +699,67 @@ pub struct RelayReport {
     /// Deliveries whose lease had lapsed and been taken by another relay before they were marked:
     /// the message may reach its receiver twice, which its id lets the receiver drop.
     pub lease_lost: u64,
+}
+
+/// What a relay records after one delivery.
+enum After {
+    Delivered {
+        at: NaiveDateTime,
+    },
+    Failed {
+        attempts: i32,
+        error: String,
+        at: NaiveDateTime,
+        /// `None`: park the message.
+        retry_at: Option<NaiveDateTime>,
+    },
+}
+
+impl RelayReport {
+    fn leased(batch: &[OutboxMessage]) -> Self {
+        Self {
+            leased: batch.len() as u64,
+            ..Self::default()
+        }
+    }
+
+    /// Counts one delivery; `held` is whether the relay still held the message's lease.
+    fn count(&mut self, message: &OutboxMessage, after: &After, held: bool) {
+        let message_id = message.message_id();
+        match after {
+            After::Delivered { .. } if held => self.delivered += 1,
+            After::Delivered { .. } => {
+                self.lease_lost += 1;
+                tracing::warn!(
+                    message_id,
+                    "delivered after the lease lapsed; another relay may send it again"
+                );
+            }
+            After::Failed {
+                attempts,
+                error,
+                retry_at: None,
+                ..
+            } => {
+                self.parked += 1;
+                tracing::warn!(message_id, attempts, %error, "outbox message parked");
+            }
+            After::Failed {
+                attempts, error, ..
+            } => {
+                self.failed += 1;
+                tracing::info!(message_id, attempts, %error, "outbox delivery failed; will retry");
+            }
+        }
+    }
+
+    fn add(&mut self, other: &RelayReport) {
+        self.leased += other.leased;
+        self.delivered += other.delivered;
+        self.failed += other.failed;
+        self.parked += other.parked;
+        self.lease_lost += other.lease_lost;
+    }
 }
 
 impl Relay {
@@ -486,58 +823,29 @@ impl Relay {
         E: fmt::Display,
         F: FnMut(&OutboxMessage) -> Result<(), E>,
     {
-        let now = chrono::Utc::now().naive_utc();
-        let until = now + chrono::TimeDelta::from_std(self.lease).unwrap_or(chrono::TimeDelta::MAX);
-        let batch = retry_transient::<C, _>(|| {
-            conn.lease(&self.owner, now, until, i64::from(self.batch_size))
-        })
-        .map_err(Error::Outbox)?;
-        let mut report = RelayReport {
-            leased: batch.len() as u64,
-            ..RelayReport::default()
-        };
+        let (now, until) = self.lease_window();
+        let limit = i64::from(self.batch_size);
+        let batch = retry_transient::<C, _>(|| conn.lease(&self.owner, now, until, limit))
+            .map_err(Error::Outbox)?;
+        let mut report = RelayReport::leased(&batch);
         for message in &batch {
-            match deliver(message) {
-                Ok(()) => {
-                    let now = chrono::Utc::now().naive_utc();
-                    if retry_transient::<C, _>(|| conn.mark_delivered(message.id, &self.owner, now))
-                        .map_err(Error::Outbox)?
-                    {
-                        report.delivered += 1;
-                    } else {
-                        report.lease_lost += 1;
-                        tracing::warn!(
-                            message_id = message.message_id(),
-                            "delivered after the lease lapsed; another relay may send it again"
-                        );
-                    }
+            let after = self.after_delivery(message, deliver(message));
+            let held = match &after {
+                After::Delivered { at } => {
+                    retry_transient::<C, _>(|| conn.mark_delivered(message.id, &self.owner, *at))
                 }
-                Err(error) => {
-                    let attempts = message.attempts + 1;
-                    let now = chrono::Utc::now().naive_utc();
-                    let park = u32::try_from(attempts).unwrap_or(u32::MAX) >= self.max_attempts;
-                    let retry_at = (!park).then(|| now + self.delay(attempts));
-                    let error_text = error.to_string();
-                    retry_transient::<C, _>(|| {
-                        conn.mark_failed(
-                            message.id,
-                            &self.owner,
-                            attempts,
-                            &error_text,
-                            now,
-                            retry_at,
-                        )
-                    })
-                    .map_err(Error::Outbox)?;
-                    if park {
-                        report.parked += 1;
-                        tracing::warn!(message_id = message.message_id(), attempts, %error, "outbox message parked");
-                    } else {
-                        report.failed += 1;
-                        tracing::info!(message_id = message.message_id(), attempts, %error, "outbox delivery failed; will retry");
-                    }
-                }
+                After::Failed {
+                    attempts,
+                    error,
+                    at,
+                    retry_at,
+                } => retry_transient::<C, _>(|| {
+                    conn.mark_failed(message.id, &self.owner, *attempts, error, *at, *retry_at)
+                })
+                .map(|()| true),
             }
+            .map_err(Error::Outbox)?;
+            report.count(message, &after, held);
         }
         Ok(report)
     }
@@ -552,13 +860,108 @@ impl Relay {
         let mut total = RelayReport::default();
         loop {
             let report = self.run_once(conn, &mut deliver)?;
-            total.leased += report.leased;
-            total.delivered += report.delivered;
-            total.failed += report.failed;
-            total.parked += report.parked;
-            total.lease_lost += report.lease_lost;
+            total.add(&report);
             if report.leased == 0 {
                 return Ok(total);
+            }
+        }
+    }
+
+    /// [`run_once`](Self::run_once) through an async connection, with an async delivery function.
+    #[cfg(feature = "async")]
+    pub async fn run_once_async<C, E, F>(
+        &self,
+        conn: &mut C,
+        mut deliver: F,
+    ) -> Result<RelayReport, Error>
+    where
+        C: AsyncOutboxStore,
+        E: fmt::Display,
+        F: AsyncFnMut(&OutboxMessage) -> Result<(), E>,
+    {
+        let (now, until) = self.lease_window();
+        let limit = i64::from(self.batch_size);
+        let batch = crate::asynchronous::retry_transient_async::<C, _>(async || {
+            conn.lease(&self.owner, now, until, limit).await
+        })
+        .await
+        .map_err(Error::Outbox)?;
+        let mut report = RelayReport::leased(&batch);
+        for message in &batch {
+            let after = self.after_delivery(message, deliver(message).await);
+            let held = match &after {
+                After::Delivered { at } => {
+                    crate::asynchronous::retry_transient_async::<C, _>(async || {
+                        conn.mark_delivered(message.id, &self.owner, *at).await
+                    })
+                    .await
+                }
+                After::Failed {
+                    attempts,
+                    error,
+                    at,
+                    retry_at,
+                } => crate::asynchronous::retry_transient_async::<C, _>(async || {
+                    conn.mark_failed(message.id, &self.owner, *attempts, error, *at, *retry_at)
+                        .await
+                })
+                .await
+                .map(|()| true),
+            }
+            .map_err(Error::Outbox)?;
+            report.count(message, &after, held);
+        }
+        Ok(report)
+    }
+
+    /// [`drain`](Self::drain) through an async connection, with an async delivery function.
+    #[cfg(feature = "async")]
+    pub async fn drain_async<C, E, F>(
+        &self,
+        conn: &mut C,
+        mut deliver: F,
+    ) -> Result<RelayReport, Error>
+    where
+        C: AsyncOutboxStore,
+        E: fmt::Display,
+        F: AsyncFnMut(&OutboxMessage) -> Result<(), E>,
+    {
+        let mut total = RelayReport::default();
+        loop {
+            let report = self.run_once_async(conn, &mut deliver).await?;
+            total.add(&report);
+            if report.leased == 0 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Now, and the end of a lease taken now.
+    fn lease_window(&self) -> (NaiveDateTime, NaiveDateTime) {
+        let now = chrono::Utc::now().naive_utc();
+        let until = now + chrono::TimeDelta::from_std(self.lease).unwrap_or(chrono::TimeDelta::MAX);
+        (now, until)
+    }
+
+    /// What to record after delivering `message`: delivered, or failed and when to try again
+    /// (`None`: park it).
+    fn after_delivery<E: fmt::Display>(
+        &self,
+        message: &OutboxMessage,
+        delivered: Result<(), E>,
+    ) -> After {
+        let at = chrono::Utc::now().naive_utc();
+        match delivered {
+            Ok(()) => After::Delivered { at },
+            Err(error) => {
+                let attempts = message.attempts + 1;
+                let park = u32::try_from(attempts).unwrap_or(u32::MAX) >= self.max_attempts;
+                After::Failed {
+                    attempts,
+                    error: error.to_string(),
+                    at,
+                    retry_at: (!park).then(|| at + self.delay(attempts)),
+                }
             }
         }
     }

@@ -104,12 +104,25 @@ pub async fn prune_async<C: crate::AsyncJobStore>(
     options: &Prune,
 ) -> Result<PruneReport, Error> {
     let now = chrono::Utc::now().naive_utc();
+    in_batches_async(options, async |limit| {
+        crate::asynchronous::retry_transient_async::<C, _>(async || {
+            conn.prune_lapsed(now, limit).await
+        })
+        .await
+        .map_err(Error::Prune)
+    })
+    .await
+}
+
+/// [`in_batches`] with an async batch, pausing without blocking the runtime.
+#[cfg(feature = "async")]
+pub(crate) async fn in_batches_async(
+    options: &Prune,
+    mut batch: impl AsyncFnMut(i64) -> Result<usize, Error>,
+) -> Result<PruneReport, Error> {
     let mut report = PruneReport::default();
     loop {
-        let removed = conn
-            .prune_lapsed(now, i64::from(options.batch_size))
-            .await
-            .map_err(Error::Prune)?;
+        let removed = batch(i64::from(options.batch_size)).await?;
         report.record(removed);
         if report.done(removed, options) {
             return Ok(report);

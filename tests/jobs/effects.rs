@@ -63,7 +63,7 @@ fn send_receipt<C: TestConn + OutboxStore>(
 }
 
 /// Delivers an outbox message to the service, which acts on each message id once.
-fn deliver(service: &str, message: &outbox::OutboxMessage) -> Result<(), String> {
+pub(crate) fn deliver(service: &str, message: &outbox::OutboxMessage) -> Result<(), String> {
     match receiver::post(
         service,
         "/messages",
@@ -308,13 +308,26 @@ where
         reports[1].delivered,
         ledger.duplicates_dropped
     ));
-    assert_eq!(ledger.messages.len(), MESSAGES);
+    each_delivered_once(&ledger, &reports, MESSAGES);
+}
+
+/// What relays sharing one outbox of `messages` messages must have done: every message reached
+/// the service once, none was handed to two relays, and no lease lapsed.
+pub(crate) fn each_delivered_once(
+    ledger: &receiver::Ledger,
+    reports: &[outbox::RelayReport],
+    messages: usize,
+) {
+    assert_eq!(ledger.messages.len(), messages);
     assert_eq!(
-        ledger.deliveries, MESSAGES as u64,
+        ledger.deliveries, messages as u64,
         "no message was delivered twice"
     );
     assert_eq!(ledger.duplicates_dropped, 0);
-    assert_eq!(reports[0].delivered + reports[1].delivered, MESSAGES as u64);
+    assert_eq!(
+        reports.iter().map(|r| r.delivered).sum::<u64>(),
+        messages as u64
+    );
     assert!(reports.iter().all(|r| r.lease_lost == 0));
 }
 

@@ -313,6 +313,9 @@ mod asynchronous {
         fn done_rows(
             &mut self,
         ) -> impl Future<Output = QueryResult<Vec<(String, String, Option<String>)>>> + Send;
+        fn outbox_rows(
+            &mut self,
+        ) -> impl Future<Output = QueryResult<Vec<(String, Option<String>)>>> + Send;
     }
 
     macro_rules! impl_async_test_conn {
@@ -340,6 +343,10 @@ mod asynchronous {
 
                 async fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>> {
                     test_queries!(done_rows, self, [.await])
+                }
+
+                async fn outbox_rows(&mut self) -> QueryResult<Vec<(String, Option<String>)>> {
+                    test_queries!(outbox_rows, self, [.await])
                 }
             }
         };

@@ -3,6 +3,8 @@
 //! diesel-async's `SyncConnectionWrapper<SqliteConnection>`, `AsyncPgConnection` and
 //! `AsyncMysqlConnection`. `scripts/test` turns them all on.
 
+#[cfg(feature = "async")]
+mod async_effects;
 mod backends;
 mod behaviour;
 #[cfg(feature = "async")]
@@ -142,12 +144,13 @@ macro_rules! backend_tests {
     };
 }
 
-/// What only async connections can do wrong: be dropped mid-transaction.
+/// What only async connections can do wrong (be dropped mid-transaction), and the outbox
+/// relayed through them.
 #[allow(unused_macros)] // used when an async feature is on
 macro_rules! async_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
-            use crate::cancellation;
+            use crate::{async_effects, cancellation};
 
             #[test]
             fn dropped_job_never_commits() {
@@ -168,11 +171,32 @@ macro_rules! async_tests {
             fn job_futures_are_send() {
                 cancellation::job_futures_are_send::<$backend, _>();
             }
+
+            #[test]
+            fn async_relay_delivers_each_message_once() {
+                async_effects::async_relay_delivers_each_message_once::<$backend, _>();
+            }
+
+            #[test]
+            fn two_async_relays_deliver_no_message_twice() {
+                async_effects::two_async_relays_deliver_no_message_twice::<$backend, _>();
+            }
+
+            #[test]
+            fn failing_async_deliveries_park_then_retry() {
+                async_effects::failing_async_deliveries_park_then_retry::<$backend, _>();
+            }
+
+            #[test]
+            fn failed_async_job_leaves_no_message() {
+                async_effects::failed_async_job_leaves_no_message::<$backend, _>();
+            }
         }
     };
 }
 
-/// Effects beyond the database, for the sync connection types (the relay is sync).
+/// Effects beyond the database, for the sync connection types (killed workers and relays are
+/// child processes; `async_tests` covers the async relay).
 #[allow(unused_macros)] // used when a sync backend's feature is on
 macro_rules! effects_tests {
     ($module:ident, $backend:ty) => {

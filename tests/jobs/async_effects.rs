@@ -1,0 +1,211 @@
+//! The outbox end to end through async connections: an async job pushes, an async relay delivers
+//! to the loopback service, two async relays share one outbox, failures back off and park.
+//! Written once for every async backend (see `main.rs`).
+
+use std::sync::Barrier;
+use std::time::Duration;
+
+use idempotent::idempotent_job;
+use idempotent::outbox::{self, AsyncOutboxStore, Relay, RelayReport};
+
+use crate::backends::{AsyncConn, Backend};
+use crate::effects::{deliver, each_delivered_once};
+use crate::handlers::{AsyncTestConn, TestError};
+use crate::harness::Db;
+use crate::receiver::Service;
+
+/// Queues a receipt for an order through the outbox: `effects::send_receipt` as an async job, so
+/// it shares that job's name as well as its key.
+#[idempotent_job(key = "receipt:<order_id>", name = "send_receipt")]
+async fn send_receipt_async<C: AsyncTestConn + AsyncOutboxStore>(
+    conn: &mut C,
+    order_id: &str,
+) -> Result<String, TestError> {
+    Ok(outbox::push_async(
+        conn,
+        "receipt",
+        &serde_json::json!({ "order_id": order_id }),
+    )
+    .await?)
+}
+
+/// Runs a job twice, relays its one message to the service, and prunes it once delivered.
+pub fn async_relay_delivers_each_message_once<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + AsyncOutboxStore,
+{
+    let service = Service::start();
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    runtime.block_on(async {
+        let first = send_receipt_async(&mut conn, "order-1").await.unwrap();
+        let second = send_receipt_async(&mut conn, "order-1").await.unwrap();
+        assert_eq!(
+            first, second,
+            "the replay returns the first run's message id"
+        );
+        assert_eq!(
+            conn.outbox_rows().await.unwrap(),
+            [(first.clone(), Some("receipt:order-1".to_owned()))],
+            "one message for two runs"
+        );
+
+        let addr = service.addr();
+        let relay = Relay::new();
+        let report = relay
+            .drain_async(&mut conn, async |message| deliver(&addr, message))
+            .await
+            .unwrap();
+        assert_eq!((report.leased, report.delivered), (1, 1));
+        let again = relay
+            .drain_async(&mut conn, async |message| deliver(&addr, message))
+            .await
+            .unwrap();
+        assert_eq!(again.leased, 0, "a delivered message is not sent again");
+
+        let pruned = outbox::prune_delivered_async(
+            &mut conn,
+            Duration::ZERO,
+            &idempotent::Prune::default().batch_size(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!((pruned.removed, pruned.batches), (1, 2));
+        assert!(conn.outbox_rows().await.unwrap().is_empty());
+    });
+    let ledger = service.ledger();
+    assert_eq!(ledger.deliveries, 1);
+    assert_eq!(ledger.messages.len(), 1);
+}
+
+/// Two async relays, each on its own connection and runtime, drain one outbox at once: no
+/// message is handed to both.
+pub fn two_async_relays_deliver_no_message_twice<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + AsyncOutboxStore,
+{
+    const MESSAGES: usize = 120;
+    let service = Service::start();
+    let db = Db::<B>::fresh();
+    {
+        let AsyncConn { runtime, mut conn } = db.connect();
+        runtime.block_on(async {
+            for n in 0..MESSAGES {
+                send_receipt_async(&mut conn, &format!("order-{n}"))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    let barrier = Barrier::new(2);
+    let reports: Vec<RelayReport> = std::thread::scope(|scope| {
+        let relays: Vec<_> = (0..2)
+            .map(|_| {
+                let (db, barrier, addr) = (&db, &barrier, service.addr());
+                scope.spawn(move || {
+                    let AsyncConn { runtime, mut conn } = db.connect();
+                    barrier.wait();
+                    runtime
+                        .block_on(
+                            Relay::new()
+                                .batch_size(7)
+                                .drain_async(&mut conn, async |message| deliver(&addr, message)),
+                        )
+                        .expect("a relay")
+                })
+            })
+            .collect();
+        relays
+            .into_iter()
+            .map(|r| r.join().expect("relay thread"))
+            .collect()
+    });
+    each_delivered_once(&service.ledger(), &reports, MESSAGES);
+}
+
+/// A delivery that keeps failing is parked after its last attempt, is listed, and goes out after
+/// a retry by hand.
+pub fn failing_async_deliveries_park_then_retry<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + AsyncOutboxStore,
+{
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    runtime.block_on(async {
+        let id = send_receipt_async(&mut conn, "order-1").await.unwrap();
+        let relay = Relay::new()
+            .max_attempts(3)
+            .backoff(Duration::ZERO, Duration::ZERO);
+        let mut attempts = 0;
+        let report = relay
+            .drain_async(&mut conn, async |_| {
+                attempts += 1;
+                Err("the mail server is down")
+            })
+            .await
+            .unwrap();
+        assert_eq!((attempts, report.failed, report.parked), (3, 2, 1));
+        let parked = outbox::parked_async(&mut conn).await.unwrap();
+        assert_eq!(parked.len(), 1);
+        assert_eq!(
+            (parked[0].message_id(), parked[0].attempts()),
+            (id.as_str(), 3)
+        );
+        let idle = relay
+            .drain_async(&mut conn, async |_| Ok::<_, String>(()))
+            .await
+            .unwrap();
+        assert_eq!(idle.leased, 0, "parked stays parked");
+
+        assert_eq!(
+            outbox::retry_parked_async(&mut conn, Some(&id))
+                .await
+                .unwrap(),
+            1
+        );
+        let mut sent = Vec::new();
+        let report = relay
+            .drain_async(&mut conn, async |message| {
+                sent.push(message.message_id().to_owned());
+                Ok::<_, String>(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.delivered, 1);
+        assert_eq!(sent, [id]);
+        assert!(outbox::parked_async(&mut conn).await.unwrap().is_empty());
+    });
+}
+
+/// A job that fails leaves no message behind, so the relay has nothing to send.
+pub fn failed_async_job_leaves_no_message<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + AsyncOutboxStore,
+{
+    #[idempotent_job(key = "notice:<order_id>")]
+    async fn notify_then_fail<C: AsyncTestConn + AsyncOutboxStore>(
+        conn: &mut C,
+        order_id: &str,
+    ) -> Result<(), TestError> {
+        outbox::push_async(conn, "notice", order_id).await?;
+        Err(TestError::Declined)
+    }
+
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    runtime.block_on(async {
+        let error = notify_then_fail(&mut conn, "order-1").await.unwrap_err();
+        assert!(matches!(error, TestError::Declined), "{error:?}");
+        assert!(conn.outbox_rows().await.unwrap().is_empty());
+        let report = Relay::new()
+            .drain_async(&mut conn, async |_| Ok::<_, String>(()))
+            .await
+            .unwrap();
+        assert_eq!(report.leased, 0);
+        assert_eq!(conn.count_done().await.unwrap(), 0);
+    });
+}
