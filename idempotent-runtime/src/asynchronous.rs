@@ -223,17 +223,50 @@ struct OpenTransaction<'a, Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &
 
 impl<Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &mut C> OpenTransaction<'_, Conn, C, S> {
     async fn commit(&mut self, call: &Call) -> Result<(), Error> {
-        let result = C::TransactionManager::commit_transaction((self.store)(&mut *self.conn)).await;
-        self.finished = true;
-        result.map_err(|e| call.database(Step::Commit, e))
+        self.end(true)
+            .await
+            .map_err(|e| call.database(Step::Commit, e))
     }
 
     async fn rollback(&mut self, call: &Call) {
-        let result =
-            C::TransactionManager::rollback_transaction((self.store)(&mut *self.conn)).await;
-        self.finished = true;
-        if let Err(error) = result {
+        if let Err(error) = self.end(false).await {
             tracing::error!(job = call.job.name(), %error, "rolling back the job's transaction failed");
+        }
+    }
+
+    /// Commits or rolls back; either way the transaction is over, and dropping `self` is harmless.
+    async fn end(&mut self, commit: bool) -> QueryResult<()> {
+        let conn = (self.store)(&mut *self.conn);
+        let result = if commit {
+            C::TransactionManager::commit_transaction(conn).await
+        } else {
+            C::TransactionManager::rollback_transaction(conn).await
+        };
+        self.finished = true;
+        result
+    }
+}
+
+/// Runs `statements` in a short transaction of their own (a savepoint inside the caller's),
+/// guarded as a job's is: a future dropped before the end marks the connection broken instead of
+/// leaving the transaction open for whatever runs next on it. For the runtime's own transactions
+/// outside a job, such as the outbox relay's lease.
+pub(crate) async fn in_guarded_transaction<C: AsyncJobStore, T>(
+    conn: &mut C,
+    statements: impl AsyncFnOnce(&mut C) -> QueryResult<T>,
+) -> QueryResult<T> {
+    conn.begin_job().await?;
+    let reach: fn(&mut C) -> &mut C = itself;
+    let mut open = OpenTransaction {
+        conn,
+        store: &reach,
+        finished: false,
+    };
+    match statements(&mut *open.conn).await {
+        Ok(value) => open.end(true).await.map(|()| value),
+        Err(error) => {
+            let _ = open.end(false).await;
+            Err(error)
         }
     }
 }
@@ -246,7 +279,7 @@ impl<Conn: ?Sized, C: AsyncJobStore, S: Fn(&mut Conn) -> &mut C> Drop
             let conn = (self.store)(&mut *self.conn);
             C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
             tracing::warn!(
-                "a job was dropped inside its transaction; its connection is marked broken and will not be reused"
+                "a job (or an outbox lease) was dropped inside its transaction; its connection is marked broken and will not be reused"
             );
         }
     }

@@ -433,20 +433,11 @@ mod asynchronous {
                     limit: i64,
                 ) -> QueryResult<Vec<OutboxMessage>> {
                     use diesel::prelude::*;
-                    use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
-                    AsyncJobStore::begin_job(self).await?;
-                    let leased: QueryResult<Vec<OutboxMessage>> =
-                        async { outbox_statements!(lease, self, owner, now, until, limit, $lock, [.await]) }.await;
-                    match leased {
-                        Ok(messages) => {
-                            <Self as AsyncConnection>::TransactionManager::commit_transaction(self).await?;
-                            Ok(messages)
-                        }
-                        Err(error) => {
-                            let _ = <Self as AsyncConnection>::TransactionManager::rollback_transaction(self).await;
-                            Err(error)
-                        }
-                    }
+                    use diesel_async::RunQueryDsl;
+                    crate::asynchronous::in_guarded_transaction(self, async |conn| {
+                        outbox_statements!(lease, conn, owner, now, until, limit, $lock, [.await])
+                    })
+                    .await
                 }
 
                 async fn mark_delivered(&mut self, id: i64, owner: &str, now: NaiveDateTime) -> QueryResult<bool> {

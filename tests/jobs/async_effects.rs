@@ -5,6 +5,7 @@
 use std::sync::Barrier;
 use std::time::Duration;
 
+use diesel::QueryResult;
 use idempotent::idempotent_job;
 use idempotent::outbox::{self, AsyncOutboxStore, Relay, RelayReport};
 
@@ -208,4 +209,110 @@ where
         assert_eq!(report.leased, 0);
         assert_eq!(conn.count_done().await.unwrap(), 0);
     });
+}
+
+/// A relay future dropped at any `.await` (a shutdown `select!`, a timeout around a batch) never
+/// leaves its connection inside a transaction for the next batch to run in: afterwards the
+/// connection is either clean or marked broken, never mid-transaction.
+pub fn dropped_relay_never_leaves_a_transaction_open<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + AsyncOutboxStore + TransactionDepth,
+{
+    let db = Db::<B>::fresh();
+    {
+        let AsyncConn { runtime, mut conn } = db.connect();
+        runtime.block_on(async {
+            for n in 0..30 {
+                send_receipt_async(&mut conn, &format!("order-{n}"))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    let (mut finished, mut broken) = (0, 0);
+    for pendings in 1..=12 {
+        let AsyncConn { runtime, mut conn } = db.connect();
+        let relay = Relay::new().batch_size(2);
+        let completed = runtime.block_on(drop_after_pendings(
+            pendings,
+            relay.run_once_async(&mut conn, async |_| Ok::<_, String>(())),
+        ));
+        if completed.is_some() {
+            finished += 1;
+            continue;
+        }
+        match runtime.block_on(conn.transaction_depth()) {
+            Ok(None) => {}
+            Ok(Some(depth)) => panic!(
+                "dropped after {pendings} pendings, the connection was left inside a transaction \
+                 (depth {depth}) for the next batch to run in"
+            ),
+            Err(_) => broken += 1,
+        }
+    }
+    crate::figures::report(&format!(
+        "dropped async relays ({}): 12 drops, {broken} left the connection marked broken, {} clean, {finished} finished first",
+        B::NAME,
+        12 - broken - finished
+    ));
+}
+
+/// Polls `future` until it has been pending `pendings` times, then drops it; `Some` if it finished
+/// first.
+async fn drop_after_pendings<F: std::future::Future>(
+    pendings: u32,
+    future: F,
+) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut left = pendings;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending if left <= 1 => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => {
+            left -= 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// How deep in transactions a connection's transaction manager thinks it is; `Err` when it is
+/// marked broken.
+pub trait TransactionDepth {
+    fn transaction_depth(&mut self) -> impl std::future::Future<Output = QueryResult<Option<u32>>>;
+}
+
+#[allow(unused_macros)] // used when a server-backed async feature is on
+macro_rules! ansi_transaction_depth {
+    ($conn:ty) => {
+        impl TransactionDepth for $conn {
+            async fn transaction_depth(&mut self) -> QueryResult<Option<u32>> {
+                use diesel_async::TransactionManager;
+                diesel_async::AnsiTransactionManager::transaction_manager_status_mut(self)
+                    .transaction_depth()
+                    .map(|depth| depth.map(std::num::NonZeroU32::get))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "async-postgres")]
+ansi_transaction_depth!(diesel_async::AsyncPgConnection);
+#[cfg(feature = "async-mysql")]
+ansi_transaction_depth!(diesel_async::AsyncMysqlConnection);
+
+#[cfg(feature = "async-sqlite")]
+impl TransactionDepth
+    for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+{
+    async fn transaction_depth(&mut self) -> QueryResult<Option<u32>> {
+        self.spawn_blocking(|conn| {
+            use diesel::connection::TransactionManager;
+            diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(conn)
+                .transaction_depth()
+                .map(|depth| depth.map(std::num::NonZeroU32::get))
+        })
+        .await
+    }
 }

@@ -295,7 +295,11 @@ macro_rules! async_backend {
             type Conn = AsyncConn<$conn>;
 
             fn try_connect(url: &str) -> Result<Self::Conn, String> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
+                // Multi-threaded, as `#[tokio::main]` is: diesel-async's SQLite wrapper blocks in
+                // place when a future is dropped mid-statement, which a current-thread runtime
+                // cannot do.
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
                     .enable_all()
                     .build()
                     .map_err(|e| e.to_string())?;

@@ -191,6 +191,11 @@ macro_rules! async_tests {
             fn failed_async_job_leaves_no_message() {
                 async_effects::failed_async_job_leaves_no_message::<$backend, _>();
             }
+
+            #[test]
+            fn dropped_relay_never_leaves_a_transaction_open() {
+                async_effects::dropped_relay_never_leaves_a_transaction_open::<$backend, _>();
+            }
         }
     };
 }
