@@ -1,7 +1,7 @@
 //! `cargo bench --bench jobs`: builds and runs the benchmark program in `idempotent-bench/`.
 //!
 //! The benchmark measures SQLite, PostgreSQL and MariaDB side by side, so it links libpq and
-//! libmysqlclient. It lives in a package of its own so that the `idempotent` package's default
+//! libmysqlclient. It lives in a package of its own so that the `idempotent-jobs` package's default
 //! build (SQLite only) never needs those libraries; this bench target is the front door.
 
 use std::process::{Command, ExitCode};

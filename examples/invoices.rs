@@ -7,7 +7,7 @@
 //! ```
 
 use diesel::prelude::*;
-use idempotent::{JobKey, Outcome, idempotent_job};
+use idempotent_jobs::{JobKey, Outcome, idempotent_job};
 
 diesel::table! {
     invoices (id) {
@@ -21,13 +21,13 @@ diesel::table! {
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
-    Idempotent(#[from] idempotent::Error),
+    Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
 
 /// The example's own data access, written once for every backend it runs on.
-trait InvoiceDb: idempotent::JobStore {
+trait InvoiceDb: idempotent_jobs::JobStore {
     fn create_tables(&mut self) -> QueryResult<()>;
     fn insert_invoice(
         &mut self,
@@ -53,13 +53,13 @@ macro_rules! impl_invoice_db {
                 .execute(self)?;
                 // ...and forget earlier runs of this demo job and its messages.
                 diesel::delete(
-                    idempotent::schema::done_jobs::table
-                        .filter(idempotent::schema::done_jobs::job_name.eq("send_invoice")),
+                    idempotent_jobs::schema::done_jobs::table
+                        .filter(idempotent_jobs::schema::done_jobs::job_name.eq("send_invoice")),
                 )
                 .execute(self)?;
                 diesel::delete(
-                    idempotent::schema::outbox::table
-                        .filter(idempotent::schema::outbox::topic.eq("invoice-email")),
+                    idempotent_jobs::schema::outbox::table
+                        .filter(idempotent_jobs::schema::outbox::topic.eq("invoice-email")),
                 )
                 .execute(self)?;
                 Ok(())
@@ -84,7 +84,9 @@ macro_rules! impl_invoice_db {
             fn counts(&mut self) -> QueryResult<(i64, i64)> {
                 Ok((
                     invoices::table.count().get_result(self)?,
-                    idempotent::schema::outbox::table.count().get_result(self)?,
+                    idempotent_jobs::schema::outbox::table
+                        .count()
+                        .get_result(self)?,
                 ))
             }
         }
@@ -114,19 +116,19 @@ fn create_invoice<C: InvoiceDb>(
     let number = format!("INV-{month}-{customer_id}");
     conn.insert_invoice(&number, customer_id, 12_900)?;
     // Recorded in this job's transaction; a relay sends it after the commit (examples/outbox.rs).
-    idempotent::outbox::push(conn, "invoice-email", &number)?;
+    idempotent_jobs::outbox::push(conn, "invoice-email", &number)?;
     Ok(number)
 }
 
 fn demo<C: InvoiceDb>(conn: &mut C, backend: &str) -> Result<(), AppError> {
-    idempotent::migrate(conn)?;
+    idempotent_jobs::migrate(conn)?;
     conn.create_tables()?;
     println!("backend: {backend}");
 
-    // `#[idempotent_job]` expands to `idempotent::run`; called directly, it also says whether the
+    // `#[idempotent_job]` expands to `idempotent_jobs::run`; called directly, it also says whether the
     // call ran or replayed. Same job name and key as the annotated handler, so they share the claim.
-    static JOB: idempotent::Job =
-        idempotent::Job::new("send_invoice", "invoice:<month>:<customer_id>");
+    static JOB: idempotent_jobs::Job =
+        idempotent_jobs::Job::new("send_invoice", "invoice:<month>:<customer_id>");
     let (month, customer_id) = ("2026-10", "cust_481");
     let key = JobKey::builder()
         .text("invoice:")
@@ -136,7 +138,7 @@ fn demo<C: InvoiceDb>(conn: &mut C, backend: &str) -> Result<(), AppError> {
         .build()
         .expect("the template has a separator between its values");
     for delivery in ["first delivery", "redelivery"] {
-        let outcome: Outcome<String> = idempotent::run(conn, &JOB, &key, |conn| {
+        let outcome: Outcome<String> = idempotent_jobs::run(conn, &JOB, &key, |conn| {
             create_invoice(conn, month, customer_id)
         })?;
         let (invoices, outbox) = conn.counts()?;

@@ -9,14 +9,14 @@
 //! provider, passing the message id so that a resend after a relay crash is dropped there.
 
 use diesel::prelude::*;
-use idempotent::outbox::{self, OutboxMessage, Relay};
-use idempotent::{idempotent_job, outbox::OutboxStore};
+use idempotent_jobs::outbox::{self, OutboxMessage, Relay};
+use idempotent_jobs::{idempotent_job, outbox::OutboxStore};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
-    Idempotent(#[from] idempotent::Error),
+    Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
@@ -58,11 +58,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::temp_dir().join("idempotent-outbox-example.db");
     let _ = std::fs::remove_file(&path);
     let mut conn = SqliteConnection::establish(&path.to_string_lossy())?;
-    idempotent::migrate(&mut conn)?;
+    idempotent_jobs::migrate(&mut conn)?;
 
     for delivery in ["first delivery", "redelivery"] {
         let message_id = sign_up(&mut conn, "ada@example.com", "Ada")?;
-        let pending: i64 = idempotent::schema::outbox::table
+        let pending: i64 = idempotent_jobs::schema::outbox::table
             .count()
             .get_result(&mut conn)?;
         println!("{delivery} of the sign-up job: message {message_id}; outbox messages: {pending}");

@@ -32,7 +32,7 @@ use std::time::Duration;
 use diesel::{ExpressionMethods as _, QueryResult};
 use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
 use futures_util::StreamExt as _;
-use idempotent::{AsyncJobStore, idempotent_job};
+use idempotent_jobs::{AsyncJobStore, idempotent_job};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
     QueueDeclareOptions,
@@ -53,7 +53,7 @@ diesel::table! {
 #[derive(Debug, thiserror::Error)]
 enum WorkerError {
     #[error(transparent)]
-    Idempotent(#[from] idempotent::Error),
+    Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
@@ -261,7 +261,7 @@ async fn start<C: WorkerDb>(
     prefetch: u16,
 ) -> Result<Started<C>, Box<dyn std::error::Error>> {
     let mut conn = connect::<C>(database_url).await;
-    idempotent::migrate_async(&mut conn).await?;
+    idempotent_jobs::migrate_async(&mut conn).await?;
     conn.create_tables().await?;
 
     let amqp = Connection::connect(amqp_url, ConnectionProperties::default()).await?;

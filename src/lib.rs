@@ -7,12 +7,12 @@
 //!
 //! ```
 //! use diesel::prelude::*;
-//! use idempotent::idempotent_job;
+//! use idempotent_jobs::idempotent_job;
 //!
 //! #[derive(Debug, thiserror::Error)]
 //! enum AppError {
 //!     #[error(transparent)]
-//!     Idempotent(#[from] idempotent::Error),
+//!     Idempotent(#[from] idempotent_jobs::Error),
 //!     #[error(transparent)]
 //!     Database(#[from] diesel::result::Error),
 //! }
@@ -28,7 +28,7 @@
 //!
 //! # fn main() -> Result<(), AppError> {
 //! let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
-//! idempotent::migrate(&mut conn)?;
+//! idempotent_jobs::migrate(&mut conn)?;
 //! diesel::sql_query("CREATE TABLE invoices (id INTEGER PRIMARY KEY, month TEXT, customer_id TEXT)").execute(&mut conn)?;
 //!
 //! let first = send_invoice(&mut conn, "2026-10", "cust_481")?;
@@ -59,10 +59,10 @@
 /// * `name = "..."`: the job's name as recorded in `done_jobs` (default: the function's name).
 ///   Set it before renaming a function whose keys must keep holding.
 /// * `once`: the key has no placeholder on purpose: the job runs once, ever.
-/// * `crate = path`: where the `idempotent` crate is, if renamed.
+/// * `crate = path`: where the `idempotent-jobs` crate is, if renamed.
 ///
 /// The handler returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and returned
-/// on replay) and `E: From<idempotent::Error>`. Its signature and call sites do not change.
+/// on replay) and `E: From<idempotent_jobs::Error>`. Its signature and call sites do not change.
 pub use idempotent_macros::idempotent_job;
 
 pub use idempotent_runtime::*;

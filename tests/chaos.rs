@@ -145,7 +145,7 @@ impl Db {
                 diesel::sql_query("SELECT job_id, COUNT(*) AS n FROM effects GROUP BY job_id")
                     .load(conn)
                     .unwrap_or_default();
-            let done = idempotent::schema::done_jobs::table
+            let done = idempotent_jobs::schema::done_jobs::table
                 .count()
                 .get_result(conn)
                 .unwrap_or(0);

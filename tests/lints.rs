@@ -3,13 +3,13 @@
 #![deny(warnings, clippy::pedantic)]
 
 use diesel::prelude::*;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
-    Idempotent(#[from] idempotent::Error),
+    Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
@@ -47,7 +47,7 @@ fn welcome(conn: &mut SqliteConnection, user_id: u64) -> Result<(), AppError> {
 #[test]
 fn pedantic_handlers_run() {
     let mut conn = SqliteConnection::establish(":memory:").expect("SQLite");
-    idempotent::migrate(&mut conn).expect("migrations");
+    idempotent_jobs::migrate(&mut conn).expect("migrations");
     let job = Job {
         customer_id: 7,
         month: "2026-11".to_owned(),

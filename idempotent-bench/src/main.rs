@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::prelude::*;
-use idempotent::{JobStore, Prune, idempotent_job};
+use idempotent_jobs::{JobStore, Prune, idempotent_job};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 
@@ -51,7 +51,7 @@ diesel::table! {
 #[derive(Debug, thiserror::Error)]
 enum BenchError {
     #[error(transparent)]
-    Idempotent(#[from] idempotent::Error),
+    Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
@@ -116,14 +116,14 @@ macro_rules! impl_bench_db {
             }
 
             fn hand_claim(&mut self, digest: &[u8; 32], key: &str) -> QueryResult<bool> {
-                use idempotent::schema::done_jobs::dsl as dj;
+                use idempotent_jobs::schema::done_jobs::dsl as dj;
                 let values = (
                     dj::key_digest.eq(&digest[..]),
                     dj::job_key.eq(key),
                     dj::job_name.eq("hand"),
                     dj::done_at.eq(chrono::Utc::now().naive_utc()),
                 );
-                insert_unless_present!($insert, self, idempotent::schema::done_jobs::table, values)
+                insert_unless_present!($insert, self, idempotent_jobs::schema::done_jobs::table, values)
             }
 
             fn two_phase_start(&mut self, digest: &[u8; 32]) -> QueryResult<bool> {
@@ -391,7 +391,7 @@ type Connect<'a, C> = &'a dyn Fn() -> C;
 fn bench_backend<C: BenchDb>(urls: Urls<'_, C>) -> BackendReport {
     let connect = urls.main;
     let mut conn = connect();
-    idempotent::migrate(&mut conn).expect("migrations");
+    idempotent_jobs::migrate(&mut conn).expect("migrations");
     conn.create_tables().expect("bench tables");
     let mut rounds: BTreeMap<Variant, Vec<f64>> = BTreeMap::new();
     let mut next_job: i64 = 1;
@@ -493,7 +493,7 @@ fn latency<C: BenchDb>(small: &mut C, large: &mut C) -> Latency {
     const LARGE: u64 = 1_000_000;
     const SAMPLES: i64 = 1_000;
     for (conn, rows, prefix) in [(&mut *small, SMALL, "small"), (&mut *large, LARGE, "large")] {
-        idempotent::migrate(conn).expect("migrations");
+        idempotent_jobs::migrate(conn).expect("migrations");
         conn.batch_execute(&C::fill_sql(rows, prefix, false))
             .expect("claims already there");
         // The same starting point for both: nothing left dirty by the fill.
@@ -536,7 +536,7 @@ fn prune_throughput<C: BenchDb>(conn: &mut C) -> PruneFigures {
     conn.batch_execute(&C::fill_sql(ROWS, "lapsed", true))
         .expect("lapsed claims");
     let started = Instant::now();
-    let report = idempotent::prune(conn, &Prune::default().batch_size(BATCH)).expect("prune");
+    let report = idempotent_jobs::prune(conn, &Prune::default().batch_size(BATCH)).expect("prune");
     let seconds = started.elapsed().as_secs_f64();
     assert_eq!(report.removed, ROWS);
     PruneFigures {
@@ -597,7 +597,7 @@ fn compile_time(workspace: &Path, out: &Path) -> Option<CompileTime> {
         std::fs::write(
             dir.join("Cargo.toml"),
             format!(
-                "[package]\nname = \"handlers-{}\"\nversion = \"0.0.0\"\nedition = \"2024\"\n\n[dependencies]\nidempotent = {{ path = {:?} }}\ndiesel = {{ version = \"2.3\", default-features = false, features = [\"sqlite\"] }}\n\n[workspace]\n",
+                "[package]\nname = \"handlers-{}\"\nversion = \"0.0.0\"\nedition = \"2024\"\n\n[dependencies]\nidempotent-jobs = {{ path = {:?} }}\ndiesel = {{ version = \"2.3\", default-features = false, features = [\"sqlite\"] }}\n\n[workspace]\n",
                 if with { "with" } else { "without" },
                 workspace.display().to_string()
             ),
@@ -608,12 +608,12 @@ fn compile_time(workspace: &Path, out: &Path) -> Option<CompileTime> {
             if with {
                 let _ = writeln!(
                     source,
-                    "#[idempotent::idempotent_job(key = \"job{i}:<id>\")]"
+                    "#[idempotent_jobs::idempotent_job(key = \"job{i}:<id>\")]"
                 );
             }
             let _ = writeln!(
                 source,
-                "pub fn job_{i}(conn: &mut SqliteConnection, id: u64) -> Result<u64, idempotent::Error> {{\n    let _ = conn;\n    Ok(id + {i})\n}}\n"
+                "pub fn job_{i}(conn: &mut SqliteConnection, id: u64) -> Result<u64, idempotent_jobs::Error> {{\n    let _ = conn;\n    Ok(id + {i})\n}}\n"
             );
         }
         let lib = dir.join("src").join("lib.rs");

@@ -230,7 +230,7 @@ impl Expansion<'_> {
     fn krate_at(&self, span: Span) -> TokenStream {
         match &self.args.krate {
             Some(path) => quote!(#path),
-            None => quote_spanned!(span=> ::idempotent),
+            None => quote_spanned!(span=> ::idempotent_jobs),
         }
     }
 

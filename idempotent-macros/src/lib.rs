@@ -1,7 +1,7 @@
-//! The `#[idempotent_job]` attribute. Use it through the `idempotent` crate, which documents it.
+//! The `#[idempotent_job]` attribute. Use it through the `idempotent-jobs` crate, which documents it.
 //!
 //! This crate only parses and checks: the key template against the handler's parameters at compile
-//! time, then generates a call into the runtime (`idempotent::__private::run_with`). No SQL here.
+//! time, then generates a call into the runtime (`idempotent_jobs::__private::run_with`). No SQL here.
 
 mod args;
 mod errors;
@@ -11,7 +11,7 @@ mod template;
 
 use proc_macro::TokenStream;
 
-/// Makes a job handler safe to run twice. See the `idempotent` crate for the full documentation.
+/// Makes a job handler safe to run twice. See the `idempotent-jobs` crate for the full documentation.
 #[proc_macro_attribute]
 pub fn idempotent_job(args: TokenStream, item: TokenStream) -> TokenStream {
     entry(args.into(), item.into()).into()

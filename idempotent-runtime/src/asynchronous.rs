@@ -30,7 +30,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The statements the runtime needs from an async connection; the async twin of
 /// [`JobStore`](crate::JobStore), implemented for diesel-async's connections.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not an async database connection `idempotent` can claim jobs on",
+    message = "`{Self}` is not an async database connection `idempotent-jobs` can claim jobs on",
     label = "an async job needs a diesel-async connection here",
     note = "use `AsyncPgConnection`, `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` (features `async-postgres`, `async-mysql`, `async-sqlite`), or a pooled connection that derefs to one"
 )]

@@ -4,8 +4,8 @@ use std::fmt;
 
 /// What went wrong while claiming, running or recording a job.
 ///
-/// A handler's error type absorbs this with `From<idempotent::Error>`; with `thiserror` that is one
-/// line: `#[error(transparent)] Idempotent(#[from] idempotent::Error)`.
+/// A handler's error type absorbs this with `From<idempotent_jobs::Error>`; with `thiserror` that is one
+/// line: `#[error(transparent)] Idempotent(#[from] idempotent_jobs::Error)`.
 ///
 /// Every variant leaves the database as it was before the call: the job's transaction was rolled back,
 /// its claim with it, so retrying the job is safe.
@@ -121,7 +121,7 @@ pub enum Error {
 
     /// [`outbox::push`](crate::outbox::push) was called outside a job's body.
     #[error(
-        "outbox::push(\"{topic}\") was called outside a job: a message is recorded in its job's transaction and takes its id from the job's key, so push it from inside an annotated handler's body (or a body given to idempotent::run)"
+        "outbox::push(\"{topic}\") was called outside a job: a message is recorded in its job's transaction and takes its id from the job's key, so push it from inside an annotated handler's body (or a body given to idempotent_jobs::run)"
     )]
     OutboxOutsideJob {
         /// The message's topic.

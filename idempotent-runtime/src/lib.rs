@@ -1,7 +1,7 @@
 //! The runtime behind `#[idempotent_job]`: the done-jobs schema and the claim-run-record transaction
 //! for Diesel connections.
 //!
-//! Most users depend on the `idempotent` facade crate and use the attribute. This crate holds what
+//! Most users depend on the `idempotent-jobs` facade crate and use the attribute. This crate holds what
 //! the attribute expands to, public so that you can call it yourself:
 //!
 //! * [`run`]: one job call in one transaction, returning an [`Outcome`] (ran or replayed);

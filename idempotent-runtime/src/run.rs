@@ -26,13 +26,13 @@ use crate::store::{self, Claim, ClaimState, DoneRow, JobStore, Nesting};
 
 /// An error type a job handler can return: one that can hold this crate's [`Error`].
 ///
-/// Implemented for every `E: From<idempotent::Error>`. With `thiserror`, one variant does it:
-/// `#[error(transparent)] Idempotent(#[from] idempotent::Error)`.
+/// Implemented for every `E: From<idempotent_jobs::Error>`. With `thiserror`, one variant does it:
+/// `#[error(transparent)] Idempotent(#[from] idempotent_jobs::Error)`.
 #[diagnostic::on_unimplemented(
-    message = "the handler's error type `{Self}` cannot hold the errors of `idempotent`",
-    label = "`{Self}` needs `impl From<idempotent::Error>`",
+    message = "the handler's error type `{Self}` cannot hold the errors of `idempotent_jobs`",
+    label = "`{Self}` needs `impl From<idempotent_jobs::Error>`",
     note = "the claim, the commit and a replay can fail; the handler returns those failures as its own error type",
-    note = "add `impl From<idempotent::Error> for {Self}`, or with thiserror a variant `#[error(transparent)] Idempotent(#[from] idempotent::Error)`"
+    note = "add `impl From<idempotent_jobs::Error> for {Self}`, or with thiserror a variant `#[error(transparent)] Idempotent(#[from] idempotent_jobs::Error)`"
 )]
 pub trait JobError: From<Error> {}
 

@@ -83,7 +83,7 @@ pub enum ClaimState {
 /// You do not call these yourself; [`run`](crate::run) and the `#[idempotent_job]` attribute do.
 /// Every method runs inside the job's transaction.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a database connection `idempotent` can claim jobs on",
+    message = "`{Self}` is not a database connection `idempotent-jobs` can claim jobs on",
     label = "a job needs a Diesel connection here",
     note = "use `SqliteConnection`, `PgConnection` or `MysqlConnection` (each behind its cargo feature), or a pooled connection that derefs to one"
 )]

@@ -6,8 +6,8 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use diesel::QueryResult;
-use idempotent::idempotent_job;
-use idempotent::outbox::{self, AsyncOutboxStore, Relay, RelayReport};
+use idempotent_jobs::idempotent_job;
+use idempotent_jobs::outbox::{self, AsyncOutboxStore, Relay, RelayReport};
 
 use crate::backends::{AsyncConn, Backend};
 use crate::effects::{deliver, each_delivered_once};
@@ -68,7 +68,7 @@ where
         let pruned = outbox::prune_delivered_async(
             &mut conn,
             Duration::ZERO,
-            &idempotent::Prune::default().batch_size(1),
+            &idempotent_jobs::Prune::default().batch_size(1),
         )
         .await
         .unwrap();

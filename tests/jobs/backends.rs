@@ -3,8 +3,8 @@
 //! A sync backend calls the sync handlers on a Diesel connection; an async backend calls the
 //! `async fn` handlers on a diesel-async connection, driven by a runtime of its own.
 
-use idempotent::testing::Snapshot;
-use idempotent::{Job, JobKey, Outcome};
+use idempotent_jobs::testing::Snapshot;
+use idempotent_jobs::{Job, JobKey, Outcome};
 
 use crate::handlers::{Mode, Receipt, TestError};
 use crate::harness::Server;
@@ -77,7 +77,10 @@ pub trait Backend: Sized + 'static {
     fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError>;
     fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError>;
     fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError>;
-    fn prune(conn: &mut Self::Conn, options: &idempotent::Prune) -> idempotent::PruneReport;
+    fn prune(
+        conn: &mut Self::Conn,
+        options: &idempotent_jobs::Prune,
+    ) -> idempotent_jobs::PruneReport;
 
     // What the tests look at.
     fn snapshot(conn: &mut Self::Conn) -> Snapshot;
@@ -128,7 +131,7 @@ macro_rules! sync_backend {
             }
 
             fn prepare(conn: &mut Self::Conn) {
-                idempotent::migrate(conn).expect("the runtime's migrations run");
+                idempotent_jobs::migrate(conn).expect("the runtime's migrations run");
                 for sql in handlers::test_tables($server) {
                     Self::execute(conn, &sql);
                 }
@@ -159,7 +162,7 @@ macro_rules! sync_backend {
                 conn: &mut Self::Conn,
                 order_id: &str,
             ) -> Result<Outcome<Receipt>, TestError> {
-                idempotent::run(
+                idempotent_jobs::run(
                     conn,
                     &handlers::CHARGE,
                     &handlers::charge_key(order_id),
@@ -171,7 +174,7 @@ macro_rules! sync_backend {
                 conn: &mut Self::Conn,
                 order_id: &str,
             ) -> Result<Outcome<Receipt>, TestError> {
-                idempotent::run(
+                idempotent_jobs::run(
                     conn,
                     &handlers::CHARGE,
                     &handlers::charge_key(order_id),
@@ -184,7 +187,7 @@ macro_rules! sync_backend {
                 key: &JobKey,
                 value: Option<u32>,
             ) -> Result<Outcome<u32>, TestError> {
-                idempotent::run(conn, &PLAIN, key, |_| body_value(value))
+                idempotent_jobs::run(conn, &PLAIN, key, |_| body_value(value))
             }
 
             fn charge_in_transaction(
@@ -204,13 +207,13 @@ macro_rules! sync_backend {
             }
 
             fn assert_charge_idempotent(conn: &mut Self::Conn, order_id: &str) -> Receipt {
-                idempotent::testing::assert_idempotent(conn, |conn| {
+                idempotent_jobs::testing::assert_idempotent(conn, |conn| {
                     handlers::charge(conn, order_id, 4200, Mode::Succeed)
                 })
             }
 
             fn assert_charge_survives_crash(url: &str, order_id: &str) -> Receipt {
-                idempotent::testing::assert_rerun_after_crash(
+                idempotent_jobs::testing::assert_rerun_after_crash(
                     || Self::connect(url),
                     |conn| handlers::charge(conn, order_id, 4200, Mode::Succeed),
                 )
@@ -219,7 +222,7 @@ macro_rules! sync_backend {
             fn test_kit_on_sloppy_handler(conn: &mut Self::Conn, order_id: &str) -> String {
                 panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                     || {
-                        idempotent::testing::assert_idempotent(conn, |conn| {
+                        idempotent_jobs::testing::assert_idempotent(conn, |conn| {
                             handlers::sloppy_audit_then_charge(conn, order_id)
                         })
                     },
@@ -249,9 +252,9 @@ macro_rules! sync_backend {
 
             fn prune(
                 conn: &mut Self::Conn,
-                options: &idempotent::Prune,
-            ) -> idempotent::PruneReport {
-                idempotent::prune(conn, options).expect("pruning")
+                options: &idempotent_jobs::Prune,
+            ) -> idempotent_jobs::PruneReport {
+                idempotent_jobs::prune(conn, options).expect("pruning")
             }
 
             fn snapshot(conn: &mut Self::Conn) -> Snapshot {
@@ -320,7 +323,7 @@ macro_rules! async_backend {
 
             fn prepare(c: &mut Self::Conn) {
                 c.runtime
-                    .block_on(idempotent::migrate_async(&mut c.conn))
+                    .block_on(idempotent_jobs::migrate_async(&mut c.conn))
                     .expect("the runtime's migrations run");
                 for sql in handlers::test_tables($server) {
                     Self::execute(c, &sql);
@@ -356,7 +359,7 @@ macro_rules! async_backend {
                 c: &mut Self::Conn,
                 order_id: &str,
             ) -> Result<Outcome<Receipt>, TestError> {
-                c.runtime.block_on(idempotent::run_async(
+                c.runtime.block_on(idempotent_jobs::run_async(
                     &mut c.conn,
                     &handlers::CHARGE,
                     &handlers::charge_key(order_id),
@@ -370,7 +373,7 @@ macro_rules! async_backend {
                 c: &mut Self::Conn,
                 order_id: &str,
             ) -> Result<Outcome<Receipt>, TestError> {
-                c.runtime.block_on(idempotent::run_async(
+                c.runtime.block_on(idempotent_jobs::run_async(
                     &mut c.conn,
                     &handlers::CHARGE,
                     &handlers::charge_key(order_id),
@@ -383,7 +386,7 @@ macro_rules! async_backend {
                 key: &JobKey,
                 value: Option<u32>,
             ) -> Result<Outcome<u32>, TestError> {
-                c.runtime.block_on(idempotent::run_async(
+                c.runtime.block_on(idempotent_jobs::run_async(
                     &mut c.conn,
                     &PLAIN,
                     key,
@@ -414,7 +417,7 @@ macro_rules! async_backend {
 
             fn assert_charge_idempotent(c: &mut Self::Conn, order_id: &str) -> Receipt {
                 c.runtime
-                    .block_on(idempotent::testing::assert_idempotent_async(
+                    .block_on(idempotent_jobs::testing::assert_idempotent_async(
                         &mut c.conn,
                         async |conn| {
                             handlers::charge_async(conn, order_id, 4200, Mode::Succeed).await
@@ -427,7 +430,7 @@ macro_rules! async_backend {
                     .enable_all()
                     .build()
                     .expect("a runtime");
-                runtime.block_on(idempotent::testing::assert_rerun_after_crash_async(
+                runtime.block_on(idempotent_jobs::testing::assert_rerun_after_crash_async(
                     async || {
                         <$conn as diesel_async::AsyncConnection>::establish(url)
                             .await
@@ -441,7 +444,7 @@ macro_rules! async_backend {
                 let AsyncConn { runtime, conn } = c;
                 panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                     || {
-                        runtime.block_on(idempotent::testing::assert_idempotent_async(
+                        runtime.block_on(idempotent_jobs::testing::assert_idempotent_async(
                             conn,
                             async |conn| {
                                 handlers::sloppy_audit_then_charge_async(conn, order_id).await
@@ -480,9 +483,12 @@ macro_rules! async_backend {
                     .block_on(handlers::greet_async(&mut c.conn, email))
             }
 
-            fn prune(c: &mut Self::Conn, options: &idempotent::Prune) -> idempotent::PruneReport {
+            fn prune(
+                c: &mut Self::Conn,
+                options: &idempotent_jobs::Prune,
+            ) -> idempotent_jobs::PruneReport {
                 c.runtime
-                    .block_on(idempotent::prune_async(&mut c.conn, options))
+                    .block_on(idempotent_jobs::prune_async(&mut c.conn, options))
                     .expect("pruning")
             }
 

@@ -4,7 +4,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Barrier;
 use std::time::Duration;
 
-use idempotent::{JobKey, Outcome};
+use idempotent_jobs::{JobKey, Outcome};
 
 use crate::backends::Backend;
 use crate::handlers::{Mode, Receipt, TestError};
@@ -207,7 +207,7 @@ pub fn another_jobs_key_is_an_error<B: Backend>() {
     assert!(
         matches!(
             error,
-            TestError::Idempotent(idempotent::Error::KeyClaimedByOtherJob { .. })
+            TestError::Idempotent(idempotent_jobs::Error::KeyClaimedByOtherJob { .. })
         ),
         "{message}"
     );
@@ -230,7 +230,7 @@ pub fn undecodable_stored_result_is_an_error<B: Backend>() {
     assert!(
         matches!(
             error,
-            TestError::Idempotent(idempotent::Error::ReplayDecode { .. })
+            TestError::Idempotent(idempotent_jobs::Error::ReplayDecode { .. })
         ),
         "{error}"
     );

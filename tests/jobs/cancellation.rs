@@ -7,7 +7,7 @@ use std::pin::pin;
 use deadpool::managed::Manager;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 use crate::backends::{AsyncConn, Backend};
 use crate::handlers::{self, AsyncTestConn, Mode, TestError};
@@ -52,7 +52,7 @@ where
     // The next job on that connection must not commit into the transaction left open.
     let next = B::charge(&mut worker, "order-next", 4200, Mode::Succeed);
     match &next {
-        Err(TestError::Idempotent(idempotent::Error::Database { source, .. })) => assert!(
+        Err(TestError::Idempotent(idempotent_jobs::Error::Database { source, .. })) => assert!(
             matches!(source, diesel::result::Error::BrokenTransactionManager),
             "{source}"
         ),
@@ -173,7 +173,7 @@ mod bb8_pool {
     use diesel_async::AsyncPgConnection;
     use diesel_async::pooled_connection::AsyncDieselConnectionManager;
     use diesel_async::pooled_connection::bb8::{Pool, PooledConnection};
-    use idempotent::idempotent_job;
+    use idempotent_jobs::idempotent_job;
 
     use crate::backends::{AsyncPostgres, Backend as _};
     use crate::handlers::{AsyncTestConn as _, TestError};

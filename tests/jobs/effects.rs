@@ -5,8 +5,8 @@
 use std::sync::Barrier;
 use std::time::Duration;
 
-use idempotent::idempotent_job;
-use idempotent::outbox::{self, OutboxStore, Relay};
+use idempotent_jobs::idempotent_job;
+use idempotent_jobs::outbox::{self, OutboxStore, Relay};
 
 use crate::backends::Backend;
 use crate::figures;
@@ -31,7 +31,7 @@ fn pay<C: TestConn>(
     amount: i64,
     service: &str,
 ) -> Result<String, TestError> {
-    let key = idempotent::current_key()
+    let key = idempotent_jobs::current_key()
         .expect("inside a job")
         .derive("charge");
     let (_, charge_id) = receiver::post(
@@ -99,7 +99,7 @@ where
     );
     let error = outbox::push(&mut conn, "receipt", &1).unwrap_err();
     assert!(
-        matches!(error, idempotent::Error::OutboxOutsideJob { .. }),
+        matches!(error, idempotent_jobs::Error::OutboxOutsideJob { .. }),
         "{error}"
     );
 }
@@ -110,14 +110,14 @@ where
     B: Backend<Conn = C>,
     C: TestConn + OutboxStore,
 {
-    static JOB: idempotent::Job = idempotent::Job::new("stable_key", "stable:<order>");
+    static JOB: idempotent_jobs::Job = idempotent_jobs::Job::new("stable_key", "stable:<order>");
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let key = idempotent::JobKey::new("stable:order-9");
+    let key = idempotent_jobs::JobKey::new("stable:order-9");
     let mut seen = Vec::new();
     for attempt in 0..3 {
-        let result = idempotent::run(&mut conn, &JOB, &key, |conn| {
-            let inside = idempotent::current_key().expect("inside a job");
+        let result = idempotent_jobs::run(&mut conn, &JOB, &key, |conn| {
+            let inside = idempotent_jobs::current_key().expect("inside a job");
             seen.push((inside.derive("charge"), inside.derive("refund")));
             outbox::push(conn, "charge", &attempt)?;
             if attempt == 0 {
@@ -136,7 +136,7 @@ where
     assert_eq!(seen[0], seen[1]);
     assert_eq!(seen[0].0.as_str(), "stable:order-9/charge");
     assert!(
-        idempotent::current_key().is_none(),
+        idempotent_jobs::current_key().is_none(),
         "outside the body there is no current key"
     );
     let rows = outbox_rows(&mut conn);
@@ -390,7 +390,11 @@ where
             .delivered,
         1
     );
-    let pruned = outbox::prune_delivered(&mut conn, Duration::ZERO, &idempotent::Prune::default());
+    let pruned = outbox::prune_delivered(
+        &mut conn,
+        Duration::ZERO,
+        &idempotent_jobs::Prune::default(),
+    );
     assert_eq!(pruned.unwrap().removed, 1);
     assert!(outbox_rows(&mut conn).is_empty());
 }

@@ -2,7 +2,7 @@
 //! both generic over the connection and sharing one job name.
 
 use diesel::prelude::*;
-use idempotent::{Job, JobKey, idempotent_job};
+use idempotent_jobs::{Job, JobKey, idempotent_job};
 use serde::{Deserialize, Serialize};
 
 use crate::harness::Server;
@@ -27,7 +27,7 @@ diesel::table! {
 #[derive(Debug, thiserror::Error)]
 pub enum TestError {
     #[error(transparent)]
-    Idempotent(#[from] idempotent::Error),
+    Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
     #[error("the card was declined")]
@@ -110,17 +110,17 @@ macro_rules! test_queries {
         test_outbox::table.count().get_result::<i64>($conn)$($aw)*
     };
     (count_done, $conn:expr, [$($aw:tt)*]) => {
-        idempotent::schema::done_jobs::table.count().get_result::<i64>($conn)$($aw)*
+        idempotent_jobs::schema::done_jobs::table.count().get_result::<i64>($conn)$($aw)*
     };
     (outbox_rows, $conn:expr, [$($aw:tt)*]) => {{
-        use idempotent::schema::outbox::dsl as o;
+        use idempotent_jobs::schema::outbox::dsl as o;
         o::outbox
             .order(o::id)
             .select((o::message_id, o::job_key))
             .load::<(String, Option<String>)>($conn)$($aw)*
     }};
     (done_rows, $conn:expr, [$($aw:tt)*]) => {{
-        use idempotent::schema::done_jobs::dsl as dj;
+        use idempotent_jobs::schema::done_jobs::dsl as dj;
         dj::done_jobs
             .select((dj::job_key, dj::job_name, dj::result))
             .order(dj::job_key)
@@ -129,7 +129,7 @@ macro_rules! test_queries {
 }
 
 /// The tests' tables through a sync connection.
-pub trait TestConn: idempotent::JobStore + idempotent::testing::Inspect + Send {
+pub trait TestConn: idempotent_jobs::JobStore + idempotent_jobs::testing::Inspect + Send {
     fn insert_charge(&mut self, order_id: &str, amount: i64, charge_ref: &str) -> QueryResult<()>;
     fn insert_message(&mut self, topic: &str, payload: &str) -> QueryResult<()>;
     fn count_charges(&mut self, order_id: &str) -> QueryResult<i64>;
@@ -288,8 +288,8 @@ pub use asynchronous::*;
 mod asynchronous {
     use super::*;
     use diesel_async::RunQueryDsl;
-    use idempotent::AsyncJobStore;
-    use idempotent::testing::AsyncInspect;
+    use idempotent_jobs::AsyncJobStore;
+    use idempotent_jobs::testing::AsyncInspect;
 
     /// The tests' tables through an async connection.
     pub trait AsyncTestConn: AsyncJobStore + AsyncInspect + Send {

@@ -21,7 +21,7 @@ fn racing_at(isolation: &str) {
             "CREATE SCHEMA {schema}; SET search_path TO {schema};"
         ))
         .expect("schema");
-    idempotent::migrate(&mut admin).expect("migrations");
+    idempotent_jobs::migrate(&mut admin).expect("migrations");
     for sql in handlers::test_tables(Server::Postgres) {
         admin.batch_execute(&sql).expect("test tables");
     }

@@ -1,7 +1,7 @@
 //! The one-call check over every job in the binary: `charge` and `refund` (handlers.rs) share the
 //! template `charge:<order_id>` on purpose, and the check must name them with a key both produce.
 
-use idempotent::registry;
+use idempotent_jobs::registry;
 
 #[test]
 fn overlapping_jobs_are_reported_with_a_shared_key() {

@@ -2,7 +2,7 @@
 //! the attribute (the readable keys it stores) and on the key writer directly.
 
 use diesel::prelude::*;
-use idempotent::JobKey;
+use idempotent_jobs::JobKey;
 use proptest::prelude::*;
 
 use crate::backends::Sqlite;
@@ -61,10 +61,10 @@ proptest! {
             pair(&mut conn, left, right).expect("pair job");
         }
         let distinct: std::collections::BTreeSet<_> = tuples.iter().collect();
-        let done: i64 = idempotent::schema::done_jobs::table.count().get_result(&mut conn).unwrap();
+        let done: i64 = idempotent_jobs::schema::done_jobs::table.count().get_result(&mut conn).unwrap();
         prop_assert_eq!(done as usize, distinct.len());
-        let stored: Vec<String> = idempotent::schema::done_jobs::table
-            .select(idempotent::schema::done_jobs::job_key)
+        let stored: Vec<String> = idempotent_jobs::schema::done_jobs::table
+            .select(idempotent_jobs::schema::done_jobs::job_key)
             .load(&mut conn)
             .unwrap();
         for (left, right) in &distinct {

@@ -3,7 +3,7 @@
 
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 use crate::backends::Sqlite;
 use crate::handlers::{TestConn, TestError};

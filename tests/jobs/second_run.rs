@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idempotent::Prune;
+use idempotent_jobs::Prune;
 
 use crate::backends::Backend;
 use crate::capture;
@@ -28,7 +28,7 @@ pub fn fingerprints_guard_replays<B: Backend>() {
         assert!(
             matches!(
                 error,
-                TestError::Idempotent(idempotent::Error::FingerprintMismatch { .. })
+                TestError::Idempotent(idempotent_jobs::Error::FingerprintMismatch { .. })
             ),
             "{message}"
         );

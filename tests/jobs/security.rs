@@ -22,7 +22,7 @@ fn a_worker_with_the_documented_grants_runs_jobs() {
             "CREATE SCHEMA {jobs}; CREATE SCHEMA {app}; CREATE ROLE {role} LOGIN; SET search_path TO {jobs};"
         ))
         .expect("schemas and role");
-    idempotent::migrate(&mut admin).expect("the runtime's tables, in their own schema");
+    idempotent_jobs::migrate(&mut admin).expect("the runtime's tables, in their own schema");
     admin
         .batch_execute(&format!(
             "SET search_path TO {app}; {}; {};
@@ -62,7 +62,8 @@ fn a_worker_with_the_documented_grants_runs_jobs() {
             first
         );
         assert_eq!(worker.count_charges("order-1").unwrap(), 1);
-        let denied = idempotent::prune(&mut worker, &idempotent::Prune::default()).unwrap_err();
+        let denied =
+            idempotent_jobs::prune(&mut worker, &idempotent_jobs::Prune::default()).unwrap_err();
         assert!(
             denied.to_string().contains("permission denied"),
             "pruning needs DELETE, which the worker lacks: {denied}"

@@ -1,8 +1,8 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "charge:<order_id>", fingerprint(amout, currency))]
-fn charge(conn: &mut SqliteConnection, order_id: u64, amount: u64, currency: &str) -> Result<(), idempotent::Error> {
+fn charge(conn: &mut SqliteConnection, order_id: u64, amount: u64, currency: &str) -> Result<(), idempotent_jobs::Error> {
     let _ = (conn, amount, currency);
     Ok(())
 }

@@ -1,8 +1,8 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "reminder:<user_id>", keep = "30 days")]
-fn remind(conn: &mut SqliteConnection, user_id: u64) -> Result<(), idempotent::Error> {
+fn remind(conn: &mut SqliteConnection, user_id: u64) -> Result<(), idempotent_jobs::Error> {
     let _ = conn;
     Ok(())
 }

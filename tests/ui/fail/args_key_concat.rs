@@ -1,8 +1,8 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = concat!("invoice:", "<customer_id>"))]
-fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error> {
+fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent_jobs::Error> {
     Ok(())
 }
 

@@ -1,10 +1,10 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 const KEY: &str = "invoice:<customer_id>";
 
 #[idempotent_job(key = KEY)]
-fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error> {
+fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent_jobs::Error> {
     Ok(())
 }
 

@@ -1,8 +1,8 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "greet:<email>", redact_key = true)]
-fn greet(conn: &mut SqliteConnection, email: &str) -> Result<(), idempotent::Error> {
+fn greet(conn: &mut SqliteConnection, email: &str) -> Result<(), idempotent_jobs::Error> {
     let _ = conn;
     Ok(())
 }

@@ -1,5 +1,5 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "invoice:<customer_id>")]
 fn send_invoice(conn: &mut SqliteConnection, customer_id: u64) -> Option<u64> {

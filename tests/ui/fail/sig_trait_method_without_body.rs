@@ -1,9 +1,9 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 trait Billing {
     #[idempotent_job(key = "invoice:<customer_id>")]
-    fn send_invoice(&self, conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error>;
+    fn send_invoice(&self, conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent_jobs::Error>;
 }
 
 fn main() {}

@@ -1,12 +1,12 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "invoice:<customer_id>")]
 fn send_invoice(
     billing: &mut SqliteConnection,
     audit: &mut SqliteConnection,
     customer_id: u64,
-) -> Result<(), idempotent::Error> {
+) -> Result<(), idempotent_jobs::Error> {
     Ok(())
 }
 

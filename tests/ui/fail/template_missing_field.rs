@@ -1,5 +1,5 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 struct InvoiceJob {
     month: String,
@@ -7,7 +7,7 @@ struct InvoiceJob {
 }
 
 #[idempotent_job(key = "invoice:<job.month>:<job.customer>")]
-fn send_invoice(conn: &mut SqliteConnection, job: &InvoiceJob) -> Result<(), idempotent::Error> {
+fn send_invoice(conn: &mut SqliteConnection, job: &InvoiceJob) -> Result<(), idempotent_jobs::Error> {
     Ok(())
 }
 

@@ -1,8 +1,8 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "nightly-report")]
-fn nightly_report(conn: &mut SqliteConnection) -> Result<(), idempotent::Error> {
+fn nightly_report(conn: &mut SqliteConnection) -> Result<(), idempotent_jobs::Error> {
     Ok(())
 }
 

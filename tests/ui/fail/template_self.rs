@@ -1,5 +1,5 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 struct Billing {
     region: String,
@@ -7,7 +7,7 @@ struct Billing {
 
 impl Billing {
     #[idempotent_job(key = "invoice:<self>:<customer_id>")]
-    fn send_invoice(&self, conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent::Error> {
+    fn send_invoice(&self, conn: &mut SqliteConnection, customer_id: u64) -> Result<(), idempotent_jobs::Error> {
         Ok(())
     }
 }

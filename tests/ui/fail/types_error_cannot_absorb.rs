@@ -1,5 +1,5 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[derive(Debug)]
 enum AppError {

@@ -4,15 +4,15 @@
 use std::fmt::{self, Display};
 
 use diesel::prelude::*;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[derive(Debug)]
 pub enum AppError {
-    Idempotent(idempotent::Error),
+    Idempotent(idempotent_jobs::Error),
 }
 
-impl From<idempotent::Error> for AppError {
-    fn from(error: idempotent::Error) -> Self {
+impl From<idempotent_jobs::Error> for AppError {
+    fn from(error: idempotent_jobs::Error) -> Self {
         AppError::Idempotent(error)
     }
 }
@@ -142,14 +142,14 @@ job!(via_macro, "via-macro:<id>");
 
 /// A generic connection.
 #[idempotent_job(key = "generic:<id>")]
-fn generic<C: idempotent::JobStore>(conn: &mut C, id: u64) -> Result<u64, AppError> {
+fn generic<C: idempotent_jobs::JobStore>(conn: &mut C, id: u64) -> Result<u64, AppError> {
     let _ = conn;
     Ok(id)
 }
 
 fn main() {
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
-    idempotent::migrate(&mut conn).unwrap();
+    idempotent_jobs::migrate(&mut conn).unwrap();
     assert_eq!(send_invoice(&mut conn, "2026-10", 481).unwrap(), "INV-2026-10-481");
     assert!(clash(&mut conn, "k", "c", "d", "r", Outcome(1), 2, 3).is_ok());
     assert_eq!(shapes(&mut conn, 1, "n", 7, "t").unwrap(), 2 + 3);
@@ -168,12 +168,12 @@ fn main() {
     assert_eq!(charge(&mut conn, 1, 10, &job).unwrap(), 11, "same inputs: replayed");
     assert!(matches!(
         charge(&mut conn, 1, 20, &job),
-        Err(AppError::Idempotent(idempotent::Error::FingerprintMismatch { .. }))
+        Err(AppError::Idempotent(idempotent_jobs::Error::FingerprintMismatch { .. }))
     ));
 
-    let keys: Vec<String> = idempotent::schema::done_jobs::table
-        .select(idempotent::schema::done_jobs::job_key)
-        .order(idempotent::schema::done_jobs::job_key)
+    let keys: Vec<String> = idempotent_jobs::schema::done_jobs::table
+        .select(idempotent_jobs::schema::done_jobs::job_key)
+        .order(idempotent_jobs::schema::done_jobs::job_key)
         .load(&mut conn)
         .unwrap();
     assert!(keys.contains(&"job:9:2026-11:monthly:monthly".to_owned()), "{keys:?}");

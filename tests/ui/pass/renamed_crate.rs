@@ -1,7 +1,7 @@
 //! `crate = path` finds the runtime under another name.
 #![deny(warnings)]
 
-extern crate idempotent as jobs;
+extern crate idempotent_jobs as jobs;
 
 use diesel::prelude::*;
 use jobs::idempotent_job;

@@ -1,8 +1,8 @@
 use diesel::SqliteConnection;
-use idempotent::idempotent_job;
+use idempotent_jobs::idempotent_job;
 
 #[idempotent_job(key = "welcome:<user_id>")]
-async fn welcome(conn: &mut SqliteConnection, user_id: u64) -> Result<u64, idempotent::Error> {
+async fn welcome(conn: &mut SqliteConnection, user_id: u64) -> Result<u64, idempotent_jobs::Error> {
     let _ = conn;
     Ok(user_id)
 }
