@@ -97,8 +97,9 @@ impl_invoice_db!(SqliteConnection, "INTEGER PRIMARY KEY AUTOINCREMENT");
 #[cfg(feature = "postgres")]
 impl_invoice_db!(PgConnection, "SERIAL PRIMARY KEY");
 
-/// The job: create the month's invoice for a customer and queue its email, once.
-#[idempotent_job(key = "invoice:<month>:<customer_id>")]
+/// The job: create the month's invoice for a customer and queue its email, once. Its name is
+/// given explicitly because the plain-API call in `demo` is the same job under the same name.
+#[idempotent_job(key = "invoice:<month>:<customer_id>", name = "send_invoice")]
 fn send_invoice<C: InvoiceDb>(
     conn: &mut C,
     month: &str,

@@ -10,7 +10,7 @@
 
 use diesel::prelude::*;
 use idempotent_jobs::outbox::{self, OutboxMessage, Relay};
-use idempotent_jobs::{idempotent_job, outbox::OutboxStore};
+use idempotent_jobs::{JobStore, idempotent_job};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ struct WelcomeEmail {
 
 /// Signs a user up: their row, and a welcome email recorded in the same transaction.
 #[idempotent_job(key = "signup:<email>")]
-fn sign_up<C: OutboxStore>(conn: &mut C, email: &str, name: &str) -> Result<String, AppError> {
+fn sign_up<C: JobStore>(conn: &mut C, email: &str, name: &str) -> Result<String, AppError> {
     // ... insert the user's row here, with `conn` ...
     let message_id = outbox::push(
         conn,

@@ -57,7 +57,12 @@ enum BenchError {
 }
 
 /// What the variants need from a backend.
-trait BenchDb: JobStore + SimpleConnection + Sized {
+trait BenchDb:
+    JobStore
+    + diesel::Connection<TransactionManager = AnsiTransactionManager>
+    + SimpleConnection
+    + Sized
+{
     const NAME: &'static str;
     /// The user's own transaction, as they would open it for this backend.
     const BEGIN: &'static str;

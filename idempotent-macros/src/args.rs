@@ -5,8 +5,9 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned as _;
 use syn::{Ident, LitStr, Path};
 
-use crate::errors::{Errors, did_you_mean};
-use crate::template::Segment;
+use idempotent_keys::template::Segment;
+
+use crate::ctxt::{Ctxt, did_you_mean};
 
 /// Every argument the attribute takes, for "unknown argument" messages.
 const ARGUMENTS: &[&str] = &[
@@ -20,11 +21,13 @@ const ARGUMENTS: &[&str] = &[
     "crate",
 ];
 
+/// The attribute's arguments as written; each is `None` when absent or refused (the refusal is in
+/// the error context).
 #[derive(Default)]
 pub struct Args {
+    /// Every argument written, valid or not: a refused `key` is not also reported missing.
+    pub written: Vec<String>,
     pub key: Option<LitStr>,
-    /// `key` was written, even if its value was refused.
-    pub key_written: bool,
     pub conn: Option<Ident>,
     pub name: Option<LitStr>,
     /// `once`: the template has no placeholder on purpose; every call shares one key.
@@ -47,19 +50,24 @@ pub struct Input {
 }
 
 impl Args {
-    /// Parses the attribute's arguments, recording every problem in `errors`.
-    pub fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
+    /// Parses the attribute's arguments, recording every problem in `cx`.
+    pub fn parse(tokens: TokenStream, cx: &Ctxt) -> Args {
         let mut args = Args::default();
         let parser = syn::meta::parser(|meta| {
             if let Err(error) = args.one(&meta) {
-                errors.push(error);
+                cx.error(error);
             }
             Ok(())
         });
         if let Err(error) = syn::parse::Parser::parse2(parser, tokens) {
-            errors.push(error);
+            cx.error(error);
         }
         args
+    }
+
+    /// Whether the argument `name` was written, whatever its value.
+    pub fn wrote(&self, name: &str) -> bool {
+        self.written.iter().any(|written| written == name)
     }
 
     fn one(&mut self, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
@@ -68,9 +76,9 @@ impl Args {
             .get_ident()
             .map(ToString::to_string)
             .unwrap_or_else(|| quote::quote!(#path).to_string().replace(' ', ""));
+        self.written.push(name.clone());
         match name.as_str() {
             "key" => {
-                self.key_written = true;
                 let value = string_value(meta, "key", "invoice:<month>:<customer_id>")?;
                 set_once(&mut self.key, value, meta)
             }

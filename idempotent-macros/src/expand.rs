@@ -1,151 +1,31 @@
-//! Checks the template against the handler and writes the wrapper.
+//! The expand phase: writes the wrapper around a handler that passed every check. Generated paths
+//! go through the runtime's versioned private module, so a facade and a macro crate of different
+//! versions fail to compile with a message naming that module.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
+use syn::Ident;
 use syn::ext::IdentExt as _;
-use syn::{Ident, LitStr};
+
+use idempotent_keys::template::{self, Piece, Segment};
 
 use crate::args::Args;
-use crate::errors::{Errors, did_you_mean};
+use crate::check::KeyTemplate;
 use crate::signature::{Handler, param_span};
-use crate::template::{self, Piece, Segment, Template};
 
-/// Parses the key template and checks every placeholder against the handler's parameters.
-pub fn check_template(
-    key: &LitStr,
-    args: &Args,
-    handler: Option<&Handler<'_>>,
-    errors: &mut Errors,
-) -> Option<Template> {
-    let source = key.value();
-    let (template, template_errors) = template::parse(&source);
-    let mut ok = template_errors.is_empty();
-    for error in template_errors {
-        errors.push(syn::Error::new(
-            key.span(),
-            format!("in key template `{source}`: {}", error.message),
-        ));
-    }
-
-    if ok && template.placeholders().next().is_none() && args.once.is_none() {
-        let example = handler
-            .and_then(|h| {
-                h.params
-                    .iter()
-                    .enumerate()
-                    .find(|(i, _)| *i != h.conn)
-                    .map(|(_, p)| p.ident.unraw().to_string())
-            })
-            .unwrap_or_else(|| "date".to_owned());
-        errors.push(syn::Error::new(
-            key.span(),
-            format!(
-                "the key `{source}` has no placeholder, so every call would share one key and the job would run once, ever. Add the inputs that identify one unit of work (`{source}:<{example}>`), or add `once` to the attribute if that is what you want"
-            ),
-        ));
-        ok = false;
-    }
-    if let Some(once) = args.once
-        && template.placeholders().next().is_some()
-    {
-        errors.push(syn::Error::new(
-            once,
-            "`once` is for a key with no placeholders; this key has some, so leave `once` out",
-        ));
-        ok = false;
-    }
-
-    let handler = handler?;
-    let names: Vec<String> = handler
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != handler.conn)
-        .map(|(_, p)| p.ident.unraw().to_string())
-        .collect();
-    for placeholder in template.placeholders() {
-        if let Err(message) = check_path(&placeholder.display(), &placeholder.path, handler, &names)
-        {
-            errors.push(syn::Error::new(
-                key.span(),
-                format!("in key template `{source}`: {message}"),
-            ));
-            ok = false;
-        }
-    }
-    for input in args.fingerprint.iter().flatten() {
-        if let Err(message) = check_path(&input.name, &input.path, handler, &names) {
-            errors.push(syn::Error::new(
-                input.span,
-                format!(
-                    "fingerprint input {}",
-                    message.replacen("unknown placeholder ", "", 1)
-                ),
-            ));
-            ok = false;
-        }
-    }
-    ok.then_some(template)
-}
-
-/// Checks that a placeholder or fingerprint input names a parameter (or `self`'s field).
-fn check_path(
-    shown: &str,
-    path: &[Segment],
-    handler: &Handler<'_>,
-    names: &[String],
-) -> Result<(), String> {
-    let root = match path.first() {
-        Some(Segment::Name(name)) => name.as_str(),
-        _ => "",
-    };
-    let function = &handler.item.sig.ident;
-    if root == "self" {
-        if handler.receiver.is_none() {
-            return Err(format!(
-                "`{shown}`: `{function}` is not a method, so there is no `self`"
-            ));
-        }
-        if path.len() == 1 {
-            return Err(format!(
-                "`{shown}` names the whole receiver; name a field of it instead, like `self.id`"
-            ));
-        }
-        return Ok(());
-    }
-    let conn = &handler.conn().ident;
-    if conn.unraw() == root {
-        return Err(format!(
-            "`{shown}` names the connection parameter `{conn}`; a key is built from the job's inputs, not from the connection"
-        ));
-    }
-    if names.iter().any(|name| name == root) {
-        return Ok(());
-    }
-    let mut message =
-        format!("unknown placeholder `{shown}`: `{function}` has no parameter `{root}`");
-    if let Some(suggestion) = did_you_mean(root, names.iter().map(String::as_str)) {
-        message.push_str(&format!("; did you mean `{suggestion}`?"));
-    } else if names.is_empty() {
-        message.push_str(" (it has no parameters besides the connection)");
-    } else {
-        message.push_str(&format!(
-            "; its parameters are {}",
-            names
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    Err(message)
+/// The runtime's private module for generated code, named with this crate's version, which the
+/// facade pins exactly.
+fn private_module() -> Ident {
+    format_ident!(
+        "__private_{}",
+        env!("CARGO_PKG_VERSION").replace(['.', '-', '+'], "_")
+    )
 }
 
 /// Everything the wrapper is generated from.
 pub struct Expansion<'a> {
     pub handler: &'a Handler<'a>,
-    pub template: &'a Template,
-    pub key: &'a LitStr,
+    pub key: &'a KeyTemplate,
     pub args: &'a Args,
 }
 
@@ -157,6 +37,7 @@ impl Expansion<'_> {
         let sig = &item.sig;
         let body = &item.body;
         let krate = self.krate();
+        let private = private_module();
         let mixed = Span::mixed_site();
         let key_var = Ident::new("__idempotent_key", mixed);
         let writer = Ident::new("__idempotent_writer", mixed);
@@ -189,7 +70,7 @@ impl Expansion<'_> {
         };
         let reach_store = quote_spanned! {conn_span=>
             |#store| {
-                use #krate::__private::#reach
+                use #krate::#private::#reach
             }
         };
 
@@ -199,7 +80,7 @@ impl Expansion<'_> {
         let krate_at_output = self.krate_at(output_span);
         let awaited = asynchronous.then(|| quote!(.await));
         let run = quote_spanned! {output_span=>
-            #krate_at_output::__private::#runner(
+            #krate_at_output::#private::#runner(
                 #conn,
                 #reach_store,
                 #job_call,
@@ -211,7 +92,7 @@ impl Expansion<'_> {
             let #key_var = {
                 #build_key
             };
-            #run.map(#krate::__private::Outcome::into_inner)
+            #run.map(#krate::#private::Outcome::into_inner)
         };
         let mut wrapper = proc_macro2::Group::new(proc_macro2::Delimiter::Brace, wrapper);
         wrapper.set_span(item.body_span);
@@ -236,17 +117,21 @@ impl Expansion<'_> {
 
     /// The job's static description, registered so that `registry::check_key_spaces` sees it.
     fn job(&self, krate: &TokenStream, job_static: &Ident) -> TokenStream {
-        let name = match &self.args.name {
-            Some(name) => name.value(),
-            None => self.handler.item.sig.ident.unraw().to_string(),
+        let private = private_module();
+        let (name, named_after_function) = match &self.args.name {
+            Some(name) => (name.value(), None),
+            None => (
+                self.handler.item.sig.ident.unraw().to_string(),
+                Some(quote!(.named_after_function())),
+            ),
         };
-        let template = self.key.value();
-        let parts = self.template.pieces.iter().map(|piece| match piece {
-            Piece::Text(text) => quote!(#krate::__private::Part::Text(#text)),
+        let template = self.key.literal.value();
+        let parts = self.key.template.pieces.iter().map(|piece| match piece {
+            Piece::Text(text) => quote!(#krate::#private::Part::Text(#text)),
             Piece::Placeholder(placeholder) => {
                 let path = placeholder.display();
                 let path = &path[1..path.len() - 1];
-                quote!(#krate::__private::Part::Value(#path))
+                quote!(#krate::#private::Part::Value(#path))
             }
         });
         let keep = self
@@ -259,10 +144,11 @@ impl Expansion<'_> {
             quote!(.fingerprint_inputs(&[#(#names),*]))
         });
         quote! {
-            static #job_static: #krate::__private::Job =
-                #krate::__private::Job::new(#name, #template) #keep #redact #inputs;
-            #krate::__private::inventory::submit! {
-                #krate::__private::RegisteredJob::new(
+            static #job_static: #krate::#private::Job =
+                #krate::#private::Job::new(#name, #template)
+                    #named_after_function #keep #redact #inputs;
+            #krate::#private::inventory::submit! {
+                #krate::#private::RegisteredJob::new(
                     &#job_static,
                     &[#(#parts),*],
                     ::core::file!(),
@@ -273,8 +159,10 @@ impl Expansion<'_> {
     }
 
     fn build_key(&self, krate: &TokenStream, writer: &Ident) -> TokenStream {
-        let escapes = self.template.escapes();
+        let private = private_module();
+        let escapes = self.key.template.escapes();
         let capacity: usize = self
+            .key
             .template
             .pieces
             .iter()
@@ -283,18 +171,18 @@ impl Expansion<'_> {
                 Piece::Placeholder(_) => 16,
             })
             .sum();
-        let pushes = self.template.pieces.iter().map(|piece| match piece {
+        let pushes = self.key.template.pieces.iter().map(|piece| match piece {
             Piece::Text(text) => quote! { #writer.text(#text); },
             Piece::Placeholder(placeholder) => {
                 let (value, span) = self.value_expr(&placeholder.path);
                 // Spanned at the parameter, so "does not implement `Display`" points at it.
                 quote_spanned! {span=>
-                    #krate::__private::KeyValue::write_key(&#value, &mut #writer);
+                    #krate::#private::KeyValue::write_key(&#value, &mut #writer);
                 }
             }
         });
         quote! {
-            let mut #writer = #krate::__private::KeyWriter::new(#capacity, &[#(#escapes),*]);
+            let mut #writer = #krate::#private::KeyWriter::new(#capacity, &[#(#escapes),*]);
             #(#pushes)*
             #writer.finish()
         }
@@ -302,7 +190,8 @@ impl Expansion<'_> {
 
     /// The call: job, key, and the fingerprint of the inputs the attribute names.
     fn job_call(&self, krate: &TokenStream, job_static: &Ident, key_var: &Ident) -> TokenStream {
-        let call = quote!(#krate::__private::JobCall::new(&#job_static, &#key_var));
+        let private = private_module();
+        let call = quote!(#krate::#private::JobCall::new(&#job_static, &#key_var));
         let Some(inputs) = &self.args.fingerprint else {
             return call;
         };
@@ -312,11 +201,11 @@ impl Expansion<'_> {
             let name = &input.name;
             // Spanned at the parameter, so "does not implement `Serialize`" points at it.
             quote_spanned! {span=>
-                let #builder = #krate::__private::FingerprintInput::add_to(&#value, #name, #builder);
+                let #builder = #krate::#private::FingerprintInput::add_to(&#value, #name, #builder);
             }
         });
         quote! {{
-            let #builder = #krate::__private::FingerprintBuilder::default();
+            let #builder = #krate::#private::FingerprintBuilder::default();
             #(#adds)*
             #call.fingerprint_result(#builder.finish())
         }}
@@ -354,16 +243,16 @@ impl Expansion<'_> {
             match segment {
                 Segment::Name(name) => {
                     let field = if template::is_keyword(name) {
-                        Ident::new_raw(name, self.key.span())
+                        Ident::new_raw(name, self.key.literal.span())
                     } else {
-                        format_ident!("{}", name, span = self.key.span())
+                        format_ident!("{}", name, span = self.key.literal.span())
                     };
                     expr = quote!(#expr.#field);
                 }
                 Segment::Index(index) => {
                     let index = syn::Index {
                         index: *index,
-                        span: self.key.span(),
+                        span: self.key.literal.span(),
                     };
                     expr = quote!(#expr.#index);
                 }

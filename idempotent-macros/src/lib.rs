@@ -1,17 +1,28 @@
-//! The `#[idempotent_job]` attribute. Use it through the `idempotent-jobs` crate, which documents it.
+//! The `#[idempotent_job]` attribute. Use it through the `idempotent-jobs` crate, which documents
+//! every argument.
 //!
-//! This crate only parses and checks: the key template against the handler's parameters at compile
-//! time, then generates a call into the runtime (`idempotent_jobs::__private::run_with`). No SQL here.
+//! This crate parses and checks; it writes no SQL. It works in three phases, each in its module:
+//!
+//! 1. **parse**: the arguments (`args`), the handler's signature with its body kept as tokens
+//!    (`signature`) and the key template (`check::parse_template`, with the template language
+//!    of `idempotent-keys`, the same code the runtime escapes values with);
+//! 2. **check** (`check`): the template and the fingerprint inputs against the parameters;
+//! 3. **expand** (`expand`): the wrapper that calls the runtime.
+//!
+//! Every error of every phase goes to one `ctxt::Ctxt`; nothing is expanded while it holds any.
+//! Then the handler comes back as written, next to the errors, so that the rest of the crate and
+//! the IDE still see it.
 
 mod args;
-mod errors;
+mod check;
+mod ctxt;
 mod expand;
 mod signature;
-mod template;
 
 use proc_macro::TokenStream;
 
-/// Makes a job handler safe to run twice. See the `idempotent-jobs` crate for the full documentation.
+/// Makes a job handler safe to run twice. See the `idempotent-jobs` crate for the full
+/// documentation of its arguments.
 #[proc_macro_attribute]
 pub fn idempotent_job(args: TokenStream, item: TokenStream) -> TokenStream {
     entry(args.into(), item.into()).into()
@@ -21,45 +32,45 @@ fn entry(
     args: proc_macro2::TokenStream,
     item: proc_macro2::TokenStream,
 ) -> proc_macro2::TokenStream {
-    let mut errors = errors::Errors::default();
-    let args = args::Args::parse(args, &mut errors);
+    let cx = ctxt::Ctxt::default();
+
+    // Parse.
+    let args = args::Args::parse(args, &cx);
     let item = match signature::parse_item(item.clone()) {
         Ok(item) => item,
         Err(error) => {
-            // Not a function we can wrap: report, and give the item back untouched so the rest of
-            // the crate still sees it.
-            errors.push(error);
-            let errors = errors.to_compile_errors();
+            // Not a function we can wrap: give the item back untouched, next to the errors.
+            cx.error(error);
+            let errors = cx.check().err();
             return quote::quote! { #errors #item };
         }
     };
+    let handler = signature::Handler::analyse(&item, args.conn.as_ref(), &cx);
+    let key = args.key.as_ref().map(|key| check::parse_template(key, &cx));
+    if key.is_none() && !args.wrote("key") {
+        cx.error_at(
+            proc_macro2::Span::call_site(),
+            "`#[idempotent_job]` needs a key template: `#[idempotent_job(key = \"invoice:<month>:<customer_id>\")]`, where each `<name>` is a parameter of the handler",
+        );
+    }
 
-    let handler = signature::Handler::analyse(&item, args.conn.as_ref(), &mut errors);
-    let template = match &args.key {
-        Some(key) => expand::check_template(key, &args, handler.as_ref(), &mut errors),
-        None if args.key_written => None, // its value was refused, and said so
-        None => {
-            errors.push(syn::Error::new(
-                proc_macro2::Span::call_site(),
-                "`#[idempotent_job]` needs a key template: `#[idempotent_job(key = \"invoice:<month>:<customer_id>\")]`, where each `<name>` is a parameter of the handler",
-            ));
-            None
-        }
-    };
+    // Check.
+    if let Some(key) = &key {
+        check::check(key, &args, handler.as_ref(), &cx);
+    }
 
-    match (errors.is_empty(), handler, template, &args.key) {
-        (true, Some(handler), Some(template), Some(key)) => expand::Expansion {
+    // Expand, only when nothing was found.
+    match (cx.check(), handler, key) {
+        (Ok(()), Some(handler), Some(key)) => expand::Expansion {
             handler: &handler,
-            template: &template,
-            key,
+            key: &key,
             args: &args,
         }
         .expand(),
-        _ => {
-            // Give the function back as written, so that IDEs and the rest of the crate keep
-            // working, next to every error found. Parameters used only by the key would read as
-            // unused without the wrapper; that warning would only distract from the errors.
-            let errors = errors.to_compile_errors();
+        (result, _, _) => {
+            // Parameters used only by the key would read as unused without the wrapper; that
+            // warning would only distract from the errors.
+            let errors = result.err();
             quote::quote! { #errors #[allow(unused_variables)] #item }
         }
     }

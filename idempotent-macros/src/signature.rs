@@ -10,10 +10,12 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned as _;
 use syn::{Attribute, FnArg, Ident, Pat, ReturnType, Signature, Token, Type, Visibility};
 
-use crate::errors::{Errors, did_you_mean};
+use crate::ctxt::{Ctxt, did_you_mean};
 
 /// A function whose body is kept as tokens.
 pub struct ItemFn {
+    /// The function's attributes, with the body's inner attributes (`#![allow(..)]`) moved here as
+    /// outer ones: the body becomes a closure inside the wrapper, where inner attributes cannot be.
     pub attrs: Vec<Attribute>,
     pub vis: Visibility,
     pub sig: Signature,
@@ -40,6 +42,11 @@ impl Parse for ItemFn {
         }
         let content;
         let brace = syn::braced!(content in input);
+        let mut attrs = attrs;
+        for mut inner in content.call(Attribute::parse_inner)? {
+            inner.style = syn::AttrStyle::Outer;
+            attrs.push(inner);
+        }
         let body: TokenStream = content.parse()?;
         let mut block = TokenStream::new();
         brace.surround(&mut block, |tokens| tokens.extend(body));
@@ -110,25 +117,21 @@ pub struct Handler<'a> {
 
 impl<'a> Handler<'a> {
     /// Checks the signature and finds the connection; `None` when an error was recorded.
-    pub fn analyse(
-        item: &'a ItemFn,
-        conn_arg: Option<&Ident>,
-        errors: &mut Errors,
-    ) -> Option<Self> {
+    pub fn analyse(item: &'a ItemFn, conn_arg: Option<&Ident>, cx: &Ctxt) -> Option<Self> {
         let sig = &item.sig;
         if let Some(constness) = &sig.constness {
-            errors.push(syn::Error::new(
+            cx.error(syn::Error::new(
                 constness.span,
                 "a job handler cannot be a `const fn`: it runs in a database transaction",
             ));
         }
         if let Some(variadic) = &sig.variadic {
-            errors.push(syn::Error::new(
+            cx.error(syn::Error::new(
                 variadic.span(),
                 "a job handler cannot be variadic",
             ));
         }
-        check_return_type(sig, errors);
+        check_return_type(sig, cx);
 
         let mut receiver = None;
         let mut params = Vec::new();
@@ -146,7 +149,7 @@ impl<'a> Handler<'a> {
             }
         }
 
-        let conn = find_conn(sig, &params, conn_arg, errors)?;
+        let conn = find_conn(sig, &params, conn_arg, cx)?;
         Some(Handler {
             item,
             receiver,
@@ -164,10 +167,10 @@ impl<'a> Handler<'a> {
     }
 }
 
-fn check_return_type(sig: &Signature, errors: &mut Errors) {
+fn check_return_type(sig: &Signature, cx: &Ctxt) {
     let explain = "an `Err` rolls the job back, claim included, so that a retry runs it again";
     match &sig.output {
-        ReturnType::Default => errors.push(syn::Error::new(
+        ReturnType::Default => cx.error(syn::Error::new(
             sig.paren_token.span.close(),
             format!(
                 "a job handler must return `Result<T, E>` ({explain}); `{}` returns nothing",
@@ -183,7 +186,7 @@ fn check_return_type(sig: &Signature, errors: &mut Errors) {
                 _ => false,
             };
             if !is_result {
-                errors.push(syn::Error::new(
+                cx.error(syn::Error::new(
                     ty.span(),
                     format!(
                         "a job handler must return `Result<T, E>` ({explain}); `{}` returns `{}`",
@@ -205,7 +208,7 @@ fn find_conn(
     sig: &Signature,
     params: &[Param],
     conn_arg: Option<&Ident>,
-    errors: &mut Errors,
+    cx: &Ctxt,
 ) -> Option<usize> {
     let names = || {
         params
@@ -227,7 +230,7 @@ fn find_conn(
                 {
                     message.push_str(&format!("; did you mean `{suggestion}`?"));
                 }
-                errors.push(syn::Error::new(wanted.span(), message));
+                cx.error(syn::Error::new(wanted.span(), message));
                 return None;
             }
         }
@@ -243,7 +246,7 @@ fn find_conn(
         match candidates.as_slice() {
             [only] => *only,
             [] => {
-                errors.push(syn::Error::new(
+                cx.error(syn::Error::new(
                     sig.paren_token.span.join(),
                     format!(
                         "`{}` has no connection parameter: the job's claim runs in the same transaction as its work, so the handler needs one. Take `conn: &mut <a Diesel connection>`, or name yours with `#[idempotent_job(conn = <name>, ...)]`",
@@ -258,7 +261,7 @@ fn find_conn(
                     .map(|&i| format!("`{}`", params[i].ident))
                     .collect::<Vec<_>>()
                     .join(" and ");
-                errors.push(syn::Error::new(
+                cx.error(syn::Error::new(
                     sig.paren_token.span.join(),
                     format!(
                         "{list} could each be the connection; say which with `#[idempotent_job(conn = {}, ...)]`",
@@ -274,7 +277,7 @@ fn find_conn(
     match &param.ty {
         Type::Reference(reference) if reference.mutability.is_some() => Some(index),
         Type::Reference(reference) => {
-            errors.push(syn::Error::new(
+            cx.error(syn::Error::new(
                 reference.span(),
                 format!(
                     "the connection `{}` must be `&mut`: the job writes its claim through it",
@@ -284,7 +287,7 @@ fn find_conn(
             None
         }
         other => {
-            errors.push(syn::Error::new(
+            cx.error(syn::Error::new(
                 other.span(),
                 format!(
                     "the connection `{}` must be taken as `&mut {}`, not by value: the caller keeps its connection (and the pool gets it back)",

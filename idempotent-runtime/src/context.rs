@@ -27,16 +27,32 @@ pub(crate) struct JobContext {
     pub(crate) key: JobKey,
     pub(crate) digest: [u8; 32],
     pub(crate) job: &'static str,
-    /// Outbox messages pushed so far, for their stable ids.
+    /// The key as `done_jobs.job_key` shows it: readable, or redacted.
+    pub(crate) key_text: String,
+    /// The address of the connection the job's transaction is open on.
+    pub(crate) connection: usize,
+    /// This run's own id: outbox message ids derive from it, so a later run of the same key (after
+    /// its claim lapsed, or was forgotten) never reuses an earlier run's ids.
+    pub(crate) run: [u8; 16],
+    /// Outbox messages pushed so far, for their ids.
     pushes: AtomicU32,
 }
 
 impl JobContext {
-    pub(crate) fn new(key: JobKey, digest: [u8; 32], job: &'static str) -> Arc<Self> {
+    pub(crate) fn new(
+        key: JobKey,
+        digest: [u8; 32],
+        job: &'static str,
+        key_text: String,
+        connection: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
             key,
             digest,
             job,
+            key_text,
+            connection,
+            run: crate::key::run_id(&digest),
             pushes: AtomicU32::new(0),
         })
     }
@@ -69,16 +85,15 @@ pub(crate) fn current() -> Option<Arc<JobContext>> {
     CURRENT.with(|current| current.borrow().last().cloned())
 }
 
-/// The enclosing job (on this thread) that already holds the key with `digest`, if any: a job
-/// called from inside its own body runs there, inside the claim it already made.
-pub(crate) fn enclosing_claim(digest: &[u8; 32]) -> Option<&'static str> {
+/// The enclosing job (on this thread) that already holds the key with `digest`, if any.
+pub(crate) fn enclosing_claim(digest: &[u8; 32]) -> Option<Arc<JobContext>> {
     CURRENT.with(|current| {
         current
             .borrow()
             .iter()
             .rev()
             .find(|context| context.digest == *digest)
-            .map(|context| context.job)
+            .cloned()
     })
 }
 

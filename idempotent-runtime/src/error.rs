@@ -72,6 +72,20 @@ pub enum Error {
         claimed_by: String,
     },
 
+    /// Two different job definitions in this process use one job name, so each would replay the
+    /// other's keys as done. Nothing ran.
+    #[error(
+        "two different jobs use the name `{name}`: {first} and {second}. Each would skip the other's work as already done, so neither runs until they have names of their own (`#[idempotent_job(name = \"...\")]`). If they are one job on purpose (a sync handler and its async twin), name both explicitly with the same `name` and the same key template"
+    )]
+    DuplicateJobName {
+        /// The shared name.
+        name: &'static str,
+        /// One definition, with its source location when the attribute registered it.
+        first: String,
+        /// The other.
+        second: String,
+    },
+
     /// The key came back with inputs different from the first run's: nothing ran, nothing changed.
     #[error(
         "job `{job}` was called again with key `{key}` but with different inputs ({inputs}) than its first run; nothing ran and nothing changed. A key reused with different input is usually a bug: make the key include what identifies the work, or let the first run's inputs stand"
@@ -97,9 +111,9 @@ pub enum Error {
         source: crate::fingerprint::FingerprintError,
     },
 
-    /// Claiming kept failing with errors that are normally retried (SQLite busy, MySQL deadlock).
+    /// Claiming kept failing, for the whole retry window, with errors that are normally retried.
     #[error(
-        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts; the database stayed busy or kept reporting deadlocks: {source}"
+        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts in 30 s ({causes}); the last error: {source}. Nothing ran and nothing was committed; retrying later is safe"
     )]
     ClaimRetriesExhausted {
         /// The job's name.
@@ -108,9 +122,37 @@ pub enum Error {
         key: String,
         /// How many times the claim was tried.
         attempts: u32,
+        /// What the failures were: another worker holding the key or the database's write lock
+        /// for longer than the window, deadlocks, serialization failures, with their counts.
+        causes: String,
         /// The last error.
         #[source]
         source: diesel::result::Error,
+    },
+
+    /// A job was called with its own key from inside its own running body, on another connection
+    /// than the one its transaction is open on.
+    #[error(
+        "job `{job}` was called with its own key `{key}` from inside its running body, but on another connection: there it would wait for its own uncommitted claim, or run without one. Call it with the body's own connection, where it runs as part of the enclosing run"
+    )]
+    OwnKeyOnAnotherConnection {
+        /// The job's name.
+        job: &'static str,
+        /// The key.
+        key: String,
+    },
+
+    /// A duration was longer than the runtime accepts (100 years).
+    #[error(
+        "{what} of {duration:?} is longer than the {max:?} the runtime accepts; nothing was done"
+    )]
+    InvalidDuration {
+        /// Which setting.
+        what: &'static str,
+        /// The duration given.
+        duration: std::time::Duration,
+        /// The longest accepted.
+        max: std::time::Duration,
     },
 
     /// A batch of [`prune`](crate::prune::prune()) failed; the batches before it stay deleted.
@@ -128,6 +170,24 @@ pub enum Error {
         topic: String,
     },
 
+    /// [`outbox::push`](crate::outbox::push) was called inside a job's body, but on another
+    /// connection than the job's own.
+    #[error(
+        "outbox::push(\"{topic}\") was called inside job `{job}` on another connection than the job's: there the message would commit on its own, whatever becomes of the job. Push it with the connection the body was given"
+    )]
+    OutboxOnAnotherConnection {
+        /// The message's topic.
+        topic: String,
+        /// The running job.
+        job: &'static str,
+    },
+
+    /// A relay was run inside a transaction the caller holds open.
+    #[error(
+        "the outbox relay was run inside an open transaction: its lease would hold row locks until that transaction ends, and a rollback would undo its marks. Run the relay on a connection outside any transaction; nothing was leased"
+    )]
+    RelayInsideTransaction,
+
     /// An outbox payload could not be turned into JSON.
     #[error("the payload of outbox message \"{topic}\" could not be stored as JSON: {source}")]
     OutboxPayload {
@@ -142,9 +202,19 @@ pub enum Error {
     #[error("the outbox failed in the database: {0}")]
     Outbox(#[source] diesel::result::Error),
 
-    /// Running the migrations of the done-jobs schema failed.
-    #[error("creating the done_jobs schema failed: {0}")]
-    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
+    /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
+    /// resumes.
+    #[error(
+        "creating or upgrading the runtime's table `{table}` failed: {source}. Calling migrate again resumes where this stopped"
+    )]
+    Migration {
+        /// The table the failed step was about.
+        table: &'static str,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// The step of a job at which the database failed, for [`Error::Database`].

@@ -1,11 +1,13 @@
 //! Static facts about a job: its name, template and how long its keys hold.
 
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// What the runtime knows about one job type, independent of any one call.
 ///
 /// The `#[idempotent_job]` attribute makes one per handler; callers of the plain function API
-/// ([`run`](crate::run)) make their own:
+/// ([`run`](crate::run)) make their own, as a `static`:
 ///
 /// ```
 /// use idempotent_runtime::Job;
@@ -13,13 +15,34 @@ use std::time::Duration;
 /// static SEND_INVOICE: Job = Job::new("send_invoice", "invoice:<month>:<customer_id>");
 /// assert_eq!(SEND_INVOICE.name(), "send_invoice");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// The name is the job's identity in `done_jobs`: a key claimed by one job is never replayed for
+/// another. Two definitions with one name are the same job only when both name it on purpose (an
+/// explicit `name = "..."`, or `Job::new`) and agree on the template, `keep`, redaction and
+/// fingerprint inputs (a sync handler and its async twin, say); any other pair is refused at its
+/// first call with [`Error::DuplicateJobName`](crate::Error::DuplicateJobName), naming both.
 pub struct Job {
     name: &'static str,
     template: &'static str,
     keep: Option<Duration>,
     redact_key: bool,
     fingerprint_inputs: &'static [&'static str],
+    /// The name is the handler's function name, not given on purpose.
+    named_after_function: bool,
+    /// This definition's identity has been checked against every other with its name.
+    checked: AtomicBool,
+}
+
+impl fmt::Debug for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Job")
+            .field("name", &self.name)
+            .field("template", &self.template)
+            .field("keep", &self.keep)
+            .field("redact_key", &self.redact_key)
+            .field("fingerprint_inputs", &self.fingerprint_inputs)
+            .finish()
+    }
 }
 
 impl Job {
@@ -32,11 +55,24 @@ impl Job {
             keep: None,
             redact_key: false,
             fingerprint_inputs: &[],
+            named_after_function: false,
+            checked: AtomicBool::new(false),
         }
     }
 
-    /// Shows this job's keys as `redacted:<digest prefix>` in events, errors and the readable
-    /// `job_key` column, for keys built from personal data. The digest still finds the row.
+    /// Marks the name as the handler's function name (what the attribute does when no `name` is
+    /// given), so that another definition with that name is an error, not the same job.
+    #[doc(hidden)]
+    pub const fn named_after_function(mut self) -> Self {
+        self.named_after_function = true;
+        self
+    }
+
+    /// Shows this job's keys as `redacted:<digest prefix>` in events, errors, the readable
+    /// `job_key` column and the outbox, for keys built from personal data. The digest still finds
+    /// the row. This is pseudonymisation, not encryption: the prefix is an unsalted SHA-256 of the
+    /// key, so whoever can list candidate keys (every e-mail address of a customer table) can
+    /// recompute it.
     pub const fn redact_key(mut self) -> Self {
         self.redact_key = true;
         self
@@ -46,6 +82,13 @@ impl Job {
     /// message; the fingerprint itself is passed to each call).
     pub const fn fingerprint_inputs(mut self, inputs: &'static [&'static str]) -> Self {
         self.fingerprint_inputs = inputs;
+        self
+    }
+
+    /// Keys of this job hold for `keep` after the run that claimed them committed; after that a
+    /// delivery with the same key runs the job again. Without this, keys hold for ever.
+    pub const fn keep_for(mut self, keep: Duration) -> Self {
+        self.keep = Some(keep);
         self
     }
 
@@ -59,13 +102,6 @@ impl Job {
         self.fingerprint_inputs
     }
 
-    /// Keys of this job hold for `keep`; after that a delivery with the same key runs the job again.
-    /// Without this, keys hold for ever.
-    pub const fn keep_for(mut self, keep: Duration) -> Self {
-        self.keep = Some(keep);
-        self
-    }
-
     /// The job's name, recorded in `done_jobs.job_name`.
     pub const fn name(&self) -> &'static str {
         self.name
@@ -76,8 +112,30 @@ impl Job {
         self.template
     }
 
-    /// How long a claimed key holds, if not for ever.
+    /// How long a claimed key holds after its run committed, if not for ever.
     pub const fn keep(&self) -> Option<Duration> {
         self.keep
+    }
+
+    /// Whether `self` and `other` may share a name: both named on purpose, with one definition.
+    pub(crate) fn same_job_as(&self, other: &Job) -> bool {
+        std::ptr::eq(self, other)
+            || (!self.named_after_function
+                && !other.named_after_function
+                && self.name == other.name
+                && self.template == other.template
+                && self.keep == other.keep
+                && self.redact_key == other.redact_key
+                && self.fingerprint_inputs == other.fingerprint_inputs)
+    }
+
+    /// Whether this definition was checked against every other with its name.
+    pub(crate) fn checked(&self) -> bool {
+        self.checked.load(Ordering::Acquire)
+    }
+
+    /// Records that this definition was checked.
+    pub(crate) fn mark_checked(&self) {
+        self.checked.store(true, Ordering::Release);
     }
 }

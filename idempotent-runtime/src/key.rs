@@ -21,6 +21,9 @@
 //! [`KeyBuilder::build`] at run time. Under that rule a key can be split back into its values
 //! unambiguously, which is the proof that no two argument tuples share a key.
 //!
+//! The rules live in one place, the `idempotent-keys` crate, which the attribute compiles in too:
+//! what the attribute checks and what the runtime writes cannot drift apart.
+//!
 //! Text that is not between two placeholders (`invoice:` at the front) needs no rule: it is the same
 //! for every key of the template.
 //!
@@ -30,6 +33,8 @@
 use std::borrow::Cow;
 use std::fmt::{self, Display, Write as _};
 
+use idempotent_keys::Part;
+use idempotent_keys::escape::{ShapeProblem, push_escaped, shape_problems};
 use sha2::{Digest as _, Sha256};
 
 /// A job's idempotency key: the text that identifies one unit of work across redeliveries.
@@ -169,21 +174,17 @@ pub enum KeyError {
     },
 }
 
-/// Whether `c` may start a separator between two values: it must not be producible by an escape
-/// sequence (`%` followed by upper-case hex digits) nor be an ASCII letter or digit.
-pub fn is_valid_separator_start(c: char) -> bool {
-    !(c == '%' || c.is_ascii_alphanumeric() || c.is_control())
-}
+pub use idempotent_keys::escape::is_valid_separator_start;
 
 /// Builds a [`JobKey`] from literal text and escaped values, checking the separator rule
 /// described in the [module docs](self).
 #[derive(Debug, Default, Clone)]
 pub struct KeyBuilder {
-    parts: Vec<Part>,
+    parts: Vec<BuilderPart>,
 }
 
 #[derive(Debug, Clone)]
-enum Part {
+enum BuilderPart {
     Text(String),
     Value(String),
 }
@@ -192,58 +193,66 @@ impl KeyBuilder {
     /// Appends literal text (the same for every key of this shape).
     pub fn text(mut self, text: &str) -> Self {
         match self.parts.last_mut() {
-            Some(Part::Text(previous)) => previous.push_str(text),
-            _ => self.parts.push(Part::Text(text.to_owned())),
+            Some(BuilderPart::Text(previous)) => previous.push_str(text),
+            _ => self.parts.push(BuilderPart::Text(text.to_owned())),
         }
         self
     }
 
     /// Appends a value, escaped when the key is built.
     pub fn value(mut self, value: impl Display) -> Self {
-        self.parts.push(Part::Value(value.to_string()));
+        self.parts.push(BuilderPart::Value(value.to_string()));
         self
     }
 
     /// Checks the separators and assembles the key.
     pub fn build(self) -> Result<JobKey, KeyError> {
-        let mut escapes = Vec::new();
-        let mut value_index = 0usize;
-        let mut previous_was_value = false;
-        for (i, part) in self.parts.iter().enumerate() {
-            match part {
-                Part::Text(text) => {
-                    if text.chars().any(char::is_control) {
-                        return Err(KeyError::ControlCharacter { text: text.clone() });
-                    }
-                    let followed_by_value = matches!(self.parts.get(i + 1), Some(Part::Value(_)));
-                    if previous_was_value && followed_by_value {
-                        let starts_with = text.chars().next().unwrap_or(':');
-                        if !is_valid_separator_start(starts_with) {
-                            return Err(KeyError::AmbiguousSeparator {
-                                separator: text.clone(),
-                                starts_with,
-                                first: value_index - 1,
-                                second: value_index,
-                            });
-                        }
-                        escapes.push(starts_with);
-                    }
-                    previous_was_value = false;
-                }
-                Part::Value(_) => {
-                    if previous_was_value {
-                        return Err(KeyError::AdjacentValues {
-                            first: value_index - 1,
-                            second: value_index,
-                        });
-                    }
-                    previous_was_value = true;
-                    value_index += 1;
-                }
+        for part in &self.parts {
+            if let BuilderPart::Text(text) = part
+                && text.chars().any(char::is_control)
+            {
+                return Err(KeyError::ControlCharacter { text: text.clone() });
             }
         }
+        let parts: Vec<Part<'_>> = self
+            .parts
+            .iter()
+            .map(|part| match part {
+                BuilderPart::Text(text) => Part::Text(text),
+                BuilderPart::Value(value) => Part::Value(value),
+            })
+            .collect();
+        // Values are numbered in order for the messages.
+        let value_number = |index: usize| {
+            parts[..index]
+                .iter()
+                .filter(|part| matches!(part, Part::Value(_)))
+                .count()
+        };
+        if let Some(problem) = shape_problems(&parts).into_iter().next() {
+            return Err(match problem {
+                ShapeProblem::Touching { before, after } => KeyError::AdjacentValues {
+                    first: value_number(before),
+                    second: value_number(after),
+                },
+                ShapeProblem::BadSeparator {
+                    before,
+                    after,
+                    starts_with,
+                } => KeyError::AmbiguousSeparator {
+                    separator: match parts.get(before + 1) {
+                        Some(Part::Text(text)) => (*text).to_owned(),
+                        _ => String::new(),
+                    },
+                    starts_with,
+                    first: value_number(before),
+                    second: value_number(after),
+                },
+            });
+        }
+        let escapes = idempotent_keys::escape::escapes(&parts);
         let mut text = String::new();
-        for part in &self.parts {
+        for part in &parts {
             match part {
                 Part::Text(t) => text.push_str(t),
                 Part::Value(v) => push_escaped(&mut text, v, &escapes),
@@ -306,25 +315,34 @@ impl fmt::Write for EscapingWriter<'_> {
     }
 }
 
-fn needs_escape(c: char, escapes: &[char]) -> bool {
-    c == '%' || c.is_control() || escapes.contains(&c)
+/// An id no other run shares: 16 bytes of SHA-256 over the key's digest, the time, the process,
+/// the thread and a counter, and the process's random hasher seed.
+pub(crate) fn run_id(digest: &[u8; 32]) -> [u8; 16] {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut seed = std::collections::hash_map::RandomState::new().build_hasher();
+    seed.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let mut hasher = Sha256::new();
+    hasher.update(digest);
+    hasher.update(seed.finish().to_be_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    hasher.update(now.to_be_bytes());
+    hasher.update(std::process::id().to_be_bytes());
+    hasher.update(format!("{:?}", std::thread::current().id()).as_bytes());
+    let digest = hasher.finalize();
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id
 }
 
-fn push_escaped(out: &mut String, value: &str, escapes: &[char]) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut rest = value;
-    while let Some(at) = rest.find(|c| needs_escape(c, escapes)) {
-        out.push_str(&rest[..at]);
-        let c = rest[at..].chars().next().unwrap_or('%');
-        let mut buf = [0u8; 4];
-        for byte in c.encode_utf8(&mut buf).bytes() {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xF)]));
-        }
-        rest = &rest[at + c.len_utf8()..];
-    }
-    out.push_str(rest);
+/// Twelve hex digits no other caller gets (a relay's lease token).
+pub(crate) fn token() -> String {
+    run_id(&[0; 32])[..6]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 #[cfg(test)]

@@ -6,22 +6,26 @@
 //! says what to do: record the outgoing message in the same transaction (so it exists exactly when
 //! the job's work does), and send it afterwards.
 //!
-//! * [`push`] (or [`push_async`]) inside a job's body writes the message; a rerun of the job that
-//!   replays writes nothing, and one that rolls back takes its messages with it.
-//! * Each message has a [`message_id`](OutboxMessage::message_id) derived from the job key and its
-//!   position in the job, stable across reruns: a receiver that remembers the ids it has acted on
-//!   drops the duplicates an at-least-once relay can send after a crash.
+//! * [`push`] (or [`push_async`]) inside a job's body, on the body's own connection, writes the
+//!   message; a rerun of the job that replays writes nothing, and one that rolls back takes its
+//!   messages with it. Pushing anywhere else is refused ([`Error::OutboxOutsideJob`],
+//!   [`Error::OutboxOnAnotherConnection`]): a message committed on its own would outlive a job
+//!   that rolled back.
+//! * Each message has a [`message_id`](OutboxMessage::message_id) derived from the job key's
+//!   digest, the run and the message's position in it: a redelivery of a committed run replays and
+//!   pushes nothing, so a receiver that remembers the ids it has acted on drops only true
+//!   duplicates, while a later run of the same key (its `keep` lapsed) sends new ids.
 //! * A [`Relay`] leases pending messages, hands each to your delivery function outside any
 //!   transaction, and marks it delivered. Several relays can run at once: a leased message is not
 //!   handed to another relay while its lease lasts (on PostgreSQL and MySQL the lease is taken
 //!   with `FOR UPDATE SKIP LOCKED`; SQLite has one writer). A relay that dies before marking a
 //!   message delivered leaves it to be sent again once the lease lapses.
-//! * A failed delivery backs off exponentially; after [`Relay::max_attempts`] it is parked:
-//!   visible through [`parked`], sent again after [`retry_parked`]. Delivered messages are removed
-//!   by [`prune_delivered`].
-//! * With an async feature on, `Relay::drain_async` / `run_once_async`, `parked_async`,
-//!   `retry_parked_async` and `prune_delivered_async` do the same through diesel-async
-//!   connections, with the same statements and leases: sync and async relays can share an outbox.
+//! * Each delivery attempt is counted when the message is leased, so a delivery that panics, or
+//!   kills the relay's process, counts too. After [`Relay::max_attempts`] a message is parked:
+//!   visible through [`parked`], sent again after [`retry_parked`]. A message whose relay died
+//!   during its delivery is sent again alone, never in a batch, so one poison message never holds
+//!   the others back. Delivered messages are removed by [`prune_delivered`].
+//! * Every time is the database's: leases, backoffs and the delay reported for each delivery.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -48,10 +52,12 @@
 //! ```
 
 use std::fmt;
-use std::time::Duration;
+use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
-use chrono::NaiveDateTime;
-use diesel::result::QueryResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest as _, Sha256};
@@ -59,11 +65,13 @@ use sha2::{Digest as _, Sha256};
 use crate::context;
 use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
-use crate::run::retry_transient;
-use crate::store::{JobStore, NewOutboxMessage};
+use crate::retry::retrying;
+use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
+
+pub use crate::store::OutboxCounts;
 
 /// A message as the relay hands it to a delivery function.
-#[derive(Debug, Clone, PartialEq, Eq, diesel::Queryable)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxMessage {
     id: i64,
     message_id: String,
@@ -71,10 +79,23 @@ pub struct OutboxMessage {
     payload: String,
     job_key: Option<String>,
     attempts: i32,
+    age: Duration,
 }
 
 impl OutboxMessage {
-    /// The id receivers deduplicate by: stable across reruns of the job that pushed it.
+    fn from_row(row: LeasedRow) -> Self {
+        Self {
+            id: row.id,
+            message_id: row.message_id,
+            topic: row.topic,
+            payload: row.payload,
+            job_key: row.job_key,
+            attempts: row.attempts,
+            age: Duration::from_micros(u64::try_from(row.age_micros).unwrap_or(0)),
+        }
+    }
+
+    /// The id receivers deduplicate by: unique to this message of this run of its job.
     pub fn message_id(&self) -> &str {
         &self.message_id
     }
@@ -94,21 +115,33 @@ impl OutboxMessage {
         serde_json::from_str(&self.payload)
     }
 
-    /// The key of the job that pushed it.
+    /// The key of the job that pushed it, as `done_jobs` shows it: redacted when the job redacts
+    /// its keys.
     pub fn job_key(&self) -> Option<&str> {
         self.job_key.as_deref()
     }
 
-    /// Deliveries tried and failed before this one.
+    /// Delivery attempts so far, this one included (each counted when the message was leased).
     pub fn attempts(&self) -> u32 {
         u32::try_from(self.attempts).unwrap_or(0)
     }
+
+    /// How long ago the message was pushed, by the database's clock, when it was leased.
+    pub fn age(&self) -> Duration {
+        self.age
+    }
 }
 
-/// The id of the `position`-th message a run of the job with `key` pushes on `topic`.
-fn message_id(key: &str, topic: &str, position: u32) -> String {
+/// The id of the `position`-th message on `topic` of the run `run` of the job whose key has
+/// `digest`.
+fn message_id(digest: &[u8; 32], run: &[u8; 16], topic: &str, position: u32) -> String {
     let mut hasher = Sha256::new();
-    for part in [key.as_bytes(), topic.as_bytes(), &position.to_be_bytes()] {
+    for part in [
+        &digest[..],
+        &run[..],
+        topic.as_bytes(),
+        &position.to_be_bytes(),
+    ] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part);
     }
@@ -120,547 +153,174 @@ fn message_id(key: &str, topic: &str, position: u32) -> String {
     id
 }
 
-/// What [`push`] writes, owned.
-struct NewMessage {
-    message_id: String,
-    topic: String,
-    payload: String,
-    job_key: String,
-    now: NaiveDateTime,
-}
-
-impl NewMessage {
-    fn new<T: Serialize + ?Sized>(topic: &str, payload: &T) -> Result<Self, Error> {
-        let Some(job) = context::current() else {
-            return Err(Error::OutboxOutsideJob {
-                topic: topic.to_owned(),
-            });
-        };
-        let payload = serde_json::to_string(payload).map_err(|source| Error::OutboxPayload {
-            topic: topic.to_owned(),
-            source,
-        })?;
-        let key = job.key.readable().into_owned();
-        Ok(Self {
-            message_id: message_id(&key, topic, job.next_push()),
-            topic: topic.to_owned(),
-            payload,
-            job_key: key,
-            now: chrono::Utc::now().naive_utc(),
-        })
-    }
-
-    fn row(&self) -> NewOutboxMessage<'_> {
-        NewOutboxMessage {
-            message_id: &self.message_id,
-            topic: &self.topic,
-            payload: &self.payload,
-            job_key: &self.job_key,
-            now: self.now,
-        }
-    }
-}
-
 /// Records a message in the current job's transaction; the relay sends it after the job commits.
 /// Returns its [`message_id`](OutboxMessage::message_id).
 ///
-/// Call it from a job's body, with the job's connection. Outside a job there is no transaction to
-/// join and no key to derive the id from, so it is [`Error::OutboxOutsideJob`].
+/// Call it from a job's body, with the body's connection. Outside a job there is no transaction to
+/// join and no key to derive the id from ([`Error::OutboxOutsideJob`]); on another connection the
+/// message would commit on its own, whatever becomes of the job
+/// ([`Error::OutboxOnAnotherConnection`]).
 pub fn push<C, T>(conn: &mut C, topic: &str, payload: &T) -> Result<String, Error>
 where
-    C: JobStore,
+    C: crate::JobStore,
     T: Serialize + ?Sized,
 {
-    let message = NewMessage::new(topic, payload)?;
-    conn.insert_outbox(&message.row()).map_err(Error::Outbox)?;
-    Ok(message.message_id)
+    crate::drive::block_on(push_on(conn.idempotent_store(), topic, payload))
 }
 
 /// [`push`] through an async connection, from an async job's body.
 #[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub async fn push_async<C, T>(conn: &mut C, topic: &str, payload: &T) -> Result<String, Error>
 where
     C: crate::AsyncJobStore,
     T: Serialize + ?Sized,
 {
-    let message = NewMessage::new(topic, payload)?;
-    conn.insert_outbox(&message.row())
+    push_on(conn.idempotent_store(), topic, payload).await
+}
+
+async fn push_on<S: Store, T: Serialize + ?Sized>(
+    conn: &mut S,
+    topic: &str,
+    payload: &T,
+) -> Result<String, Error> {
+    let Some(job) = context::current() else {
+        return Err(Error::OutboxOutsideJob {
+            topic: topic.to_owned(),
+        });
+    };
+    if std::ptr::from_mut::<S>(conn) as usize != job.connection {
+        return Err(Error::OutboxOnAnotherConnection {
+            topic: topic.to_owned(),
+            job: job.job,
+        });
+    }
+    let payload = serde_json::to_string(payload).map_err(|source| Error::OutboxPayload {
+        topic: topic.to_owned(),
+        source,
+    })?;
+    let id = message_id(&job.digest, &job.run, topic, job.next_push());
+    S::Db::push(
+        conn,
+        &NewMessage {
+            message_id: &id,
+            topic,
+            payload: &payload,
+            job_key: &job.key_text,
+        },
+    )
+    .await
+    .map_err(Error::Outbox)?;
+    Ok(id)
+}
+
+/// Messages parked after too many failed attempts, oldest first.
+pub fn parked<C: crate::JobStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
+    crate::drive::block_on(parked_on(conn.idempotent_store()))
+}
+
+/// [`parked`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn parked_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+) -> Result<Vec<OutboxMessage>, Error> {
+    parked_on(conn.idempotent_store()).await
+}
+
+async fn parked_on<S: Store>(conn: &mut S) -> Result<Vec<OutboxMessage>, Error> {
+    let rows = retrying::<S, _>(async || S::Db::parked(conn).await)
         .await
         .map_err(Error::Outbox)?;
-    Ok(message.message_id)
-}
-
-/// The relay's statements, per backend.
-pub trait OutboxStore: JobStore {
-    /// Leases up to `limit` pending messages to `owner` until `until`, in one short transaction.
-    fn lease(
-        &mut self,
-        owner: &str,
-        now: NaiveDateTime,
-        until: NaiveDateTime,
-        limit: i64,
-    ) -> QueryResult<Vec<OutboxMessage>>;
-    /// Marks a message delivered, if `owner` still holds its lease; `Ok(false)` if it lost it.
-    fn mark_delivered(&mut self, id: i64, owner: &str, now: NaiveDateTime) -> QueryResult<bool>;
-    /// Records a failed delivery: back off until `retry_at`, or park when `retry_at` is `None`.
-    fn mark_failed(
-        &mut self,
-        id: i64,
-        owner: &str,
-        attempts: i32,
-        error: &str,
-        now: NaiveDateTime,
-        retry_at: Option<NaiveDateTime>,
-    ) -> QueryResult<()>;
-    /// Parked messages, oldest first.
-    fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>>;
-    /// Un-parks messages (all, or the one with `message_id`): they are sent again.
-    fn retry_parked(&mut self, message_id: Option<&str>, now: NaiveDateTime) -> QueryResult<usize>;
-    /// Deletes up to `limit` messages delivered before `before`.
-    fn prune_delivered(&mut self, before: NaiveDateTime, limit: i64) -> QueryResult<usize>;
-}
-
-/// The relay's statements, written once for sync (`[]`) and async (`[.await]`) connections.
-macro_rules! outbox_statements {
-    (lease, $conn:expr, $owner:expr, $now:expr, $until:expr, $limit:expr, $lock:ident, [$($aw:tt)*]) => {{
-        use crate::schema::outbox::dsl as o;
-        let pending = o::outbox
-            .filter(o::delivered_at.is_null())
-            .filter(o::parked_at.is_null())
-            .filter(o::available_at.le($now))
-            .filter(o::lease_until.is_null().or(o::lease_until.le($now)))
-            .order(o::id)
-            .limit($limit)
-            .select((o::id, o::message_id, o::topic, o::payload, o::job_key, o::attempts));
-        let messages: Vec<OutboxMessage> = outbox_statements!(@lock $lock, pending).load($conn)$($aw)*?;
-        let ids: Vec<i64> = messages.iter().map(|m| m.id).collect();
-        if !ids.is_empty() {
-            diesel::update(o::outbox.filter(o::id.eq_any(&ids)))
-                .set((o::lease_owner.eq($owner), o::lease_until.eq($until)))
-                .execute($conn)$($aw)*?;
-        }
-        Ok(messages)
-    }};
-    (@lock skip_locked, $query:expr) => { $query.for_update().skip_locked() };
-    // SQLite: the lease runs in `BEGIN IMMEDIATE`, so one relay leases at a time.
-    (@lock plain, $query:expr) => { $query };
-    (mark_delivered, $conn:expr, $id:expr, $owner:expr, $now:expr, [$($aw:tt)*]) => {{
-        use crate::schema::outbox::dsl as o;
-        let updated = diesel::update(o::outbox.filter(o::id.eq($id)).filter(o::lease_owner.eq($owner)))
-            .set((o::delivered_at.eq($now), o::lease_until.eq(None::<NaiveDateTime>)))
-            .execute($conn)$($aw)*?;
-        Ok(updated == 1)
-    }};
-    (mark_failed, $conn:expr, $id:expr, $owner:expr, $attempts:expr, $error:expr, $now:expr, $retry_at:expr, [$($aw:tt)*]) => {{
-        use crate::schema::outbox::dsl as o;
-        let target = o::outbox.filter(o::id.eq($id)).filter(o::lease_owner.eq($owner));
-        let released = (
-            o::attempts.eq($attempts),
-            o::last_error.eq($error),
-            o::lease_owner.eq(None::<&str>),
-            o::lease_until.eq(None::<NaiveDateTime>),
-        );
-        match $retry_at {
-            Some(at) => diesel::update(target).set((released, o::available_at.eq(at))).execute($conn)$($aw)*?,
-            None => diesel::update(target).set((released, o::parked_at.eq($now))).execute($conn)$($aw)*?,
-        };
-        Ok(())
-    }};
-    (parked, $conn:expr, [$($aw:tt)*]) => {{
-        use crate::schema::outbox::dsl as o;
-        o::outbox
-            .filter(o::parked_at.is_not_null())
-            .order(o::id)
-            .select((o::id, o::message_id, o::topic, o::payload, o::job_key, o::attempts))
-            .load($conn)$($aw)*
-    }};
-    (retry_parked, $conn:expr, $message_id:expr, $now:expr, [$($aw:tt)*]) => {{
-        use crate::schema::outbox::dsl as o;
-        let reset = (
-            o::parked_at.eq(None::<NaiveDateTime>),
-            o::attempts.eq(0),
-            o::available_at.eq($now),
-        );
-        let parked = o::outbox.filter(o::parked_at.is_not_null());
-        match $message_id {
-            Some(id) => diesel::update(parked.filter(o::message_id.eq(id))).set(reset).execute($conn)$($aw)*,
-            None => diesel::update(parked).set(reset).execute($conn)$($aw)*,
-        }
-    }};
-    (prune_delivered, $conn:expr, $sql:expr, $before:expr, $limit:expr, [$($aw:tt)*]) => {
-        diesel::sql_query($sql)
-            .bind::<diesel::sql_types::Timestamp, _>($before)
-            .bind::<diesel::sql_types::BigInt, _>($limit)
-            .execute($conn)$($aw)*
-    };
-}
-
-macro_rules! impl_outbox_store {
-    ($conn:ty, lock: $lock:ident, prune: $prune:expr) => {
-        impl OutboxStore for $conn {
-            fn lease(
-                &mut self,
-                owner: &str,
-                now: NaiveDateTime,
-                until: NaiveDateTime,
-                limit: i64,
-            ) -> QueryResult<Vec<OutboxMessage>> {
-                use diesel::prelude::*;
-                let nesting = self.begin_job()?;
-                let leased =
-                    (|| outbox_statements!(lease, self, owner, now, until, limit, $lock, []))();
-                finish(self, nesting, leased)
-            }
-
-            fn mark_delivered(
-                &mut self,
-                id: i64,
-                owner: &str,
-                now: NaiveDateTime,
-            ) -> QueryResult<bool> {
-                use diesel::prelude::*;
-                outbox_statements!(mark_delivered, self, id, owner, now, [])
-            }
-
-            fn mark_failed(
-                &mut self,
-                id: i64,
-                owner: &str,
-                attempts: i32,
-                error: &str,
-                now: NaiveDateTime,
-                retry_at: Option<NaiveDateTime>,
-            ) -> QueryResult<()> {
-                use diesel::prelude::*;
-                outbox_statements!(
-                    mark_failed,
-                    self,
-                    id,
-                    owner,
-                    attempts,
-                    error,
-                    now,
-                    retry_at,
-                    []
-                )
-            }
-
-            fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>> {
-                use diesel::prelude::*;
-                outbox_statements!(parked, self, [])
-            }
-
-            fn retry_parked(
-                &mut self,
-                message_id: Option<&str>,
-                now: NaiveDateTime,
-            ) -> QueryResult<usize> {
-                use diesel::prelude::*;
-                outbox_statements!(retry_parked, self, message_id, now, [])
-            }
-
-            fn prune_delivered(&mut self, before: NaiveDateTime, limit: i64) -> QueryResult<usize> {
-                use diesel::prelude::*;
-                outbox_statements!(prune_delivered, self, $prune, before, limit, [])
-            }
-        }
-    };
-}
-
-#[cfg(feature = "async")]
-pub use asynchronous::{AsyncOutboxStore, parked_async, prune_delivered_async, retry_parked_async};
-
-#[cfg(feature = "async")]
-mod asynchronous {
-    use std::future::Future;
-
-    use super::*;
-    use crate::AsyncJobStore;
-    use crate::asynchronous::retry_transient_async;
-
-    /// [`OutboxStore`] for async connections.
-    pub trait AsyncOutboxStore: AsyncJobStore {
-        /// Leases up to `limit` pending messages to `owner` until `until`, in one short transaction.
-        fn lease(
-            &mut self,
-            owner: &str,
-            now: NaiveDateTime,
-            until: NaiveDateTime,
-            limit: i64,
-        ) -> impl Future<Output = QueryResult<Vec<OutboxMessage>>> + Send;
-        /// Marks a message delivered, if `owner` still holds its lease.
-        fn mark_delivered(
-            &mut self,
-            id: i64,
-            owner: &str,
-            now: NaiveDateTime,
-        ) -> impl Future<Output = QueryResult<bool>> + Send;
-        /// Records a failed delivery: back off until `retry_at`, or park when it is `None`.
-        fn mark_failed(
-            &mut self,
-            id: i64,
-            owner: &str,
-            attempts: i32,
-            error: &str,
-            now: NaiveDateTime,
-            retry_at: Option<NaiveDateTime>,
-        ) -> impl Future<Output = QueryResult<()>> + Send;
-        /// Parked messages, oldest first.
-        fn parked(&mut self) -> impl Future<Output = QueryResult<Vec<OutboxMessage>>> + Send;
-        /// Un-parks messages (all, or the one with `message_id`).
-        fn retry_parked(
-            &mut self,
-            message_id: Option<&str>,
-            now: NaiveDateTime,
-        ) -> impl Future<Output = QueryResult<usize>> + Send;
-        /// Deletes up to `limit` messages delivered before `before`.
-        fn prune_delivered(
-            &mut self,
-            before: NaiveDateTime,
-            limit: i64,
-        ) -> impl Future<Output = QueryResult<usize>> + Send;
-    }
-
-    #[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
-    macro_rules! impl_async_outbox_store {
-        ($conn:ty, lock: $lock:ident, prune: $prune:expr) => {
-            impl AsyncOutboxStore for $conn {
-                async fn lease(
-                    &mut self,
-                    owner: &str,
-                    now: NaiveDateTime,
-                    until: NaiveDateTime,
-                    limit: i64,
-                ) -> QueryResult<Vec<OutboxMessage>> {
-                    use diesel::prelude::*;
-                    use diesel_async::RunQueryDsl;
-                    crate::asynchronous::in_guarded_transaction(self, async |conn| {
-                        outbox_statements!(lease, conn, owner, now, until, limit, $lock, [.await])
-                    })
-                    .await
-                }
-
-                async fn mark_delivered(&mut self, id: i64, owner: &str, now: NaiveDateTime) -> QueryResult<bool> {
-                    use diesel::prelude::*;
-                    use diesel_async::RunQueryDsl;
-                    outbox_statements!(mark_delivered, self, id, owner, now, [.await])
-                }
-
-                async fn mark_failed(
-                    &mut self,
-                    id: i64,
-                    owner: &str,
-                    attempts: i32,
-                    error: &str,
-                    now: NaiveDateTime,
-                    retry_at: Option<NaiveDateTime>,
-                ) -> QueryResult<()> {
-                    use diesel::prelude::*;
-                    use diesel_async::RunQueryDsl;
-                    outbox_statements!(mark_failed, self, id, owner, attempts, error, now, retry_at, [.await])
-                }
-
-                async fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>> {
-                    use diesel::prelude::*;
-                    use diesel_async::RunQueryDsl;
-                    outbox_statements!(parked, self, [.await])
-                }
-
-                async fn retry_parked(&mut self, message_id: Option<&str>, now: NaiveDateTime) -> QueryResult<usize> {
-                    use diesel::prelude::*;
-                    use diesel_async::RunQueryDsl;
-                    outbox_statements!(retry_parked, self, message_id, now, [.await])
-                }
-
-                async fn prune_delivered(&mut self, before: NaiveDateTime, limit: i64) -> QueryResult<usize> {
-                    use diesel_async::RunQueryDsl;
-                    outbox_statements!(prune_delivered, self, $prune, before, limit, [.await])
-                }
-            }
-        };
-    }
-
-    #[cfg(feature = "async-postgres")]
-    impl_async_outbox_store!(diesel_async::AsyncPgConnection, lock: skip_locked, prune: prune_sql::POSTGRES);
-    #[cfg(feature = "async-mysql")]
-    impl_async_outbox_store!(diesel_async::AsyncMysqlConnection, lock: skip_locked, prune: prune_sql::MYSQL);
-
-    /// SQLite through diesel-async: the sync statements on the wrapper's blocking thread.
-    #[cfg(feature = "async-sqlite")]
-    impl AsyncOutboxStore
-        for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
-            diesel::sqlite::SqliteConnection,
-        >
-    {
-        async fn lease(
-            &mut self,
-            owner: &str,
-            now: NaiveDateTime,
-            until: NaiveDateTime,
-            limit: i64,
-        ) -> QueryResult<Vec<OutboxMessage>> {
-            let owner = owner.to_owned();
-            self.spawn_blocking(move |conn| OutboxStore::lease(conn, &owner, now, until, limit))
-                .await
-        }
-
-        async fn mark_delivered(
-            &mut self,
-            id: i64,
-            owner: &str,
-            now: NaiveDateTime,
-        ) -> QueryResult<bool> {
-            let owner = owner.to_owned();
-            self.spawn_blocking(move |conn| OutboxStore::mark_delivered(conn, id, &owner, now))
-                .await
-        }
-
-        async fn mark_failed(
-            &mut self,
-            id: i64,
-            owner: &str,
-            attempts: i32,
-            error: &str,
-            now: NaiveDateTime,
-            retry_at: Option<NaiveDateTime>,
-        ) -> QueryResult<()> {
-            let (owner, error) = (owner.to_owned(), error.to_owned());
-            self.spawn_blocking(move |conn| {
-                OutboxStore::mark_failed(conn, id, &owner, attempts, &error, now, retry_at)
-            })
-            .await
-        }
-
-        async fn parked(&mut self) -> QueryResult<Vec<OutboxMessage>> {
-            self.spawn_blocking(OutboxStore::parked).await
-        }
-
-        async fn retry_parked(
-            &mut self,
-            message_id: Option<&str>,
-            now: NaiveDateTime,
-        ) -> QueryResult<usize> {
-            let message_id = message_id.map(str::to_owned);
-            self.spawn_blocking(move |conn| {
-                OutboxStore::retry_parked(conn, message_id.as_deref(), now)
-            })
-            .await
-        }
-
-        async fn prune_delivered(
-            &mut self,
-            before: NaiveDateTime,
-            limit: i64,
-        ) -> QueryResult<usize> {
-            self.spawn_blocking(move |conn| OutboxStore::prune_delivered(conn, before, limit))
-                .await
-        }
-    }
-
-    /// [`parked`](super::parked) through an async connection.
-    pub async fn parked_async<C: AsyncOutboxStore>(
-        conn: &mut C,
-    ) -> Result<Vec<OutboxMessage>, Error> {
-        retry_transient_async::<C, _>(async || conn.parked().await)
-            .await
-            .map_err(Error::Outbox)
-    }
-
-    /// [`retry_parked`](super::retry_parked) through an async connection.
-    pub async fn retry_parked_async<C: AsyncOutboxStore>(
-        conn: &mut C,
-        message_id: Option<&str>,
-    ) -> Result<usize, Error> {
-        let now = chrono::Utc::now().naive_utc();
-        retry_transient_async::<C, _>(async || conn.retry_parked(message_id, now).await)
-            .await
-            .map_err(Error::Outbox)
-    }
-
-    /// [`prune_delivered`](super::prune_delivered) through an async connection.
-    pub async fn prune_delivered_async<C: AsyncOutboxStore>(
-        conn: &mut C,
-        older_than: Duration,
-        options: &Prune,
-    ) -> Result<PruneReport, Error> {
-        let before = chrono::Utc::now().naive_utc()
-            - chrono::TimeDelta::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX);
-        crate::prune::in_batches_async(options, async |limit| {
-            retry_transient_async::<C, _>(async || conn.prune_delivered(before, limit).await)
-                .await
-                .map_err(Error::Outbox)
-        })
-        .await
-    }
-}
-
-/// Commits or rolls back the lease's transaction.
-fn finish<C: JobStore, T>(
-    conn: &mut C,
-    _nesting: crate::store::Nesting,
-    result: QueryResult<T>,
-) -> QueryResult<T> {
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    match result {
-        Ok(value) => {
-            AnsiTransactionManager::commit_transaction(conn)?;
-            Ok(value)
-        }
-        Err(error) => {
-            let _ = AnsiTransactionManager::rollback_transaction(conn);
-            Err(error)
-        }
-    }
-}
-
-/// One batch of deleting delivered messages, per backend.
-#[allow(dead_code)] // used by the backends that are compiled in
-mod prune_sql {
-    pub const SQLITE: &str = "DELETE FROM outbox WHERE id IN \
-        (SELECT id FROM outbox WHERE delivered_at <= ? ORDER BY delivered_at LIMIT ?)";
-    pub const POSTGRES: &str = "DELETE FROM outbox WHERE id IN \
-        (SELECT id FROM outbox WHERE delivered_at <= $1 ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
-    pub const MYSQL: &str =
-        "DELETE FROM outbox WHERE delivered_at <= ? ORDER BY delivered_at LIMIT ?";
-}
-
-#[cfg(feature = "sqlite")]
-impl_outbox_store!(diesel::sqlite::SqliteConnection, lock: plain, prune: prune_sql::SQLITE);
-#[cfg(feature = "postgres")]
-impl_outbox_store!(diesel::pg::PgConnection, lock: skip_locked, prune: prune_sql::POSTGRES);
-#[cfg(feature = "mysql")]
-impl_outbox_store!(diesel::mysql::MysqlConnection, lock: skip_locked, prune: prune_sql::MYSQL);
-
-/// Messages parked after too many failed deliveries, oldest first.
-pub fn parked<C: OutboxStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
-    retry_transient::<C, _>(|| conn.parked()).map_err(Error::Outbox)
+    Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
 /// Sends parked messages again: all of them, or the one with `message_id`. Returns how many.
-pub fn retry_parked<C: OutboxStore>(
+pub fn retry_parked<C: crate::JobStore>(
     conn: &mut C,
     message_id: Option<&str>,
 ) -> Result<usize, Error> {
-    let now = chrono::Utc::now().naive_utc();
-    retry_transient::<C, _>(|| conn.retry_parked(message_id, now)).map_err(Error::Outbox)
+    crate::drive::block_on(retry_parked_on(conn.idempotent_store(), message_id))
+}
+
+/// [`retry_parked`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn retry_parked_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    message_id: Option<&str>,
+) -> Result<usize, Error> {
+    retry_parked_on(conn.idempotent_store(), message_id).await
+}
+
+async fn retry_parked_on<S: Store>(conn: &mut S, message_id: Option<&str>) -> Result<usize, Error> {
+    retrying::<S, _>(async || S::Db::retry_parked(conn, message_id).await)
+        .await
+        .map_err(Error::Outbox)
 }
 
 /// Deletes messages delivered more than `older_than` ago, in batches as `options` says (as
-/// [`prune`](crate::prune::prune) does for lapsed claims).
-pub fn prune_delivered<C: OutboxStore>(
+/// [`prune`](crate::prune::prune()) does for lapsed claims).
+pub fn prune_delivered<C: crate::JobStore>(
     conn: &mut C,
     older_than: Duration,
     options: &Prune,
 ) -> Result<PruneReport, Error> {
-    let before = chrono::Utc::now().naive_utc()
-        - chrono::TimeDelta::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX);
-    crate::prune::in_batches(options, |limit| {
-        retry_transient::<C, _>(|| conn.prune_delivered(before, limit)).map_err(Error::Outbox)
+    crate::drive::block_on(prune_delivered_on(
+        conn.idempotent_store(),
+        older_than,
+        options,
+    ))
+}
+
+/// [`prune_delivered`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn prune_delivered_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    older_than: Duration,
+    options: &Prune,
+) -> Result<PruneReport, Error> {
+    prune_delivered_on(conn.idempotent_store(), older_than, options).await
+}
+
+async fn prune_delivered_on<S: Store>(
+    conn: &mut S,
+    older_than: Duration,
+    options: &Prune,
+) -> Result<PruneReport, Error> {
+    let older_than = crate::time::micros(older_than, "prune_delivered's `older_than`")?;
+    crate::prune::in_batches::<S>(options, "delivered outbox messages", async |limit| {
+        retrying::<S, _>(async || S::Db::prune_delivered(conn, older_than, limit).await)
+            .await
+            .map_err(Error::Outbox)
     })
+    .await
+}
+
+/// How many messages are pending, leased, delivered and parked, in one query; with the `metrics`
+/// feature also set as the gauges `idempotent_outbox_messages{state}`.
+pub fn counts<C: crate::JobStore>(conn: &mut C) -> Result<OutboxCounts, Error> {
+    crate::drive::block_on(counts_on(conn.idempotent_store()))
+}
+
+/// [`counts`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn counts_async<C: crate::AsyncJobStore>(conn: &mut C) -> Result<OutboxCounts, Error> {
+    counts_on(conn.idempotent_store()).await
+}
+
+async fn counts_on<S: Store>(conn: &mut S) -> Result<OutboxCounts, Error> {
+    let counts = retrying::<S, _>(async || S::Db::outbox_counts(conn).await)
+        .await
+        .map_err(Error::Outbox)?;
+    crate::stats::outbox_counts(&counts);
+    Ok(counts)
 }
 
 /// Sends outbox messages; see the [module docs](self).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Relay {
     owner: String,
     batch_size: u32,
@@ -676,6 +336,17 @@ impl Default for Relay {
     }
 }
 
+impl Clone for Relay {
+    /// A copy with the same settings and an owner identity of its own, so that copies running at
+    /// once never take each other's leases for their own.
+    fn clone(&self) -> Self {
+        Self {
+            owner: owner_name(),
+            ..*self
+        }
+    }
+}
+
 /// What a relay run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
@@ -683,67 +354,16 @@ pub struct RelayReport {
     pub leased: u64,
     /// Messages delivered and marked so.
     pub delivered: u64,
-    /// Deliveries that failed and will be tried again.
+    /// Deliveries that failed (returned `Err` or panicked) and will be tried again.
     pub failed: u64,
-    /// Messages parked after their last failed attempt.
+    /// Messages parked after their last allowed attempt.
     pub parked: u64,
     /// Deliveries whose lease had lapsed and been taken by another relay before they were marked:
     /// the message may reach its receiver twice, which its id lets the receiver drop.
     pub lease_lost: u64,
 }
 
-/// What a relay records after one delivery.
-enum After {
-    Delivered {
-        at: NaiveDateTime,
-    },
-    Failed {
-        attempts: i32,
-        error: String,
-        at: NaiveDateTime,
-        /// `None`: park the message.
-        retry_at: Option<NaiveDateTime>,
-    },
-}
-
 impl RelayReport {
-    fn leased(batch: &[OutboxMessage]) -> Self {
-        Self {
-            leased: batch.len() as u64,
-            ..Self::default()
-        }
-    }
-
-    /// Counts one delivery; `held` is whether the relay still held the message's lease.
-    fn count(&mut self, message: &OutboxMessage, after: &After, held: bool) {
-        let message_id = message.message_id();
-        match after {
-            After::Delivered { .. } if held => self.delivered += 1,
-            After::Delivered { .. } => {
-                self.lease_lost += 1;
-                tracing::warn!(
-                    message_id,
-                    "delivered after the lease lapsed; another relay may send it again"
-                );
-            }
-            After::Failed {
-                attempts,
-                error,
-                retry_at: None,
-                ..
-            } => {
-                self.parked += 1;
-                tracing::warn!(message_id, attempts, %error, "outbox message parked");
-            }
-            After::Failed {
-                attempts, error, ..
-            } => {
-                self.failed += 1;
-                tracing::info!(message_id, attempts, %error, "outbox delivery failed; will retry");
-            }
-        }
-    }
-
     fn add(&mut self, other: &RelayReport) {
         self.leased += other.leased;
         self.delivered += other.delivered;
@@ -753,20 +373,53 @@ impl RelayReport {
     }
 }
 
+/// A name no other relay, in this process or another, uses.
+fn owner_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "relay-{}-{}-{nanos:x}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+/// The error text stored in `last_error`: control characters (PostgreSQL text cannot hold NUL)
+/// replaced, and at most this many characters.
+const ERROR_TEXT_LIMIT: usize = 2_000;
+
+fn error_text(error: &str) -> String {
+    let mut text: String = error
+        .chars()
+        .take(ERROR_TEXT_LIMIT)
+        .map(|c| {
+            if c.is_control() && c != '\n' {
+                '\u{fffd}'
+            } else {
+                c
+            }
+        })
+        .collect();
+    if error.chars().nth(ERROR_TEXT_LIMIT).is_some() {
+        text.push('…');
+    }
+    text
+}
+
+/// How a delivery ended.
+enum Delivery {
+    Delivered,
+    Failed(String),
+}
+
 impl Relay {
     /// A relay named after this process, leasing 100 messages at a time for 60 s, parking a
-    /// message after 10 failed attempts, backing off from 1 s to 10 min.
+    /// message after 10 attempts, backing off from 1 s to 10 min.
     pub fn new() -> Self {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
         Self {
-            owner: format!(
-                "relay-{}-{}-{nanos:x}",
-                std::process::id(),
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            ),
+            owner: owner_name(),
             batch_size: 100,
             lease: Duration::from_secs(60),
             max_attempts: 10,
@@ -782,13 +435,14 @@ impl Relay {
     }
 
     /// How long a relay holds a leased message; a batch must be delivered within it, or another
-    /// relay may send its messages again.
+    /// relay may send its messages again. At most 100 years (a run with more is an
+    /// [`Error::InvalidDuration`]).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Failed attempts after which a message is parked.
+    /// Attempts after which a message is parked (at least 1).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
@@ -801,125 +455,83 @@ impl Relay {
         self
     }
 
-    /// This relay's name in the `lease_owner` column.
+    /// This relay's name; each lease it takes is owned by this name and a token of its own.
     pub fn owner(&self) -> &str {
         &self.owner
     }
 
     /// Leases one batch and delivers it: each message goes to `deliver`, outside any transaction;
-    /// `Ok` marks it delivered, `Err` backs it off or parks it.
+    /// `Ok` marks it delivered, `Err` (or a panic, caught) backs it off or parks it.
+    ///
+    /// Refused inside a transaction of the caller's ([`Error::RelayInsideTransaction`]): the lease
+    /// would hold its row locks until that transaction ends.
     pub fn run_once<C, E, F>(&self, conn: &mut C, mut deliver: F) -> Result<RelayReport, Error>
     where
-        C: OutboxStore,
+        C: crate::JobStore,
         E: fmt::Display,
         F: FnMut(&OutboxMessage) -> Result<(), E>,
     {
-        let (now, until) = self.lease_window();
-        let limit = i64::from(self.batch_size);
-        let batch = retry_transient::<C, _>(|| conn.lease(&self.owner, now, until, limit))
-            .map_err(Error::Outbox)?;
-        let mut report = RelayReport::leased(&batch);
-        for message in &batch {
-            let after = self.after_delivery(message, deliver(message));
-            let held = match &after {
-                After::Delivered { at } => {
-                    retry_transient::<C, _>(|| conn.mark_delivered(message.id, &self.owner, *at))
-                }
-                After::Failed {
-                    attempts,
-                    error,
-                    at,
-                    retry_at,
-                } => retry_transient::<C, _>(|| {
-                    conn.mark_failed(message.id, &self.owner, *attempts, error, *at, *retry_at)
-                })
-                .map(|()| true),
-            }
-            .map_err(Error::Outbox)?;
-            report.count(message, &after, held);
-        }
-        Ok(report)
+        crate::drive::block_on(
+            self.round(conn.idempotent_store(), &mut async |m: &OutboxMessage| {
+                deliver(m)
+            }),
+        )
     }
 
     /// Runs batches until none is left that can be sent now.
     pub fn drain<C, E, F>(&self, conn: &mut C, mut deliver: F) -> Result<RelayReport, Error>
     where
-        C: OutboxStore,
+        C: crate::JobStore,
         E: fmt::Display,
         F: FnMut(&OutboxMessage) -> Result<(), E>,
     {
-        let mut total = RelayReport::default();
-        loop {
-            let report = self.run_once(conn, &mut deliver)?;
-            total.add(&report);
-            if report.leased == 0 {
-                return Ok(total);
-            }
-        }
+        crate::drive::block_on(
+            self.drain_on(conn.idempotent_store(), &mut async |m: &OutboxMessage| {
+                deliver(m)
+            }),
+        )
     }
 
     /// [`run_once`](Self::run_once) through an async connection, with an async delivery function.
     #[cfg(feature = "async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
     pub async fn run_once_async<C, E, F>(
         &self,
         conn: &mut C,
         mut deliver: F,
     ) -> Result<RelayReport, Error>
     where
-        C: AsyncOutboxStore,
+        C: crate::AsyncJobStore,
         E: fmt::Display,
         F: AsyncFnMut(&OutboxMessage) -> Result<(), E>,
     {
-        let (now, until) = self.lease_window();
-        let limit = i64::from(self.batch_size);
-        let batch = crate::asynchronous::retry_transient_async::<C, _>(async || {
-            conn.lease(&self.owner, now, until, limit).await
-        })
-        .await
-        .map_err(Error::Outbox)?;
-        let mut report = RelayReport::leased(&batch);
-        for message in &batch {
-            let after = self.after_delivery(message, deliver(message).await);
-            let held = match &after {
-                After::Delivered { at } => {
-                    crate::asynchronous::retry_transient_async::<C, _>(async || {
-                        conn.mark_delivered(message.id, &self.owner, *at).await
-                    })
-                    .await
-                }
-                After::Failed {
-                    attempts,
-                    error,
-                    at,
-                    retry_at,
-                } => crate::asynchronous::retry_transient_async::<C, _>(async || {
-                    conn.mark_failed(message.id, &self.owner, *attempts, error, *at, *retry_at)
-                        .await
-                })
-                .await
-                .map(|()| true),
-            }
-            .map_err(Error::Outbox)?;
-            report.count(message, &after, held);
-        }
-        Ok(report)
+        self.round(conn.idempotent_store(), &mut deliver).await
     }
 
     /// [`drain`](Self::drain) through an async connection, with an async delivery function.
     #[cfg(feature = "async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
     pub async fn drain_async<C, E, F>(
         &self,
         conn: &mut C,
         mut deliver: F,
     ) -> Result<RelayReport, Error>
     where
-        C: AsyncOutboxStore,
+        C: crate::AsyncJobStore,
         E: fmt::Display,
         F: AsyncFnMut(&OutboxMessage) -> Result<(), E>,
     {
+        self.drain_on(conn.idempotent_store(), &mut deliver).await
+    }
+
+    async fn drain_on<S: Store, E: fmt::Display>(
+        &self,
+        conn: &mut S,
+        deliver: &mut impl AsyncFnMut(&OutboxMessage) -> Result<(), E>,
+    ) -> Result<RelayReport, Error> {
         let mut total = RelayReport::default();
         loop {
-            let report = self.run_once_async(conn, &mut deliver).await?;
+            let report = self.round(conn, deliver).await?;
             total.add(&report);
             if report.leased == 0 {
                 return Ok(total);
@@ -927,62 +539,184 @@ impl Relay {
         }
     }
 
-    /// Now, and the end of a lease taken now.
-    fn lease_window(&self) -> (NaiveDateTime, NaiveDateTime) {
-        let now = chrono::Utc::now().naive_utc();
-        let until = now + chrono::TimeDelta::from_std(self.lease).unwrap_or(chrono::TimeDelta::MAX);
-        (now, until)
-    }
-
-    /// What to record after delivering `message`: delivered, or failed and when to try again
-    /// (`None`: park it).
-    fn after_delivery<E: fmt::Display>(
+    /// One lease and its deliveries.
+    async fn round<S: Store, E: fmt::Display>(
         &self,
-        message: &OutboxMessage,
-        delivered: Result<(), E>,
-    ) -> After {
-        let at = chrono::Utc::now().naive_utc();
-        match delivered {
-            Ok(()) => After::Delivered { at },
-            Err(error) => {
-                let attempts = message.attempts + 1;
-                let park = u32::try_from(attempts).unwrap_or(u32::MAX) >= self.max_attempts;
-                After::Failed {
-                    attempts,
-                    error: error.to_string(),
-                    at,
-                    retry_at: (!park).then(|| at + self.delay(attempts)),
+        conn: &mut S,
+        deliver: &mut impl AsyncFnMut(&OutboxMessage) -> Result<(), E>,
+    ) -> Result<RelayReport, Error> {
+        if conn.transaction_depth().map_err(Error::Outbox)? > 0 {
+            return Err(Error::RelayInsideTransaction);
+        }
+        let lease_micros = crate::time::micros(self.lease, "the relay's lease")?;
+        // A token per lease: a message whose lease lapsed and was taken by another round (of
+        // another relay, or of this one) is never marked by the round that lost it.
+        let owner = format!("{}:{}", self.owner, crate::key::token());
+        let lease = Lease {
+            owner: &owner,
+            lease_micros,
+            limit: i64::from(self.batch_size),
+            max_attempts: i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
+        };
+        let rows =
+            crate::transaction::in_transaction(conn, async |conn| S::Db::lease(conn, &lease).await)
+                .await
+                .map_err(Error::Outbox)?;
+        let mut report = RelayReport {
+            leased: rows.len() as u64,
+            ..RelayReport::default()
+        };
+        for row in rows {
+            let message = OutboxMessage::from_row(row);
+            let started = Instant::now();
+            let delivery = match catch_panic(deliver(&message)).await {
+                Ok(Ok(())) => Delivery::Delivered,
+                Ok(Err(error)) => Delivery::Failed(error_text(&error.to_string())),
+                Err(panic) => Delivery::Failed(error_text(&format!(
+                    "the delivery panicked: {}",
+                    panic_message(&*panic)
+                ))),
+            };
+            let delay = message.age + started.elapsed();
+            match delivery {
+                Delivery::Delivered => {
+                    let held = retrying::<S, _>(async || {
+                        S::Db::mark_delivered(conn, message.id, &owner).await
+                    })
+                    .await
+                    .map_err(Error::Outbox)?;
+                    if held {
+                        report.delivered += 1;
+                        crate::stats::delivery(
+                            message.message_id(),
+                            message.topic(),
+                            message.attempts(),
+                            "delivered",
+                            delay,
+                        );
+                    } else {
+                        report.lease_lost += 1;
+                        crate::stats::delivery(
+                            message.message_id(),
+                            message.topic(),
+                            message.attempts(),
+                            "lease_lost",
+                            delay,
+                        );
+                    }
+                }
+                Delivery::Failed(error) => {
+                    let park = message.attempts() >= self.max_attempts;
+                    let retry_after_micros = if park {
+                        None
+                    } else {
+                        Some(crate::time::micros(
+                            self.delay(message.attempts()),
+                            "the relay's backoff",
+                        )?)
+                    };
+                    let failure = Failure {
+                        id: message.id,
+                        owner: &owner,
+                        error: &error,
+                        retry_after_micros,
+                    };
+                    retrying::<S, _>(async || S::Db::mark_failed(conn, &failure).await)
+                        .await
+                        .map_err(Error::Outbox)?;
+                    if park {
+                        report.parked += 1;
+                        crate::stats::delivery(
+                            message.message_id(),
+                            message.topic(),
+                            message.attempts(),
+                            "parked",
+                            delay,
+                        );
+                        tracing::warn!(message_id = message.message_id(), attempts = message.attempts(), %error, "outbox message parked");
+                    } else {
+                        report.failed += 1;
+                        crate::stats::delivery(
+                            message.message_id(),
+                            message.topic(),
+                            message.attempts(),
+                            "failed",
+                            delay,
+                        );
+                        tracing::info!(message_id = message.message_id(), attempts = message.attempts(), %error, "outbox delivery failed; will retry");
+                    }
                 }
             }
         }
+        Ok(report)
     }
 
-    fn delay(&self, attempts: i32) -> chrono::TimeDelta {
-        let doublings = u32::try_from(attempts.saturating_sub(1))
-            .unwrap_or(0)
-            .min(20);
-        let delay = self
-            .backoff
+    /// The backoff after `attempts` failed attempts: doubling from the first delay, capped.
+    fn delay(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(20);
+        self.backoff
             .saturating_mul(1u32 << doublings)
-            .min(self.max_backoff);
-        chrono::TimeDelta::from_std(delay).unwrap_or(chrono::TimeDelta::MAX)
+            .min(self.max_backoff)
     }
+}
+
+/// Polls `future`, turning a panic into `Err`.
+async fn catch_panic<O>(
+    future: impl Future<Output = O>,
+) -> Result<O, Box<dyn std::any::Any + Send>> {
+    let mut future = pin!(future);
+    poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        },
+    )
+    .await
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::message_id;
+    use super::{error_text, message_id};
 
     #[test]
-    fn message_ids_are_stable_and_distinct() {
-        assert_eq!(message_id("k", "email", 0), message_id("k", "email", 0));
-        assert_ne!(message_id("k", "email", 0), message_id("k", "email", 1));
-        assert_ne!(message_id("k", "email", 0), message_id("k", "sms", 0));
-        assert_ne!(
-            message_id("ka", "b", 0),
-            message_id("k", "ab", 0),
-            "parts are length-prefixed"
+    fn message_ids_are_distinct_per_run_topic_and_position() {
+        let (key, run) = ([7u8; 32], [1u8; 16]);
+        assert_eq!(
+            message_id(&key, &run, "email", 0),
+            message_id(&key, &run, "email", 0)
         );
-        assert_eq!(message_id("k", "email", 0).len(), 4 + 32);
+        assert_ne!(
+            message_id(&key, &run, "email", 0),
+            message_id(&key, &run, "email", 1)
+        );
+        assert_ne!(
+            message_id(&key, &run, "email", 0),
+            message_id(&key, &run, "sms", 0)
+        );
+        assert_ne!(
+            message_id(&key, &run, "email", 0),
+            message_id(&key, &[2; 16], "email", 0)
+        );
+        assert_ne!(
+            message_id(&key, &run, "email", 0),
+            message_id(&[8; 32], &run, "email", 0)
+        );
+        assert_eq!(message_id(&key, &run, "email", 0).len(), 4 + 32);
+    }
+
+    #[test]
+    fn error_texts_are_storable_and_bounded() {
+        assert_eq!(error_text("a\0b\nc"), "a\u{fffd}b\nc");
+        let long = "x".repeat(10_000);
+        assert_eq!(error_text(&long).chars().count(), 2_001);
     }
 }

@@ -1,10 +1,10 @@
 //! Deleting claims whose `keep` has lapsed, in bounded batches.
 //!
-//! A job with `keep = "30d"` may run again 30 days after it ran; its row stays until pruned. The
-//! prune deletes lapsed rows a batch at a time, each batch one statement and so one short
-//! transaction: it never holds locks for long, never builds one huge transaction, and a table of
-//! millions of rows drains while workers keep claiming. Run it from a periodic job, outside any
-//! transaction of yours.
+//! A job with `keep = "30d"` may run again 30 days after it committed; its row stays until
+//! pruned. The prune deletes lapsed rows a batch at a time, each batch one statement and so one
+//! short transaction: it never holds locks for long, never builds one huge transaction, and a table
+//! of millions of rows drains while workers keep claiming. What has lapsed is decided by the
+//! database's clock. Run it from a periodic job, outside any transaction of yours.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::store::JobStore;
+use crate::store::{Database, Store};
 
 /// How to prune.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,89 +71,55 @@ pub struct PruneReport {
 }
 
 /// Deletes lapsed claims in batches; see the [module docs](self).
-pub fn prune<C: JobStore>(conn: &mut C, options: &Prune) -> Result<PruneReport, Error> {
-    let now = chrono::Utc::now().naive_utc();
-    in_batches(options, |limit| {
-        crate::run::retry_transient::<C, _>(|| conn.prune_lapsed(now, limit)).map_err(Error::Prune)
-    })
-}
-
-/// Runs `batch` (which deletes at most `limit` rows and says how many) until one comes back short
-/// or `options` says to stop, pausing between batches as it says.
-pub(crate) fn in_batches(
-    options: &Prune,
-    mut batch: impl FnMut(i64) -> Result<usize, Error>,
-) -> Result<PruneReport, Error> {
-    let mut report = PruneReport::default();
-    loop {
-        let removed = batch(i64::from(options.batch_size))?;
-        report.record(removed);
-        if report.done(removed, options) {
-            return Ok(report);
-        }
-        if !options.pause.is_zero() {
-            std::thread::sleep(options.pause);
-        }
-    }
+pub fn prune<C: crate::JobStore>(conn: &mut C, options: &Prune) -> Result<PruneReport, Error> {
+    crate::drive::block_on(prune_lapsed(conn.idempotent_store(), options))
 }
 
 /// [`prune`] through an async connection.
 #[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub async fn prune_async<C: crate::AsyncJobStore>(
     conn: &mut C,
     options: &Prune,
 ) -> Result<PruneReport, Error> {
-    let now = chrono::Utc::now().naive_utc();
-    in_batches_async(options, async |limit| {
-        crate::asynchronous::retry_transient_async::<C, _>(async || {
-            conn.prune_lapsed(now, limit).await
-        })
-        .await
-        .map_err(Error::Prune)
+    prune_lapsed(conn.idempotent_store(), options).await
+}
+
+async fn prune_lapsed<S: Store>(conn: &mut S, options: &Prune) -> Result<PruneReport, Error> {
+    in_batches::<S>(options, "lapsed claims", async |limit| {
+        crate::retry::retrying::<S, _>(async || S::Db::prune_lapsed(conn, limit).await)
+            .await
+            .map_err(Error::Prune)
     })
     .await
 }
 
-/// [`in_batches`] with an async batch, pausing without blocking the runtime.
-#[cfg(feature = "async")]
-pub(crate) async fn in_batches_async(
+/// Runs `batch` (which deletes at most `limit` rows and says how many) until one comes back short
+/// or `options` says to stop, pausing between batches as it says.
+pub(crate) async fn in_batches<S: Store>(
     options: &Prune,
+    what: &'static str,
     mut batch: impl AsyncFnMut(i64) -> Result<usize, Error>,
 ) -> Result<PruneReport, Error> {
     let mut report = PruneReport::default();
     loop {
         let removed = batch(i64::from(options.batch_size)).await?;
-        report.record(removed);
-        if report.done(removed, options) {
+        report.removed += removed as u64;
+        report.batches += 1;
+        tracing::debug!(removed, batch = report.batches, what, "pruned a batch");
+        let finished = removed < options.batch_size as usize
+            || options.max_batches.is_some_and(|max| report.batches >= max);
+        if finished {
+            tracing::info!(
+                removed = report.removed,
+                batches = report.batches,
+                what,
+                "pruned"
+            );
             return Ok(report);
         }
         if !options.pause.is_zero() {
-            tokio::time::sleep(options.pause).await;
+            S::pause(options.pause).await;
         }
-    }
-}
-
-impl PruneReport {
-    fn record(&mut self, removed: usize) {
-        self.removed += removed as u64;
-        self.batches += 1;
-        tracing::debug!(
-            removed,
-            batch = self.batches,
-            "pruned a batch of lapsed claims"
-        );
-    }
-
-    fn done(&self, removed: usize, options: &Prune) -> bool {
-        let finished = removed < options.batch_size as usize
-            || options.max_batches.is_some_and(|max| self.batches >= max);
-        if finished {
-            tracing::info!(
-                removed = self.removed,
-                batches = self.batches,
-                "pruned lapsed claims"
-            );
-        }
-        finished
     }
 }

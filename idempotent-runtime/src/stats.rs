@@ -179,6 +179,52 @@ pub(crate) fn retried(job: &'static str, attempts: u32, error: &diesel::result::
     tracing::debug!(attempts, %error, "transient error while claiming; retrying");
 }
 
+/// Records one outbox delivery: an event with the message's id, topic, outcome and attempt, and
+/// (with the `metrics` feature) `idempotent_outbox_deliveries_total{topic, outcome}` and the delay
+/// from the push to this delivery in `idempotent_outbox_delivery_delay_seconds{topic}`.
+pub(crate) fn delivery(
+    message_id: &str,
+    topic: &str,
+    attempt: u32,
+    outcome: &'static str,
+    delay: std::time::Duration,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let topic = topic.to_owned();
+        metrics::counter!("idempotent_outbox_deliveries_total", "topic" => topic.clone(), "outcome" => outcome)
+            .increment(1);
+        if outcome == "delivered" {
+            metrics::histogram!("idempotent_outbox_delivery_delay_seconds", "topic" => topic)
+                .record(delay.as_secs_f64());
+        }
+    }
+    tracing::info!(
+        message_id,
+        topic,
+        outcome,
+        attempt,
+        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        "outbox delivery"
+    );
+}
+
+/// Publishes the outbox's counts by state as gauges (`metrics` feature).
+pub(crate) fn outbox_counts(counts: &crate::store::OutboxCounts) {
+    #[cfg(feature = "metrics")]
+    for (state, count) in [
+        ("pending", counts.pending),
+        ("leased", counts.leased),
+        ("delivered", counts.delivered),
+        ("parked", counts.parked),
+    ] {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        metrics::gauge!("idempotent_outbox_messages", "state" => state).set(count as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = counts;
+}
+
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use diesel::{Connection as _, SqliteConnection};
@@ -190,7 +236,7 @@ mod tests {
     fn counts_follow_each_outcome() {
         static JOB: Job = Job::new("stats_counts_follow_each_outcome", "k:<n>");
         let mut conn = SqliteConnection::establish(":memory:").expect("SQLite");
-        crate::migrate(&mut conn).expect("migrations");
+        crate::migrate(&mut conn).expect("the runtime's tables");
         let run = |conn: &mut SqliteConnection, n: u32, amount: u32, fail: bool| {
             let key = JobKey::new(format!("k:{n}"));
             let fingerprint = Fingerprint::builder()
@@ -201,7 +247,7 @@ mod tests {
                 .fingerprint(fingerprint)
                 .run(conn, |_| {
                     if fail {
-                        Err(Error::Migration("the body failed".into()))
+                        Err(Error::RelayInsideTransaction)
                     } else {
                         Ok(())
                     }

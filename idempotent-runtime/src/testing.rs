@@ -38,10 +38,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use diesel::QueryableByName;
 use diesel::result::QueryResult;
 
-use crate::store::JobStore;
+use crate::store::{Database, Store};
 
 /// The full contents of every table, as text, rows sorted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -50,15 +49,16 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads every table through `conn`.
-    pub fn take<C: Inspect>(conn: &mut C) -> QueryResult<Snapshot> {
-        let mut tables = BTreeMap::new();
-        for table in conn.table_names()? {
-            let mut rows = conn.table_rows(&table)?;
-            rows.sort_unstable();
-            tables.insert(table, rows);
-        }
-        Ok(Snapshot { tables })
+    /// Reads every table through a sync connection.
+    pub fn take<C: crate::JobStore>(conn: &mut C) -> QueryResult<Snapshot> {
+        crate::drive::block_on(snapshot(conn.idempotent_store()))
+    }
+
+    /// Reads every table through an async connection.
+    #[cfg(feature = "async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+    pub async fn take_async<C: crate::AsyncJobStore>(conn: &mut C) -> QueryResult<Snapshot> {
+        snapshot(conn.idempotent_store()).await
     }
 
     /// The tables, by name.
@@ -100,6 +100,16 @@ impl Snapshot {
         }
         Changes { tables }
     }
+}
+
+async fn snapshot<S: Store>(conn: &mut S) -> QueryResult<Snapshot> {
+    let mut tables = BTreeMap::new();
+    for table in S::Db::table_names(conn).await? {
+        let mut rows = S::Db::table_rows(conn, &table).await?;
+        rows.sort_unstable();
+        tables.insert(table, rows);
+    }
+    Ok(Snapshot { tables })
 }
 
 /// Rows of sorted `a` not matched by a row of sorted `b`.
@@ -188,14 +198,16 @@ fn shorten(row: &str) -> String {
 #[track_caller]
 pub fn assert_idempotent<C, T, E>(conn: &mut C, mut job: impl FnMut(&mut C) -> Result<T, E>) -> T
 where
-    C: Inspect,
+    C: crate::JobStore,
     E: fmt::Debug,
 {
-    let first = match job(conn) {
-        Ok(value) => value,
-        Err(error) => panic!("the job's first run failed: {error:?}"),
-    };
-    assert_rerun_changes_nothing(conn, &mut job, "second run");
+    let first = first_run(job(conn));
+    crate::drive::block_on(rerun_changes_nothing(
+        conn,
+        C::idempotent_store,
+        async |conn| job(conn),
+        "second run",
+    ));
     first
 }
 
@@ -212,39 +224,96 @@ pub fn assert_rerun_after_crash<C, T, E>(
     mut job: impl FnMut(&mut C) -> Result<T, E>,
 ) -> T
 where
-    C: Inspect,
+    C: crate::JobStore,
     E: fmt::Debug,
 {
     let first = {
         let mut worker = connect();
-        match job(&mut worker) {
-            Ok(value) => value,
-            Err(error) => panic!("the job's first run failed: {error:?}"),
-        }
+        first_run(job(&mut worker))
         // The worker dies here: its connection closes, the acknowledgement is never sent.
     };
     let mut retry = connect();
-    assert_rerun_changes_nothing(&mut retry, &mut job, "rerun after the crash");
+    crate::drive::block_on(rerun_changes_nothing(
+        &mut retry,
+        C::idempotent_store,
+        async |conn| job(conn),
+        "rerun after the crash",
+    ));
+    first
+}
+
+/// [`assert_idempotent`] for async jobs.
+///
+/// # Panics
+///
+/// When either run returns `Err`, or the second run changed rows (the message lists them).
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn assert_idempotent_async<C, T, E>(
+    conn: &mut C,
+    mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
+) -> T
+where
+    C: crate::AsyncJobStore,
+    E: fmt::Debug,
+{
+    let first = first_run(job(conn).await);
+    rerun_changes_nothing(conn, C::idempotent_store, job, "second run").await;
+    first
+}
+
+/// [`assert_rerun_after_crash`] for async jobs.
+///
+/// # Panics
+///
+/// When either run returns `Err`, or the rerun changed rows (the message lists them).
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn assert_rerun_after_crash_async<C, T, E>(
+    mut connect: impl AsyncFnMut() -> C,
+    mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
+) -> T
+where
+    C: crate::AsyncJobStore,
+    E: fmt::Debug,
+{
+    let first = {
+        let mut worker = connect().await;
+        first_run(job(&mut worker).await)
+    };
+    let mut retry = connect().await;
+    rerun_changes_nothing(
+        &mut retry,
+        C::idempotent_store,
+        job,
+        "rerun after the crash",
+    )
+    .await;
     first
 }
 
 #[track_caller]
-fn assert_rerun_changes_nothing<C, T, E>(
+fn first_run<T, E: fmt::Debug>(result: Result<T, E>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(error) => panic!("the job's first run failed: {error:?}"),
+    }
+}
+
+async fn rerun_changes_nothing<C, S: Store, T, E: fmt::Debug>(
     conn: &mut C,
-    job: &mut impl FnMut(&mut C) -> Result<T, E>,
+    store: impl Fn(&mut C) -> &mut S,
+    mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
     which: &str,
-) where
-    C: Inspect,
-    E: fmt::Debug,
-{
-    let before = match Snapshot::take(conn) {
+) {
+    let before = match snapshot(store(conn)).await {
         Ok(snapshot) => snapshot,
         Err(error) => panic!("reading the tables before the {which} failed: {error}"),
     };
-    if let Err(error) = job(conn) {
+    if let Err(error) = job(conn).await {
         panic!("the job's {which} failed: {error:?}");
     }
-    let after = match Snapshot::take(conn) {
+    let after = match snapshot(store(conn)).await {
         Ok(snapshot) => snapshot,
         Err(error) => panic!("reading the tables after the {which} failed: {error}"),
     };
@@ -253,310 +322,4 @@ fn assert_rerun_changes_nothing<C, T, E>(
         changes.is_empty(),
         "the job is not idempotent: its {which} changed rows\n{changes}"
     );
-}
-
-/// Reading every table, per backend.
-pub trait Inspect: JobStore {
-    /// The tables a [`Snapshot`] covers.
-    fn table_names(&mut self) -> QueryResult<Vec<String>>;
-    /// Every row of `table`, rendered as text, in any order.
-    fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>>;
-}
-
-#[derive(QueryableByName)]
-struct Name {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    name: String,
-}
-
-#[derive(QueryableByName)]
-struct Row {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    row: String,
-}
-
-#[derive(QueryableByName)]
-#[allow(dead_code)] // `data_type` is read on MySQL only
-struct Column {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    name: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    data_type: String,
-}
-
-/// `name` as a double-quoted SQL identifier.
-#[allow(dead_code)] // used by the backends that are compiled in
-fn quoted(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// `name` as a MySQL identifier.
-#[allow(dead_code)] // used by the backends that are compiled in
-fn backticked(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
-/// The inspection queries per backend, for sync and async connections alike (`$($aw)*` is empty
-/// or `.await`).
-macro_rules! inspect_methods {
-    (sqlite, [$($aw:tt)*]) => {
-        async_or_sync!([$($aw)*] fn table_names(&mut self) -> QueryResult<Vec<String>> {
-            run_query_dsl!([$($aw)*]);
-            let names: Vec<Name> = diesel::sql_query(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
-            )
-            .load(self)$($aw)*?;
-            Ok(names.into_iter().map(|n| n.name).collect())
-        });
-
-        async_or_sync!([$($aw)*] fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-            run_query_dsl!([$($aw)*]);
-            let columns: Vec<Column> = diesel::sql_query(
-                "SELECT name, type AS data_type FROM pragma_table_info(?) ORDER BY cid",
-            )
-            .bind::<diesel::sql_types::Text, _>(table)
-            .load(self)$($aw)*?;
-            let row = columns
-                .iter()
-                .map(|c| format!("quote({})", quoted(&c.name)))
-                .collect::<Vec<_>>()
-                .join(" || ', ' || ");
-            let rows: Vec<Row> = diesel::sql_query(format!("SELECT {row} AS row FROM {}", quoted(table)))
-                .load(self)$($aw)*?;
-            Ok(rows.into_iter().map(|r| r.row).collect())
-        });
-    };
-    (postgres, [$($aw:tt)*]) => {
-        async_or_sync!([$($aw)*] fn table_names(&mut self) -> QueryResult<Vec<String>> {
-            run_query_dsl!([$($aw)*]);
-            let names: Vec<Name> = diesel::sql_query(
-                "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) AS name \
-                 FROM information_schema.tables \
-                 WHERE table_schema = ANY (current_schemas(false)) AND table_type = 'BASE TABLE' \
-                 ORDER BY 1",
-            )
-            .load(self)$($aw)*?;
-            Ok(names.into_iter().map(|n| n.name).collect())
-        });
-
-        async_or_sync!([$($aw)*] fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-            run_query_dsl!([$($aw)*]);
-            // `table` comes from `table_names`, already quoted per part.
-            let rows: Vec<Row> = diesel::sql_query(format!("SELECT CAST(t AS text) AS row FROM {table} t"))
-                .load(self)$($aw)*?;
-            Ok(rows.into_iter().map(|r| r.row).collect())
-        });
-    };
-    (mysql, [$($aw:tt)*]) => {
-        async_or_sync!([$($aw)*] fn table_names(&mut self) -> QueryResult<Vec<String>> {
-            run_query_dsl!([$($aw)*]);
-            let names: Vec<Name> = diesel::sql_query(
-                "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
-                 WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
-            )
-            .load(self)$($aw)*?;
-            Ok(names.into_iter().map(|n| n.name).collect())
-        });
-
-        async_or_sync!([$($aw)*] fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-            run_query_dsl!([$($aw)*]);
-            let columns: Vec<Column> = diesel::sql_query(
-                "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
-                 FROM information_schema.columns \
-                 WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position",
-            )
-            .bind::<diesel::sql_types::Text, _>(table)
-            .load(self)$($aw)*?;
-            let row = columns
-                .iter()
-                .map(|c| {
-                    let column = backticked(&c.name);
-                    if c.data_type.contains("binary") || c.data_type.contains("blob") {
-                        format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
-                    } else {
-                        format!("QUOTE({column})")
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let rows: Vec<Row> = diesel::sql_query(format!(
-                "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}",
-                backticked(table)
-            ))
-            .load(self)$($aw)*?;
-            Ok(rows.into_iter().map(|r| r.row).collect())
-        });
-    };
-}
-
-/// Brings the sync or the async `RunQueryDsl` into scope.
-macro_rules! run_query_dsl {
-    ([]) => {
-        use diesel::RunQueryDsl as _;
-    };
-    ([.await]) => {
-        use diesel_async::RunQueryDsl as _;
-    };
-}
-
-/// A method, `async` when the awaits are `.await`.
-macro_rules! async_or_sync {
-    ([] fn $($rest:tt)*) => { fn $($rest)* };
-    ([.await] fn $($rest:tt)*) => { async fn $($rest)* };
-}
-
-#[cfg(feature = "sqlite")]
-impl Inspect for diesel::sqlite::SqliteConnection {
-    inspect_methods!(sqlite, []);
-}
-
-#[cfg(feature = "postgres")]
-impl Inspect for diesel::pg::PgConnection {
-    inspect_methods!(postgres, []);
-}
-
-#[cfg(feature = "mysql")]
-impl Inspect for diesel::mysql::MysqlConnection {
-    inspect_methods!(mysql, []);
-}
-
-#[cfg(feature = "async")]
-pub use asynchronous::{AsyncInspect, assert_idempotent_async, assert_rerun_after_crash_async};
-
-#[cfg(feature = "async")]
-mod asynchronous {
-    use super::*;
-    use crate::AsyncJobStore;
-    use std::future::Future;
-
-    impl Snapshot {
-        /// Reads every table through an async connection.
-        pub async fn take_async<C: AsyncInspect>(conn: &mut C) -> QueryResult<Snapshot> {
-            let mut tables = BTreeMap::new();
-            for table in conn.table_names().await? {
-                let mut rows = conn.table_rows(&table).await?;
-                rows.sort_unstable();
-                tables.insert(table, rows);
-            }
-            Ok(Snapshot { tables })
-        }
-    }
-
-    /// [`Inspect`] for diesel-async connections.
-    pub trait AsyncInspect: AsyncJobStore {
-        /// The tables a [`Snapshot`] covers.
-        fn table_names(&mut self) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
-        /// Every row of `table`, rendered as text, in any order.
-        fn table_rows(
-            &mut self,
-            table: &str,
-        ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
-    }
-
-    /// [`assert_idempotent`] for async jobs: runs `job` twice and asserts that the second run
-    /// succeeded and changed no row in any table. Returns the first run's value.
-    ///
-    /// # Panics
-    ///
-    /// When either run returns `Err`, or the second run changed rows (the message lists them).
-    pub async fn assert_idempotent_async<C, T, E>(
-        conn: &mut C,
-        mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
-    ) -> T
-    where
-        C: AsyncInspect,
-        E: fmt::Debug,
-    {
-        let first = match job(conn).await {
-            Ok(value) => value,
-            Err(error) => panic!("the job's first run failed: {error:?}"),
-        };
-        let before = match Snapshot::take_async(conn).await {
-            Ok(snapshot) => snapshot,
-            Err(error) => panic!("reading the tables before the second run failed: {error}"),
-        };
-        if let Err(error) = job(conn).await {
-            panic!("the job's second run failed: {error:?}");
-        }
-        let after = match Snapshot::take_async(conn).await {
-            Ok(snapshot) => snapshot,
-            Err(error) => panic!("reading the tables after the second run failed: {error}"),
-        };
-        let changes = after.changes_since(&before);
-        assert!(
-            changes.is_empty(),
-            "the job is not idempotent: its second run changed rows\n{changes}"
-        );
-        first
-    }
-
-    /// [`assert_rerun_after_crash`] for async jobs: runs `job` on a connection from `connect`,
-    /// drops it as a killed worker would, and asserts that a rerun on a new connection changed
-    /// nothing. Returns the first run's value.
-    ///
-    /// # Panics
-    ///
-    /// When either run returns `Err`, or the rerun changed rows (the message lists them).
-    pub async fn assert_rerun_after_crash_async<C, T, E>(
-        mut connect: impl AsyncFnMut() -> C,
-        mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
-    ) -> T
-    where
-        C: AsyncInspect,
-        E: fmt::Debug,
-    {
-        let first = {
-            let mut worker = connect().await;
-            match job(&mut worker).await {
-                Ok(value) => value,
-                Err(error) => panic!("the job's first run failed: {error:?}"),
-            }
-            // The worker dies here: its connection closes, the acknowledgement is never sent.
-        };
-        let mut retry = connect().await;
-        let before = match Snapshot::take_async(&mut retry).await {
-            Ok(snapshot) => snapshot,
-            Err(error) => panic!("reading the tables before the rerun failed: {error}"),
-        };
-        if let Err(error) = job(&mut retry).await {
-            panic!("the job's rerun after the crash failed: {error:?}");
-        }
-        let after = match Snapshot::take_async(&mut retry).await {
-            Ok(snapshot) => snapshot,
-            Err(error) => panic!("reading the tables after the rerun failed: {error}"),
-        };
-        let changes = after.changes_since(&before);
-        assert!(
-            changes.is_empty(),
-            "the job is not idempotent: its rerun after the crash changed rows\n{changes}"
-        );
-        first
-    }
-
-    #[cfg(feature = "async-postgres")]
-    impl AsyncInspect for diesel_async::AsyncPgConnection {
-        inspect_methods!(postgres, [.await]);
-    }
-
-    #[cfg(feature = "async-mysql")]
-    impl AsyncInspect for diesel_async::AsyncMysqlConnection {
-        inspect_methods!(mysql, [.await]);
-    }
-
-    #[cfg(feature = "async-sqlite")]
-    impl AsyncInspect
-        for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
-            diesel::sqlite::SqliteConnection,
-        >
-    {
-        async fn table_names(&mut self) -> QueryResult<Vec<String>> {
-            self.spawn_blocking(Inspect::table_names).await
-        }
-
-        async fn table_rows(&mut self, table: &str) -> QueryResult<Vec<String>> {
-            let table = table.to_owned();
-            self.spawn_blocking(move |conn| Inspect::table_rows(conn, &table))
-                .await
-        }
-    }
 }

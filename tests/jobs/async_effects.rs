@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use idempotent_jobs::idempotent_job;
-use idempotent_jobs::outbox::{self, AsyncOutboxStore, Relay, RelayReport};
+use idempotent_jobs::outbox::{self, Relay, RelayReport};
 
 use crate::backends::{AsyncConn, Backend};
 use crate::effects::{deliver, each_delivered_once};
@@ -18,7 +18,7 @@ use crate::receiver::Service;
 /// Queues a receipt for an order through the outbox: `effects::send_receipt` as an async job, so
 /// it shares that job's name as well as its key.
 #[idempotent_job(key = "receipt:<order_id>", name = "send_receipt")]
-async fn send_receipt_async<C: AsyncTestConn + AsyncOutboxStore>(
+async fn send_receipt_async<C: AsyncTestConn>(
     conn: &mut C,
     order_id: &str,
 ) -> Result<String, TestError> {
@@ -34,7 +34,7 @@ async fn send_receipt_async<C: AsyncTestConn + AsyncOutboxStore>(
 pub fn async_relay_delivers_each_message_once<B, C>()
 where
     B: Backend<Conn = AsyncConn<C>>,
-    C: AsyncTestConn + AsyncOutboxStore,
+    C: AsyncTestConn,
 {
     let service = Service::start();
     let db = Db::<B>::fresh();
@@ -85,7 +85,7 @@ where
 pub fn two_async_relays_deliver_no_message_twice<B, C>()
 where
     B: Backend<Conn = AsyncConn<C>>,
-    C: AsyncTestConn + AsyncOutboxStore,
+    C: AsyncTestConn,
 {
     const MESSAGES: usize = 120;
     let service = Service::start();
@@ -131,7 +131,7 @@ where
 pub fn failing_async_deliveries_park_then_retry<B, C>()
 where
     B: Backend<Conn = AsyncConn<C>>,
-    C: AsyncTestConn + AsyncOutboxStore,
+    C: AsyncTestConn,
 {
     let db = Db::<B>::fresh();
     let AsyncConn { runtime, mut conn } = db.connect();
@@ -185,10 +185,10 @@ where
 pub fn failed_async_job_leaves_no_message<B, C>()
 where
     B: Backend<Conn = AsyncConn<C>>,
-    C: AsyncTestConn + AsyncOutboxStore,
+    C: AsyncTestConn,
 {
     #[idempotent_job(key = "notice:<order_id>")]
-    async fn notify_then_fail<C: AsyncTestConn + AsyncOutboxStore>(
+    async fn notify_then_fail<C: AsyncTestConn>(
         conn: &mut C,
         order_id: &str,
     ) -> Result<(), TestError> {
@@ -217,7 +217,7 @@ where
 pub fn dropped_relay_never_leaves_a_transaction_open<B, C>()
 where
     B: Backend<Conn = AsyncConn<C>>,
-    C: AsyncTestConn + AsyncOutboxStore + TransactionDepth,
+    C: AsyncTestConn + TransactionDepth,
 {
     let db = Db::<B>::fresh();
     {

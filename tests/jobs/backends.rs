@@ -24,6 +24,8 @@ pub trait Backend: Sized + 'static {
     fn try_execute(conn: &mut Self::Conn, sql: &str) -> Result<(), String>;
     /// Runs the runtime's migrations and creates the tests' tables.
     fn prepare(conn: &mut Self::Conn);
+    /// Runs the runtime's migrations only.
+    fn migrate(conn: &mut Self::Conn) -> Result<(), idempotent_jobs::Error>;
 
     fn connect(url: &str) -> Self::Conn {
         Self::try_connect(url).unwrap_or_else(|e| panic!("{e}"))
@@ -76,6 +78,10 @@ pub trait Backend: Sized + 'static {
     ) -> Result<Receipt, TestError>;
     fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError>;
     fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError>;
+    /// A job whose result's `Serialize` panics.
+    fn explode_on_store(conn: &mut Self::Conn, id: &str) -> Result<(), TestError>;
+    /// A job whose stored result's `Deserialize` panics when [`handlers::REPLAYS_EXPLODE`] is set.
+    fn explode_on_replay(conn: &mut Self::Conn, id: &str) -> Result<u32, TestError>;
     fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError>;
     fn prune(
         conn: &mut Self::Conn,
@@ -128,6 +134,10 @@ macro_rules! sync_backend {
             fn try_execute(conn: &mut Self::Conn, sql: &str) -> Result<(), String> {
                 diesel::connection::SimpleConnection::batch_execute(conn, sql)
                     .map_err(|e| e.to_string())
+            }
+
+            fn migrate(conn: &mut Self::Conn) -> Result<(), idempotent_jobs::Error> {
+                idempotent_jobs::migrate(conn)
             }
 
             fn prepare(conn: &mut Self::Conn) {
@@ -246,6 +256,14 @@ macro_rules! sync_backend {
                 handlers::hostile(conn, value)
             }
 
+            fn explode_on_store(conn: &mut Self::Conn, id: &str) -> Result<(), TestError> {
+                handlers::explode_on_store(conn, id).map(drop)
+            }
+
+            fn explode_on_replay(conn: &mut Self::Conn, id: &str) -> Result<u32, TestError> {
+                handlers::explode_on_replay(conn, id).map(|r| r.0)
+            }
+
             fn greet(conn: &mut Self::Conn, email: &str) -> Result<(), TestError> {
                 handlers::greet(conn, email)
             }
@@ -319,6 +337,11 @@ macro_rules! async_backend {
                         sql,
                     ))
                     .map_err(|e| e.to_string())
+            }
+
+            fn migrate(c: &mut Self::Conn) -> Result<(), idempotent_jobs::Error> {
+                c.runtime
+                    .block_on(idempotent_jobs::migrate_async(&mut c.conn))
             }
 
             fn prepare(c: &mut Self::Conn) {
@@ -476,6 +499,18 @@ macro_rules! async_backend {
             fn hostile(c: &mut Self::Conn, value: &str) -> Result<usize, TestError> {
                 c.runtime
                     .block_on(handlers::hostile_async(&mut c.conn, value))
+            }
+
+            fn explode_on_store(c: &mut Self::Conn, id: &str) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::explode_on_store_async(&mut c.conn, id))
+                    .map(drop)
+            }
+
+            fn explode_on_replay(c: &mut Self::Conn, id: &str) -> Result<u32, TestError> {
+                c.runtime
+                    .block_on(handlers::explode_on_replay_async(&mut c.conn, id))
+                    .map(|r| r.0)
             }
 
             fn greet(c: &mut Self::Conn, email: &str) -> Result<(), TestError> {

@@ -99,6 +99,56 @@ pub fn panic_then_retry_runs_once<B: Backend>() {
     assert_eq!(B::count_done(&mut other), 1);
 }
 
+/// A panic after the body, in the result's `Serialize`, rolls the job back and leaves the
+/// connection outside any transaction: the next job on it commits for real.
+pub fn panic_in_serialize_leaves_no_transaction<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let panicked = catch_unwind(AssertUnwindSafe(|| B::explode_on_store(&mut conn, "1")));
+    assert!(panicked.is_err(), "the panic reaches the caller");
+    let mut other = db.connect();
+    assert_eq!(
+        B::count_done(&mut other),
+        0,
+        "the job rolled back, claim included"
+    );
+    assert_eq!(B::count_messages(&mut other), 0, "and its effects");
+
+    B::charge(&mut conn, "order-after-panic", 4200, Mode::Succeed)
+        .expect("the next job on the same connection");
+    assert_eq!(
+        B::count_charges(&mut other, "order-after-panic"),
+        1,
+        "the next job committed for real: the connection was not left inside a transaction"
+    );
+    assert_eq!(B::count_done(&mut other), 1);
+}
+
+/// A panic during a replay, in the stored result's `Deserialize`, leaves the connection outside
+/// any transaction: the next job on it commits for real.
+pub fn panic_in_replay_decode_leaves_no_transaction<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    assert_eq!(
+        B::explode_on_replay(&mut conn, "1").expect("the first run"),
+        7
+    );
+    crate::handlers::REPLAYS_EXPLODE.with(|explode| explode.set(true));
+    let panicked = catch_unwind(AssertUnwindSafe(|| B::explode_on_replay(&mut conn, "1")));
+    crate::handlers::REPLAYS_EXPLODE.with(|explode| explode.set(false));
+    assert!(panicked.is_err(), "the panic reaches the caller");
+
+    B::charge(&mut conn, "order-after-panic", 4200, Mode::Succeed)
+        .expect("the next job on the same connection");
+    let mut other = db.connect();
+    assert_eq!(
+        B::count_charges(&mut other, "order-after-panic"),
+        1,
+        "the next job committed for real: the connection was not left inside a transaction"
+    );
+    assert_eq!(B::count_done(&mut other), 2);
+}
+
 /// Eight workers with their own connections deliver one job at once: one runs, seven wait and
 /// replay, and all eight return the same receipt.
 pub fn racing_workers_run_once<B: Backend>() {

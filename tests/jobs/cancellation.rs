@@ -110,7 +110,7 @@ where
 }
 
 /// A handler written for a deadpool connection: the attribute reaches the connection by deref.
-#[idempotent_job(key = "welcome:<user_id>")]
+#[idempotent_job(key = "deadpool-welcome:<user_id>")]
 async fn welcome<C>(conn: &mut Object<C>, user_id: u64) -> Result<String, TestError>
 where
     C: AsyncTestConn + 'static,
@@ -180,7 +180,7 @@ mod bb8_pool {
     use crate::harness::Db;
 
     #[idempotent_job(key = "greeting:<user_id>")]
-    async fn greet(
+    async fn greet_pooled(
         conn: &mut PooledConnection<'_, AsyncPgConnection>,
         user_id: u64,
     ) -> Result<u64, TestError> {
@@ -199,10 +199,10 @@ mod bb8_pool {
                 .build(AsyncDieselConnectionManager::new(db.locator()))
                 .await
                 .expect("a bb8 pool");
-            let first = greet(&mut pool.get().await.expect("a connection"), 5)
+            let first = greet_pooled(&mut pool.get().await.expect("a connection"), 5)
                 .await
                 .unwrap();
-            let second = greet(&mut pool.get().await.expect("a connection"), 5)
+            let second = greet_pooled(&mut pool.get().await.expect("a connection"), 5)
                 .await
                 .unwrap();
             (first, second)

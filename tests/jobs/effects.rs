@@ -6,7 +6,7 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use idempotent_jobs::idempotent_job;
-use idempotent_jobs::outbox::{self, OutboxStore, Relay};
+use idempotent_jobs::outbox::{self, Relay};
 
 use crate::backends::Backend;
 use crate::figures;
@@ -50,11 +50,8 @@ fn pay<C: TestConn>(
 }
 
 /// Queues a receipt for an order through the runtime's outbox.
-#[idempotent_job(key = "receipt:<order_id>")]
-fn send_receipt<C: TestConn + OutboxStore>(
-    conn: &mut C,
-    order_id: &str,
-) -> Result<String, TestError> {
+#[idempotent_job(key = "receipt:<order_id>", name = "send_receipt")]
+fn send_receipt<C: TestConn>(conn: &mut C, order_id: &str) -> Result<String, TestError> {
     Ok(outbox::push(
         conn,
         "receipt",
@@ -83,7 +80,7 @@ fn outbox_rows<C: TestConn>(conn: &mut C) -> Vec<(String, Option<String>)> {
 pub fn running_a_job_twice_leaves_one_message<B, C>()
 where
     B: Backend<Conn = C>,
-    C: TestConn + OutboxStore,
+    C: TestConn,
 {
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
@@ -108,7 +105,7 @@ where
 pub fn the_key_inside_the_body_is_stable<B, C>()
 where
     B: Backend<Conn = C>,
-    C: TestConn + OutboxStore,
+    C: TestConn,
 {
     static JOB: idempotent_jobs::Job = idempotent_jobs::Job::new("stable_key", "stable:<order>");
     let db = Db::<B>::fresh();
@@ -152,7 +149,7 @@ where
 pub fn killed_worker_charges_once<B, C>(test_path: &str)
 where
     B: Backend<Conn = C>,
-    C: TestConn + OutboxStore,
+    C: TestConn,
 {
     if let Ok(locator) = std::env::var(HANG_BEFORE_COMMIT) {
         let service = std::env::var(SERVICE).expect("the service's address");
@@ -207,7 +204,7 @@ where
 pub fn killed_relay_delivers_once<B, C>(test_path: &str)
 where
     B: Backend<Conn = C>,
-    C: TestConn + OutboxStore,
+    C: TestConn,
 {
     if let Ok(locator) = std::env::var(RELAY_CHILD) {
         let service = std::env::var(SERVICE).expect("the service's address");
@@ -270,7 +267,7 @@ where
 pub fn two_relays_deliver_no_message_twice<B, C>()
 where
     B: Backend<Conn = C>,
-    C: TestConn + OutboxStore,
+    C: TestConn,
 {
     const MESSAGES: usize = 200;
     let service = Service::start();
@@ -336,7 +333,7 @@ pub(crate) fn each_delivered_once(
 pub fn failing_deliveries_back_off_then_park<B, C>()
 where
     B: Backend<Conn = C>,
-    C: TestConn + OutboxStore,
+    C: TestConn,
 {
     let db = Db::<B>::fresh();
     let mut conn = db.connect();

@@ -1,5 +1,6 @@
 //! The handlers under test: each written once for sync connections and once as an `async fn`,
-//! both generic over the connection and sharing one job name.
+//! both generic over the connection and sharing one job name, which both give explicitly (two
+//! handlers sharing a default name would be two jobs refusing to run).
 
 use diesel::prelude::*;
 use idempotent_jobs::{Job, JobKey, idempotent_job};
@@ -129,7 +130,7 @@ macro_rules! test_queries {
 }
 
 /// The tests' tables through a sync connection.
-pub trait TestConn: idempotent_jobs::JobStore + idempotent_jobs::testing::Inspect + Send {
+pub trait TestConn: idempotent_jobs::JobStore + Send {
     fn insert_charge(&mut self, order_id: &str, amount: i64, charge_ref: &str) -> QueryResult<()>;
     fn insert_message(&mut self, topic: &str, payload: &str) -> QueryResult<()>;
     fn count_charges(&mut self, order_id: &str) -> QueryResult<i64>;
@@ -188,7 +189,7 @@ impl_test_conn!(diesel::PgConnection);
 impl_test_conn!(diesel::MysqlConnection);
 
 /// Charges an order once: a charge row and an outbox message, then succeeds, fails or panics.
-#[idempotent_job(key = "charge:<order_id>")]
+#[idempotent_job(key = "charge:<order_id>", name = "charge")]
 pub fn charge<C: TestConn>(
     conn: &mut C,
     order_id: &str,
@@ -216,14 +217,14 @@ pub fn charge_body<C: TestConn>(
 }
 
 /// A different job whose key space overlaps `charge`'s (a bug the runtime must refuse to hide).
-#[idempotent_job(key = "charge:<order_id>")]
+#[idempotent_job(key = "charge:<order_id>", name = "refund")]
 pub fn refund<C: TestConn>(conn: &mut C, order_id: &str) -> Result<(), TestError> {
     conn.insert_message("refund", order_id)?;
     Ok(())
 }
 
 /// Two placeholders separated by `:`, for the key-escaping checks.
-#[idempotent_job(key = "pair:<left>:<right>")]
+#[idempotent_job(key = "pair:<left>:<right>", name = "pair")]
 pub fn pair<C: TestConn>(conn: &mut C, left: &str, right: &str) -> Result<(), TestError> {
     conn.insert_message("pair", &format!("{left:?} {right:?}"))?;
     Ok(())
@@ -237,7 +238,11 @@ pub fn charge_v2<C: TestConn>(conn: &mut C, order_id: &str) -> Result<Vec<u32>, 
 }
 
 /// A charge whose amount and currency must match when its key comes back.
-#[idempotent_job(key = "checked:<order_id>", fingerprint(amount, currency))]
+#[idempotent_job(
+    key = "checked:<order_id>",
+    fingerprint(amount, currency),
+    name = "charge_checked"
+)]
 pub fn charge_checked<C: TestConn>(
     conn: &mut C,
     order_id: &str,
@@ -251,14 +256,14 @@ pub fn charge_checked<C: TestConn>(
 }
 
 /// A reminder that may be sent again a second after the last one.
-#[idempotent_job(key = "remind:<user_id>", keep = "1s")]
+#[idempotent_job(key = "remind:<user_id>", keep = "1s", name = "remind")]
 pub fn remind<C: TestConn>(conn: &mut C, user_id: i64) -> Result<(), TestError> {
     conn.insert_message("reminder", &user_id.to_string())?;
     Ok(())
 }
 
 /// A job whose key carries personal data.
-#[idempotent_job(key = "greet:<email>", redact_key)]
+#[idempotent_job(key = "greet:<email>", redact_key, name = "greet")]
 pub fn greet<C: TestConn>(conn: &mut C, email: &str) -> Result<(), TestError> {
     conn.insert_message("greeting", "hello")?;
     let _ = email;
@@ -266,10 +271,59 @@ pub fn greet<C: TestConn>(conn: &mut C, email: &str) -> Result<(), TestError> {
 }
 
 /// A job keyed by whatever a caller sends: NUL bytes, separators, SQL, megabytes.
-#[idempotent_job(key = "hostile:<value>")]
+#[idempotent_job(key = "hostile:<value>", name = "hostile")]
 pub fn hostile<C: TestConn>(conn: &mut C, value: &str) -> Result<usize, TestError> {
     conn.insert_message("hostile", &value.len().to_string())?;
     Ok(value.len())
+}
+
+/// A result whose `Serialize` panics: the panic comes after the body, while the runtime stores
+/// the result.
+#[derive(Debug, serde::Deserialize)]
+pub struct ExplodesWhenStored;
+
+impl Serialize for ExplodesWhenStored {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("the result's Serialize exploded")
+    }
+}
+
+/// A result that stores fine and whose `Deserialize` panics: the panic comes during a replay.
+#[derive(Debug, Serialize)]
+pub struct ExplodesWhenReplayed(pub u32);
+
+impl<'de> Deserialize<'de> for ExplodesWhenReplayed {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = u32::deserialize(deserializer)?;
+        if REPLAYS_EXPLODE.with(std::cell::Cell::get) {
+            panic!("the stored result's Deserialize exploded");
+        }
+        Ok(Self(value))
+    }
+}
+
+thread_local! {
+    /// Whether [`ExplodesWhenReplayed`] panics when decoded on this thread: not during the first
+    /// run's round-trip check, only in the replay (per thread, as tests run in parallel).
+    pub static REPLAYS_EXPLODE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[idempotent_job(key = "explode-store:<id>", name = "explode_on_store")]
+pub fn explode_on_store<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+) -> Result<ExplodesWhenStored, TestError> {
+    conn.insert_message("explode-on-store", id)?;
+    Ok(ExplodesWhenStored)
+}
+
+#[idempotent_job(key = "explode-replay:<id>", name = "explode_on_replay")]
+pub fn explode_on_replay<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+) -> Result<ExplodesWhenReplayed, TestError> {
+    conn.insert_message("explode-on-replay", id)?;
+    Ok(ExplodesWhenReplayed(7))
 }
 
 /// Not idempotent: it writes an audit row outside the job's claim, so a rerun writes it again.
@@ -289,10 +343,9 @@ mod asynchronous {
     use super::*;
     use diesel_async::RunQueryDsl;
     use idempotent_jobs::AsyncJobStore;
-    use idempotent_jobs::testing::AsyncInspect;
 
     /// The tests' tables through an async connection.
-    pub trait AsyncTestConn: AsyncJobStore + AsyncInspect + Send {
+    pub trait AsyncTestConn: AsyncJobStore + Send {
         fn insert_charge(
             &mut self,
             order_id: &str,
@@ -462,6 +515,24 @@ mod asynchronous {
         conn.insert_message("hostile", &value.len().to_string())
             .await?;
         Ok(value.len())
+    }
+
+    #[idempotent_job(key = "explode-store:<id>", name = "explode_on_store")]
+    pub async fn explode_on_store_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+    ) -> Result<ExplodesWhenStored, TestError> {
+        conn.insert_message("explode-on-store", id).await?;
+        Ok(ExplodesWhenStored)
+    }
+
+    #[idempotent_job(key = "explode-replay:<id>", name = "explode_on_replay")]
+    pub async fn explode_on_replay_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+    ) -> Result<ExplodesWhenReplayed, TestError> {
+        conn.insert_message("explode-on-replay", id).await?;
+        Ok(ExplodesWhenReplayed(7))
     }
 
     pub async fn sloppy_audit_then_charge_async<C: AsyncTestConn>(

@@ -80,6 +80,17 @@ enum Cleanup {
 
 impl<B: Backend> Db<B> {
     pub fn fresh() -> Self {
+        let db = Self::empty();
+        let mut conn = db.connect();
+        if B::SERVER == Server::Sqlite {
+            B::execute(&mut conn, "PRAGMA journal_mode = WAL");
+        }
+        B::prepare(&mut conn);
+        db
+    }
+
+    /// A database of this test's own with nothing in it: no runtime tables, no test tables.
+    pub fn empty() -> Self {
         let server = B::SERVER;
         let name = unique_name("idempotent_test");
         let (url, cleanup) = match server {
@@ -122,17 +133,11 @@ impl<B: Backend> Db<B> {
                 )
             }
         };
-        let db = Db {
+        Db {
             url,
             cleanup: Some(cleanup),
             backend: PhantomData,
-        };
-        let mut conn = db.connect();
-        if server == Server::Sqlite {
-            B::execute(&mut conn, "PRAGMA journal_mode = WAL");
         }
-        B::prepare(&mut conn);
-        db
     }
 
     /// A new connection to this test's database.

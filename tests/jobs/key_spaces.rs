@@ -16,10 +16,13 @@ fn overlapping_jobs_are_reported_with_a_shared_key() {
     let overlaps = registry::check_key_spaces().expect_err("charge and refund overlap");
     let pairs: Vec<(String, String)> = overlaps
         .iter()
-        .map(|o| {
-            let mut pair = [o.first.0.clone(), o.second.0.clone()];
-            pair.sort();
-            (pair[0].clone(), pair[1].clone())
+        .map(|o| match o {
+            registry::KeySpaceOverlap::SharedKey { first, second, .. } => {
+                let mut pair = [first.0.clone(), second.0.clone()];
+                pair.sort();
+                (pair[0].clone(), pair[1].clone())
+            }
+            other => panic!("only charge and refund overlap: {other}"),
         })
         .collect();
     assert!(

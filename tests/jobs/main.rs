@@ -23,6 +23,7 @@ mod keys;
 #[cfg(feature = "sqlite")]
 mod pools;
 mod receiver;
+mod schema;
 mod second_run;
 #[cfg(feature = "postgres")]
 mod security;
@@ -31,7 +32,12 @@ mod security;
 macro_rules! backend_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
-            use crate::{behaviour, second_run};
+            use crate::{behaviour, schema, second_run};
+
+            #[test]
+            fn concurrent_first_migrations_all_succeed() {
+                schema::concurrent_first_migrations_all_succeed::<$backend>();
+            }
 
             #[test]
             fn second_run_changes_nothing() {
@@ -51,6 +57,16 @@ macro_rules! backend_tests {
             #[test]
             fn panic_then_retry_runs_once() {
                 behaviour::panic_then_retry_runs_once::<$backend>();
+            }
+
+            #[test]
+            fn panic_in_serialize_leaves_no_transaction() {
+                behaviour::panic_in_serialize_leaves_no_transaction::<$backend>();
+            }
+
+            #[test]
+            fn panic_in_replay_decode_leaves_no_transaction() {
+                behaviour::panic_in_replay_decode_leaves_no_transaction::<$backend>();
             }
 
             #[test]

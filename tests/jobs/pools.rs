@@ -11,7 +11,7 @@ use crate::harness::Db;
 
 type Pooled = PooledConnection<ConnectionManager<SqliteConnection>>;
 
-#[idempotent_job(key = "welcome:<user_id>")]
+#[idempotent_job(key = "r2d2-welcome:<user_id>", name = "r2d2_welcome")]
 fn welcome(conn: &mut Pooled, user_id: u64) -> Result<String, TestError> {
     conn.insert_message("welcome", &user_id.to_string())?;
     Ok(format!("welcomed {user_id}"))

@@ -1,27 +1,35 @@
-//! Collecting every error of one attribute, so a user fixes them all in one build.
+//! One error context per attribute: every step records its errors here, and nothing is expanded
+//! until the context has been checked, so a user with three mistakes fixes them in one build.
+
+use std::cell::RefCell;
 
 use proc_macro2::TokenStream;
 
+/// The errors of one `#[idempotent_job]`, collected across parsing and checking.
 #[derive(Default)]
-pub struct Errors {
-    errors: Vec<syn::Error>,
+pub struct Ctxt {
+    errors: RefCell<Vec<syn::Error>>,
 }
 
-impl Errors {
-    pub fn push(&mut self, error: syn::Error) {
-        self.errors.push(error);
+impl Ctxt {
+    /// Records an error; parsing and checking go on, to find the others.
+    pub fn error(&self, error: syn::Error) {
+        self.errors.borrow_mut().push(error);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.errors.is_empty()
+    /// Records an error at `span`.
+    pub fn error_at(&self, span: proc_macro2::Span, message: impl std::fmt::Display) {
+        self.error(syn::Error::new(span, message));
     }
 
-    /// All errors as `compile_error!` invocations.
-    pub fn to_compile_errors(&self) -> TokenStream {
-        self.errors
-            .iter()
-            .map(syn::Error::to_compile_error)
-            .collect()
+    /// `Ok` when nothing was recorded; otherwise every error, as `compile_error!`s.
+    pub fn check(self) -> Result<(), TokenStream> {
+        let errors = self.errors.into_inner();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.iter().map(syn::Error::to_compile_error).collect())
+        }
     }
 }
 
@@ -68,5 +76,15 @@ mod tests {
         assert_eq!(did_you_mean("mnth", params), Some("month"));
         assert_eq!(did_you_mean("amount", params), None);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn every_error_is_reported() {
+        let cx = Ctxt::default();
+        cx.error_at(proc_macro2::Span::call_site(), "one");
+        cx.error_at(proc_macro2::Span::call_site(), "two");
+        let errors = cx.check().expect_err("two errors").to_string();
+        assert!(errors.contains("one") && errors.contains("two"), "{errors}");
+        assert!(Ctxt::default().check().is_ok());
     }
 }

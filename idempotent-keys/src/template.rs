@@ -1,4 +1,4 @@
-//! The key template language, parsed without syn: a pure function over a `&str`.
+//! The key template language, parsed as a pure function over a `&str`.
 //!
 //! ```text
 //! invoice:<month>:<customer_id>      text and placeholders
@@ -8,24 +8,31 @@
 //! ```
 //!
 //! Between two placeholders there must be text starting with a symbol (not a letter, digit or `%`);
-//! the runtime escapes that symbol inside values, which keeps keys unambiguous.
+//! the runtime escapes that symbol inside values, which keeps keys unambiguous (see [`crate::escape`]).
 
 use std::fmt::Write as _;
 use std::ops::Range;
 
+use crate::Part;
+use crate::escape::{ShapeProblem, shape_problems};
+
 /// A parsed template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
+    /// Text and placeholders, in order; no two texts touch.
     pub pieces: Vec<Piece>,
 }
 
+/// A piece of a parsed template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
     /// Literal text, unescaped.
     Text(String),
+    /// A placeholder.
     Placeholder(Placeholder),
 }
 
+/// A `<...>` placeholder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placeholder {
     /// The parameter, then any fields.
@@ -34,6 +41,7 @@ pub struct Placeholder {
     pub range: Range<usize>,
 }
 
+/// One step of a placeholder's path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Segment {
     /// A name, without any `r#`.
@@ -45,7 +53,9 @@ pub enum Segment {
 /// One problem in a template, with the part of the source it is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateError {
+    /// What is wrong and how to fix it.
     pub message: String,
+    /// Byte range in the template source.
     pub range: Range<usize>,
 }
 
@@ -73,6 +83,7 @@ impl Placeholder {
 }
 
 impl Template {
+    /// The placeholders, in order.
     pub fn placeholders(&self) -> impl Iterator<Item = &Placeholder> {
         self.pieces.iter().filter_map(|piece| match piece {
             Piece::Placeholder(p) => Some(p),
@@ -81,26 +92,24 @@ impl Template {
     }
 
     /// The characters the runtime must escape inside values: the first character of every text that
-    /// stands between two placeholders.
+    /// stands between two placeholders (see [`crate::escape::escapes`]).
     pub fn escapes(&self) -> Vec<char> {
-        let mut escapes = Vec::new();
-        for window in self.pieces.windows(3) {
-            if let [
-                Piece::Placeholder(_),
-                Piece::Text(text),
-                Piece::Placeholder(_),
-            ] = window
-                && let Some(first) = text.chars().next()
-                && !escapes.contains(&first)
-            {
-                escapes.push(first);
-            }
-        }
-        escapes
+        crate::escape::escapes(&self.parts())
+    }
+
+    /// The template as the runtime and the registry see it; a placeholder is named by its path as
+    /// written (`job.customer_id`).
+    pub fn parts(&self) -> Vec<Part<'_>> {
+        self.pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => Part::Text(text),
+                Piece::Placeholder(_) => Part::Value(""),
+            })
+            .collect()
     }
 
     /// The template written back in the template language (a parse of it gives `self` again).
-    #[cfg(test)]
     pub fn to_source(&self) -> String {
         let mut out = String::new();
         for piece in &self.pieces {
@@ -238,47 +247,35 @@ pub fn parse(source: &str) -> (Template, Vec<TemplateError>) {
 /// Two placeholders need text between them that starts with a symbol: the runtime escapes that
 /// symbol inside values, so keys can be split back into values unambiguously.
 fn check_separators(source: &str, pieces: &[Piece], errors: &mut Vec<TemplateError>) {
-    let mut previous: Option<&Placeholder> = None;
-    let mut between: Option<&str> = None;
-    for piece in pieces {
-        match piece {
-            Piece::Text(text) => between = Some(text),
-            Piece::Placeholder(next) => {
-                if let Some(before) = previous {
-                    let range = before.range.start..next.range.end;
-                    let shown = &source[range.clone()];
-                    match between.and_then(|t| t.chars().next()) {
-                        None => errors.push(TemplateError {
-                            message: format!(
-                                "placeholders `{}` and `{}` touch in `{shown}`; put a separator such as `:` between them, or two different values could give the same key",
-                                before.display(),
-                                next.display()
-                            ),
-                            range,
-                        }),
-                        Some(first) if !is_valid_separator_start(first) => {
-                            errors.push(TemplateError {
-                                message: format!(
-                                    "the text between `{}` and `{}` in `{shown}` starts with `{first}`; start it with a symbol such as `:`, `/` or `-` (not a letter, digit or `%`), or two different values could give the same key",
-                                    before.display(),
-                                    next.display()
-                                ),
-                                range,
-                            });
-                        }
-                        Some(_) => {}
-                    }
-                }
-                previous = Some(next);
-                between = None;
-            }
-        }
+    let template = Template {
+        pieces: pieces.to_vec(),
+    };
+    let placeholder = |index: usize| match &pieces[index] {
+        Piece::Placeholder(p) => Some(p),
+        Piece::Text(_) => None,
+    };
+    for problem in shape_problems(&template.parts()) {
+        let (ShapeProblem::Touching { before, after }
+        | ShapeProblem::BadSeparator { before, after, .. }) = problem;
+        let (Some(before), Some(next)) = (placeholder(before), placeholder(after)) else {
+            continue;
+        };
+        let range = before.range.start..next.range.end;
+        let shown = &source[range.clone()];
+        let message = match problem {
+            ShapeProblem::Touching { .. } => format!(
+                "placeholders `{}` and `{}` touch in `{shown}`; put a separator such as `:` between them, or two different values could give the same key",
+                before.display(),
+                next.display()
+            ),
+            ShapeProblem::BadSeparator { starts_with, .. } => format!(
+                "the text between `{}` and `{}` in `{shown}` starts with `{starts_with}`; start it with a symbol such as `:`, `/` or `-` (not a letter, digit or `%`), or two different values could give the same key",
+                before.display(),
+                next.display()
+            ),
+        };
+        errors.push(TemplateError { message, range });
     }
-}
-
-/// Must agree with `idempotent_runtime::key::is_valid_separator_start`.
-pub fn is_valid_separator_start(c: char) -> bool {
-    !(c == '%' || c.is_ascii_alphanumeric() || c.is_control())
 }
 
 fn parse_path(inner: &str) -> Result<Vec<Segment>, String> {

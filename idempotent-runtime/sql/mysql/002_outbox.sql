@@ -1,4 +1,4 @@
--- idempotent: messages recorded in a job's transaction, sent after it commits by a relay.
+-- idempotent-jobs, schema version 2: messages recorded in a job's transaction, sent after it commits by a relay.
 CREATE TABLE outbox (
     id           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     -- Stable across reruns of the job that pushed it: receivers drop duplicates by it.
@@ -8,7 +8,7 @@ CREATE TABLE outbox (
     payload      LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     -- The pushing job's key, as shown in done_jobs.
     job_key      LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
-    -- UTC, from the worker's clock.
+    -- UTC, from the database's clock.
     created_at   DATETIME(6) NOT NULL,
     -- Not sent before this (a failed delivery backs off).
     available_at DATETIME(6) NOT NULL,
@@ -24,3 +24,4 @@ CREATE TABLE outbox (
     INDEX outbox_pending (delivered_at, parked_at, available_at, id),
     INDEX outbox_delivered (delivered_at)
 ) ENGINE = InnoDB;
+INSERT INTO idempotent_schema (version, description, applied_at) VALUES (2, 'outbox', UTC_TIMESTAMP(6));

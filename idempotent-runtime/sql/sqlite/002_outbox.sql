@@ -1,6 +1,6 @@
--- idempotent: messages recorded in a job's transaction, sent after it commits by a relay.
+-- idempotent-jobs, schema version 2: messages recorded in a job's transaction, sent after it commits by a relay.
 CREATE TABLE outbox (
-    id           BIGSERIAL PRIMARY KEY,
+    id           INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL,
     -- Stable across reruns of the job that pushed it: receivers drop duplicates by it.
     message_id   TEXT NOT NULL UNIQUE,
     topic        TEXT NOT NULL,
@@ -8,7 +8,7 @@ CREATE TABLE outbox (
     payload      TEXT NOT NULL,
     -- The pushing job's key, as shown in done_jobs.
     job_key      TEXT,
-    -- UTC, from the worker's clock.
+    -- UTC, from the database's clock.
     created_at   TIMESTAMP NOT NULL,
     -- Not sent before this (a failed delivery backs off).
     available_at TIMESTAMP NOT NULL,
@@ -24,3 +24,4 @@ CREATE TABLE outbox (
 
 CREATE INDEX outbox_pending ON outbox (available_at, id) WHERE delivered_at IS NULL AND parked_at IS NULL;
 CREATE INDEX outbox_delivered ON outbox (delivered_at) WHERE delivered_at IS NOT NULL;
+INSERT INTO idempotent_schema (version, description, applied_at) VALUES (2, 'outbox', strftime('%Y-%m-%d %H:%M:%f', 'now'));

@@ -1,4 +1,4 @@
--- idempotent: one row per job that committed; the claim that makes reruns skip.
+-- idempotent-jobs, schema version 1: one row per job that committed; the claim that makes reruns skip.
 CREATE TABLE done_jobs (
     -- InnoDB clusters rows by the primary key: a sequential one keeps inserts at the end of the
     -- table instead of scattering them over random pages, so claims stay as fast at millions of
@@ -13,9 +13,10 @@ CREATE TABLE done_jobs (
     -- The handler's Ok value as JSON; NULL for () and null.
     result      LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     fingerprint VARBINARY(64),
-    -- UTC, from the worker's clock.
+    -- UTC, from the database's clock.
     done_at     DATETIME(6) NOT NULL,
     expires_at  DATETIME(6) NULL,
     UNIQUE KEY done_jobs_key_digest (key_digest),
     INDEX done_jobs_expires_at (expires_at)
 ) ENGINE = InnoDB;
+INSERT INTO idempotent_schema (version, description, applied_at) VALUES (1, 'done_jobs', UTC_TIMESTAMP(6));

@@ -1,0 +1,296 @@
+//! One call of a job: the public [`JobCall`] a caller builds, and the [`Call`] the lifecycle
+//! computes from it once (digest, key as shown, fingerprint, how long the key holds).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::context::{self, JobContext};
+use crate::error::{Error, Step};
+use crate::fingerprint::{Fingerprint, FingerprintError};
+use crate::job::Job;
+use crate::key::JobKey;
+
+use crate::stats::{self, Ending};
+use crate::store::{Claim, DoneRow};
+
+/// An error type a job handler can return: one that can hold this crate's [`Error`].
+///
+/// Implemented for every `E: From<idempotent_jobs::Error>`. With `thiserror`, one variant does it:
+/// `#[error(transparent)] Idempotent(#[from] idempotent_jobs::Error)`.
+#[diagnostic::on_unimplemented(
+    message = "the handler's error type `{Self}` cannot hold the errors of `idempotent_jobs`",
+    label = "`{Self}` needs `impl From<idempotent_jobs::Error>`",
+    note = "the claim, the commit and a replay can fail; the handler returns those failures as its own error type",
+    note = "add `impl From<idempotent_jobs::Error> for {Self}`, or with thiserror a variant `#[error(transparent)] Idempotent(#[from] idempotent_jobs::Error)`"
+)]
+pub trait JobError: From<Error> {}
+
+impl<E: From<Error>> JobError for E {}
+
+/// A value a job handler can return: it is stored as JSON with the claim and returned to every rerun.
+///
+/// Implemented for every `T: Serialize + DeserializeOwned`.
+#[diagnostic::on_unimplemented(
+    message = "the handler's `Ok` type `{Self}` cannot be stored for replays",
+    label = "`{Self}` must implement `serde::Serialize` and `serde::Deserialize`",
+    note = "the first run's `Ok` value is stored as JSON and returned to every rerun of the same key",
+    note = "derive both: `#[derive(serde::Serialize, serde::Deserialize)]`, or return `()` to store nothing"
+)]
+pub trait JobOutput: Serialize + DeserializeOwned {}
+
+impl<T: Serialize + DeserializeOwned> JobOutput for T {}
+
+/// One call of a job, for the plain function API: the job, the key, and optionally a fingerprint of
+/// the inputs that must match when the key comes back.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use idempotent_runtime::fingerprint::Fingerprint;
+/// use idempotent_runtime::{Error, Job, JobCall, JobKey};
+///
+/// static CHARGE: Job = Job::new("charge", "charge:<order_id>").fingerprint_inputs(&["amount"]);
+///
+/// let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+/// idempotent_runtime::migrate(&mut conn)?;
+/// let key = JobKey::new("charge:42");
+/// let mut charge = |amount: u64| -> Result<_, Error> {
+///     let fingerprint = Fingerprint::builder().input("amount", &amount).finish().expect("a number serializes");
+///     JobCall::new(&CHARGE, &key).fingerprint(fingerprint).run(&mut conn, |_| Ok::<_, Error>(amount))
+/// };
+/// assert!(charge(4200)?.is_ran());
+/// assert!(charge(4200)?.is_replayed());
+/// assert!(matches!(charge(9900), Err(Error::FingerprintMismatch { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+#[must_use = "a JobCall does nothing until it is run"]
+pub struct JobCall<'a> {
+    pub(crate) job: &'static Job,
+    pub(crate) key: &'a JobKey,
+    pub(crate) fingerprint: Option<Result<Fingerprint, FingerprintError>>,
+}
+
+impl fmt::Debug for JobCall<'_> {
+    /// Shows the key as events and errors do: redacted when the job redacts its keys.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobCall")
+            .field("job", &self.job.name())
+            .field("key", &shown_key(self.job, self.key))
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+impl<'a> JobCall<'a> {
+    /// A call of `job` with `key`.
+    pub fn new(job: &'static Job, key: &'a JobKey) -> Self {
+        Self {
+            job,
+            key,
+            fingerprint: None,
+        }
+    }
+
+    /// Checks `fingerprint` against the first run's when the key comes back: a difference is an
+    /// [`Error::FingerprintMismatch`] and nothing runs.
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(Ok(fingerprint));
+        self
+    }
+
+    /// As [`fingerprint`](Self::fingerprint), with a failure to build it reported when the call
+    /// runs (what the attribute generates).
+    #[doc(hidden)]
+    pub fn fingerprint_result(
+        mut self,
+        fingerprint: Result<Fingerprint, FingerprintError>,
+    ) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+}
+
+/// The key as the job shows it in events, errors and `job_key`: readable, or redacted.
+fn shown_key(job: &Job, key: &JobKey) -> String {
+    if job.redacts_key() {
+        redacted(&key.digest())
+    } else {
+        key.readable().into_owned()
+    }
+}
+
+/// What a redacted key looks like: enough of its digest to find its row, nothing of its values.
+pub(crate) fn redacted(digest: &[u8; 32]) -> String {
+    let mut text = String::from("redacted:");
+    for byte in &digest[..8] {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
+}
+
+/// One call of a job: everything its steps need, computed once.
+pub(crate) struct Call {
+    pub(crate) job: &'static Job,
+    /// The key as shown in events and errors and stored in `job_key`: readable, or redacted.
+    pub(crate) key_text: String,
+    pub(crate) digest: [u8; 32],
+    pub(crate) fingerprint: Option<Fingerprint>,
+    /// How long the key holds after the commit, in microseconds.
+    pub(crate) keep_micros: Option<i64>,
+    pub(crate) started: Instant,
+    /// What the body can ask about its job: its key, its outbox messages so far.
+    pub(crate) context: Arc<JobContext>,
+}
+
+impl Call {
+    /// The call of `job_call` on the connection at address `connection`.
+    pub(crate) fn new(job_call: JobCall<'_>, connection: usize) -> Result<Self, Error> {
+        let JobCall {
+            job,
+            key,
+            fingerprint,
+        } = job_call;
+        let digest = key.digest();
+        let key_text = shown_key(job, key);
+        crate::identity::check(job)
+            .inspect_err(|_| stats::finished(job.name(), Ending::Error, Instant::now()))?;
+        let fingerprint = fingerprint
+            .transpose()
+            .map_err(|source| Error::Fingerprint {
+                job: job.name(),
+                key: key_text.clone(),
+                source,
+            })?;
+        let keep_micros = job
+            .keep()
+            .map(|keep| crate::time::micros(keep, "the job's `keep`"))
+            .transpose()?;
+        Ok(Self {
+            job,
+            context: JobContext::new(
+                key.clone(),
+                digest,
+                job.name(),
+                key_text.clone(),
+                connection,
+            ),
+            key_text,
+            digest,
+            fingerprint,
+            keep_micros,
+            started: Instant::now(),
+        })
+    }
+
+    pub(crate) fn span(&self) -> tracing::Span {
+        tracing::info_span!("idempotent.job", job = self.job.name(), key = %self.key_text)
+    }
+
+    pub(crate) fn claim(&self) -> Claim<'_> {
+        Claim {
+            digest: &self.digest,
+            key: &self.key_text,
+            job: self.job.name(),
+            fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+        }
+    }
+
+    pub(crate) fn database(&self, step: Step, source: diesel::result::Error) -> Error {
+        Error::Database {
+            job: self.job.name(),
+            key: self.key_text.clone(),
+            step,
+            source,
+        }
+    }
+
+    /// Whether an enclosing body on this thread already holds this key: for this job on the same
+    /// connection, the call is part of that run (`Ok(true)`). On another connection it would run
+    /// with no claim of its own, or wait for its own enclosing transaction; for another job, the
+    /// key is that job's. Both are errors.
+    pub(crate) fn inside_own_claim(&self) -> Result<bool, Error> {
+        let Some(enclosing) = context::enclosing_claim(&self.digest) else {
+            return Ok(false);
+        };
+        if enclosing.job != self.job.name() {
+            return Err(self.failed(Error::KeyClaimedByOtherJob {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                claimed_by: enclosing.job.to_owned(),
+            }));
+        }
+        if enclosing.connection != self.context.connection {
+            return Err(self.failed(Error::OwnKeyOnAnotherConnection {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+            }));
+        }
+        Ok(true)
+    }
+
+    /// Records how the call ended.
+    pub(crate) fn finished(&self, ending: Ending) {
+        stats::finished(self.job.name(), ending, self.started);
+    }
+
+    /// Records a call that ended in `error`, and passes the error on.
+    pub(crate) fn failed(&self, error: Error) -> Error {
+        self.finished(match &error {
+            Error::FingerprintMismatch { .. } => Ending::FingerprintMismatch,
+            Error::KeyClaimedByOtherJob { .. } => Ending::KeyConflict,
+            _ => Ending::Error,
+        });
+        error
+    }
+
+    /// The JSON to store for `value`; `None` when it is `null` (as `()` is), which is what an
+    /// empty `result` column reads back as.
+    ///
+    /// The JSON must read back as a `T`, or the first replay would fail where this run succeeded:
+    /// serde_json writes a NaN as `null`, and some `Serialize` impls have no matching
+    /// `Deserialize`. Such a value fails this run instead, rolled back, while its cause is at hand.
+    pub(crate) fn encode<T: JobOutput>(&self, value: &T) -> Result<Option<String>, Error> {
+        let stored = serde_json::to_string(value)
+            .and_then(|json| serde_json::from_str::<T>(&json).map(|_| json));
+        match stored {
+            Ok(json) if json == "null" => Ok(None),
+            Ok(json) => Ok(Some(json)),
+            Err(source) => Err(Error::StoreResult {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// The first run's result, if this call is the same job with the same inputs.
+    pub(crate) fn replay<T: DeserializeOwned>(&self, row: DoneRow) -> Result<T, Error> {
+        if row.job_name != self.job.name() {
+            return Err(Error::KeyClaimedByOtherJob {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                claimed_by: row.job_name,
+            });
+        }
+        // A row from before the job had a fingerprint, or a call without one, is not compared.
+        if let (Some(stored), Some(ours)) = (&row.fingerprint, &self.fingerprint)
+            && stored.as_slice() != ours.as_bytes()
+        {
+            return Err(Error::FingerprintMismatch {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                inputs: self.job.fingerprint_input_names().join(", "),
+            });
+        }
+        serde_json::from_str(row.result.as_deref().unwrap_or("null")).map_err(|source| {
+            Error::ReplayDecode {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                source,
+            }
+        })
+    }
+}

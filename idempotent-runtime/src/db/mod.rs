@@ -1,0 +1,279 @@
+//! The databases, one module each ([`sqlite`], [`postgres`], [`mysql`]): every statement, error
+//! classification, lock, migration and inspection query of that database, for sync and async
+//! connections alike (see [`crate::store`]).
+//!
+//! This module holds what no database differs in: how a sync or an async connection type runs
+//! statements and transactions ([`sync_store!`], [`async_store!`]).
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::result::Error as DieselError;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+use diesel::result::QueryResult;
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+use crate::store::Nesting;
+
+/// Opens a transaction with `sql` on a sync connection, or a savepoint inside the caller's.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn begin_sync<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    match AnsiTransactionManager::begin_transaction_sql(conn, sql) {
+        Ok(()) => Ok(Nesting::Outermost),
+        Err(DieselError::AlreadyInTransaction) => {
+            <AnsiTransactionManager as TransactionManager<C>>::begin_transaction(conn)?;
+            Ok(Nesting::Savepoint)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// How many transactions a sync connection has open.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn depth_sync<C>(conn: &mut C) -> QueryResult<u32>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    let status =
+        <AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(conn);
+    Ok(status
+        .transaction_depth()?
+        .map_or(0, std::num::NonZeroU32::get))
+}
+
+/// The text of a database error, for databases that report some conditions only in words.
+pub(crate) fn message(error: &DieselError) -> Option<&str> {
+    match error {
+        DieselError::DatabaseError(_, info) => Some(info.message()),
+        _ => None,
+    }
+}
+
+/// A name read from a catalog.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Name {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) name: String,
+}
+
+/// A row rendered as text by the query that read it.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct TextRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) row: String,
+}
+
+/// `name` as a double-quoted SQL identifier (SQLite, PostgreSQL).
+#[cfg(feature = "sqlite")]
+pub(crate) fn double_quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `name` as a MySQL identifier.
+#[cfg(any(feature = "mysql", feature = "async-mysql"))]
+pub(crate) fn backticked(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+/// Implements `Store` (and `JobStore`) for a sync Diesel connection whose transactions begin with
+/// `$begin`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+macro_rules! sync_store {
+    ($conn:ty, $db:ty, begin: $begin:expr) => {
+        impl $crate::store::Store for $conn {
+            type Db = $db;
+
+            async fn begin(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
+                $crate::db::begin_sync(self, $begin)
+            }
+
+            async fn commit(&mut self) -> diesel::QueryResult<()> {
+                <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::commit_transaction(self)
+            }
+
+            async fn rollback(&mut self) -> diesel::QueryResult<()> {
+                <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::rollback_transaction(self)
+            }
+
+            fn abandon(&mut self, unfinished: $crate::store::Unfinished) {
+                let cleaned = match unfinished {
+                    $crate::store::Unfinished::Transaction => {
+                        <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::rollback_transaction(self)
+                    }
+                    $crate::store::Unfinished::SessionLock(release) => {
+                        diesel::connection::SimpleConnection::batch_execute(self, release)
+                    }
+                };
+                // Diesel marks the connection broken when a rollback fails, so no later job
+                // commits into what is left of this transaction.
+                if let Err(error) = cleaned {
+                    tracing::error!(%error, "cleaning up after an unfinished transaction failed");
+                }
+            }
+
+            fn transaction_depth(&mut self) -> diesel::QueryResult<u32> {
+                $crate::db::depth_sync(self)
+            }
+
+            async fn pause(duration: std::time::Duration) {
+                std::thread::sleep(duration);
+            }
+
+            async fn execute<S, B>(
+                &mut self,
+                statement: $crate::sql::Statement<S, B>,
+            ) -> diesel::QueryResult<usize>
+            where
+                S: $crate::sql::SqlText,
+                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+            {
+                diesel::RunQueryDsl::execute(statement, self)
+            }
+
+            async fn load<S, B, U>(
+                &mut self,
+                statement: $crate::sql::Statement<S, B>,
+            ) -> diesel::QueryResult<Vec<U>>
+            where
+                S: $crate::sql::SqlText,
+                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+                U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
+                    + Send
+                    + 'static,
+            {
+                diesel::RunQueryDsl::load(statement, self)
+            }
+
+            async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
+                diesel::connection::SimpleConnection::batch_execute(self, sql)
+            }
+
+            async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
+                let rows: Vec<$crate::db::TextRow> =
+                    diesel::RunQueryDsl::load(diesel::sql_query(sql), self)?;
+                Ok(rows.into_iter().map(|r| r.row).collect())
+            }
+        }
+
+        impl $crate::sealed::Sealed for $conn {}
+
+        impl $crate::JobStore for $conn {
+            type Runtime = Self;
+
+            fn idempotent_store(&mut self) -> &mut Self {
+                self
+            }
+        }
+    };
+}
+
+/// Implements `Store` (and `AsyncJobStore`) for a diesel-async connection with diesel-async's
+/// `AnsiTransactionManager`, whose transactions begin with `$begin`.
+#[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
+macro_rules! async_store {
+    ($conn:ty, $db:ty, begin: $begin:expr) => {
+        impl $crate::store::Store for $conn {
+            type Db = $db;
+
+            async fn begin(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
+                use diesel_async::{AnsiTransactionManager, TransactionManager};
+                match AnsiTransactionManager::begin_transaction_sql(self, $begin).await {
+                    Ok(()) => Ok($crate::store::Nesting::Outermost),
+                    Err(diesel::result::Error::AlreadyInTransaction) => {
+                        AnsiTransactionManager::begin_transaction(self).await?;
+                        Ok($crate::store::Nesting::Savepoint)
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+
+            async fn commit(&mut self) -> diesel::QueryResult<()> {
+                <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<Self>>::commit_transaction(self).await
+            }
+
+            async fn rollback(&mut self) -> diesel::QueryResult<()> {
+                <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<Self>>::rollback_transaction(self).await
+            }
+
+            fn abandon(&mut self, _unfinished: $crate::store::Unfinished) {
+                $crate::db::mark_broken(self);
+            }
+
+            fn transaction_depth(&mut self) -> diesel::QueryResult<u32> {
+                let status = <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<Self>>::transaction_manager_status_mut(self);
+                Ok(status.transaction_depth()?.map_or(0, std::num::NonZeroU32::get))
+            }
+
+            async fn pause(duration: std::time::Duration) {
+                tokio::time::sleep(duration).await;
+            }
+
+            async fn execute<S, B>(
+                &mut self,
+                statement: $crate::sql::Statement<S, B>,
+            ) -> diesel::QueryResult<usize>
+            where
+                S: $crate::sql::SqlText,
+                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+            {
+                diesel_async::RunQueryDsl::execute(statement, self).await
+            }
+
+            async fn load<S, B, U>(
+                &mut self,
+                statement: $crate::sql::Statement<S, B>,
+            ) -> diesel::QueryResult<Vec<U>>
+            where
+                S: $crate::sql::SqlText,
+                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+                U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
+                    + Send
+                    + 'static,
+            {
+                diesel_async::RunQueryDsl::load(statement, self).await
+            }
+
+            async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
+                diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
+            }
+
+            async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
+                let rows: Vec<$crate::db::TextRow> =
+                    diesel_async::RunQueryDsl::load(diesel::sql_query(sql), self).await?;
+                Ok(rows.into_iter().map(|r| r.row).collect())
+            }
+        }
+
+        impl $crate::sealed::Sealed for $conn {}
+
+        impl $crate::AsyncJobStore for $conn {
+            type Runtime = Self;
+
+            fn idempotent_store(&mut self) -> &mut Self {
+                self
+            }
+        }
+    };
+}
+
+/// Marks an async connection's transaction manager broken: the one thing `drop` can do for a
+/// transaction or session lock left open, since no statement can run there. Pools discard such a
+/// connection, and a job on it fails instead of committing into what was left open.
+#[cfg(feature = "async")]
+pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
+    use diesel_async::TransactionManager as _;
+    C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+    tracing::warn!(
+        "a job, a lease or a migration was dropped unfinished; its connection is marked broken and will not be reused"
+    );
+}
+
+// After the macros, which the database modules use.
+#[cfg(any(feature = "mysql", feature = "async-mysql"))]
+pub(crate) mod mysql;
+#[cfg(any(feature = "postgres", feature = "async-postgres"))]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;

@@ -1,0 +1,585 @@
+//! MySQL and MariaDB: every statement, error, lock, migration and inspection query, for
+//! `MysqlConnection` and diesel-async's `AsyncMysqlConnection`.
+//!
+//! * The claim is a plain `INSERT`: the duplicate-key error is the "already done" signal, and it
+//!   rolls back only that statement. Not `INSERT IGNORE` (it turns other errors, such as
+//!   truncation, into warnings: a false "already done"), and not `ON DUPLICATE KEY UPDATE` (with
+//!   Diesel's `CLIENT_FOUND_ROWS` it reports 1 row either way). A conflicting row from a
+//!   transaction in flight makes it wait for that transaction, as on PostgreSQL.
+//! * The claimed row is then read with `FOR UPDATE`: under REPEATABLE READ a plain `SELECT` may
+//!   read an older snapshot and miss the row whose duplicate was just hit.
+//! * Deadlocks (1213; a third waiter on a key whose first holder rolled back gets one) and lock
+//!   wait timeouts (1205) are retried from `BEGIN`: nothing has run yet.
+//! * Times are `DATETIME(6)` UTC from `UTC_TIMESTAMP(6)`, whatever the session's `time_zone`.
+//! * DDL commits by itself, so a migration cannot be one transaction. Each step creates one table
+//!   in one statement and then records its version; a step interrupted between the two is found
+//!   done by its table and only recorded, so `migrate` resumes. Steps run under a named lock
+//!   (`GET_LOCK`) that a guard releases, or, when the future is dropped, whose connection it marks
+//!   broken so that a pool closes it (closing releases the lock).
+//!
+//! # Adding a column to a busy `done_jobs` later
+//!
+//! `ALTER TABLE done_jobs ADD COLUMN c type NULL, ALGORITHM=INSTANT` (MySQL 8.0.12+, MariaDB
+//! 10.3+) changes only metadata; the step sets `lock_wait_timeout` low and retries, so it never
+//! queues for the metadata lock behind a long transaction while every claim queues behind it.
+//! Where `INSTANT` is refused, `ALGORITHM=INPLACE, LOCK=NONE` keeps the table writable.
+
+use diesel::mysql::Mysql;
+use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
+use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
+
+use crate::migrations::{Step, TableCount, Version};
+use crate::sql::{Statement, bind};
+use crate::store::{
+    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
+    OutboxCounts, Store, Unfinished,
+};
+
+/// MySQL and MariaDB (features `mysql`, `async-mysql`).
+#[derive(Debug, Clone, Copy)]
+pub struct MysqlDb;
+
+macro_rules! now {
+    () => {
+        "UTC_TIMESTAMP(6)"
+    };
+}
+
+/// The database's clock plus the microseconds bound at `?`; NULL when it is NULL.
+macro_rules! now_plus {
+    () => {
+        "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))"
+    };
+}
+
+macro_rules! pending {
+    () => {
+        concat!(
+            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
+            now!()
+        )
+    };
+}
+
+macro_rules! abandoned {
+    () => {
+        concat!(
+            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
+            now!()
+        )
+    };
+}
+
+macro_rules! message_columns {
+    () => {
+        concat!(
+            "id, message_id, topic, payload, job_key, attempts, \
+             TIMESTAMPDIFF(MICROSECOND, created_at, ",
+            now!(),
+            ") AS age_micros"
+        )
+    };
+}
+
+sql! {
+    ClaimInsert = concat!(
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) VALUES (?, ?, ?, ?, ",
+        now!(),
+        ")"
+    );
+    ClaimRead = concat!(
+        "SELECT job_name, result, fingerprint, done_at, \
+         (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
+         FROM done_jobs WHERE key_digest = ? FOR UPDATE"
+    );
+    Renew = concat!(
+        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, result = NULL, done_at = ",
+        now!(),
+        ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
+        now!()
+    );
+    Record = concat!(
+        "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
+        " WHERE key_digest = ?"
+    );
+    // MySQL takes no `LIMIT` in an `IN` subquery, but does in `DELETE`.
+    PruneLapsed = concat!(
+        "DELETE FROM done_jobs WHERE expires_at <= ", now!(), " ORDER BY expires_at LIMIT ?"
+    );
+    Push = concat!(
+        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
+         VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
+    );
+    ParkAbandoned = concat!(
+        "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
+         last_error = 'the relay stopped during the last allowed delivery attempt' \
+         WHERE ", abandoned!(), " AND attempts >= ?"
+    );
+    FindAbandoned = concat!(
+        "SELECT id FROM outbox WHERE ", abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+    );
+    FindPending = concat!(
+        "SELECT id FROM outbox WHERE ", pending!(), " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+    );
+    TakeOne = concat!(
+        "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(),
+        ", attempts = attempts + 1 WHERE id = ?"
+    );
+    Leased = concat!(
+        "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id"
+    );
+    MarkDelivered = concat!(
+        "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
+         WHERE id = ? AND lease_owner = ?"
+    );
+    MarkFailed = concat!(
+        "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
+         parked_at = CASE WHEN ? THEN ", now!(), " END, \
+         available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
+         WHERE id = ? AND lease_owner = ?"
+    );
+    Parked = concat!(
+        "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
+    );
+    RetryParked = concat!(
+        "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
+        now!(),
+        " WHERE parked_at IS NOT NULL AND (? IS NULL OR message_id = ?)"
+    );
+    PruneDelivered = concat!(
+        "DELETE FROM outbox WHERE delivered_at <= TIMESTAMPADD(MICROSECOND, -?, ", now!(),
+        ") ORDER BY delivered_at LIMIT ?"
+    );
+    Counts = "SELECT \
+         COUNT(CASE WHEN delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL THEN 1 END) AS pending, \
+         COUNT(CASE WHEN delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL THEN 1 END) AS leased, \
+         COUNT(delivered_at) AS delivered, \
+         COUNT(CASE WHEN delivered_at IS NULL THEN parked_at END) AS parked \
+         FROM outbox";
+    TableExists = "SELECT COUNT(*) AS n FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = ?";
+    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
+    RecordVersion = concat!(
+        "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
+    );
+    TakeMigrationLock = "SELECT GET_LOCK('idempotent_jobs_migrations', ?) AS acquired";
+    ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
+    TableNames = "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1";
+    TableColumns = "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
+         FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position";
+}
+
+/// Releases the migration lock; also what a dropped guard runs on a sync connection.
+const RELEASE_MIGRATION_LOCK: &str = "SELECT RELEASE_LOCK('idempotent_jobs_migrations')";
+
+/// How long a migration waits for another to finish before it gives up, in seconds.
+const MIGRATION_LOCK_WAIT_SECONDS: i32 = 120;
+
+const STEPS: &[Step] = &[
+    Step {
+        version: 1,
+        table: "done_jobs",
+        sql: include_str!("../../sql/mysql/001_done_jobs.sql"),
+    },
+    Step {
+        version: 2,
+        table: "outbox",
+        sql: include_str!("../../sql/mysql/002_outbox.sql"),
+    },
+];
+
+const VERSION_TABLE: &str = include_str!("../../sql/mysql/000_idempotent_schema.sql");
+
+#[derive(diesel::QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Acquired {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    acquired: Option<i64>,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Column {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Text)]
+    data_type: String,
+}
+
+impl Database for MysqlDb {
+    type Backend = Mysql;
+    const NAME: &'static str = "MySQL";
+
+    fn classify(error: &DieselError) -> Fault {
+        match error {
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {
+                Fault::Deadlock
+            }
+            // diesel-async's MySQL driver reports these by message only.
+            _ => match super::message(error) {
+                Some(m) if m.contains("Deadlock found") => Fault::Deadlock,
+                Some(m) if m.contains("Lock wait timeout") => Fault::LockTimeout,
+                _ => Fault::Other,
+            },
+        }
+    }
+
+    async fn claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> QueryResult<ClaimAttempt> {
+        let inserted = conn
+            .execute(Statement::<ClaimInsert, _>::new((
+                bind::<Binary, _>(&claim.digest[..]),
+                bind::<Text, _>(claim.key),
+                bind::<Text, _>(claim.job),
+                bind::<Nullable<Binary>, _>(claim.fingerprint),
+            )))
+            .await;
+        match inserted {
+            Ok(_) => return Ok(ClaimAttempt::Inserted),
+            Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+            Err(error) => return Err(error),
+        }
+        let rows: Vec<DoneRow> = conn
+            .load(Statement::<ClaimRead, _>::new((bind::<Binary, _>(
+                &claim.digest[..],
+            ),)))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+    }
+
+    async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
+        let renewed = conn
+            .execute(Statement::<Renew, _>::new((
+                bind::<Text, _>(claim.key),
+                bind::<Text, _>(claim.job),
+                bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<Binary, _>(&claim.digest[..]),
+            )))
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn record<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        result: Option<&str>,
+        keep_micros: Option<i64>,
+    ) -> QueryResult<()> {
+        conn.execute(Statement::<Record, _>::new((
+            bind::<Nullable<Text>, _>(result),
+            bind::<Nullable<BigInt>, _>(keep_micros),
+            bind::<Binary, _>(&digest[..]),
+        )))
+        .await
+        .map(drop)
+    }
+
+    async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {
+        conn.execute(Statement::<PruneLapsed, _>::new(
+            (bind::<BigInt, _>(limit),),
+        ))
+        .await
+    }
+
+    async fn push<C: Store<Db = Self>>(conn: &mut C, message: &NewMessage<'_>) -> QueryResult<()> {
+        conn.execute(Statement::<Push, _>::new((
+            bind::<Text, _>(message.message_id),
+            bind::<Text, _>(message.topic),
+            bind::<Text, _>(message.payload),
+            bind::<Text, _>(message.job_key),
+        )))
+        .await
+        .map(drop)
+    }
+
+    async fn lease<C: Store<Db = Self>>(
+        conn: &mut C,
+        lease: &Lease<'_>,
+    ) -> QueryResult<Vec<LeasedRow>> {
+        conn.execute(Statement::<ParkAbandoned, _>::new((bind::<Integer, _>(
+            lease.max_attempts,
+        ),)))
+            .await?;
+        let mut ids: Vec<Id> = conn.load(Statement::<FindAbandoned, _>::new(())).await?;
+        if ids.is_empty() {
+            ids = conn
+                .load(Statement::<FindPending, _>::new((bind::<BigInt, _>(
+                    lease.limit,
+                ),)))
+                .await?;
+        }
+        // The rows are locked by the reads above; one short update each, in this transaction.
+        for id in &ids {
+            conn.execute(Statement::<TakeOne, _>::new((
+                bind::<Text, _>(lease.owner),
+                bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
+                bind::<BigInt, _>(id.id),
+            )))
+            .await?;
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        conn.load(Statement::<Leased, _>::new((bind::<Text, _>(lease.owner),)))
+            .await
+    }
+
+    async fn mark_delivered<C: Store<Db = Self>>(
+        conn: &mut C,
+        id: i64,
+        owner: &str,
+    ) -> QueryResult<bool> {
+        let marked = conn
+            .execute(Statement::<MarkDelivered, _>::new((
+                bind::<BigInt, _>(id),
+                bind::<Text, _>(owner),
+            )))
+            .await?;
+        Ok(marked == 1)
+    }
+
+    async fn mark_failed<C: Store<Db = Self>>(
+        conn: &mut C,
+        failure: &Failure<'_>,
+    ) -> QueryResult<bool> {
+        let marked = conn
+            .execute(Statement::<MarkFailed, _>::new((
+                bind::<Text, _>(failure.error),
+                bind::<Bool, _>(failure.retry_after_micros.is_none()),
+                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
+                bind::<BigInt, _>(failure.id),
+                bind::<Text, _>(failure.owner),
+            )))
+            .await?;
+        Ok(marked == 1)
+    }
+
+    async fn parked<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<LeasedRow>> {
+        conn.load(Statement::<Parked, _>::new(())).await
+    }
+
+    async fn retry_parked<C: Store<Db = Self>>(
+        conn: &mut C,
+        message_id: Option<&str>,
+    ) -> QueryResult<usize> {
+        conn.execute(Statement::<RetryParked, _>::new((
+            bind::<Nullable<Text>, _>(message_id),
+            bind::<Nullable<Text>, _>(message_id),
+        )))
+        .await
+    }
+
+    async fn prune_delivered<C: Store<Db = Self>>(
+        conn: &mut C,
+        older_than_micros: i64,
+        limit: i64,
+    ) -> QueryResult<usize> {
+        conn.execute(Statement::<PruneDelivered, _>::new((
+            bind::<BigInt, _>(older_than_micros),
+            bind::<BigInt, _>(limit),
+        )))
+        .await
+    }
+
+    async fn outbox_counts<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<OutboxCounts> {
+        let rows: Vec<OutboxCounts> = conn.load(Statement::<Counts, _>::new(())).await?;
+        Ok(rows.into_iter().next().unwrap_or_default())
+    }
+
+    async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
+        if !table_exists(conn, "idempotent_schema").await? {
+            return Ok(None);
+        }
+        let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
+        Ok(Some(
+            rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
+        ))
+    }
+
+    async fn migrate<C: Store<Db = Self>>(conn: &mut C) -> Result<(), crate::Error> {
+        use crate::migrations::failed;
+        under_session_lock(
+            conn,
+            RELEASE_MIGRATION_LOCK,
+            take_migration_lock,
+            async |conn| {
+                let version = match Self::schema_version(conn)
+                    .await
+                    .map_err(failed("idempotent_schema"))?
+                {
+                    Some(version) => version,
+                    None => {
+                        conn.batch(VERSION_TABLE)
+                            .await
+                            .map_err(failed("idempotent_schema"))?;
+                        if table_exists(conn, "__diesel_schema_migrations")
+                            .await
+                            .map_err(failed("__diesel_schema_migrations"))?
+                        {
+                            conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
+                                .await
+                                .map_err(failed("__diesel_schema_migrations"))?;
+                        }
+                        0
+                    }
+                };
+                for step in STEPS.iter().filter(|step| step.version > version) {
+                    if table_exists(conn, step.table)
+                        .await
+                        .map_err(failed(step.table))?
+                    {
+                        // Created by an earlier release, or by a run interrupted before it recorded
+                        // the version: the table is the step's whole work.
+                        record_version(conn, step).await?;
+                    } else {
+                        conn.batch(step.sql).await.map_err(failed(step.table))?;
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
+        let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
+        Ok(names.into_iter().map(|n| n.name).collect())
+    }
+
+    async fn table_rows<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> QueryResult<Vec<String>> {
+        let columns: Vec<Column> = conn
+            .load(Statement::<TableColumns, _>::new((bind::<Text, _>(table),)))
+            .await?;
+        let row = columns
+            .iter()
+            .map(|c| {
+                let column = super::backticked(&c.name);
+                if c.data_type.contains("binary") || c.data_type.contains("blob") {
+                    format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
+                } else {
+                    format!("QUOTE({column})")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        conn.text_rows(&format!(
+            "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}",
+            super::backticked(table)
+        ))
+        .await
+    }
+}
+
+/// Takes the migration lock, waiting for another migration up to a bound.
+async fn take_migration_lock<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(), crate::Error> {
+    let rows: Vec<Acquired> = conn
+        .load(Statement::<TakeMigrationLock, _>::new((
+            bind::<Integer, _>(MIGRATION_LOCK_WAIT_SECONDS),
+        )))
+        .await
+        .map_err(crate::migrations::failed("idempotent_schema"))?;
+    match rows.first().and_then(|r| r.acquired) {
+        Some(1) => Ok(()),
+        Some(_) => Err(crate::Error::Migration {
+            table: "idempotent_schema",
+            source: format!(
+                "another migration held the lock `idempotent_jobs_migrations` for more than {MIGRATION_LOCK_WAIT_SECONDS} s; nothing was changed. Retry once it has finished (a stuck session holding it shows in SHOW PROCESSLIST)"
+            )
+            .into(),
+        }),
+        None => Err(crate::Error::Migration {
+            table: "idempotent_schema",
+            source: "GET_LOCK('idempotent_jobs_migrations') failed (it returned NULL); nothing was changed".into(),
+        }),
+    }
+}
+
+async fn table_exists<C: Store<Db = MysqlDb>>(conn: &mut C, table: &str) -> QueryResult<bool> {
+    let rows: Vec<TableCount> = conn
+        .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
+        .await?;
+    Ok(rows.first().is_some_and(|r| r.n > 0))
+}
+
+async fn record_version<C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+    step: &Step,
+) -> Result<(), crate::Error> {
+    conn.execute(Statement::<RecordVersion, _>::new((
+        bind::<Integer, _>(step.version),
+        bind::<Text, _>(step.table),
+    )))
+    .await
+    .map(drop)
+    .map_err(crate::migrations::failed("idempotent_schema"))
+}
+
+/// Runs `steps` between `take` (a session lock) and `release`; a guard releases the lock however
+/// `steps` end, or, dropped without the chance to (a dropped future), has the connection cleaned
+/// up by [`Store::abandon`]. A failed release is reported beside the steps' own result, never
+/// instead of it.
+async fn under_session_lock<S: Store>(
+    conn: &mut S,
+    release: &'static str,
+    take: impl AsyncFnOnce(&mut S) -> Result<(), crate::Error>,
+    steps: impl AsyncFnOnce(&mut S) -> Result<(), crate::Error>,
+) -> Result<(), crate::Error> {
+    take(conn).await?;
+    let mut lock = SessionLock {
+        conn,
+        release,
+        held: true,
+    };
+    let result = steps(&mut *lock.conn).await;
+    let released = lock.conn.batch(release).await;
+    lock.held = false;
+    match (result, released) {
+        (result, Ok(())) => result,
+        (Ok(()), Err(error)) => Err(crate::Error::Migration {
+            table: "idempotent_schema",
+            source: format!(
+                "the migration succeeded, but releasing its lock failed ({error}); close this connection, which releases the lock"
+            )
+            .into(),
+        }),
+        (Err(error), Err(release_error)) => {
+            tracing::error!(%release_error, "releasing the migration lock failed after the migration failed");
+            lock.conn.abandon(Unfinished::SessionLock(release));
+            Err(error)
+        }
+    }
+}
+
+struct SessionLock<'a, S: Store> {
+    conn: &'a mut S,
+    release: &'static str,
+    held: bool,
+}
+
+impl<S: Store> Drop for SessionLock<'_, S> {
+    fn drop(&mut self) {
+        if self.held {
+            self.conn.abandon(Unfinished::SessionLock(self.release));
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN");
+
+#[cfg(feature = "async-mysql")]
+async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN");

@@ -1,0 +1,545 @@
+//! SQLite: every statement, error, lock, migration and inspection query, for `SqliteConnection`
+//! and diesel-async's `SyncConnectionWrapper<SqliteConnection>`.
+//!
+//! * Transactions begin with `BEGIN IMMEDIATE`: the write lock first, since a deferred transaction
+//!   that reads and then writes fails at once with "database is locked" when another connection
+//!   wrote in between. Just before, the connection's `busy_timeout` is set, so that `BEGIN` waits
+//!   for another writer and `COMMIT` waits for readers to let go (in the default rollback-journal
+//!   mode a commit needs every reader gone) instead of failing at once after the body ran:
+//!   concurrent workers on one file work with SQLite's defaults. WAL mode is faster (readers and
+//!   the writer no longer wait for each other) but is the application's choice, not made here.
+//! * Times are text, `YYYY-MM-DD HH:MM:SS.SSS` UTC, from `strftime('%Y-%m-%d %H:%M:%f', 'now')`;
+//!   they compare correctly as text with the times Diesel writes.
+//! * The claim is `INSERT ... ON CONFLICT DO NOTHING`, then a read by the primary key when it
+//!   inserted nothing. One writer at a time, so a claim never waits for another claim's row.
+
+use diesel::result::{Error as DieselError, QueryResult};
+use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
+use diesel::sqlite::Sqlite;
+
+use crate::migrations::{Step, TableCount, Version};
+use crate::sql::{Statement, bind};
+use crate::store::{
+    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
+    OutboxCounts, Store,
+};
+
+/// SQLite, with the bundled library (feature `sqlite`).
+#[derive(Debug, Clone, Copy)]
+pub struct SqliteDb;
+
+/// The database's clock, UTC, in the text form the tables hold.
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    };
+}
+
+/// The database's clock plus the microseconds bound at `?` (the value is bound twice: once to
+/// test for NULL, which gives NULL).
+macro_rules! now_plus {
+    () => {
+        "CASE WHEN ? IS NULL THEN NULL ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ? / 1000000.0)) END"
+    };
+}
+
+/// The pending messages a relay may lease: not delivered, not parked, not leased, due.
+macro_rules! pending {
+    () => {
+        concat!(
+            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
+            now!()
+        )
+    };
+}
+
+/// Messages whose relay died while it held them (leased, lease lapsed, never marked).
+macro_rules! abandoned {
+    () => {
+        concat!(
+            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
+            now!()
+        )
+    };
+}
+
+/// The columns the relay reads.
+macro_rules! message_columns {
+    () => {
+        "id, message_id, topic, payload, job_key, attempts, \
+         CAST((julianday('now') - julianday(created_at)) * 86400000000.0 AS INTEGER) AS age_micros"
+    };
+}
+
+sql! {
+    ClaimInsert = concat!(
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) VALUES (?, ?, ?, ?, ",
+        now!(),
+        ") ON CONFLICT DO NOTHING"
+    );
+    ClaimRead = concat!(
+        "SELECT job_name, result, fingerprint, done_at, \
+         (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
+         FROM done_jobs WHERE key_digest = ?"
+    );
+    Renew = concat!(
+        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, result = NULL, done_at = ",
+        now!(),
+        ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
+        now!()
+    );
+    Record = concat!(
+        "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
+        " WHERE key_digest = ?"
+    );
+    PruneLapsed = concat!(
+        "DELETE FROM done_jobs WHERE key_digest IN \
+         (SELECT key_digest FROM done_jobs WHERE expires_at <= ", now!(), " LIMIT ?)"
+    );
+    Push = concat!(
+        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
+         VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
+    );
+    ParkAbandoned = concat!(
+        "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
+         last_error = 'the relay stopped during the last allowed delivery attempt' \
+         WHERE ", abandoned!(), " AND attempts >= ?"
+    );
+    TakeAbandoned = concat!(
+        "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
+         WHERE id = (SELECT id FROM outbox WHERE ", abandoned!(), " ORDER BY id LIMIT 1)"
+    );
+    TakePending = concat!(
+        "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
+         WHERE id IN (SELECT id FROM outbox WHERE ", pending!(), " ORDER BY id LIMIT ?)"
+    );
+    Leased = concat!(
+        "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id"
+    );
+    MarkDelivered = concat!(
+        "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
+         WHERE id = ? AND lease_owner = ?"
+    );
+    MarkFailed = concat!(
+        "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
+         parked_at = CASE WHEN ? THEN ", now!(), " END, \
+         available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
+         WHERE id = ? AND lease_owner = ?"
+    );
+    Parked = concat!(
+        "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
+    );
+    RetryParked = concat!(
+        "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
+        now!(),
+        " WHERE parked_at IS NOT NULL AND (? IS NULL OR message_id = ?)"
+    );
+    PruneDelivered = "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE delivered_at <= \
+         strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) \
+         ORDER BY delivered_at LIMIT ?)";
+    Counts = "SELECT \
+         COUNT(CASE WHEN delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL THEN 1 END) AS pending, \
+         COUNT(CASE WHEN delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL THEN 1 END) AS leased, \
+         COUNT(delivered_at) AS delivered, \
+         COUNT(CASE WHEN delivered_at IS NULL THEN parked_at END) AS parked \
+         FROM outbox";
+    TableExists = "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?";
+    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
+    RecordVersion = concat!(
+        "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
+    );
+    ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
+    TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name";
+    TableColumns = "SELECT name AS name FROM pragma_table_info(?) ORDER BY cid";
+}
+
+/// The steps that build the schema, oldest first; the files are what teams with their own
+/// migration tool apply.
+const STEPS: &[Step] = &[
+    Step {
+        version: 1,
+        table: "done_jobs",
+        sql: include_str!("../../sql/sqlite/001_done_jobs.sql"),
+    },
+    Step {
+        version: 2,
+        table: "outbox",
+        sql: include_str!("../../sql/sqlite/002_outbox.sql"),
+    },
+];
+
+const VERSION_TABLE: &str = include_str!("../../sql/sqlite/000_idempotent_schema.sql");
+
+impl Database for SqliteDb {
+    type Backend = Sqlite;
+    const NAME: &'static str = "SQLite";
+
+    fn classify(error: &DieselError) -> Fault {
+        if let DieselError::DatabaseError(
+            diesel::result::DatabaseErrorKind::SerializationFailure,
+            _,
+        ) = error
+        {
+            return Fault::Serialization;
+        }
+        match super::message(error) {
+            Some(m)
+                if m.contains("database is locked") || m.contains("database table is locked") =>
+            {
+                Fault::Busy
+            }
+            _ => Fault::Other,
+        }
+    }
+
+    async fn claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> QueryResult<ClaimAttempt> {
+        let inserted = conn
+            .execute(Statement::<ClaimInsert, _>::new((
+                bind::<Binary, _>(&claim.digest[..]),
+                bind::<Text, _>(claim.key),
+                bind::<Text, _>(claim.job),
+                bind::<Nullable<Binary>, _>(claim.fingerprint),
+            )))
+            .await?;
+        if inserted == 1 {
+            return Ok(ClaimAttempt::Inserted);
+        }
+        let rows: Vec<DoneRow> = conn
+            .load(Statement::<ClaimRead, _>::new((bind::<Binary, _>(
+                &claim.digest[..],
+            ),)))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+    }
+
+    async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
+        let renewed = conn
+            .execute(Statement::<Renew, _>::new((
+                bind::<Text, _>(claim.key),
+                bind::<Text, _>(claim.job),
+                bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<Binary, _>(&claim.digest[..]),
+            )))
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn record<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        result: Option<&str>,
+        keep_micros: Option<i64>,
+    ) -> QueryResult<()> {
+        conn.execute(Statement::<Record, _>::new((
+            bind::<Nullable<Text>, _>(result),
+            bind::<Nullable<BigInt>, _>(keep_micros),
+            bind::<Nullable<BigInt>, _>(keep_micros),
+            bind::<Binary, _>(&digest[..]),
+        )))
+        .await
+        .map(drop)
+    }
+
+    async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {
+        conn.execute(Statement::<PruneLapsed, _>::new(
+            (bind::<BigInt, _>(limit),),
+        ))
+        .await
+    }
+
+    async fn push<C: Store<Db = Self>>(conn: &mut C, message: &NewMessage<'_>) -> QueryResult<()> {
+        conn.execute(Statement::<Push, _>::new((
+            bind::<Text, _>(message.message_id),
+            bind::<Text, _>(message.topic),
+            bind::<Text, _>(message.payload),
+            bind::<Text, _>(message.job_key),
+        )))
+        .await
+        .map(drop)
+    }
+
+    async fn lease<C: Store<Db = Self>>(
+        conn: &mut C,
+        lease: &Lease<'_>,
+    ) -> QueryResult<Vec<LeasedRow>> {
+        conn.execute(Statement::<ParkAbandoned, _>::new((bind::<Integer, _>(
+            lease.max_attempts,
+        ),)))
+            .await?;
+        let abandoned = conn
+            .execute(Statement::<TakeAbandoned, _>::new((
+                bind::<Text, _>(lease.owner),
+                bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
+                bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
+            )))
+            .await?;
+        if abandoned == 0 {
+            conn.execute(Statement::<TakePending, _>::new((
+                bind::<Text, _>(lease.owner),
+                bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
+                bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
+                bind::<BigInt, _>(lease.limit),
+            )))
+            .await?;
+        }
+        conn.load(Statement::<Leased, _>::new((bind::<Text, _>(lease.owner),)))
+            .await
+    }
+
+    async fn mark_delivered<C: Store<Db = Self>>(
+        conn: &mut C,
+        id: i64,
+        owner: &str,
+    ) -> QueryResult<bool> {
+        let marked = conn
+            .execute(Statement::<MarkDelivered, _>::new((
+                bind::<BigInt, _>(id),
+                bind::<Text, _>(owner),
+            )))
+            .await?;
+        Ok(marked == 1)
+    }
+
+    async fn mark_failed<C: Store<Db = Self>>(
+        conn: &mut C,
+        failure: &Failure<'_>,
+    ) -> QueryResult<bool> {
+        let marked = conn
+            .execute(Statement::<MarkFailed, _>::new((
+                bind::<Text, _>(failure.error),
+                bind::<Bool, _>(failure.retry_after_micros.is_none()),
+                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
+                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
+                bind::<BigInt, _>(failure.id),
+                bind::<Text, _>(failure.owner),
+            )))
+            .await?;
+        Ok(marked == 1)
+    }
+
+    async fn parked<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<LeasedRow>> {
+        conn.load(Statement::<Parked, _>::new(())).await
+    }
+
+    async fn retry_parked<C: Store<Db = Self>>(
+        conn: &mut C,
+        message_id: Option<&str>,
+    ) -> QueryResult<usize> {
+        conn.execute(Statement::<RetryParked, _>::new((
+            bind::<Nullable<Text>, _>(message_id),
+            bind::<Nullable<Text>, _>(message_id),
+        )))
+        .await
+    }
+
+    async fn prune_delivered<C: Store<Db = Self>>(
+        conn: &mut C,
+        older_than_micros: i64,
+        limit: i64,
+    ) -> QueryResult<usize> {
+        conn.execute(Statement::<PruneDelivered, _>::new((
+            bind::<BigInt, _>(older_than_micros),
+            bind::<BigInt, _>(limit),
+        )))
+        .await
+    }
+
+    async fn outbox_counts<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<OutboxCounts> {
+        let rows: Vec<OutboxCounts> = conn.load(Statement::<Counts, _>::new(())).await?;
+        Ok(rows.into_iter().next().unwrap_or_default())
+    }
+
+    async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
+        if !table_exists(conn, "idempotent_schema").await? {
+            return Ok(None);
+        }
+        let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
+        Ok(Some(
+            rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
+        ))
+    }
+
+    async fn migrate<C: Store<Db = Self>>(conn: &mut C) -> Result<(), crate::Error> {
+        // SQLite's DDL is transactional and `BEGIN IMMEDIATE` makes this the only writer: the
+        // whole upgrade is one transaction, all or nothing, and concurrent callers wait for it.
+        use crate::migrations::failed;
+        crate::migrations::in_transaction(conn, async |conn| {
+            let version = match Self::schema_version(conn)
+                .await
+                .map_err(failed("idempotent_schema"))?
+            {
+                Some(version) => version,
+                None => {
+                    conn.batch(VERSION_TABLE)
+                        .await
+                        .map_err(failed("idempotent_schema"))?;
+                    // An earlier release kept its versions in the application's own Diesel
+                    // migration table: take those rows back out.
+                    if table_exists(conn, "__diesel_schema_migrations")
+                        .await
+                        .map_err(failed("__diesel_schema_migrations"))?
+                    {
+                        conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
+                            .await
+                            .map_err(failed("__diesel_schema_migrations"))?;
+                    }
+                    0
+                }
+            };
+            for step in STEPS.iter().filter(|step| step.version > version) {
+                if table_exists(conn, step.table)
+                    .await
+                    .map_err(failed(step.table))?
+                {
+                    // Made by an earlier release: adopt it.
+                    record_version(conn, step).await?;
+                } else {
+                    conn.batch(step.sql).await.map_err(failed(step.table))?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
+        let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
+        Ok(names.into_iter().map(|n| n.name).collect())
+    }
+
+    async fn table_rows<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> QueryResult<Vec<String>> {
+        let columns: Vec<super::Name> = conn
+            .load(Statement::<TableColumns, _>::new((bind::<Text, _>(table),)))
+            .await?;
+        let row = columns
+            .iter()
+            .map(|c| format!("quote({})", super::double_quoted(&c.name)))
+            .collect::<Vec<_>>()
+            .join(" || ', ' || ");
+        conn.text_rows(&format!(
+            "SELECT {row} AS row FROM {}",
+            super::double_quoted(table)
+        ))
+        .await
+    }
+}
+
+async fn table_exists<C: Store<Db = SqliteDb>>(conn: &mut C, table: &str) -> QueryResult<bool> {
+    let rows: Vec<TableCount> = conn
+        .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
+        .await?;
+    Ok(rows.first().is_some_and(|r| r.n > 0))
+}
+
+async fn record_version<C: Store<Db = SqliteDb>>(
+    conn: &mut C,
+    step: &Step,
+) -> Result<(), crate::Error> {
+    conn.execute(Statement::<RecordVersion, _>::new((
+        bind::<Integer, _>(step.version),
+        bind::<Text, _>(step.table),
+    )))
+    .await
+    .map(drop)
+    .map_err(crate::migrations::failed("idempotent_schema"))
+}
+
+/// How a transaction begins; see the module docs.
+const BEGIN: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE";
+
+sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN);
+
+/// diesel-async's SQLite runs the sync connection on a blocking thread; statements go through
+/// its own `RunQueryDsl`, transactions through its wrapper of Diesel's transaction manager.
+#[cfg(feature = "async-sqlite")]
+mod wrapper {
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_async::{AsyncConnection, TransactionManager};
+
+    use crate::sql::{Binds, SqlText, Statement};
+    use crate::store::{Database, Nesting, Store, Unfinished};
+
+    type Wrapper = SyncConnectionWrapper<SqliteConnection>;
+
+    impl Store for Wrapper {
+        type Db = super::SqliteDb;
+
+        async fn begin(&mut self) -> diesel::QueryResult<Nesting> {
+            self.spawn_blocking(|conn| crate::db::begin_sync(conn, super::BEGIN))
+                .await
+        }
+
+        async fn commit(&mut self) -> diesel::QueryResult<()> {
+            <Wrapper as AsyncConnection>::TransactionManager::commit_transaction(self).await
+        }
+
+        async fn rollback(&mut self) -> diesel::QueryResult<()> {
+            <Wrapper as AsyncConnection>::TransactionManager::rollback_transaction(self).await
+        }
+
+        fn abandon(&mut self, _unfinished: Unfinished) {
+            crate::db::mark_broken(self);
+        }
+
+        fn transaction_depth(&mut self) -> diesel::QueryResult<u32> {
+            let status =
+                <Wrapper as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
+                    self,
+                );
+            Ok(status
+                .transaction_depth()?
+                .map_or(0, std::num::NonZeroU32::get))
+        }
+
+        async fn pause(duration: std::time::Duration) {
+            tokio::time::sleep(duration).await;
+        }
+
+        async fn execute<S, B>(&mut self, statement: Statement<S, B>) -> diesel::QueryResult<usize>
+        where
+            S: SqlText,
+            B: Binds<<Self::Db as Database>::Backend> + Send,
+        {
+            diesel_async::RunQueryDsl::execute(statement, self).await
+        }
+
+        async fn load<S, B, U>(&mut self, statement: Statement<S, B>) -> diesel::QueryResult<Vec<U>>
+        where
+            S: SqlText,
+            B: Binds<<Self::Db as Database>::Backend> + Send,
+            U: diesel::QueryableByName<<Self::Db as Database>::Backend> + Send + 'static,
+        {
+            diesel_async::RunQueryDsl::load(statement, self).await
+        }
+
+        async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
+            diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
+        }
+
+        async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
+            let rows: Vec<crate::db::TextRow> =
+                diesel_async::RunQueryDsl::load(diesel::sql_query(sql), self).await?;
+            Ok(rows.into_iter().map(|r| r.row).collect())
+        }
+    }
+
+    impl crate::sealed::Sealed for Wrapper {}
+
+    impl crate::AsyncJobStore for Wrapper {
+        type Runtime = Self;
+
+        fn idempotent_store(&mut self) -> &mut Self {
+            self
+        }
+    }
+}

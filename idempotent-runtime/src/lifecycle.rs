@@ -1,0 +1,294 @@
+//! One job call, start to end, written once for sync and async connections.
+//!
+//! The rule from the
+//! <a href="https://agentwranglers.se/playbook/scaling/background-jobs-and-queues/idempotent-jobs">Agent Wranglers scaling playbook</a>,
+//! in code: the key is recorded under a unique constraint in the same transaction as the work,
+//! and a key that is already there means the work is done.
+//!
+//! The steps, in order: **begin and claim** (retried from `BEGIN` while the database is busy or
+//! reports a deadlock: nothing has run yet); then **replay** (the key was claimed: check the job
+//! and the fingerprint, decode the stored result) or **run** (the body, with its key current);
+//! then **record** (the result, and the start of `keep`, just before the commit) and **commit**,
+//! or **roll back**.
+//!
+//! Every exit that is not a commit rolls back, whatever ends the call: an `Err`, a panic in the
+//! body or in the result's `Serialize` or `Deserialize` (caught, rolled back, then resumed), or a
+//! dropped future. The last is the job of [`Transaction`], a guard that rolls back on a sync
+//! connection and marks an async connection broken when it is dropped unfinished.
+//!
+//! Sync and async share this code: it is async, and a sync call drives it with
+//! [`drive::block_on`](crate::drive::block_on); see [`crate::store`] for why that is exact.
+
+use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::pin::pin;
+use std::task::Poll;
+
+use tracing::Instrument as _;
+
+use crate::call::{Call, JobCall, JobError, JobOutput};
+use crate::context;
+use crate::error::{Error, Step};
+use crate::outcome::Outcome;
+use crate::retry::Retry;
+use crate::stats::Ending;
+use crate::store::{ClaimAttempt, Database, DoneRow, Nesting, Store};
+use crate::transaction::{Transaction, itself};
+
+impl JobCall<'_> {
+    /// Runs the call on a sync connection; see [`run`](crate::run).
+    pub fn run<C, T, E, F>(self, conn: &mut C, body: F) -> Result<Outcome<T>, E>
+    where
+        C: crate::JobStore,
+        T: JobOutput,
+        E: JobError,
+        F: FnOnce(&mut C) -> Result<T, E>,
+    {
+        run_sync(conn, C::idempotent_store, self, body)
+    }
+
+    /// Runs the call on an async connection; see [`run_async`](crate::run_async).
+    #[cfg(feature = "async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+    pub async fn run_async<C, T, E, F>(self, conn: &mut C, body: F) -> Result<Outcome<T>, E>
+    where
+        C: crate::AsyncJobStore,
+        T: JobOutput,
+        E: JobError,
+        F: AsyncFnOnce(&mut C) -> Result<T, E>,
+    {
+        run(conn, C::idempotent_store, self, body).await
+    }
+}
+
+/// [`run`] on a sync connection, driven to completion on this thread.
+pub(crate) fn run_sync<Conn, S, R, T, E, F>(
+    conn: &mut Conn,
+    reach: R,
+    job_call: JobCall<'_>,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+    T: JobOutput,
+    E: JobError,
+    F: FnOnce(&mut Conn) -> Result<T, E>,
+{
+    crate::drive::block_on(run(conn, reach, job_call, async move |conn: &mut Conn| {
+        body(conn)
+    }))
+}
+
+/// One job call: see the [module docs](self). `reach` finds the runtime's connection inside the
+/// caller's (a pooled connection derefs to it); the body gets the caller's own.
+pub(crate) async fn run<Conn, S, R, T, E, F>(
+    conn: &mut Conn,
+    reach: R,
+    job_call: JobCall<'_>,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+    T: JobOutput,
+    E: JobError,
+    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
+{
+    let connection = std::ptr::from_mut::<S>(reach(conn)) as usize;
+    let call = Call::new(job_call, connection)?;
+    if call.inside_own_claim()? {
+        // The enclosing run of this job holds the key on this connection: run as part of it.
+        return body(conn).await.map(Outcome::Ran);
+    }
+    let span = call.span();
+    steps(conn, reach, &call, body).instrument(span).await
+}
+
+/// What the steps between the claim and the commit produced.
+enum Produced<T, E> {
+    Replayed(Result<T, Error>),
+    Ran(T, Result<Option<String>, Error>),
+    Failed(E),
+}
+
+async fn steps<Conn, S, R, T, E, F>(
+    conn: &mut Conn,
+    reach: R,
+    call: &Call,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+    T: JobOutput,
+    E: JobError,
+    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
+{
+    let (nesting, claimed) = begin_and_claim(reach(conn), call)
+        .await
+        .map_err(|e| call.failed(e))?;
+    // No `.await` between the claim's guard handing over and this one taking charge.
+    let mut transaction = Transaction::opened(conn, reach);
+    tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
+
+    let produced = catch_panic(async {
+        match claimed {
+            Some(row) => Produced::Replayed(call.replay::<T>(row)),
+            None => {
+                let running = body(transaction.conn());
+                match with_context(call, running).await {
+                    Ok(value) => {
+                        let json = call.encode(&value);
+                        Produced::Ran(value, json)
+                    }
+                    Err(error) => Produced::Failed(error),
+                }
+            }
+        }
+    })
+    .await;
+
+    match produced {
+        Err(panic) => {
+            transaction.rollback().await;
+            call.finished(Ending::Panicked);
+            resume_unwind(panic)
+        }
+        Ok(Produced::Failed(error)) => {
+            transaction.rollback().await;
+            call.finished(Ending::Failed);
+            Err(error)
+        }
+        Ok(Produced::Replayed(Err(error)) | Produced::Ran(_, Err(error))) => {
+            transaction.rollback().await;
+            Err(call.failed(error).into())
+        }
+        Ok(Produced::Replayed(Ok(value))) => {
+            transaction
+                .commit()
+                .await
+                .map_err(|e| call.failed(call.database(Step::Commit, e)))?;
+            call.finished(Ending::Replayed);
+            Ok(Outcome::Replayed(value))
+        }
+        Ok(Produced::Ran(value, Ok(json))) => {
+            if json.is_some() || call.keep_micros.is_some() {
+                let recorded = S::Db::record(
+                    transaction.store(),
+                    &call.digest,
+                    json.as_deref(),
+                    call.keep_micros,
+                )
+                .await;
+                if let Err(error) = recorded {
+                    transaction.rollback().await;
+                    return Err(call.failed(call.database(Step::Record, error)).into());
+                }
+            }
+            transaction
+                .commit()
+                .await
+                .map_err(|e| call.failed(call.database(Step::Commit, e)))?;
+            call.finished(Ending::Ran);
+            Ok(Outcome::Ran(value))
+        }
+    }
+}
+
+/// Polls `future` with the call's key current, on whichever thread polls it.
+async fn with_context<O>(call: &Call, future: impl Future<Output = O>) -> O {
+    let mut future = pin!(future);
+    poll_fn(|cx| context::enter(&call.context, || future.as_mut().poll(cx))).await
+}
+
+/// Polls `future`, turning a panic in any poll into `Err` so the transaction can be rolled back
+/// before the panic goes on.
+async fn catch_panic<O>(
+    future: impl Future<Output = O>,
+) -> Result<O, Box<dyn std::any::Any + Send>> {
+    let mut future = pin!(future);
+    poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        },
+    )
+    .await
+}
+
+/// Opens the transaction and claims the key (`None`: claimed now; `Some(row)`: it was already),
+/// retrying the whole transaction on transient errors within the retry window.
+async fn begin_and_claim<S: Store>(
+    store: &mut S,
+    call: &Call,
+) -> Result<(Nesting, Option<DoneRow>), Error> {
+    let claim = call.claim();
+    let mut retry = Retry::new();
+    loop {
+        let (step, error) = match Transaction::begin(&mut *store, itself::<S>).await {
+            Err(error) => (Step::Begin, error),
+            Ok((mut transaction, nesting)) => {
+                match claim_key(transaction.store(), &claim).await {
+                    Ok(state) => {
+                        transaction.hand_over();
+                        return Ok((nesting, state));
+                    }
+                    Err(error) => {
+                        transaction.rollback().await;
+                        if nesting == Nesting::Savepoint {
+                            // A deadlock or a busy database aborts the caller's whole transaction
+                            // on some databases; only the caller can retry that.
+                            return Err(call.database(Step::Claim, error));
+                        }
+                        (Step::Claim, error)
+                    }
+                }
+            }
+        };
+        match retry.failed::<S::Db>(&error) {
+            Some(_) => {
+                crate::stats::retried(call.job.name(), retry.attempts, &error);
+                retry.pause::<S>().await;
+            }
+            None if retry.exhausted::<S::Db>(&error) => {
+                return Err(Error::ClaimRetriesExhausted {
+                    job: call.job.name(),
+                    key: call.key_text.clone(),
+                    attempts: retry.attempts,
+                    causes: retry.explain(),
+                    source: error,
+                });
+            }
+            None => return Err(call.database(step, error)),
+        }
+    }
+}
+
+/// Claims in the open transaction: each turn either claims, or finds a live row; a row that
+/// vanishes (pruned), is not visible yet, or lapses between statements sends it round again.
+/// Three turns cover every interleaving of two writers.
+async fn claim_key<S: Store>(
+    store: &mut S,
+    claim: &crate::store::Claim<'_>,
+) -> diesel::QueryResult<Option<DoneRow>> {
+    for _ in 0..3 {
+        match S::Db::claim(store, claim).await? {
+            ClaimAttempt::Inserted => return Ok(None),
+            ClaimAttempt::Found(row) if !row.lapsed => return Ok(Some(row)),
+            ClaimAttempt::Found(_) if S::Db::renew(store, claim).await? => return Ok(None),
+            // Renewed by another worker first, pruned, or committed after this statement began.
+            ClaimAttempt::Found(_) | ClaimAttempt::Missing => {}
+        }
+    }
+    Err(diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::SerializationFailure,
+        Box::new(String::from(
+            "the claimed key kept changing under the claim (pruned or renewed by other workers)",
+        )),
+    ))
+}

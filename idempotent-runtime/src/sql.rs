@@ -1,0 +1,141 @@
+//! Statements written as SQL text by a database module, run as cached prepared statements.
+//!
+//! Each database module (`db::sqlite`, `db::postgres`, `db::mysql`) writes its statements as plain
+//! SQL with `?` where a value is bound, each under a marker type of its own ([`sql!`]). A
+//! [`Statement`] pairs that text with its bind values. Its query id is the marker type, so Diesel
+//! prepares it once per connection and finds it again by type, with no SQL built per call (Diesel's
+//! own `sql_query` is never cached, and its upserts have no static id). Every statement a job runs
+//! goes through here, sync and async alike.
+
+use std::marker::PhantomData;
+
+use diesel::backend::Backend;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::result::QueryResult;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{HasSqlType, Untyped};
+
+/// The text of one statement: SQL with a `?` for each bound value, in order.
+pub trait SqlText: 'static {
+    /// The statement.
+    const SQL: &'static str;
+}
+
+/// Declares statements: `sql! { Name = "SELECT ... WHERE a = ?"; ... }`.
+macro_rules! sql {
+    ($($(#[$attr:meta])* $name:ident = $text:expr;)*) => {
+        $(
+            $(#[$attr])*
+            pub(crate) struct $name;
+
+            impl $crate::sql::SqlText for $name {
+                const SQL: &'static str = $text;
+            }
+        )*
+    };
+}
+
+/// A value bound to a `?`, with its SQL type `ST`.
+pub struct Bind<ST, T> {
+    value: T,
+    sql_type: PhantomData<fn() -> ST>,
+}
+
+/// Binds `value` as SQL type `ST`.
+pub fn bind<ST, T>(value: T) -> Bind<ST, T> {
+    Bind {
+        value,
+        sql_type: PhantomData,
+    }
+}
+
+/// How many values a bind tuple holds.
+pub trait BindCount {
+    /// The number of `?`s the values fill.
+    const COUNT: usize;
+}
+
+/// The bind values of a statement, in the order of its `?`s.
+pub trait Binds<DB: Backend>: BindCount {
+    /// Pushes each value, each followed by the SQL text after its `?`.
+    fn push<'b>(
+        &'b self,
+        text: &mut std::str::Split<'static, char>,
+        pass: &mut AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()>;
+}
+
+macro_rules! impl_binds {
+    ($($name:ident $st:ident $t:ident),*) => {
+        impl<$($st, $t),*> BindCount for ($(Bind<$st, $t>,)*) {
+            const COUNT: usize = 0 $(+ { let _ = stringify!($name); 1 })*;
+        }
+
+        impl<DB: Backend, $($st, $t: ToSql<$st, DB>),*> Binds<DB> for ($(Bind<$st, $t>,)*)
+        where
+            $(DB: HasSqlType<$st>,)*
+        {
+            #[allow(unused_variables, non_snake_case)]
+            fn push<'b>(
+                &'b self,
+                text: &mut std::str::Split<'static, char>,
+                pass: &mut AstPass<'_, 'b, DB>,
+            ) -> QueryResult<()> {
+                let ($($name,)*) = self;
+                $(
+                    pass.push_bind_param::<$st, $t>(&$name.value)?;
+                    pass.push_sql(text.next().unwrap_or(""));
+                )*
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_binds!();
+impl_binds!(a A1 B1);
+impl_binds!(a A1 B1, b A2 B2);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6, g A7 B7);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6, g A7 B7, h A8 B8);
+impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6, g A7 B7, h A8 B8, i A9 B9);
+
+/// A statement `S` with its bind values `B`; see the [module docs](self).
+pub struct Statement<S, B> {
+    binds: B,
+    text: PhantomData<fn() -> S>,
+}
+
+impl<S: SqlText, B: BindCount> Statement<S, B> {
+    /// The statement `S` with `binds` for its `?`s.
+    pub fn new(binds: B) -> Self {
+        debug_assert_eq!(S::SQL.matches('?').count(), B::COUNT, "{}", S::SQL);
+        Self {
+            binds,
+            text: PhantomData,
+        }
+    }
+}
+
+impl<S: SqlText, B> QueryId for Statement<S, B> {
+    type QueryId = S;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<DB: Backend, S: SqlText, B: Binds<DB>> QueryFragment<DB> for Statement<S, B> {
+    fn walk_ast<'b>(&'b self, mut pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        let mut text = S::SQL.split('?');
+        pass.push_sql(text.next().unwrap_or(""));
+        self.binds.push(&mut text, &mut pass)
+    }
+}
+
+/// Rows come back by column name ([`diesel::QueryableByName`]).
+impl<S, B> Query for Statement<S, B> {
+    type SqlType = Untyped;
+}
+
+impl<S, B, Conn> diesel::RunQueryDsl<Conn> for Statement<S, B> {}
