@@ -30,7 +30,7 @@
     feature = "async-mysql"
 )))]
 compile_error!(
-    "idempotent-jobs needs a database: enable one or more of the features `sqlite` (the default), `postgres`, `mysql`, `async-postgres`, `async-mysql`, `async-sqlite`"
+    "idempotent-jobs needs a database: enable one or more of the features `bundled-sqlite` (the default: SQLite built in), `sqlite` (the system's libsqlite3), `postgres`, `mysql`, `async-postgres`, `async-mysql`, `async-sqlite`"
 );
 
 // First: the statement macro the database modules use.

@@ -292,8 +292,10 @@ pub struct DoneRow {
     pub result: Option<String>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Binary>)]
     pub fingerprint: Option<Vec<u8>>,
-    #[diesel(sql_type = diesel::sql_types::Timestamp)]
-    pub done_at: chrono::NaiveDateTime,
+    /// When the claiming run committed (or, with no result and no `keep`, claimed), in
+    /// microseconds since the Unix epoch, UTC.
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub done_at_micros: i64,
     /// Whether `expires_at` has passed, by the database's clock.
     #[diesel(sql_type = diesel::sql_types::Bool)]
     pub lapsed: bool,

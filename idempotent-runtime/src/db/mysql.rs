@@ -88,7 +88,8 @@ sql! {
         ")"
     );
     ClaimRead = concat!(
-        "SELECT job_name, result, fingerprint, done_at, \
+        "SELECT job_name, result, fingerprint, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', done_at) AS done_at_micros, \
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ? FOR UPDATE"
     );

@@ -86,7 +86,7 @@ sql! {
            INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) \
            VALUES (?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING RETURNING 1) \
          SELECT (SELECT COUNT(*) FROM inserted) AS inserted, d.job_name, d.result, d.fingerprint, \
-           d.done_at, (d.expires_at IS NOT NULL AND d.expires_at <= ", now!(), ") AS lapsed \
+           CAST(EXTRACT(EPOCH FROM d.done_at) * 1000000 AS BIGINT) AS done_at_micros, (d.expires_at IS NOT NULL AND d.expires_at <= ", now!(), ") AS lapsed \
          FROM (VALUES (1)) AS one (one) LEFT JOIN done_jobs d ON d.key_digest = ?"
     );
     Renew = concat!(
@@ -214,8 +214,8 @@ struct ClaimRow {
     result: Option<String>,
     #[diesel(sql_type = Nullable<Binary>)]
     fingerprint: Option<Vec<u8>>,
-    #[diesel(sql_type = Nullable<diesel::sql_types::Timestamp>)]
-    done_at: Option<chrono::NaiveDateTime>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    done_at_micros: Option<i64>,
     #[diesel(sql_type = Nullable<Bool>)]
     lapsed: Option<bool>,
 }
@@ -258,12 +258,12 @@ impl Database for PostgresDb {
         if row.inserted == 1 {
             return Ok(ClaimAttempt::Inserted);
         }
-        Ok(match (row.job_name, row.done_at) {
-            (Some(job_name), Some(done_at)) => ClaimAttempt::Found(DoneRow {
+        Ok(match (row.job_name, row.done_at_micros) {
+            (Some(job_name), Some(done_at_micros)) => ClaimAttempt::Found(DoneRow {
                 job_name,
                 result: row.result,
                 fingerprint: row.fingerprint,
-                done_at,
+                done_at_micros,
                 lapsed: row.lapsed.unwrap_or(false),
             }),
             _ => ClaimAttempt::Missing,

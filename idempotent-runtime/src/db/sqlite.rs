@@ -78,7 +78,8 @@ sql! {
         ") ON CONFLICT DO NOTHING"
     );
     ClaimRead = concat!(
-        "SELECT job_name, result, fingerprint, done_at, \
+        "SELECT job_name, result, fingerprint, \
+         CAST(ROUND((julianday(done_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS done_at_micros, \
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ?"
     );
