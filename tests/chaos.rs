@@ -349,6 +349,8 @@ struct Workers {
     next: usize,
     /// The last lines read, for the message of a step that did not happen.
     recent: VecDeque<(usize, String)>,
+    /// The workers the test SIGKILLed: held at a pause, they must say nothing more.
+    killed: HashSet<usize>,
 }
 
 impl Workers {
@@ -372,6 +374,7 @@ impl Workers {
             sender,
             next: 0,
             recent: VecDeque::new(),
+            killed: HashSet::new(),
         }
     }
 
@@ -429,13 +432,16 @@ impl Workers {
             .unwrap_or_else(|e| panic!("telling worker {id} to go on: {e}"));
     }
 
+    /// SIGKILLs worker `id` and reaps it. Its stdin is closed only after it is dead: an end of
+    /// stdin lets a paused worker go on, and it would ack the job the test meant to kill it on.
     fn kill(&mut self, id: usize) {
         self.handling_signals.remove(&id);
-        self.stdins.remove(&id);
         if let Some(mut child) = self.children.remove(&id) {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.stdins.remove(&id);
+        self.killed.insert(id);
     }
 
     /// Reads the workers' lines into `figures` until `done` holds of them. Fails, saying `what` did
@@ -482,6 +488,11 @@ impl Workers {
                     self.seen()
                 );
             }
+            assert!(
+                line == EXITED || !self.killed.contains(&worker),
+                "worker {worker} went on after the test killed it at a pause, saying {line:?}. The last lines seen:{}",
+                self.seen()
+            );
             figures.read(worker, &line);
             on_line(self, worker, &line);
         }
@@ -497,8 +508,13 @@ impl Workers {
             .collect()
     }
 
-    /// Reads lines until every one of `copies` published copies is acknowledged.
-    fn until_all_acked(&mut self, figures: &mut Figures, copies: usize, limit: Duration) {
+    /// Reads lines until every published `(job, copy)` is acknowledged.
+    fn until_all_acked(
+        &mut self,
+        figures: &mut Figures,
+        copies: &[(String, String)],
+        limit: Duration,
+    ) {
         self.until_all_acked_with(figures, copies, limit, |_, _, _| {});
     }
 
@@ -506,15 +522,16 @@ impl Workers {
     fn until_all_acked_with(
         &mut self,
         figures: &mut Figures,
-        copies: usize,
+        copies: &[(String, String)],
         limit: Duration,
         on_line: impl FnMut(&mut Workers, usize, &str),
     ) {
+        figures.published = copies.iter().map(|(_, copy)| copy.clone()).collect();
         self.until_with(
             figures,
-            &format!("`ACKED <copy>` for all {copies} published copies"),
+            &format!("`ACKED <copy>` for all {} published copies", copies.len()),
             limit,
-            |figures| figures.acked.len() >= copies,
+            |figures| figures.acked.len() >= figures.published.len(),
             on_line,
         );
     }
@@ -562,11 +579,11 @@ impl Workers {
 
 impl Drop for Workers {
     fn drop(&mut self) {
-        self.stdins.clear();
         for (_, mut child) in self.children.drain() {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.stdins.clear();
         let _ = std::fs::remove_dir_all(&self.paused_dir);
     }
 }
@@ -588,6 +605,8 @@ struct Figures {
     paused: Vec<(usize, String, String)>,
     /// Every line, by worker.
     said: HashMap<usize, Vec<String>>,
+    /// The copies published, once a test waits for them to be acknowledged.
+    published: Vec<String>,
 }
 
 impl Figures {
@@ -624,10 +643,35 @@ impl Figures {
         }
     }
 
+    /// For failure messages: what every worker said about `job`, in order, by worker.
+    fn lines_about(&self, job: &str) -> Vec<String> {
+        let mut about = Vec::new();
+        for (worker, said) in &self.said {
+            for line in said {
+                if line.split_whitespace().any(|word| {
+                    word == job
+                        || word
+                            .strip_suffix(":")
+                            .unwrap_or(word)
+                            .starts_with(&format!("{job}#"))
+                }) {
+                    about.push(format!("worker {worker}: {line}"));
+                }
+            }
+        }
+        about
+    }
+
     /// For failure messages: the counts, not every job.
     fn summary(&self) -> String {
+        let unacked: Vec<&String> = self
+            .published
+            .iter()
+            .filter(|copy| !self.acked.contains(*copy))
+            .take(10)
+            .collect();
         format!(
-            "outcomes {}, ran {}, replays {}, redelivered {}, failed {}, reconnects {}, acked {}, paused {:?}",
+            "outcomes {}, ran {}, replays {}, redelivered {}, failed {}, reconnects {}, acked {} (not yet, at most 10: {unacked:?}), paused {:?}",
             self.outcomes,
             self.ran,
             self.replays,
@@ -690,7 +734,7 @@ fn chaos(server: Server) {
     let (mut killed_mid_job, mut killed_before_ack) = (BTreeSet::new(), BTreeSet::new());
     workers.until_all_acked_with(
         &mut figures,
-        messages.len(),
+        &messages,
         Duration::from_secs(300),
         |workers, worker, line| {
             let (killed, chosen, job) = match line.split_once(' ') {
@@ -749,20 +793,39 @@ fn chaos(server: Server) {
         "each job ran once, as the workers saw it"
     );
     assert!(figures.ran_per_job.values().all(|n| *n == 1));
-    assert_eq!(
-        figures.replays,
-        (DUPLICATES + before_ack.len()) as u64,
-        "every duplicate publish and every redelivery of a committed job replayed, nothing else"
-    );
+    // Each copy published twice replays once, and each job killed between its commit and its ack
+    // replays once more, on redelivery; no other delivery replays.
+    let mut expected_replays: BTreeMap<String, u64> =
+        (0..DUPLICATES).map(|i| (format!("job-{i}"), 1)).collect();
     for job in &before_ack {
-        let published_twice =
-            job["job-".len()..].parse::<usize>().expect("a job number") < DUPLICATES;
-        assert_eq!(
-            figures.replayed_per_job.get(job).copied().unwrap_or(0),
-            1 + u64::from(published_twice),
-            "{job}, killed between its commit and its ack, replayed on redelivery"
-        );
+        *expected_replays.entry(job.clone()).or_default() += 1;
     }
+    let replays: BTreeMap<String, u64> = figures
+        .replayed_per_job
+        .iter()
+        .map(|(job, n)| (job.clone(), *n))
+        .collect();
+    let differing: Vec<String> = expected_replays
+        .keys()
+        .chain(replays.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|job| expected_replays.get(*job) != replays.get(*job))
+        .map(|job| {
+            format!(
+                "{job}: replayed {} times, expected {}; it said: {:?}",
+                replays.get(job).unwrap_or(&0),
+                expected_replays.get(job).unwrap_or(&0),
+                figures.lines_about(job)
+            )
+        })
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "every duplicate publish and every redelivery of a committed job replayed, nothing else:\n{}",
+        differing.join("\n")
+    );
+    assert_eq!(figures.replays, (DUPLICATES + before_ack.len()) as u64);
     assert_eq!(
         figures.failed, 0,
         "a killed worker's job fails nowhere else"
@@ -795,7 +858,8 @@ fn terminated_connections(server: Server) {
     let _serial = serial();
     let db = Db::fresh(server);
     let queue = unique("idempotent_faults");
-    publish(&queue, &jobs_with_duplicates("fault", JOBS, 0));
+    let messages = jobs_with_duplicates("fault", JOBS, 0);
+    publish(&queue, &messages);
     let list = chosen.iter().cloned().collect::<Vec<_>>().join(",");
     let mut workers = Workers::new(
         &db,
@@ -830,7 +894,7 @@ fn terminated_connections(server: Server) {
             |figures| figures.failed_per_job.contains_key(&job) && figures.reconnects > n as u64,
         );
     }
-    workers.until_all_acked(&mut figures, JOBS, Duration::from_secs(120));
+    workers.until_all_acked(&mut figures, &messages, Duration::from_secs(120));
     assert_eq!(
         workers.stop_all(),
         1,
@@ -885,7 +949,8 @@ fn postgres_restart_during_a_run() {
     let _serial = serial();
     let db = Db::fresh(Server::Postgres);
     let queue = unique("idempotent_restart");
-    publish(&queue, &jobs_with_duplicates("restart", JOBS, 0));
+    let messages = jobs_with_duplicates("restart", JOBS, 0);
+    publish(&queue, &messages);
     // One unacknowledged message per worker: the worker held at restart-200 is given nothing more,
     // so restart-201 goes to the other one, and both are inside a transaction at the restart.
     let list = chosen.iter().cloned().collect::<Vec<_>>().join(",");
@@ -943,7 +1008,7 @@ fn postgres_restart_during_a_run() {
                 && figures.reconnects >= 2
         },
     );
-    workers.until_all_acked(&mut figures, JOBS, Duration::from_secs(180));
+    workers.until_all_acked(&mut figures, &messages, Duration::from_secs(180));
     assert_eq!(workers.stop_all(), 2, "both workers survived the restart");
     delete_queue(&queue);
     let (effects, _) = db.effects();
@@ -1022,7 +1087,7 @@ fn racing_at_scale(server: Server) {
     }
     let started = Instant::now();
     let mut figures = Figures::default();
-    workers.until_all_acked(&mut figures, messages.len(), Duration::from_secs(300));
+    workers.until_all_acked(&mut figures, &messages, Duration::from_secs(300));
     let elapsed = started.elapsed();
     assert_eq!(workers.stop_all(), 8);
     delete_queue(&queue);
