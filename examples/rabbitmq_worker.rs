@@ -27,7 +27,8 @@
 //! prints `PAUSE-MID-JOB <job_id>` or `PAUSE-BEFORE-ACK <job_id>` and waits for a line on its stdin
 //! (the test acts on it meanwhile: a SIGKILL, a terminated connection, a restart). Each listed job
 //! pauses once across all workers, not again when redelivered: the pauses are recorded as files in
-//! `IDEMPOTENT_CHAOS_PAUSED_DIR`, which the lists need.
+//! `IDEMPOTENT_CHAOS_PAUSED_DIR`, which the lists need. With the lists set, `ACKED` also means the
+//! broker has processed the ack, so a SIGKILL at a later pause cannot lose it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -216,6 +217,7 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
                 )
                 .await;
                 delivery.ack(BasicAckOptions::default()).await?;
+                settle_if_pausing(&channel, &queue).await?;
                 println!("ACKED {copy}");
             }
             Err(error) => {
@@ -340,4 +342,28 @@ async fn pause_if_chosen(variable: &str, line: &str, job_id: &str) {
     // Any line, or the end of stdin (the test is gone), lets the job go on. Read on a blocking
     // thread so that the broker connection keeps being served while the job is held.
     let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+}
+
+/// The chaos tests' hook after an ack, when they pause workers: a round trip on the channel (a
+/// passive declare of the queue), answered only once the broker has handled the frames sent
+/// before it, the ack included. Without it, a SIGKILL at the next pause can take an ack the
+/// broker has not handled yet with it, and the job is redelivered although it was acked: a
+/// replay the test did not arrange.
+async fn settle_if_pausing(channel: &lapin::Channel, queue: &str) -> lapin::Result<()> {
+    if std::env::var_os("IDEMPOTENT_CHAOS_PAUSE_MID_JOB").is_none()
+        && std::env::var_os("IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK").is_none()
+    {
+        return Ok(());
+    }
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(drop)
 }

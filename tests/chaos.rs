@@ -315,10 +315,22 @@ fn worker_binary() -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("target/<profile>");
     let worker = target.join("examples").join("rabbitmq_worker");
+    let rebuild = "`cargo test --all-features` builds it, `cargo test --test chaos` does not: \
+                   run `cargo build --all-features --example rabbitmq_worker` (scripts/test does)";
+    let built = std::fs::metadata(&worker)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}; {rebuild}", worker.display()));
+    // The test and the worker's protocol change together; a stale worker would test old code.
+    let source =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rabbitmq_worker.rs");
+    let edited = std::fs::metadata(&source)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}", source.display()));
     assert!(
-        worker.exists(),
-        "{} is built by `cargo test --all-features`",
-        worker.display()
+        built >= edited,
+        "{} is older than {}; {rebuild}",
+        worker.display(),
+        source.display()
     );
     worker
 }
@@ -662,6 +674,21 @@ impl Figures {
         about
     }
 
+    /// For failure messages: the first `FAILED` lines, by worker.
+    fn failures(&self) -> Vec<String> {
+        let mut failures: Vec<String> = self
+            .said
+            .iter()
+            .flat_map(|(worker, said)| {
+                said.iter()
+                    .filter(|line| line.starts_with("FAILED "))
+                    .map(move |line| format!("worker {worker}: {line}"))
+            })
+            .collect();
+        failures.truncate(10);
+        failures
+    }
+
     /// For failure messages: the counts, not every job.
     fn summary(&self) -> String {
         let unacked: Vec<&String> = self
@@ -827,8 +854,10 @@ fn chaos(server: Server) {
     );
     assert_eq!(figures.replays, (DUPLICATES + before_ack.len()) as u64);
     assert_eq!(
-        figures.failed, 0,
-        "a killed worker's job fails nowhere else"
+        figures.failed,
+        0,
+        "a killed worker's job fails nowhere else: {:#?}",
+        figures.failures()
     );
     assert_eq!(
         stopped, WORKERS,
@@ -917,7 +946,12 @@ fn terminated_connections(server: Server) {
             "{job} failed once, when its connection was terminated, and went back to the queue"
         );
     }
-    assert_eq!(figures.failed, chosen.len() as u64, "no other job failed");
+    assert_eq!(
+        figures.failed,
+        chosen.len() as u64,
+        "no other job failed: {:#?}",
+        figures.failures()
+    );
     assert_eq!(
         figures.reconnects,
         chosen.len() as u64,
@@ -1026,7 +1060,12 @@ fn postgres_restart_during_a_run() {
             "{job}, in flight at the restart, failed once and went back to the queue"
         );
     }
-    assert_eq!(figures.failed, 2, "no job failed but the two in flight");
+    assert_eq!(
+        figures.failed,
+        2,
+        "no job failed but the two in flight: {:#?}",
+        figures.failures()
+    );
     assert_eq!(figures.reconnects, 2, "each worker reconnected once");
     assert_eq!(effects.len(), JOBS, "every job done");
     assert!(effects.values().all(|n| *n == 1), "none twice");
@@ -1100,8 +1139,10 @@ fn racing_at_scale(server: Server) {
         effects.values().sum::<i64>()
     ));
     assert_eq!(
-        figures.failed, 0,
-        "no error (deadlocks included) reached a worker"
+        figures.failed,
+        0,
+        "no error (deadlocks included) reached a worker: {:#?}",
+        figures.failures()
     );
     assert_eq!(effects.len(), DISTINCT + 1);
     assert!(effects.values().all(|n| *n == 1));
