@@ -22,9 +22,13 @@
 //! It prints `STARTING` once it handles signals (a SIGTERM from then on, even before it is ready,
 //! exits 0) and `READY` once it consumes. Each handled delivery prints one line, `OUTCOME <job_id> <copy> <ran|replayed> redelivered=<bool>`,
 //! then `ACKED <copy>` once acknowledged; the chaos tests read them. Test hooks, off unless set:
-//! `IDEMPOTENT_CHAOS_PAUSE_MID_JOB` and `IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK` (per mille of jobs that
-//! pause inside the transaction, or between the commit and the ack, printing `PAUSE-...` first) and
-//! `IDEMPOTENT_CHAOS_PAUSE_MS` (how long, default 300).
+//! `IDEMPOTENT_CHAOS_PAUSE_MID_JOB` and `IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK` list job ids (comma
+//! separated) that pause inside the transaction, or between the commit and the ack: the worker
+//! prints `PAUSE-MID-JOB <job_id>` or `PAUSE-BEFORE-ACK <job_id>` and waits for a line on its stdin
+//! (the test acts on it meanwhile: a SIGKILL, a terminated connection, a restart). Each listed job
+//! pauses once across all workers, not again when redelivered: the pauses are recorded as files in
+//! `IDEMPOTENT_CHAOS_PAUSED_DIR`, which the lists need. With the lists set, `ACKED` also means the
+//! broker has processed the ack, so a SIGKILL at a later pause cannot lose it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -120,7 +124,7 @@ async fn apply_payment<C: WorkerDb>(
     attempt: u64,
 ) -> Result<u64, WorkerError> {
     conn.insert_effect(job_id, amount).await?;
-    pause_maybe("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", "PAUSE-MID-JOB", job_id).await;
+    pause_if_chosen("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", "PAUSE-MID-JOB", job_id).await;
     Ok(attempt)
 }
 
@@ -206,13 +210,14 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
                     "OUTCOME {} {copy} {outcome} redelivered={}",
                     message.job_id, delivery.redelivered
                 );
-                pause_maybe(
+                pause_if_chosen(
                     "IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK",
                     "PAUSE-BEFORE-ACK",
                     &message.job_id,
                 )
                 .await;
                 delivery.ack(BasicAckOptions::default()).await?;
+                settle_if_pausing(&channel, &queue).await?;
                 println!("ACKED {copy}");
             }
             Err(error) => {
@@ -309,31 +314,56 @@ async fn connect<C: WorkerDb>(url: &str) -> C {
     }
 }
 
-/// The chaos tests' hook: pause here for some jobs, after saying so.
-async fn pause_maybe(variable: &str, line: &str, job_id: &str) {
-    let Some(per_mille) = std::env::var(variable)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+/// The chaos tests' hook: if the test chose `job_id` for this point and it has not paused here
+/// before (in any worker), say so and wait for the test's go-ahead on stdin. The test decides the
+/// faults and acts while the job is held at a known point, so nothing depends on timing.
+async fn pause_if_chosen(variable: &str, line: &str, job_id: &str) {
+    let Ok(chosen) = std::env::var(variable) else {
         return;
     };
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let seed = STATE.load(Ordering::Relaxed)
-        ^ u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = seed | 1;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    STATE.store(x, Ordering::Relaxed);
-    if x % 1000 < per_mille {
-        let pause: u64 = std::env::var("IDEMPOTENT_CHAOS_PAUSE_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300);
-        println!("{line} {job_id}");
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+    if !chosen.split(',').any(|chosen| chosen.trim() == job_id) {
+        return;
     }
+    let record = std::env::var_os("IDEMPOTENT_CHAOS_PAUSED_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("{variable} needs IDEMPOTENT_CHAOS_PAUSED_DIR"))
+        .join(format!("{line}-{job_id}"));
+    // Created once: a redelivery of a job that paused here (this worker or a killed one) goes on.
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&record)
+    {
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return,
+        Err(error) => panic!("recording the pause at {}: {error}", record.display()),
+    }
+    println!("{line} {job_id}");
+    // Any line, or the end of stdin (the test is gone), lets the job go on. Read on a blocking
+    // thread so that the broker connection keeps being served while the job is held.
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+}
+
+/// The chaos tests' hook after an ack, when they pause workers: a round trip on the channel (a
+/// passive declare of the queue), answered only once the broker has handled the frames sent
+/// before it, the ack included. Without it, a SIGKILL at the next pause can take an ack the
+/// broker has not handled yet with it, and the job is redelivered although it was acked: a
+/// replay the test did not arrange.
+async fn settle_if_pausing(channel: &lapin::Channel, queue: &str) -> lapin::Result<()> {
+    if std::env::var_os("IDEMPOTENT_CHAOS_PAUSE_MID_JOB").is_none()
+        && std::env::var_os("IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK").is_none()
+    {
+        return Ok(());
+    }
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(drop)
 }

@@ -2,16 +2,23 @@
 //! (`examples/rabbitmq_worker.rs`), SIGKILLs at the worst moments, database connections terminated
 //! mid-job, a PostgreSQL restart, and eight workers racing on one hot key and on ten thousand.
 //!
-//! Bounded in time and count, self-stopping, loopback only. The tests take a lock so that they
+//! Every fault lands where the test chose, not where timing put it: a worker pauses at jobs the
+//! test listed (inside the transaction, or between the commit and the ack), says so, and waits on
+//! its stdin while the test kills it, terminates its connection or restarts PostgreSQL; the test
+//! then waits for the effect (the failure, the reconnect) before it goes on. So the counts asserted
+//! are the counts arranged, in every run.
+//!
+//! Bounded in time and count, self-stopping, loopback only: each wait has a deadline and fails
+//! saying what did not happen and what the workers said last. The tests take a lock so that they
 //! run one at a time (a PostgreSQL restart must not meet another test's connections).
 //!
 //! Needs RabbitMQ at `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`), PostgreSQL and
 //! MariaDB as for the other tests; `scripts/test` starts them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead as _, BufReader};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -164,8 +171,10 @@ impl Db {
                     terminated: bool,
                 }
                 let mut conn = PgConnection::establish(&self.base).expect("PostgreSQL");
+                // With a timeout, `pg_terminate_backend` returns once the backend is gone (false if
+                // it is not gone by then): the worker resumes against a connection that is dead.
                 let rows: Vec<Terminated> = diesel::sql_query(
-                    "SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity \
+                    "SELECT pg_terminate_backend(pid, 10000) AS terminated FROM pg_stat_activity \
                      WHERE application_name = $1 AND pid <> pg_backend_pid()",
                 )
                 .bind::<diesel::sql_types::Text, _>(&self.name)
@@ -180,15 +189,40 @@ impl Db {
                     id: i64,
                 }
                 let mut conn = MysqlConnection::establish(&self.base).expect("MariaDB");
-                let ids: Vec<Id> = diesel::sql_query(
-                    "SELECT CAST(id AS SIGNED) AS id FROM information_schema.processlist \
-                     WHERE db = ? AND id <> CONNECTION_ID()",
-                )
-                .bind::<diesel::sql_types::Text, _>(&self.name)
-                .load(&mut conn)
-                .expect("processlist");
+                let connections = |conn: &mut MysqlConnection| -> Vec<i64> {
+                    diesel::sql_query(
+                        "SELECT CAST(id AS SIGNED) AS id FROM information_schema.processlist \
+                         WHERE db = ? AND id <> CONNECTION_ID()",
+                    )
+                    .bind::<diesel::sql_types::Text, _>(&self.name)
+                    .load::<Id>(conn)
+                    .expect("processlist")
+                    .into_iter()
+                    .map(|c| c.id)
+                    .collect()
+                };
+                let ids = connections(&mut conn);
                 for id in &ids {
-                    let _ = conn.batch_execute(&format!("KILL {}", id.id));
+                    conn.batch_execute(&format!("KILL {id}"))
+                        .unwrap_or_else(|e| panic!("KILL {id}: {e}"));
+                }
+                // A killed connection lingers in the processlist until its thread has closed it;
+                // the worker resumes only once it is gone.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let left: Vec<i64> = connections(&mut conn)
+                        .into_iter()
+                        .filter(|id| ids.contains(id))
+                        .collect();
+                    if left.is_empty() {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "MariaDB still lists the killed connections {left:?} of {} after 10 s",
+                        self.name
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
                 }
                 ids.len()
             }
@@ -281,30 +315,62 @@ fn worker_binary() -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("target/<profile>");
     let worker = target.join("examples").join("rabbitmq_worker");
+    let rebuild = "`cargo test --all-features` builds it, `cargo test --test chaos` does not: \
+                   run `cargo build --all-features --example rabbitmq_worker` (scripts/test does)";
+    let built = std::fs::metadata(&worker)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}; {rebuild}", worker.display()));
+    // The test and the worker's protocol change together; a stale worker would test old code.
+    let source =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rabbitmq_worker.rs");
+    let edited = std::fs::metadata(&source)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}", source.display()));
     assert!(
-        worker.exists(),
-        "{} is built by `cargo test --all-features`",
-        worker.display()
+        built >= edited,
+        "{} is older than {}; {rebuild}",
+        worker.display(),
+        source.display()
     );
     worker
 }
+
+/// How long one step may take: a worker reaching a chosen job, a fault's effect showing. Generous,
+/// so that a loaded machine makes a run slower, not red; a step that does not happen fails, saying
+/// what was expected and what the workers said instead.
+const STEP: Duration = Duration::from_secs(60);
+
+/// What a worker's reader thread sends once the worker's stdout closes: the worker has exited.
+const EXITED: &str = "(stdout closed: the worker exited)";
 
 /// Worker processes and their output, line by line.
 struct Workers {
     db_url: String,
     queue: String,
     env: Vec<(String, String)>,
+    /// Where the workers record the chosen jobs that have paused (`IDEMPOTENT_CHAOS_PAUSED_DIR`),
+    /// so that a redelivered job does not pause again.
+    paused_dir: PathBuf,
     children: HashMap<usize, Child>,
+    /// Per worker: its stdin, where a line lets it go on from a pause.
+    stdins: HashMap<usize, ChildStdin>,
     /// Per worker: whether it has said `STARTING`, i.e. handles SIGTERM.
     handling_signals: HashMap<usize, Arc<AtomicBool>>,
     lines: Receiver<(usize, String)>,
     sender: Sender<(usize, String)>,
     next: usize,
+    /// The last lines read, for the message of a step that did not happen.
+    recent: VecDeque<(usize, String)>,
+    /// The workers the test SIGKILLed: held at a pause, they must say nothing more.
+    killed: HashSet<usize>,
 }
 
 impl Workers {
     fn new(db: &Db, queue: &str, env: &[(&str, &str)]) -> Workers {
         let (sender, lines) = channel();
+        let paused_dir = std::env::temp_dir().join(format!("{queue}-paused"));
+        std::fs::create_dir_all(&paused_dir)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", paused_dir.display()));
         Workers {
             db_url: db.url.clone(),
             queue: queue.to_owned(),
@@ -312,11 +378,15 @@ impl Workers {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            paused_dir,
             children: HashMap::new(),
+            stdins: HashMap::new(),
             handling_signals: HashMap::new(),
             lines,
             sender,
             next: 0,
+            recent: VecDeque::new(),
+            killed: HashSet::new(),
         }
     }
 
@@ -328,6 +398,8 @@ impl Workers {
             .env("DATABASE_URL", &self.db_url)
             .env("AMQP_URL", amqp_url())
             .env("QUEUE", &self.queue)
+            .env("IDEMPOTENT_CHAOS_PAUSED_DIR", &self.paused_dir)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(self.stderr_path(id)).expect("a worker log"));
         for (name, value) in &self.env {
@@ -335,6 +407,7 @@ impl Workers {
         }
         let mut child = command.spawn().expect("starting a worker");
         let stdout = child.stdout.take().expect("worker stdout");
+        let stdin = child.stdin.take().expect("worker stdin");
         let sender = self.sender.clone();
         let handling_signals = Arc::new(AtomicBool::new(false));
         self.handling_signals
@@ -345,11 +418,13 @@ impl Workers {
                     handling_signals.store(true, Ordering::SeqCst);
                 }
                 if sender.send((id, line)).is_err() {
-                    break;
+                    return;
                 }
             }
+            let _ = sender.send((id, EXITED.to_owned()));
         });
         self.children.insert(id, child);
+        self.stdins.insert(id, stdin);
         id
     }
 
@@ -358,12 +433,119 @@ impl Workers {
         std::env::temp_dir().join(format!("{}-worker-{id}.log", self.queue))
     }
 
+    /// Lets worker `id`, held at a pause, go on.
+    fn resume(&mut self, id: usize) {
+        let stdin = self
+            .stdins
+            .get_mut(&id)
+            .unwrap_or_else(|| panic!("worker {id} is not running"));
+        writeln!(stdin, "go")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("telling worker {id} to go on: {e}"));
+    }
+
+    /// SIGKILLs worker `id` and reaps it. Its stdin is closed only after it is dead: an end of
+    /// stdin lets a paused worker go on, and it would ack the job the test meant to kill it on.
     fn kill(&mut self, id: usize) {
         self.handling_signals.remove(&id);
         if let Some(mut child) = self.children.remove(&id) {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.stdins.remove(&id);
+        self.killed.insert(id);
+    }
+
+    /// Reads the workers' lines into `figures` until `done` holds of them. Fails, saying `what` did
+    /// not happen and what the workers said last, after `limit` or as soon as a worker the test did
+    /// not stop exits.
+    fn until(
+        &mut self,
+        figures: &mut Figures,
+        what: &str,
+        limit: Duration,
+        mut done: impl FnMut(&Figures) -> bool,
+    ) {
+        self.until_with(figures, what, limit, &mut done, |_, _, _| {});
+    }
+
+    /// `until`, calling `on_line` with each line and who said it after `figures` has read it.
+    fn until_with(
+        &mut self,
+        figures: &mut Figures,
+        what: &str,
+        limit: Duration,
+        mut done: impl FnMut(&Figures) -> bool,
+        mut on_line: impl FnMut(&mut Workers, usize, &str),
+    ) {
+        let deadline = Instant::now() + limit;
+        while !done(figures) {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let Ok((worker, line)) = self.lines.recv_timeout(wait) else {
+                panic!(
+                    "expected {what}, and it did not happen within {limit:?}. So far: {}. The last lines seen:{}",
+                    figures.summary(),
+                    self.seen()
+                );
+            };
+            if self.recent.len() == 30 {
+                self.recent.pop_front();
+            }
+            self.recent.push_back((worker, line.clone()));
+            if line == EXITED && self.children.contains_key(&worker) {
+                panic!(
+                    "worker {worker} exited by itself while the test expected {what}. Its stderr ({}):\n{}\nThe last lines seen:{}",
+                    self.stderr_path(worker).display(),
+                    std::fs::read_to_string(self.stderr_path(worker)).unwrap_or_default(),
+                    self.seen()
+                );
+            }
+            assert!(
+                line == EXITED || !self.killed.contains(&worker),
+                "worker {worker} went on after the test killed it at a pause, saying {line:?}. The last lines seen:{}",
+                self.seen()
+            );
+            figures.read(worker, &line);
+            on_line(self, worker, &line);
+        }
+    }
+
+    fn seen(&self) -> String {
+        if self.recent.is_empty() {
+            return " none".to_owned();
+        }
+        self.recent
+            .iter()
+            .map(|(worker, line)| format!("\n  worker {worker}: {line}"))
+            .collect()
+    }
+
+    /// Reads lines until every published `(job, copy)` is acknowledged.
+    fn until_all_acked(
+        &mut self,
+        figures: &mut Figures,
+        copies: &[(String, String)],
+        limit: Duration,
+    ) {
+        self.until_all_acked_with(figures, copies, limit, |_, _, _| {});
+    }
+
+    /// `until_all_acked`, calling `on_line` with each line and who said it.
+    fn until_all_acked_with(
+        &mut self,
+        figures: &mut Figures,
+        copies: &[(String, String)],
+        limit: Duration,
+        on_line: impl FnMut(&mut Workers, usize, &str),
+    ) {
+        figures.published = copies.iter().map(|(_, copy)| copy.clone()).collect();
+        self.until_with(
+            figures,
+            &format!("`ACKED <copy>` for all {} published copies", copies.len()),
+            limit,
+            |figures| figures.acked.len() >= figures.published.len(),
+            on_line,
+        );
     }
 
     /// SIGTERM to every worker; each must stop by itself and exit 0, even one still starting. (A
@@ -371,17 +553,21 @@ impl Workers {
     /// it has installed its handler.)
     fn stop_all(&mut self) -> usize {
         let mut stopped = 0;
+        self.stdins.clear();
         let children: Vec<(usize, Child)> = self.children.drain().collect();
         for (id, mut child) in children {
             let handling = Arc::clone(&self.handling_signals[&id]);
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = Instant::now() + STEP;
             while !handling.load(Ordering::SeqCst) && child.try_wait().ok().flatten().is_none() {
-                assert!(Instant::now() < deadline, "worker {id} never started");
+                assert!(
+                    Instant::now() < deadline,
+                    "worker {id} did not say STARTING within {STEP:?}"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
             let pid = child.id().to_string();
             let _ = Command::new("kill").args(["-TERM", &pid]).status();
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = Instant::now() + STEP;
             loop {
                 if let Some(status) = child.try_wait().expect("worker status") {
                     assert!(
@@ -392,7 +578,10 @@ impl Workers {
                     stopped += 1;
                     break;
                 }
-                assert!(Instant::now() < deadline, "worker {id} ignored SIGTERM");
+                assert!(
+                    Instant::now() < deadline,
+                    "worker {id} was still running {STEP:?} after SIGTERM"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -406,6 +595,8 @@ impl Drop for Workers {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.stdins.clear();
+        let _ = std::fs::remove_dir_all(&self.paused_dir);
     }
 }
 
@@ -419,11 +610,20 @@ struct Figures {
     failed: u64,
     reconnects: u64,
     ran_per_job: HashMap<String, u64>,
+    replayed_per_job: HashMap<String, u64>,
+    failed_per_job: HashMap<String, u64>,
     acked: HashSet<String>,
+    /// `(worker, point, job)` for each pause, in the order they were said.
+    paused: Vec<(usize, String, String)>,
+    /// Every line, by worker.
+    said: HashMap<usize, Vec<String>>,
+    /// The copies published, once a test waits for them to be acknowledged.
+    published: Vec<String>,
 }
 
 impl Figures {
-    fn read(&mut self, line: &str) {
+    fn read(&mut self, worker: usize, line: &str) {
+        self.said.entry(worker).or_default().push(line.to_owned());
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["OUTCOME", job, _copy, outcome, redelivered] => {
@@ -433,6 +633,7 @@ impl Figures {
                     *self.ran_per_job.entry((*job).to_owned()).or_default() += 1;
                 } else {
                     self.replays += 1;
+                    *self.replayed_per_job.entry((*job).to_owned()).or_default() += 1;
                 }
                 if *redelivered == "redelivered=true" {
                     self.redelivered += 1;
@@ -441,10 +642,72 @@ impl Figures {
             ["ACKED", copy] => {
                 self.acked.insert((*copy).to_owned());
             }
-            ["FAILED", ..] => self.failed += 1,
+            ["FAILED", job, ..] => {
+                self.failed += 1;
+                *self.failed_per_job.entry((*job).to_owned()).or_default() += 1;
+            }
             ["RECONNECTED"] => self.reconnects += 1,
+            [point @ ("PAUSE-MID-JOB" | "PAUSE-BEFORE-ACK"), job] => {
+                self.paused
+                    .push((worker, (*point).to_owned(), (*job).to_owned()));
+            }
             _ => {}
         }
+    }
+
+    /// For failure messages: what every worker said about `job`, in order, by worker.
+    fn lines_about(&self, job: &str) -> Vec<String> {
+        let mut about = Vec::new();
+        for (worker, said) in &self.said {
+            for line in said {
+                if line.split_whitespace().any(|word| {
+                    word == job
+                        || word
+                            .strip_suffix(":")
+                            .unwrap_or(word)
+                            .starts_with(&format!("{job}#"))
+                }) {
+                    about.push(format!("worker {worker}: {line}"));
+                }
+            }
+        }
+        about
+    }
+
+    /// For failure messages: the first `FAILED` lines, by worker.
+    fn failures(&self) -> Vec<String> {
+        let mut failures: Vec<String> = self
+            .said
+            .iter()
+            .flat_map(|(worker, said)| {
+                said.iter()
+                    .filter(|line| line.starts_with("FAILED "))
+                    .map(move |line| format!("worker {worker}: {line}"))
+            })
+            .collect();
+        failures.truncate(10);
+        failures
+    }
+
+    /// For failure messages: the counts, not every job.
+    fn summary(&self) -> String {
+        let unacked: Vec<&String> = self
+            .published
+            .iter()
+            .filter(|copy| !self.acked.contains(*copy))
+            .take(10)
+            .collect();
+        format!(
+            "outcomes {}, ran {}, replays {}, redelivered {}, failed {}, reconnects {}, acked {} (not yet, at most 10: {unacked:?}), paused {:?}",
+            self.outcomes,
+            self.ran,
+            self.replays,
+            self.redelivered,
+            self.failed,
+            self.reconnects,
+            self.acked.len(),
+            self.paused
+        )
     }
 }
 
@@ -461,50 +724,33 @@ fn jobs_with_duplicates(prefix: &str, jobs: usize, duplicates: usize) -> Vec<(St
     messages
 }
 
-/// Reads worker lines until every published copy is acknowledged, calling `on_line` for each.
-fn until_all_acked(
-    workers: &mut Workers,
-    figures: &mut Figures,
-    copies: usize,
-    limit: Duration,
-    mut on_line: impl FnMut(&mut Workers, usize, &str, usize),
-) {
-    let deadline = Instant::now() + limit;
-    while figures.acked.len() < copies {
-        let now = Instant::now();
-        assert!(
-            now < deadline,
-            "only {} of {copies} copies acknowledged within {limit:?}: {figures:?}",
-            figures.acked.len()
-        );
-        if let Ok((worker, line)) = workers.lines.recv_timeout(deadline - now) {
-            figures.read(&line);
-            on_line(workers, worker, &line, figures.acked.len());
-        }
-    }
-}
-
 // ---- the tests -----------------------------------------------------------------------------------
 
+/// 2,000 jobs, 200 of them published twice, four workers, and 24 SIGKILLs at jobs the test chose:
+/// 12 inside the job's transaction, 12 between its commit and its ack. Each chosen job pauses once
+/// at its point and the test kills the worker holding it, so the kills, and the replays they cause,
+/// are the same in every run.
 fn chaos(server: Server) {
     const JOBS: usize = 2_000;
     const DUPLICATES: usize = 200;
     const WORKERS: usize = 4;
-    const MAX_KILLS: u64 = 30;
     let _serial = serial();
     let db = Db::fresh(server);
     let queue = unique("idempotent_chaos");
     let messages = jobs_with_duplicates("job", JOBS, DUPLICATES);
     publish(&queue, &messages);
 
+    // Spread over the run; job-7, job-173 and job-90 are among those published twice.
+    let mid_job: BTreeSet<String> = (0..12).map(|i| format!("job-{}", 7 + i * 166)).collect();
+    let before_ack: BTreeSet<String> = (0..12).map(|i| format!("job-{}", 90 + i * 166)).collect();
+    let list = |jobs: &BTreeSet<String>| jobs.iter().cloned().collect::<Vec<_>>().join(",");
     let mut workers = Workers::new(
         &db,
         &queue,
         &[
             ("PREFETCH", "8"),
-            ("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", "12"),
-            ("IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK", "12"),
-            ("IDEMPOTENT_CHAOS_PAUSE_MS", "400"),
+            ("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", &list(&mid_job)),
+            ("IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK", &list(&before_ack)),
         ],
     );
     for _ in 0..WORKERS {
@@ -512,25 +758,28 @@ fn chaos(server: Server) {
     }
     let started = Instant::now();
     let mut figures = Figures::default();
-    let (mut kills_mid_job, mut kills_before_ack, mut coin) = (0u64, 0u64, 0u64);
-    until_all_acked(
-        &mut workers,
+    let (mut killed_mid_job, mut killed_before_ack) = (BTreeSet::new(), BTreeSet::new());
+    workers.until_all_acked_with(
         &mut figures,
-        messages.len(),
-        Duration::from_secs(240),
-        |workers, worker, line, _| {
-            let pause = line.starts_with("PAUSE-MID-JOB") || line.starts_with("PAUSE-BEFORE-ACK");
-            coin += 1;
-            // Kill about half of the paused workers, a SIGKILL at the worst moment, and start another.
-            if pause && kills_mid_job + kills_before_ack < MAX_KILLS && coin % 2 == 0 {
-                workers.kill(worker);
-                if line.starts_with("PAUSE-MID-JOB") {
-                    kills_mid_job += 1;
-                } else {
-                    kills_before_ack += 1;
-                }
-                workers.start();
-            }
+        &messages,
+        Duration::from_secs(300),
+        |workers, worker, line| {
+            let (killed, chosen, job) = match line.split_once(' ') {
+                Some(("PAUSE-MID-JOB", job)) => (&mut killed_mid_job, &mid_job, job),
+                Some(("PAUSE-BEFORE-ACK", job)) => (&mut killed_before_ack, &before_ack, job),
+                _ => return,
+            };
+            assert!(
+                chosen.contains(job),
+                "worker {worker} paused at a job the test did not choose: {line}"
+            );
+            assert!(
+                killed.insert(job.to_owned()),
+                "a redelivered job paused again: worker {worker} said {line}"
+            );
+            // A SIGKILL while the job is held at that point, and a worker in its place.
+            workers.kill(worker);
+            workers.start();
         },
     );
     let stopped = workers.stop_all();
@@ -540,16 +789,26 @@ fn chaos(server: Server) {
     let (effects, done) = db.effects();
     figures::report(&format!(
         "chaos ({server:?}): jobs {JOBS}, duplicate publishes {DUPLICATES}, workers {WORKERS} (+{} replacements), \
-         kills {} ({kills_mid_job} mid-job, {kills_before_ack} between commit and ack), deliveries handled {}, \
+         kills {} ({} mid-job, {} between commit and ack), deliveries handled {}, \
          redelivered {}, replays {}, ran {}, effects {}, done jobs {done}, in {elapsed:.1?}",
         workers.next - WORKERS,
-        kills_mid_job + kills_before_ack,
+        killed_mid_job.len() + killed_before_ack.len(),
+        killed_mid_job.len(),
+        killed_before_ack.len(),
         figures.outcomes,
         figures.redelivered,
         figures.replays,
         figures.ran,
         effects.values().sum::<i64>(),
     ));
+    assert_eq!(
+        killed_mid_job, mid_job,
+        "every job chosen to be killed mid-job was"
+    );
+    assert_eq!(
+        killed_before_ack, before_ack,
+        "every job chosen to be killed between commit and ack was"
+    );
     assert_eq!(effects.len(), JOBS, "every job has its effect: none lost");
     assert!(
         effects.values().all(|n| *n == 1),
@@ -561,14 +820,44 @@ fn chaos(server: Server) {
         "each job ran once, as the workers saw it"
     );
     assert!(figures.ran_per_job.values().all(|n| *n == 1));
-    assert_eq!(
-        figures.replays,
-        DUPLICATES as u64 + kills_before_ack,
-        "every duplicate publish and every redelivery of a committed job replayed, nothing else"
-    );
+    // Each copy published twice replays once, and each job killed between its commit and its ack
+    // replays once more, on redelivery; no other delivery replays.
+    let mut expected_replays: BTreeMap<String, u64> =
+        (0..DUPLICATES).map(|i| (format!("job-{i}"), 1)).collect();
+    for job in &before_ack {
+        *expected_replays.entry(job.clone()).or_default() += 1;
+    }
+    let replays: BTreeMap<String, u64> = figures
+        .replayed_per_job
+        .iter()
+        .map(|(job, n)| (job.clone(), *n))
+        .collect();
+    let differing: Vec<String> = expected_replays
+        .keys()
+        .chain(replays.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|job| expected_replays.get(*job) != replays.get(*job))
+        .map(|job| {
+            format!(
+                "{job}: replayed {} times, expected {}; it said: {:?}",
+                replays.get(job).unwrap_or(&0),
+                expected_replays.get(job).unwrap_or(&0),
+                figures.lines_about(job)
+            )
+        })
+        .collect();
     assert!(
-        kills_mid_job + kills_before_ack > 0,
-        "the run killed workers"
+        differing.is_empty(),
+        "every duplicate publish and every redelivery of a committed job replayed, nothing else:\n{}",
+        differing.join("\n")
+    );
+    assert_eq!(figures.replays, (DUPLICATES + before_ack.len()) as u64);
+    assert_eq!(
+        figures.failed,
+        0,
+        "a killed worker's job fails nowhere else: {:#?}",
+        figures.failures()
     );
     assert_eq!(
         stopped, WORKERS,
@@ -587,40 +876,54 @@ fn chaos_on_mariadb() {
 }
 
 /// A job's database connection is terminated mid-job: the job rolls back whole, goes back to the
-/// queue, and is done once after its redelivery; the worker reconnects instead of dying.
+/// queue, and is done once after its redelivery; the worker reconnects instead of dying. The
+/// worker holds each of four chosen jobs inside its transaction while the test terminates its
+/// connection, then goes on into the dead connection.
 fn terminated_connections(server: Server) {
     const JOBS: usize = 60;
-    const TERMINATIONS: u64 = 4;
+    let chosen: BTreeSet<String> = ["fault-0", "fault-21", "fault-38", "fault-59"]
+        .map(str::to_owned)
+        .into();
     let _serial = serial();
     let db = Db::fresh(server);
     let queue = unique("idempotent_faults");
-    publish(&queue, &jobs_with_duplicates("fault", JOBS, 0));
+    let messages = jobs_with_duplicates("fault", JOBS, 0);
+    publish(&queue, &messages);
+    let list = chosen.iter().cloned().collect::<Vec<_>>().join(",");
     let mut workers = Workers::new(
         &db,
         &queue,
-        &[
-            ("PREFETCH", "4"),
-            ("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", "150"),
-            ("IDEMPOTENT_CHAOS_PAUSE_MS", "300"),
-        ],
+        &[("PREFETCH", "4"), ("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", &list)],
     );
-    workers.start();
+    let worker = workers.start();
     let mut figures = Figures::default();
-    let mut terminated = 0u64;
-    until_all_acked(
-        &mut workers,
-        &mut figures,
-        JOBS,
-        Duration::from_secs(120),
-        |_, _, line, _| {
-            if line.starts_with("PAUSE-MID-JOB")
-                && terminated < TERMINATIONS
-                && db.terminate_worker_connections() > 0
-            {
-                terminated += 1;
-            }
-        },
-    );
+    let mut terminated = BTreeSet::new();
+    for n in 0..chosen.len() {
+        workers.until(
+            &mut figures,
+            &format!("worker {worker} to pause (`PAUSE-MID-JOB <job>`) at the next of {chosen:?}"),
+            STEP,
+            |figures| figures.paused.len() > n,
+        );
+        let (_, _, job) = figures.paused[n].clone();
+        assert!(
+            chosen.contains(&job) && terminated.insert(job.clone()),
+            "worker {worker} paused at {job}, which is not one of {chosen:?} or paused before"
+        );
+        assert_eq!(
+            db.terminate_worker_connections(),
+            1,
+            "the worker's one connection, inside {job}'s transaction, terminated"
+        );
+        workers.resume(worker);
+        workers.until(
+            &mut figures,
+            &format!("worker {worker} to say `FAILED {job} ...` and then `RECONNECTED`"),
+            STEP,
+            |figures| figures.failed_per_job.contains_key(&job) && figures.reconnects > n as u64,
+        );
+    }
+    workers.until_all_acked(&mut figures, &messages, Duration::from_secs(120));
     assert_eq!(
         workers.stop_all(),
         1,
@@ -629,17 +932,31 @@ fn terminated_connections(server: Server) {
     delete_queue(&queue);
     let (effects, _) = db.effects();
     figures::report(&format!(
-        "terminated connections ({server:?}): jobs {JOBS}, terminations {terminated}, failed jobs {}, reconnects {}, effects {}",
+        "terminated connections ({server:?}): jobs {JOBS}, terminations {}, failed jobs {}, reconnects {}, effects {}",
+        terminated.len(),
         figures.failed,
         figures.reconnects,
         effects.values().sum::<i64>()
     ));
-    assert_eq!(terminated, TERMINATIONS);
-    assert!(
-        figures.failed >= TERMINATIONS,
-        "each terminated job failed and went back to the queue"
+    assert_eq!(terminated, chosen);
+    for job in &chosen {
+        assert_eq!(
+            figures.failed_per_job.get(job),
+            Some(&1),
+            "{job} failed once, when its connection was terminated, and went back to the queue"
+        );
+    }
+    assert_eq!(
+        figures.failed,
+        chosen.len() as u64,
+        "no other job failed: {:#?}",
+        figures.failures()
     );
-    assert!(figures.reconnects >= 1);
+    assert_eq!(
+        figures.reconnects,
+        chosen.len() as u64,
+        "one reconnect per termination"
+    );
     assert_eq!(effects.len(), JOBS);
     assert!(
         effects.values().all(|n| *n == 1),
@@ -657,54 +974,99 @@ fn killed_connections_on_mariadb() {
     terminated_connections(Server::Mysql);
 }
 
-/// PostgreSQL restarts while two workers run: jobs in flight roll back and are done once after
-/// redelivery, and the workers reconnect.
+/// PostgreSQL restarts while two workers each hold a job inside its transaction: those two jobs
+/// roll back and are done once after redelivery, both workers reconnect, and the run completes.
 #[test]
 fn postgres_restart_during_a_run() {
     const JOBS: usize = 400;
+    let chosen: BTreeSet<String> = ["restart-200", "restart-201"].map(str::to_owned).into();
     let _serial = serial();
     let db = Db::fresh(Server::Postgres);
     let queue = unique("idempotent_restart");
-    publish(&queue, &jobs_with_duplicates("restart", JOBS, 0));
-    let mut workers = Workers::new(&db, &queue, &[("PREFETCH", "4")]);
+    let messages = jobs_with_duplicates("restart", JOBS, 0);
+    publish(&queue, &messages);
+    // One unacknowledged message per worker: the worker held at restart-200 is given nothing more,
+    // so restart-201 goes to the other one, and both are inside a transaction at the restart.
+    let list = chosen.iter().cloned().collect::<Vec<_>>().join(",");
+    let mut workers = Workers::new(
+        &db,
+        &queue,
+        &[("PREFETCH", "1"), ("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", &list)],
+    );
     workers.start();
     workers.start();
     let mut figures = Figures::default();
-    let mut restart_took = None;
-    until_all_acked(
-        &mut workers,
+    workers.until(
         &mut figures,
-        JOBS,
-        Duration::from_secs(180),
-        |_, _, _, acked| {
-            if acked >= JOBS / 4 && restart_took.is_none() {
-                let started = Instant::now();
-                let status = Command::new("sh")
-                .args([
-                    "-c",
-                    "pg_ctlcluster --skip-systemctl-redirect \"$(ls /etc/postgresql | head -n 1)\" main restart",
-                ])
-                .status()
-                .expect("running pg_ctlcluster");
-                assert!(
-                    status.success(),
-                    "restarting the local PostgreSQL cluster failed: {status}"
-                );
-                restart_took = Some(started.elapsed());
-            }
+        &format!("both workers to pause (`PAUSE-MID-JOB <job>`), at {chosen:?}"),
+        STEP,
+        |figures| figures.paused.len() == chosen.len(),
+    );
+    let held: BTreeMap<usize, String> = figures
+        .paused
+        .iter()
+        .map(|(worker, _, job)| (*worker, job.clone()))
+        .collect();
+    assert_eq!(
+        held.len(),
+        2,
+        "each worker holds one of the chosen jobs: {:?}",
+        figures.paused
+    );
+    assert_eq!(held.values().cloned().collect::<BTreeSet<_>>(), chosen);
+
+    let started = Instant::now();
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "pg_ctlcluster --skip-systemctl-redirect \"$(ls /etc/postgresql | head -n 1)\" main restart",
+        ])
+        .status()
+        .expect("running pg_ctlcluster");
+    assert!(
+        status.success(),
+        "restarting the local PostgreSQL cluster failed: {status}"
+    );
+    let restart_took = started.elapsed();
+    for worker in held.keys() {
+        workers.resume(*worker);
+    }
+    workers.until(
+        &mut figures,
+        &format!("each worker of {held:?} to say `FAILED <its job> ...` and then `RECONNECTED`"),
+        STEP,
+        |figures| {
+            chosen
+                .iter()
+                .all(|job| figures.failed_per_job.contains_key(job))
+                && figures.reconnects >= 2
         },
     );
+    workers.until_all_acked(&mut figures, &messages, Duration::from_secs(180));
     assert_eq!(workers.stop_all(), 2, "both workers survived the restart");
     delete_queue(&queue);
     let (effects, _) = db.effects();
     figures::report(&format!(
-        "postgres restart: jobs {JOBS}, restart took {:.1?}, failed jobs {}, reconnects {}, effects {}",
-        restart_took.unwrap_or_default(),
+        "postgres restart: jobs {JOBS}, in flight at the restart {}, restart took {restart_took:.1?}, failed jobs {}, reconnects {}, effects {}",
+        held.len(),
         figures.failed,
         figures.reconnects,
         effects.values().sum::<i64>()
     ));
-    assert!(restart_took.is_some());
+    for job in &chosen {
+        assert_eq!(
+            figures.failed_per_job.get(job),
+            Some(&1),
+            "{job}, in flight at the restart, failed once and went back to the queue"
+        );
+    }
+    assert_eq!(
+        figures.failed,
+        2,
+        "no job failed but the two in flight: {:#?}",
+        figures.failures()
+    );
+    assert_eq!(figures.reconnects, 2, "each worker reconnected once");
     assert_eq!(effects.len(), JOBS, "every job done");
     assert!(effects.values().all(|n| *n == 1), "none twice");
 }
@@ -725,16 +1087,19 @@ fn sigterm_while_starting_exits_cleanly() {
         "it stopped at once, not after giving up on the database"
     );
     // Its last lines may still be on their way from the pipe's reader thread.
-    let mut said = Vec::new();
-    while let Ok((worker, line)) = workers.lines.recv_timeout(Duration::from_secs(5)) {
-        let last = line.starts_with("STOPPED");
-        if worker == id {
-            said.push(line);
-        }
-        if last {
-            break;
-        }
-    }
+    let mut figures = Figures::default();
+    workers.until(
+        &mut figures,
+        &format!("the end of worker {id}'s output"),
+        STEP,
+        |figures| {
+            figures
+                .said
+                .get(&id)
+                .is_some_and(|said| said.iter().any(|l| l == EXITED))
+        },
+    );
+    let said = &figures.said[&id];
     assert!(
         said.iter().any(|l| l == "STOPPED before taking any work"),
         "{said:?}"
@@ -761,13 +1126,7 @@ fn racing_at_scale(server: Server) {
     }
     let started = Instant::now();
     let mut figures = Figures::default();
-    until_all_acked(
-        &mut workers,
-        &mut figures,
-        messages.len(),
-        Duration::from_secs(300),
-        |_, _, _, _| {},
-    );
+    workers.until_all_acked(&mut figures, &messages, Duration::from_secs(300));
     let elapsed = started.elapsed();
     assert_eq!(workers.stop_all(), 8);
     delete_queue(&queue);
@@ -780,8 +1139,10 @@ fn racing_at_scale(server: Server) {
         effects.values().sum::<i64>()
     ));
     assert_eq!(
-        figures.failed, 0,
-        "no error (deadlocks included) reached a worker"
+        figures.failed,
+        0,
+        "no error (deadlocks included) reached a worker: {:#?}",
+        figures.failures()
     );
     assert_eq!(effects.len(), DISTINCT + 1);
     assert!(effects.values().all(|n| *n == 1));

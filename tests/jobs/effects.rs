@@ -20,6 +20,8 @@ const CHARGED: &str = "IDEMPOTENT-TEST: charged, now waiting to be killed before
 /// Set in a child relay: hang after sending, before marking the message delivered.
 const RELAY_CHILD: &str = "IDEMPOTENT_TEST_RELAY_CHILD";
 const SENT: &str = "IDEMPOTENT-TEST: sent, now waiting to be killed before marking it delivered";
+/// The child relay's lease: the parent's relay can take the message again once it has lapsed.
+const RELAY_LEASE: Duration = Duration::from_secs(1);
 const SERVICE: &str = "IDEMPOTENT_TEST_SERVICE";
 
 /// Charges an order through the payment service, with the job's own key as the service's
@@ -44,7 +46,7 @@ fn pay<C: TestConn>(
     conn.insert_charge(order_id, amount, &charge_id)?;
     if std::env::var(HANG_BEFORE_COMMIT).is_ok() {
         println!("{CHARGED}");
-        std::thread::sleep(Duration::from_secs(600));
+        harness::hold_until_killed();
     }
     Ok(charge_id)
 }
@@ -209,13 +211,12 @@ where
     if let Ok(locator) = std::env::var(RELAY_CHILD) {
         let service = std::env::var(SERVICE).expect("the service's address");
         let mut conn = Db::<B>::attach(&locator).connect();
-        let relay = Relay::new().batch_size(1).lease(Duration::from_secs(1));
+        let relay = Relay::new().batch_size(1).lease(RELAY_LEASE);
         relay
-            .run_once(&mut conn, |message| {
+            .run_once(&mut conn, |message| -> Result<(), String> {
                 deliver(&service, message)?;
                 println!("{SENT}");
-                std::thread::sleep(Duration::from_secs(600));
-                Ok::<_, String>(())
+                harness::hold_until_killed();
             })
             .expect("the child relay");
         unreachable!("the child hangs inside its delivery until killed");
@@ -235,8 +236,12 @@ where
         &[(RELAY_CHILD, db.locator()), (SERVICE, &service.addr())],
         SENT,
     );
+    // The child took its lease before it sent and printed SENT, so the lease ends before
+    // `RELAY_LEASE` from now; the margin covers the clock's and the stored timestamp's precision.
+    // Only then is the message the dead relay held due again; the test waits for that, no more.
+    let lapsed = std::time::Instant::now() + RELAY_LEASE + Duration::from_millis(100);
     harness::kill(child);
-    std::thread::sleep(Duration::from_millis(1_200)); // the dead relay's lease lapses
+    std::thread::sleep(lapsed.saturating_duration_since(std::time::Instant::now()));
 
     let report = Relay::new()
         .drain(&mut conn, |message| deliver(&service.addr(), message))

@@ -179,8 +179,14 @@ impl<B: Backend> Drop for Db<B> {
     }
 }
 
+/// How long a child process may take to reach its marker: generous, so that a loaded machine makes
+/// a test slower rather than failing it.
+const CHILD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// This test binary, started again to run one test as a child process, with `env` telling it
 /// what role to play; returned once the child has printed `marker` (and is ready to be killed).
+/// Fails, saying which child, which line and what it printed instead, if the child exits or has
+/// not printed `marker` within two minutes.
 pub fn spawn_child_until(
     test_path: &str,
     env: &[(&str, &str)],
@@ -188,11 +194,12 @@ pub fn spawn_child_until(
 ) -> std::process::Child {
     use std::io::{BufRead as _, BufReader};
     use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     let mut command = Command::new(std::env::current_exe().expect("the test binary"));
     command
         .args([test_path, "--exact", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for (name, value) in env {
@@ -200,19 +207,43 @@ pub fn spawn_child_until(
     }
     let mut child = command.spawn().expect("spawning the child process");
     let stdout = child.stdout.take().expect("the child's stdout");
-    let started = Instant::now();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("reading the child's output");
-        if line.contains(marker) {
-            return child;
+    // Read on a thread of its own, so that a child that prints nothing cannot hold the test past
+    // its deadline.
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the child never printed {marker:?}"
-        );
-    }
+    });
+    let deadline = Instant::now() + CHILD_DEADLINE;
+    let mut printed = Vec::new();
+    let ended = loop {
+        match received.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains(marker) => return child,
+            Ok(line) => printed.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                break format!("had not printed it within {CHILD_DEADLINE:?}, and was killed");
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break "exited".to_owned(),
+        }
+    };
     let status = child.wait().expect("reaping the child");
-    panic!("the child exited ({status}) before printing {marker:?}");
+    panic!(
+        "the child process running {test_path} was to print {marker:?}, but {ended} ({status}); \
+         it printed (its stderr is above):\n{}",
+        printed.join("\n")
+    );
+}
+
+/// In a child process started by `spawn_child_until`: holds it where it is (after its marker)
+/// until the parent kills it. Should the parent go away instead, its end of the pipe closes, and
+/// the child exits here without going on (without committing, inside a job).
+pub fn hold_until_killed() -> ! {
+    let _ = std::io::stdin().read_line(&mut String::new());
+    std::process::exit(101)
 }
 
 /// SIGKILLs a child, as an operator or the OOM killer would, and reaps it.
