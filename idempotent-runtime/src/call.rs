@@ -15,7 +15,7 @@ use crate::job::Job;
 use crate::key::JobKey;
 
 use crate::stats::{self, Ending};
-use crate::store::{Claim, DoneRow};
+use crate::store::{Claim, Database, DoneRow};
 
 /// An error type a job handler can return: one that can hold this crate's [`Error`].
 ///
@@ -71,6 +71,7 @@ pub struct JobCall<'a> {
     pub(crate) job: &'static Job,
     pub(crate) key: &'a JobKey,
     pub(crate) fingerprint: Option<Result<Fingerprint, FingerprintError>>,
+    pub(crate) retry_window: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for JobCall<'_> {
@@ -80,6 +81,7 @@ impl fmt::Debug for JobCall<'_> {
             .field("job", &self.job.name())
             .field("key", &shown_key(self.job, self.key))
             .field("fingerprint", &self.fingerprint)
+            .field("retry_window", &self.retry_window)
             .finish()
     }
 }
@@ -91,7 +93,16 @@ impl<'a> JobCall<'a> {
             job,
             key,
             fingerprint: None,
+            retry_window: None,
         }
+    }
+
+    /// How long a claim is retried while the database reports transient failures (busy, deadlocks,
+    /// lock wait timeouts) before the call gives up with [`Error::ClaimRetriesExhausted`]; 30 s
+    /// unless set. Nothing has run while a claim is retried.
+    pub fn retry_for(mut self, window: std::time::Duration) -> Self {
+        self.retry_window = Some(window);
+        self
     }
 
     /// Checks `fingerprint` against the first run's when the key comes back: a difference is an
@@ -141,6 +152,8 @@ pub(crate) struct Call {
     /// How long the key holds after the commit, in microseconds.
     pub(crate) keep_micros: Option<i64>,
     pub(crate) started: Instant,
+    /// How long transient claim failures are retried.
+    pub(crate) retry_window: std::time::Duration,
     /// What the body can ask about its job: its key, its outbox messages so far.
     pub(crate) context: Arc<JobContext>,
 }
@@ -152,6 +165,7 @@ impl Call {
             job,
             key,
             fingerprint,
+            retry_window,
         } = job_call;
         let digest = key.digest();
         let key_text = shown_key(job, key);
@@ -182,6 +196,7 @@ impl Call {
             fingerprint,
             keep_micros,
             started: Instant::now(),
+            retry_window: retry_window.unwrap_or(crate::retry::WINDOW),
         })
     }
 
@@ -198,11 +213,25 @@ impl Call {
         }
     }
 
-    pub(crate) fn database(&self, step: Step, source: diesel::result::Error) -> Error {
+    /// The error for a statement of `step` that `D` refused: a commit whose connection failed has
+    /// an unknown outcome; anything else rolled back, and may pass.
+    pub(crate) fn database<D: Database>(&self, step: Step, source: diesel::result::Error) -> Error {
+        let lost = D::connection_lost(&source);
+        if step == Step::Commit && lost {
+            return Error::CommitOutcomeUnknown {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                source,
+            };
+        }
+        let passes = lost
+            || D::classify(&source).is_transient()
+            || matches!(source, diesel::result::Error::BrokenTransactionManager);
         Error::Database {
             job: self.job.name(),
             key: self.key_text.clone(),
             step,
+            retryable: passes,
             source,
         }
     }
@@ -292,5 +321,22 @@ impl Call {
                 source,
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Job, JobCall, JobKey};
+
+    #[test]
+    fn a_call_of_a_redacting_job_never_shows_its_key() {
+        static WELCOME: Job = Job::new("welcome", "welcome:<email>").redact_key();
+        let key = JobKey::new("welcome:ada@example.com");
+        let shown = format!("{:?}", JobCall::new(&WELCOME, &key));
+        assert!(!shown.contains("ada@example.com"), "{shown}");
+        assert!(shown.contains("redacted:"), "{shown}");
+        static PLAIN: Job = Job::new("plain", "plain:<n>");
+        let key = JobKey::new("plain:7");
+        assert!(format!("{:?}", JobCall::new(&PLAIN, &key)).contains("plain:7"));
     }
 }

@@ -7,15 +7,19 @@ use std::fmt;
 /// A handler's error type absorbs this with `From<idempotent_jobs::Error>`; with `thiserror` that is one
 /// line: `#[error(transparent)] Idempotent(#[from] idempotent_jobs::Error)`.
 ///
-/// Every variant leaves the database as it was before the call: the job's transaction was rolled back,
-/// its claim with it, so retrying the job is safe.
+/// Each message says what happened, what was and was not committed, and whether retrying helps;
+/// [`Error::is_retryable`] answers the last for code (a queue worker requeues a retryable error
+/// and dead-letters the rest). Unless a variant says otherwise, nothing of the job was committed:
+/// its transaction was rolled back, its claim with it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The database refused a statement of the claim, the record or the commit.
+    /// The database refused a statement of the claim, the record or the commit; the transaction was
+    /// rolled back.
     #[error(
-        "job `{job}` (key `{key}`): the database failed while {step}: {source}{hint}; nothing of the job was committed",
-        hint = hint(source)
+        "job `{job}` (key `{key}`): the database failed while {step}: {source}{hint}; nothing of the job was committed{retry}",
+        hint = hint(source),
+        retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
     )]
     Database {
         /// The job's name.
@@ -24,9 +28,55 @@ pub enum Error {
         key: String,
         /// What the runtime was doing.
         step: Step,
+        /// Whether the failure passes (a deadlock, a serialization failure, a busy database, a
+        /// lost connection), so that running the job again can succeed.
+        retryable: bool,
         /// Diesel's error.
         #[source]
         source: diesel::result::Error,
+    },
+
+    /// The connection failed while the transaction was committing: the database may have committed
+    /// the job or not, and there is no way to tell from here.
+    #[error(
+        "job `{job}` (key `{key}`): the connection failed while committing ({source}); the job's work and claim may or may not have been committed. Retrying is safe: the retry replays the run if it committed, and runs the job if it did not"
+    )]
+    CommitOutcomeUnknown {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// Diesel's error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
+    /// A statement in the body ended the job's transaction early (on MySQL and MariaDB, DDL such as
+    /// `TRUNCATE` or `CREATE TABLE`, `LOCK TABLES`, `START TRANSACTION`, ... commit implicitly).
+    #[error(
+        "job `{job}` (key `{key}`): a statement in its body committed the job's transaction early (on MySQL/MariaDB: DDL such as TRUNCATE, CREATE or ALTER, LOCK TABLES, START TRANSACTION or SET autocommit = 1 commit implicitly). The work before that statement is committed; what came after ran outside any transaction; the claim was taken back, so a retry runs the job again. Keep such statements out of job bodies"
+    )]
+    TransactionEndedInBody {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+    },
+
+    /// The handler's result is too large for the database to take in one statement; nothing was
+    /// committed, and the same result will not fit next time either.
+    #[error(
+        "job `{job}` (key `{key}`): its result is {bytes} bytes of JSON, more than the {limit} bytes the database accepts in one statement (MySQL's max_allowed_packet); the job was rolled back. Return less (an id to look the rest up by), or raise max_allowed_packet"
+    )]
+    ResultTooLarge {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// The result's size as JSON.
+        bytes: usize,
+        /// What the database accepts.
+        limit: u64,
     },
 
     /// The handler's `Ok` value could not be stored as JSON that reads back as its type.
@@ -113,7 +163,7 @@ pub enum Error {
 
     /// Claiming kept failing, for the whole retry window, with errors that are normally retried.
     #[error(
-        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts in 30 s ({causes}); the last error: {source}. Nothing ran and nothing was committed; retrying later is safe"
+        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts in {waited:.1?} ({causes}); the last error: {source}. Nothing ran and nothing was committed; retrying later is safe"
     )]
     ClaimRetriesExhausted {
         /// The job's name.
@@ -122,6 +172,8 @@ pub enum Error {
         key: String,
         /// How many times the claim was tried.
         attempts: u32,
+        /// How long it was tried for.
+        waited: std::time::Duration,
         /// What the failures were: another worker holding the key or the database's write lock
         /// for longer than the window, deadlocks, serialization failures, with their counts.
         causes: String,
@@ -242,6 +294,30 @@ impl fmt::Display for Step {
             Step::Commit => "committing",
             Step::Rollback => "rolling back",
         })
+    }
+}
+
+impl Error {
+    /// Whether running the job again can succeed: the failure passes (a busy database, a deadlock,
+    /// a serialization failure, a lost connection, an outcome that is unknown). `false` for what a
+    /// retry would meet again: a fingerprint mismatch, a key claimed by another job, a stored
+    /// result that no longer decodes, a result that cannot be stored, a misused API.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Database { retryable, .. } => *retryable,
+            Error::CommitOutcomeUnknown { .. } | Error::ClaimRetriesExhausted { .. } => true,
+            Error::Prune(source) | Error::Outbox(source) => {
+                matches!(
+                    source,
+                    diesel::result::Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::SerializationFailure
+                            | diesel::result::DatabaseErrorKind::ClosedConnection,
+                        _
+                    )
+                )
+            }
+            _ => false,
+        }
     }
 }
 

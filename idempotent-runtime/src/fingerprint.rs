@@ -18,6 +18,9 @@
 //! * the value's type does: `1_i64` is `1` and `1.0_f64` is `1.0`, so changing an input's type from
 //!   integer to float changes the fingerprint. Strings are compared as written (no Unicode
 //!   normalization).
+//! * a float that is NaN or infinite, anywhere inside an input, is refused: JSON has no such
+//!   number, and serde_json would write it as `null`, so NaN, both infinities and `None` would give
+//!   one fingerprint.
 //!
 //! Only the digest is stored, never the inputs, so fingerprints may cover personal data.
 
@@ -82,11 +85,15 @@ pub struct FingerprintError {
 }
 
 impl FingerprintBuilder {
-    /// Adds an input under `name`. An input that cannot be serialized makes [`finish`](Self::finish)
-    /// fail.
+    /// Adds an input under `name`. An input that cannot be serialized, or holds a NaN or infinite
+    /// float, makes [`finish`](Self::finish) fail.
     pub fn input<T: Serialize + ?Sized>(mut self, name: &str, value: &T) -> Self {
         if self.error.is_none() {
-            match serde_json::to_value(value) {
+            match value
+                .serialize(FiniteFloats)
+                .map_err(<serde_json::Error as serde::ser::Error>::custom)
+                .and_then(|()| serde_json::to_value(value))
+            {
                 Ok(value) => {
                     self.inputs.insert(name.to_owned(), value);
                 }
@@ -113,6 +120,176 @@ impl FingerprintBuilder {
         );
         Ok(Fingerprint(Sha256::digest(canonical.as_bytes()).into()))
     }
+}
+
+/// A serializer that writes nothing and fails on a NaN or infinite float anywhere in the value.
+struct FiniteFloats;
+
+/// Why [`FiniteFloats`] refused a value.
+#[derive(Debug)]
+struct NotFinite(String);
+
+impl fmt::Display for NotFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotFinite {}
+
+impl serde::ser::Error for NotFinite {
+    fn custom<T: fmt::Display>(message: T) -> Self {
+        NotFinite(message.to_string())
+    }
+}
+
+fn check_float(value: f64) -> Result<(), NotFinite> {
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(NotFinite(format!(
+            "it holds the float {value}, which JSON cannot represent (it would be stored as null, the same as None and every other non-finite float)"
+        )))
+    }
+}
+
+macro_rules! accept {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<(), NotFinite> { Ok(()) })*
+    };
+}
+
+impl serde::Serializer for FiniteFloats {
+    type Ok = ();
+    type Error = NotFinite;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = Self;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    accept! {
+        serialize_bool(bool);
+        serialize_i8(i8);
+        serialize_i16(i16);
+        serialize_i32(i32);
+        serialize_i64(i64);
+        serialize_i128(i128);
+        serialize_u8(u8);
+        serialize_u16(u16);
+        serialize_u32(u32);
+        serialize_u64(u64);
+        serialize_u128(u128);
+        serialize_char(char);
+        serialize_str(&str);
+        serialize_bytes(&[u8]);
+        serialize_none();
+        serialize_unit();
+        serialize_unit_struct(&'static str);
+        serialize_unit_variant(&'static str, u32, &'static str);
+    }
+
+    fn serialize_f32(self, value: f32) -> Result<(), NotFinite> {
+        check_float(f64::from(value))
+    }
+
+    fn serialize_f64(self, value: f64) -> Result<(), NotFinite> {
+        check_float(value)
+    }
+
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), NotFinite> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), NotFinite> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), NotFinite> {
+        value.serialize(self)
+    }
+
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+
+    fn serialize_tuple(self, _: usize) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self, NotFinite> {
+        Ok(self)
+    }
+}
+
+macro_rules! compound {
+    ($($trait:ident { $($method:ident($($name:ident: $arg:ty),*);)* })*) => {
+        $(
+            impl serde::ser::$trait for FiniteFloats {
+                type Ok = ();
+                type Error = NotFinite;
+                $(
+                    fn $method<T: Serialize + ?Sized>(&mut self, $($name: $arg,)* value: &T) -> Result<(), NotFinite> {
+                        $(let _ = $name;)*
+                        value.serialize(FiniteFloats)
+                    }
+                )*
+                fn end(self) -> Result<(), NotFinite> {
+                    Ok(())
+                }
+            }
+        )*
+    };
+}
+
+compound! {
+    SerializeSeq { serialize_element(); }
+    SerializeTuple { serialize_element(); }
+    SerializeTupleStruct { serialize_field(); }
+    SerializeTupleVariant { serialize_field(); }
+    SerializeMap { serialize_key(); serialize_value(); }
+    SerializeStruct { serialize_field(key: &'static str); }
+    SerializeStructVariant { serialize_field(key: &'static str); }
 }
 
 /// Writes `value` as compact JSON with object keys sorted at every depth.
@@ -180,6 +357,35 @@ mod tests {
             of(&1.0_f64),
             "the type of a number is part of the input"
         );
+    }
+
+    #[test]
+    fn non_finite_floats_are_refused_anywhere_in_an_input() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let error = Fingerprint::builder()
+                .input("amount", &bad)
+                .finish()
+                .unwrap_err();
+            assert_eq!(error.input, "amount");
+            assert!(
+                error.to_string().contains("JSON cannot represent"),
+                "{error}"
+            );
+            let nested = vec![(1, Some(vec![2.5, bad]))];
+            assert!(
+                Fingerprint::builder()
+                    .input("lines", &nested)
+                    .finish()
+                    .is_err()
+            );
+        }
+        assert!(
+            Fingerprint::builder()
+                .input("amount", &f32::NAN)
+                .finish()
+                .is_err()
+        );
+        assert_ne!(of(&Some(1.5)), of(&None::<f64>));
     }
 
     #[test]

@@ -152,6 +152,34 @@ where
     })
     .await;
 
+    if let Ok(Produced::Ran(..) | Produced::Failed(_)) = &produced {
+        // A statement of the body may have committed the transaction behind our back (MySQL's
+        // implicit commits): then nothing below would be atomic with the work.
+        match S::Db::transaction_ended_early(transaction.store(), nesting).await {
+            Ok(false) => {}
+            Ok(true) => {
+                transaction.rollback().await;
+                // The claim was committed with the early commit; take it back, so that the key
+                // is not "done" for a run that did not finish in one transaction.
+                if let Err(error) = S::Db::forget(transaction.store(), &call.digest).await {
+                    tracing::error!(%error, "taking back the claim of a job whose transaction ended early failed");
+                }
+                return Err(call
+                    .failed(Error::TransactionEndedInBody {
+                        job: call.job.name(),
+                        key: call.key_text.clone(),
+                    })
+                    .into());
+            }
+            Err(error) => {
+                transaction.rollback().await;
+                return Err(call
+                    .failed(call.database::<S::Db>(Step::Record, error))
+                    .into());
+            }
+        }
+    }
+
     match produced {
         Err(panic) => {
             transaction.rollback().await;
@@ -171,32 +199,47 @@ where
             transaction
                 .commit()
                 .await
-                .map_err(|e| call.failed(call.database(Step::Commit, e)))?;
+                .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
             call.finished(Ending::Replayed);
             Ok(Outcome::Replayed(value))
         }
         Ok(Produced::Ran(value, Ok(json))) => {
-            if json.is_some() || call.keep_micros.is_some() {
-                let recorded = S::Db::record(
-                    transaction.store(),
-                    &call.digest,
-                    json.as_deref(),
-                    call.keep_micros,
-                )
-                .await;
-                if let Err(error) = recorded {
-                    transaction.rollback().await;
-                    return Err(call.failed(call.database(Step::Record, error)).into());
-                }
+            if let Err(error) = record(transaction.store(), call, json.as_deref()).await {
+                transaction.rollback().await;
+                return Err(call.failed(error).into());
             }
             transaction
                 .commit()
                 .await
-                .map_err(|e| call.failed(call.database(Step::Commit, e)))?;
+                .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
             call.finished(Ending::Ran);
             Ok(Outcome::Ran(value))
         }
     }
+}
+
+/// Stores the result and starts `keep`, when there is either; refuses a result larger than the
+/// database takes in one statement before sending it.
+async fn record<S: Store>(store: &mut S, call: &Call, json: Option<&str>) -> Result<(), Error> {
+    if json.is_none() && call.keep_micros.is_none() {
+        return Ok(());
+    }
+    if let Some(json) = json {
+        let limit = S::Db::result_too_large(store, json.len())
+            .await
+            .map_err(|e| call.database::<S::Db>(Step::Record, e))?;
+        if let Some(limit) = limit {
+            return Err(Error::ResultTooLarge {
+                job: call.job.name(),
+                key: call.key_text.clone(),
+                bytes: json.len(),
+                limit,
+            });
+        }
+    }
+    S::Db::record(store, &call.digest, json, call.keep_micros)
+        .await
+        .map_err(|e| call.database::<S::Db>(Step::Record, e))
 }
 
 /// Polls `future` with the call's key current, on whichever thread polls it.
@@ -228,7 +271,7 @@ async fn begin_and_claim<S: Store>(
     call: &Call,
 ) -> Result<(Nesting, Option<DoneRow>), Error> {
     let claim = call.claim();
-    let mut retry = Retry::new();
+    let mut retry = Retry::within(call.retry_window);
     loop {
         let (step, error) = match Transaction::begin(&mut *store, itself::<S>).await {
             Err(error) => (Step::Begin, error),
@@ -243,7 +286,7 @@ async fn begin_and_claim<S: Store>(
                         if nesting == Nesting::Savepoint {
                             // A deadlock or a busy database aborts the caller's whole transaction
                             // on some databases; only the caller can retry that.
-                            return Err(call.database(Step::Claim, error));
+                            return Err(call.database::<S::Db>(Step::Claim, error));
                         }
                         (Step::Claim, error)
                     }
@@ -260,11 +303,12 @@ async fn begin_and_claim<S: Store>(
                     job: call.job.name(),
                     key: call.key_text.clone(),
                     attempts: retry.attempts,
+                    waited: retry.elapsed(),
                     causes: retry.explain(),
                     source: error,
                 });
             }
-            None => return Err(call.database(step, error)),
+            None => return Err(call.database::<S::Db>(step, error)),
         }
     }
 }

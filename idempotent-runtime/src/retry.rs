@@ -17,6 +17,7 @@ pub(crate) const WINDOW: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) struct Retry {
     started: Instant,
+    window: Duration,
     pub(crate) attempts: u32,
     pub(crate) busy: u32,
     pub(crate) deadlocks: u32,
@@ -26,8 +27,14 @@ pub(crate) struct Retry {
 
 impl Retry {
     pub(crate) fn new() -> Self {
+        Self::within(WINDOW)
+    }
+
+    /// Retries for up to `window`.
+    pub(crate) fn within(window: Duration) -> Self {
         Self {
             started: Instant::now(),
+            window,
             attempts: 0,
             busy: 0,
             deadlocks: 0,
@@ -48,7 +55,7 @@ impl Retry {
             Fault::Serialization => self.serialization += 1,
             Fault::Other => return None,
         }
-        (self.started.elapsed() < WINDOW).then_some(fault)
+        (self.started.elapsed() < self.window).then_some(fault)
     }
 
     /// Whether the window ran out (as opposed to an error that is not transient).
@@ -59,6 +66,11 @@ impl Retry {
     /// Waits before the next attempt, without holding anything.
     pub(crate) async fn pause<S: Store>(&self) {
         S::pause(backoff(self.attempts)).await;
+    }
+
+    /// How long it was retried for.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// What the failures were, for an error message.

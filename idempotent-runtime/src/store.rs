@@ -148,6 +148,45 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     fn classify(error: &DieselError) -> Fault;
 
+    /// Whether `error` says the connection itself failed (closed, reset, gone away): whatever was in
+    /// flight may or may not have reached the server.
+    #[doc(hidden)]
+    fn connection_lost(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// Whether a statement of the body ended the job's transaction behind the runtime's back (MySQL
+    /// commits implicitly before DDL, `LOCK TABLES`, ...). Checked after the body, before anything
+    /// is recorded or committed.
+    #[doc(hidden)]
+    fn transaction_ended_early<C: Store<Db = Self>>(
+        conn: &mut C,
+        nesting: Nesting,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = (conn, nesting);
+        async { Ok(false) }
+    }
+
+    /// The most the database takes in one statement, if a result of `bytes` could exceed it; `None`
+    /// when it fits.
+    #[doc(hidden)]
+    fn result_too_large<C: Store<Db = Self>>(
+        conn: &mut C,
+        bytes: usize,
+    ) -> impl Future<Output = QueryResult<Option<u64>>> + Send {
+        let _ = (conn, bytes);
+        async { Ok(None) }
+    }
+
+    /// Deletes the claim of the key with `digest`, in a statement of its own; returns whether
+    /// there was one.
+    #[doc(hidden)]
+    fn forget<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
     // ---- jobs ----
 
     /// One attempt at claiming: insert the key, or read the row that holds it.

@@ -55,7 +55,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
 
     /// Commits. Diesel rolls back a top-level transaction whose commit failed, so either way the
     /// transaction is over when this returns.
-    pub(crate) async fn commit(mut self) -> diesel::QueryResult<()> {
+    pub(crate) async fn commit(&mut self) -> diesel::QueryResult<()> {
         let committed = self.store().commit().await;
         self.open = false;
         committed
@@ -64,7 +64,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// Rolls back, logging a failure rather than returning it: the caller is already returning the
     /// error that made the rollback necessary, and Diesel marks the connection broken if it could
     /// not roll back, so no later job commits into what is left.
-    pub(crate) async fn rollback(mut self) {
+    pub(crate) async fn rollback(&mut self) {
         if let Err(error) = self.store().rollback().await {
             tracing::error!(%error, "rolling back failed; the connection is marked broken");
         }

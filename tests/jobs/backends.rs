@@ -3,6 +3,8 @@
 //! A sync backend calls the sync handlers on a Diesel connection; an async backend calls the
 //! `async fn` handlers on a diesel-async connection, driven by a runtime of its own.
 
+use std::time::Duration;
+
 use idempotent_jobs::testing::Snapshot;
 use idempotent_jobs::{Job, JobKey, Outcome};
 
@@ -11,6 +13,17 @@ use crate::harness::Server;
 
 /// The job of the plain-function-API tests.
 pub static PLAIN: Job = Job::new("plain", "plain:<n>");
+
+/// `held_job` through the plain function API: the same job, so the same definition.
+pub static HELD: Job = Job::new("held_job", "held:<id>").keep_for(Duration::from_secs(1));
+
+fn held_key(id: &str) -> JobKey {
+    JobKey::builder()
+        .text("held:")
+        .value(id)
+        .build()
+        .expect("one value")
+}
 
 /// What a behaviour test can do through one connection type.
 pub trait Backend: Sized + 'static {
@@ -78,6 +91,26 @@ pub trait Backend: Sized + 'static {
     ) -> Result<Receipt, TestError>;
     fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError>;
     fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError>;
+    /// `held_job`: signals `id` once it holds the claim, then works `hold_ms`.
+    fn held(conn: &mut Self::Conn, id: &str, hold_ms: u64) -> Result<(), TestError>;
+    /// `held_job`'s key through the plain API, retrying its claim for at most `window`.
+    fn held_retrying(conn: &mut Self::Conn, id: &str, window: Duration) -> Result<(), TestError>;
+    fn hourly(conn: &mut Self::Conn, id: &str) -> Result<(), TestError>;
+    fn ddl_in_body(conn: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError>;
+    fn big_result(conn: &mut Self::Conn, id: &str, bytes: usize) -> Result<usize, TestError>;
+    fn write_skew(
+        conn: &mut Self::Conn,
+        barrier: &str,
+        side: &str,
+        other: &str,
+    ) -> Result<i64, TestError>;
+    /// Job [`PLAIN`] with `key`, whose body calls the same job with the same key on `other`.
+    fn plain_nested_elsewhere(
+        conn: &mut Self::Conn,
+        other: &mut Self::Conn,
+        key: &JobKey,
+    ) -> Result<Outcome<u32>, TestError>;
+    fn count_topic(conn: &mut Self::Conn, topic: &str) -> i64;
     /// A job whose result's `Serialize` panics.
     fn explode_on_store(conn: &mut Self::Conn, id: &str) -> Result<(), TestError>;
     /// A job whose stored result's `Deserialize` panics when [`handlers::REPLAYS_EXPLODE`] is set.
@@ -254,6 +287,64 @@ macro_rules! sync_backend {
 
             fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError> {
                 handlers::hostile(conn, value)
+            }
+
+            fn held(conn: &mut Self::Conn, id: &str, hold_ms: u64) -> Result<(), TestError> {
+                handlers::held_job(conn, id, hold_ms)
+            }
+
+            fn held_retrying(
+                conn: &mut Self::Conn,
+                id: &str,
+                window: Duration,
+            ) -> Result<(), TestError> {
+                idempotent_jobs::JobCall::new(&HELD, &held_key(id))
+                    .retry_for(window)
+                    .run(conn, |conn| {
+                        handlers::TestConn::insert_message(conn, "held", id)?;
+                        Ok::<_, TestError>(())
+                    })
+                    .map(Outcome::into_inner)
+            }
+
+            fn hourly(conn: &mut Self::Conn, id: &str) -> Result<(), TestError> {
+                handlers::hourly(conn, id)
+            }
+
+            fn ddl_in_body(conn: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError> {
+                handlers::ddl_in_body(conn, id, fail)
+            }
+
+            fn big_result(
+                conn: &mut Self::Conn,
+                id: &str,
+                bytes: usize,
+            ) -> Result<usize, TestError> {
+                handlers::big_result(conn, id, bytes).map(|r| r.len())
+            }
+
+            fn write_skew(
+                conn: &mut Self::Conn,
+                barrier: &str,
+                side: &str,
+                other: &str,
+            ) -> Result<i64, TestError> {
+                handlers::write_skew(conn, barrier, side, other)
+            }
+
+            fn plain_nested_elsewhere(
+                conn: &mut Self::Conn,
+                other: &mut Self::Conn,
+                key: &JobKey,
+            ) -> Result<Outcome<u32>, TestError> {
+                idempotent_jobs::run(conn, &PLAIN, key, |_| {
+                    idempotent_jobs::run(other, &PLAIN, key, |_| Ok::<_, TestError>(1))
+                        .map(Outcome::into_inner)
+                })
+            }
+
+            fn count_topic(conn: &mut Self::Conn, topic: &str) -> i64 {
+                handlers::TestConn::count_topic(conn, topic).expect("counting a topic")
             }
 
             fn explode_on_store(conn: &mut Self::Conn, id: &str) -> Result<(), TestError> {
@@ -499,6 +590,83 @@ macro_rules! async_backend {
             fn hostile(c: &mut Self::Conn, value: &str) -> Result<usize, TestError> {
                 c.runtime
                     .block_on(handlers::hostile_async(&mut c.conn, value))
+            }
+
+            fn held(c: &mut Self::Conn, id: &str, hold_ms: u64) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::held_job_async(&mut c.conn, id, hold_ms))
+            }
+
+            fn held_retrying(
+                c: &mut Self::Conn,
+                id: &str,
+                window: Duration,
+            ) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(
+                        idempotent_jobs::JobCall::new(&HELD, &held_key(id))
+                            .retry_for(window)
+                            .run_async(&mut c.conn, async |conn| {
+                                handlers::AsyncTestConn::insert_message(conn, "held", id).await?;
+                                Ok::<_, TestError>(())
+                            }),
+                    )
+                    .map(Outcome::into_inner)
+            }
+
+            fn hourly(c: &mut Self::Conn, id: &str) -> Result<(), TestError> {
+                c.runtime.block_on(handlers::hourly_async(&mut c.conn, id))
+            }
+
+            fn ddl_in_body(c: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(handlers::ddl_in_body_async(&mut c.conn, id, fail))
+            }
+
+            fn big_result(c: &mut Self::Conn, id: &str, bytes: usize) -> Result<usize, TestError> {
+                c.runtime
+                    .block_on(handlers::big_result_async(&mut c.conn, id, bytes))
+                    .map(|r| r.len())
+            }
+
+            fn write_skew(
+                c: &mut Self::Conn,
+                barrier: &str,
+                side: &str,
+                other: &str,
+            ) -> Result<i64, TestError> {
+                c.runtime.block_on(handlers::write_skew_async(
+                    &mut c.conn,
+                    barrier,
+                    side,
+                    other,
+                ))
+            }
+
+            fn plain_nested_elsewhere(
+                c: &mut Self::Conn,
+                other: &mut Self::Conn,
+                key: &JobKey,
+            ) -> Result<Outcome<u32>, TestError> {
+                let other = &mut other.conn;
+                c.runtime.block_on(idempotent_jobs::run_async(
+                    &mut c.conn,
+                    &PLAIN,
+                    key,
+                    async |_| {
+                        idempotent_jobs::run_async(other, &PLAIN, key, async |_| {
+                            Ok::<_, TestError>(1)
+                        })
+                        .await
+                        .map(Outcome::into_inner)
+                    },
+                ))
+            }
+
+            fn count_topic(c: &mut Self::Conn, topic: &str) -> i64 {
+                c.runtime
+                    .block_on(handlers::AsyncTestConn::count_topic(&mut c.conn, topic))
+                    .expect("counting a topic")
             }
 
             fn explode_on_store(c: &mut Self::Conn, id: &str) -> Result<(), TestError> {

@@ -412,3 +412,36 @@ impl<C: diesel::connection::SimpleConnection> ExecuteOk for C {
             .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
     }
 }
+
+/// Durations too long for any timestamp arithmetic are clear errors, not panics or overflows.
+pub fn overlong_durations_are_errors<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    send_receipt(&mut conn, "order-1").unwrap();
+    let leased = Relay::new()
+        .lease(Duration::MAX)
+        .run_once(&mut conn, |_| Ok::<_, String>(()));
+    assert!(
+        matches!(leased, Err(idempotent_jobs::Error::InvalidDuration { .. })),
+        "{leased:?}"
+    );
+    let pruned =
+        outbox::prune_delivered(&mut conn, Duration::MAX, &idempotent_jobs::Prune::default());
+    assert!(
+        matches!(pruned, Err(idempotent_jobs::Error::InvalidDuration { .. })),
+        "{pruned:?}"
+    );
+    assert_eq!(
+        outbox_rows(&mut conn).len(),
+        1,
+        "the message is still there, unleased"
+    );
+    let delivered = Relay::new()
+        .drain(&mut conn, |_| Ok::<_, String>(()))
+        .unwrap();
+    assert_eq!(delivered.delivered, 1, "and goes out with a sane lease");
+}

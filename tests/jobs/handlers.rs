@@ -107,6 +107,12 @@ macro_rules! test_queries {
             .count()
             .get_result::<i64>($conn)$($aw)*
     };
+    (count_topic, $conn:expr, $topic:expr, [$($aw:tt)*]) => {
+        test_outbox::table
+            .filter(test_outbox::topic.eq($topic))
+            .count()
+            .get_result::<i64>($conn)$($aw)*
+    };
     (count_messages, $conn:expr, [$($aw:tt)*]) => {
         test_outbox::table.count().get_result::<i64>($conn)$($aw)*
     };
@@ -140,6 +146,8 @@ pub trait TestConn: idempotent_jobs::JobStore + Send {
     fn done_rows(&mut self) -> QueryResult<Vec<(String, String, Option<String>)>>;
     /// `(message_id, job_key)` of every outbox message, in order.
     fn outbox_rows(&mut self) -> QueryResult<Vec<(String, Option<String>)>>;
+    fn count_topic(&mut self, topic: &str) -> QueryResult<i64>;
+    fn execute_sql(&mut self, sql: &str) -> QueryResult<()>;
 }
 
 macro_rules! impl_test_conn {
@@ -176,6 +184,14 @@ macro_rules! impl_test_conn {
 
             fn outbox_rows(&mut self) -> QueryResult<Vec<(String, Option<String>)>> {
                 test_queries!(outbox_rows, self, [])
+            }
+
+            fn count_topic(&mut self, topic: &str) -> QueryResult<i64> {
+                test_queries!(count_topic, self, topic, [])
+            }
+
+            fn execute_sql(&mut self, sql: &str) -> QueryResult<()> {
+                diesel::connection::SimpleConnection::batch_execute(self, sql)
             }
         }
     };
@@ -326,6 +342,57 @@ pub fn explode_on_replay<C: TestConn>(
     Ok(ExplodesWhenReplayed(7))
 }
 
+/// A job whose key holds for a second after its commit; its body tells the test (signal `id`)
+/// that it holds the claim, then works for `hold_ms`.
+#[idempotent_job(key = "held:<id>", keep = "1s", name = "held_job")]
+pub fn held_job<C: TestConn>(conn: &mut C, id: &str, hold_ms: u64) -> Result<(), TestError> {
+    conn.insert_message("held", id)?;
+    crate::signals::notify(id);
+    std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+    Ok(())
+}
+
+/// A job whose key holds for an hour after its commit.
+#[idempotent_job(key = "hourly:<id>", keep = "1h", name = "hourly")]
+pub fn hourly<C: TestConn>(conn: &mut C, id: &str) -> Result<(), TestError> {
+    conn.insert_message("hourly", id)?;
+    Ok(())
+}
+
+/// A body that runs DDL between two writes, which MySQL commits implicitly.
+#[idempotent_job(key = "ddl:<id>", name = "ddl_in_body")]
+pub fn ddl_in_body<C: TestConn>(conn: &mut C, id: &str, fail: bool) -> Result<(), TestError> {
+    conn.insert_message("before-ddl", id)?;
+    conn.execute_sql("CREATE TABLE IF NOT EXISTS ddl_probe (id INTEGER)")?;
+    conn.insert_message("after-ddl", id)?;
+    if fail {
+        Err(TestError::Declined)
+    } else {
+        Ok(())
+    }
+}
+
+/// A job whose result is `bytes` long.
+#[idempotent_job(key = "big:<id>", name = "big_result")]
+pub fn big_result<C: TestConn>(conn: &mut C, id: &str, bytes: usize) -> Result<String, TestError> {
+    conn.insert_message("big", id)?;
+    Ok("x".repeat(bytes))
+}
+
+/// Write skew: reads the other side's rows, meets the other side's body, then writes its own.
+#[idempotent_job(key = "skew:<barrier>:<side>", name = "write_skew")]
+pub fn write_skew<C: TestConn>(
+    conn: &mut C,
+    barrier: &str,
+    side: &str,
+    other: &str,
+) -> Result<i64, TestError> {
+    let seen = conn.count_topic(other)?;
+    crate::signals::meet(barrier);
+    conn.insert_message(side, barrier)?;
+    Ok(seen)
+}
+
 /// Not idempotent: it writes an audit row outside the job's claim, so a rerun writes it again.
 pub fn sloppy_audit_then_charge<C: TestConn>(
     conn: &mut C,
@@ -369,6 +436,8 @@ mod asynchronous {
         fn outbox_rows(
             &mut self,
         ) -> impl Future<Output = QueryResult<Vec<(String, Option<String>)>>> + Send;
+        fn count_topic(&mut self, topic: &str) -> impl Future<Output = QueryResult<i64>> + Send;
+        fn execute_sql(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send;
     }
 
     macro_rules! impl_async_test_conn {
@@ -400,6 +469,14 @@ mod asynchronous {
 
                 async fn outbox_rows(&mut self) -> QueryResult<Vec<(String, Option<String>)>> {
                     test_queries!(outbox_rows, self, [.await])
+                }
+
+                async fn count_topic(&mut self, topic: &str) -> QueryResult<i64> {
+                    test_queries!(count_topic, self, topic, [.await])
+                }
+
+                async fn execute_sql(&mut self, sql: &str) -> QueryResult<()> {
+                    diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
                 }
             }
         };
@@ -533,6 +610,64 @@ mod asynchronous {
     ) -> Result<ExplodesWhenReplayed, TestError> {
         conn.insert_message("explode-on-replay", id).await?;
         Ok(ExplodesWhenReplayed(7))
+    }
+
+    #[idempotent_job(key = "held:<id>", keep = "1s", name = "held_job")]
+    pub async fn held_job_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        hold_ms: u64,
+    ) -> Result<(), TestError> {
+        conn.insert_message("held", id).await?;
+        crate::signals::notify(id);
+        std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+        Ok(())
+    }
+
+    #[idempotent_job(key = "hourly:<id>", keep = "1h", name = "hourly")]
+    pub async fn hourly_async<C: AsyncTestConn>(conn: &mut C, id: &str) -> Result<(), TestError> {
+        conn.insert_message("hourly", id).await?;
+        Ok(())
+    }
+
+    #[idempotent_job(key = "ddl:<id>", name = "ddl_in_body")]
+    pub async fn ddl_in_body_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        fail: bool,
+    ) -> Result<(), TestError> {
+        conn.insert_message("before-ddl", id).await?;
+        conn.execute_sql("CREATE TABLE IF NOT EXISTS ddl_probe (id INTEGER)")
+            .await?;
+        conn.insert_message("after-ddl", id).await?;
+        if fail {
+            Err(TestError::Declined)
+        } else {
+            Ok(())
+        }
+    }
+
+    #[idempotent_job(key = "big:<id>", name = "big_result")]
+    pub async fn big_result_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        bytes: usize,
+    ) -> Result<String, TestError> {
+        conn.insert_message("big", id).await?;
+        Ok("x".repeat(bytes))
+    }
+
+    #[idempotent_job(key = "skew:<barrier>:<side>", name = "write_skew")]
+    pub async fn write_skew_async<C: AsyncTestConn>(
+        conn: &mut C,
+        barrier: &str,
+        side: &str,
+        other: &str,
+    ) -> Result<i64, TestError> {
+        let seen = conn.count_topic(other).await?;
+        crate::signals::meet(barrier);
+        conn.insert_message(side, barrier).await?;
+        Ok(seen)
     }
 
     pub async fn sloppy_audit_then_charge_async<C: AsyncTestConn>(

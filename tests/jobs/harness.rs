@@ -82,9 +82,6 @@ impl<B: Backend> Db<B> {
     pub fn fresh() -> Self {
         let db = Self::empty();
         let mut conn = db.connect();
-        if B::SERVER == Server::Sqlite {
-            B::execute(&mut conn, "PRAGMA journal_mode = WAL");
-        }
         B::prepare(&mut conn);
         db
     }
@@ -211,10 +208,10 @@ pub fn spawn_child_until(
     // its deadline.
     let (lines, received) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // Drains to the end even once the test stopped listening: a child whose stdout closed
+        // under it would fail writing its own test summary.
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                return;
-            }
+            let _ = lines.send(line);
         }
     });
     let deadline = Instant::now() + CHILD_DEADLINE;
@@ -254,4 +251,21 @@ pub fn kill(mut child: std::process::Child) {
         !status.success(),
         "the child was killed, not finished: {status}"
     );
+}
+
+/// Waits for a child that has done its part to exit, and checks that it succeeded.
+pub fn finish(mut child: std::process::Child) {
+    drop(child.stdin.take());
+    let deadline = std::time::Instant::now() + CHILD_DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            assert!(status.success(), "the child process failed: {status}");
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the child process did not exit within {CHILD_DEADLINE:?} after its work");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -15,6 +15,9 @@ mod effects;
 mod figures;
 mod handlers;
 mod harness;
+mod holes;
+#[cfg(feature = "sqlite")]
+mod identity;
 #[cfg(feature = "postgres")]
 mod isolation;
 mod key_spaces;
@@ -22,17 +25,29 @@ mod key_spaces;
 mod keys;
 #[cfg(feature = "sqlite")]
 mod pools;
+mod proxy;
 mod receiver;
 mod schema;
 mod second_run;
 #[cfg(feature = "postgres")]
 mod security;
+mod signals;
 
 /// One module of tests per connection type, each test one line.
 macro_rules! backend_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
-            use crate::{behaviour, schema, second_run};
+            use crate::{behaviour, holes, schema, second_run};
+
+            #[test]
+            fn keep_counts_from_the_commit() {
+                holes::keep_counts_from_the_commit::<$backend>();
+            }
+
+            #[test]
+            fn own_key_on_another_connection_is_refused() {
+                holes::own_key_on_another_connection_is_refused::<$backend>();
+            }
 
             #[test]
             fn concurrent_first_migrations_all_succeed() {
@@ -256,6 +271,11 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn overlong_durations_are_errors() {
+                effects::overlong_durations_are_errors::<$backend, _>();
+            }
+
+            #[test]
             fn failing_deliveries_back_off_then_park() {
                 effects::failing_deliveries_back_off_then_park::<$backend, _>();
             }
@@ -269,6 +289,101 @@ effects_tests!(sqlite_outbox, crate::backends::Sqlite);
 effects_tests!(postgres_outbox, crate::backends::Postgres);
 #[cfg(feature = "mysql")]
 effects_tests!(mysql_outbox, crate::backends::Mysql);
+
+/// What concerns one database (or two), instantiated for its sync and async connections.
+#[allow(unused_macros)] // each is used when one of its backends' features is on
+macro_rules! server_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn lost_commit_replies_leave_an_unknown_outcome() {
+                crate::holes::lost_commit_replies_leave_an_unknown_outcome::<$backend>();
+            }
+
+            #[test]
+            fn skewed_clocks_agree_on_keep() {
+                crate::holes::skewed_clocks_agree_on_keep::<$backend>(concat!(
+                    stringify!($module),
+                    "::skewed_clocks_agree_on_keep"
+                ));
+            }
+        }
+    };
+}
+
+#[allow(unused_macros)]
+macro_rules! mysql_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn implicit_commits_are_detected() {
+                crate::holes::implicit_commits_are_detected::<$backend>();
+            }
+
+            #[test]
+            fn results_too_large_are_refused() {
+                crate::holes::results_too_large_are_refused::<$backend>();
+            }
+
+            #[test]
+            fn exhausted_retries_name_their_cause() {
+                crate::holes::exhausted_retries_name_their_cause::<$backend>(
+                    "SET SESSION innodb_lock_wait_timeout = 1",
+                );
+            }
+        }
+    };
+}
+
+#[allow(unused_macros)]
+macro_rules! postgres_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn serialization_failures_at_commit_are_retryable() {
+                crate::holes::serialization_failures_at_commit_are_retryable::<$backend>();
+            }
+        }
+    };
+}
+
+#[allow(unused_macros)]
+macro_rules! sqlite_tests {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            #[test]
+            fn many_workers_share_one_sqlite_file() {
+                crate::holes::many_workers_share_one_sqlite_file::<$backend>();
+            }
+
+            #[test]
+            fn exhausted_retries_name_their_cause() {
+                crate::holes::exhausted_retries_name_their_cause::<$backend>("");
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+server_tests!(postgres_server, crate::backends::Postgres);
+#[cfg(feature = "async-postgres")]
+server_tests!(async_postgres_server, crate::backends::AsyncPostgres);
+#[cfg(feature = "mysql")]
+server_tests!(mysql_server, crate::backends::Mysql);
+#[cfg(feature = "async-mysql")]
+server_tests!(async_mysql_server, crate::backends::AsyncMysql);
+#[cfg(feature = "mysql")]
+mysql_tests!(mysql_holes, crate::backends::Mysql);
+#[cfg(feature = "async-mysql")]
+mysql_tests!(async_mysql_holes, crate::backends::AsyncMysql);
+#[cfg(feature = "postgres")]
+postgres_tests!(postgres_holes, crate::backends::Postgres);
+#[cfg(feature = "async-postgres")]
+postgres_tests!(async_postgres_holes, crate::backends::AsyncPostgres);
+#[cfg(feature = "sqlite")]
+sqlite_tests!(sqlite_holes, crate::backends::Sqlite);
+#[cfg(feature = "async-sqlite")]
+sqlite_tests!(async_sqlite_holes, crate::backends::AsyncSqlite);
 
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);

@@ -51,6 +51,21 @@ pub(crate) fn message(error: &DieselError) -> Option<&str> {
     }
 }
 
+/// Whether `error` (or, for a commit Diesel tried to roll back, the commit's own error) is one of
+/// a database's ways of saying the connection failed.
+pub(crate) fn connection_lost(error: &DieselError, phrases: &[&str]) -> bool {
+    match error {
+        DieselError::RollbackErrorOnCommit { commit_error, .. } => {
+            connection_lost(commit_error, phrases)
+        }
+        DieselError::DatabaseError(diesel::result::DatabaseErrorKind::ClosedConnection, _) => true,
+        _ => message(error).is_some_and(|m| {
+            let m = m.to_ascii_lowercase();
+            phrases.iter().any(|p| m.contains(&p.to_ascii_lowercase()))
+        }),
+    }
+}
+
 /// A name read from a catalog.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Name {

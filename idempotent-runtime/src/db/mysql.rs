@@ -31,7 +31,7 @@ use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 use crate::migrations::{Step, TableCount, Version};
 use crate::sql::{Statement, bind};
 use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
+    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, Nesting, NewMessage,
     OutboxCounts, Store, Unfinished,
 };
 
@@ -82,6 +82,9 @@ macro_rules! message_columns {
 }
 
 sql! {
+    InTransactionNow = "SELECT @@in_transaction AS open";
+    MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
+    Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) VALUES (?, ?, ?, ?, ",
         now!(),
@@ -194,6 +197,18 @@ const STEPS: &[Step] = &[
 const VERSION_TABLE: &str = include_str!("../../sql/mysql/000_idempotent_schema.sql");
 
 #[derive(diesel::QueryableByName)]
+struct InTransaction {
+    #[diesel(sql_type = BigInt)]
+    open: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct MaxPacket {
+    #[diesel(sql_type = BigInt)]
+    limit: i64,
+}
+
+#[derive(diesel::QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
     id: i64,
@@ -231,6 +246,71 @@ impl Database for MysqlDb {
         }
     }
 
+    fn connection_lost(error: &DieselError) -> bool {
+        super::connection_lost(
+            error,
+            &[
+                "Lost connection",
+                "server has gone away",
+                "Connection reset",
+                "Broken pipe",
+                "Input/output error",
+                "connection closed",
+                "Connection refused",
+            ],
+        )
+    }
+
+    async fn transaction_ended_early<C: Store<Db = Self>>(
+        conn: &mut C,
+        nesting: Nesting,
+    ) -> QueryResult<bool> {
+        // MariaDB says so directly. MySQL has no such variable; there the savepoint `BEGIN` set is
+        // gone once an implicit commit ended the transaction (only for a transaction of our own:
+        // inside a caller's, no savepoint of ours was set).
+        match conn
+            .load::<_, _, InTransaction>(Statement::<InTransactionNow, _>::new(()))
+            .await
+        {
+            Ok(rows) => Ok(rows.first().is_some_and(|r| r.open == 0)),
+            Err(error)
+                if super::message(&error)
+                    .is_some_and(|m| m.contains("Unknown system variable")) =>
+            {
+                if nesting == Nesting::Savepoint {
+                    return Ok(false);
+                }
+                match conn.batch("RELEASE SAVEPOINT idempotent_job").await {
+                    Ok(()) => Ok(false),
+                    Err(error)
+                        if super::message(&error).is_some_and(|m| m.contains("does not exist")) =>
+                    {
+                        Ok(true)
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn result_too_large<C: Store<Db = Self>>(
+        conn: &mut C,
+        bytes: usize,
+    ) -> QueryResult<Option<u64>> {
+        // Every server accepts at least 1 MiB; only a larger result costs the look-up.
+        if bytes < 1 << 20 {
+            return Ok(None);
+        }
+        let rows: Vec<MaxPacket> = conn.load(Statement::<MaxAllowedPacket, _>::new(())).await?;
+        let limit = rows
+            .first()
+            .map_or(0, |r| u64::try_from(r.limit).unwrap_or(0));
+        // The statement around the result, the key and its digest take some room too.
+        let needed = bytes as u64 + 64 * 1024;
+        Ok((needed > limit).then_some(limit))
+    }
+
     async fn claim<C: Store<Db = Self>>(
         conn: &mut C,
         claim: &Claim<'_>,
@@ -257,6 +337,15 @@ impl Database for MysqlDb {
             .into_iter()
             .next()
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+    }
+
+    async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
+        let deleted = conn
+            .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
+                &digest[..],
+            ),)))
+            .await?;
+        Ok(deleted == 1)
     }
 
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
@@ -579,8 +668,12 @@ impl<S: Store> Drop for SessionLock<'_, S> {
     }
 }
 
+/// How a transaction begins: with a savepoint that an implicit commit (DDL in the body) removes,
+/// which is how MySQL, unlike MariaDB, can tell afterwards; see `transaction_ended_early`.
+const BEGIN: &str = "BEGIN; SAVEPOINT idempotent_job";
+
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN");
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: BEGIN);
 
 #[cfg(feature = "async-mysql")]
-async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN");
+async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: BEGIN);

@@ -81,6 +81,7 @@ macro_rules! message_columns {
 }
 
 sql! {
+    Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     ClaimKey = concat!(
         "WITH inserted AS (\
            INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) \
@@ -239,6 +240,23 @@ impl Database for PostgresDb {
         }
     }
 
+    fn connection_lost(error: &DieselError) -> bool {
+        super::connection_lost(
+            error,
+            &[
+                "server closed the connection",
+                "terminating connection",
+                "no connection to the server",
+                "could not receive data",
+                "could not send data",
+                "connection closed",
+                "Connection reset",
+                "Broken pipe",
+                "unexpected EOF",
+            ],
+        )
+    }
+
     async fn claim<C: Store<Db = Self>>(
         conn: &mut C,
         claim: &Claim<'_>,
@@ -268,6 +286,15 @@ impl Database for PostgresDb {
             }),
             _ => ClaimAttempt::Missing,
         })
+    }
+
+    async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
+        let deleted = conn
+            .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
+                &digest[..],
+            ),)))
+            .await?;
+        Ok(deleted == 1)
     }
 
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {

@@ -72,6 +72,7 @@ macro_rules! message_columns {
 }
 
 sql! {
+    Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) VALUES (?, ?, ?, ?, ",
         now!(),
@@ -217,6 +218,15 @@ impl Database for SqliteDb {
             .into_iter()
             .next()
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+    }
+
+    async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
+        let deleted = conn
+            .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
+                &digest[..],
+            ),)))
+            .await?;
+        Ok(deleted == 1)
     }
 
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {

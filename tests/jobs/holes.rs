@@ -1,0 +1,315 @@
+//! The ways production breaks exactly-once, each reproduced: `keep` counted from the commit,
+//! workers whose clocks disagree, statements that commit behind the runtime's back, busy SQLite
+//! commits, lost commit replies, results too large, serialization failures at commit, a job called
+//! with its own key on another connection. Written once, instantiated per backend in `main.rs`.
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use idempotent_jobs::{Error, JobKey};
+
+use crate::backends::Backend;
+use crate::handlers::TestError;
+use crate::harness::{self, Db};
+use crate::signals;
+
+fn runtime_error(result: Result<impl std::fmt::Debug, TestError>) -> Error {
+    match result {
+        Err(TestError::Idempotent(error)) => error,
+        other => panic!("expected an error of the runtime, got {other:?}"),
+    }
+}
+
+/// `keep = "1s"`, a body that works 1.5 s, a duplicate delivered while it works: the duplicate
+/// waits for the commit and replays. The claim must not lapse before it is even committed.
+pub fn keep_counts_from_the_commit<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let id = harness::unique_name("held");
+    let claimed = signals::expect(&id);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            let mut conn = db.connect();
+            B::held(&mut conn, &id, 1_500)
+        });
+        claimed.wait("the first run claiming its key");
+        let mut conn = db.connect();
+        let started = Instant::now();
+        B::held(&mut conn, &id, 0).expect("the duplicate");
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "the duplicate waited for the first run's commit ({:?})",
+            started.elapsed()
+        );
+        first.join().expect("the first run").expect("the first run");
+    });
+    let mut conn = db.connect();
+    assert_eq!(
+        B::count_topic(&mut conn, "held"),
+        1,
+        "the body ran once: the duplicate replayed instead of finding a lapsed claim"
+    );
+}
+
+const FAKETIME_CHILD: &str = "IDEMPOTENT_TEST_FAKETIME_CHILD";
+const RAN: &str = "IDEMPOTENT-TEST: the job call returned";
+
+/// This test binary again, with its clock `offset` off (libfaketime), running `hourly(id)` once.
+fn skewed_worker(test_path: &str, locator: &str, id: &str, offset: &str) {
+    let library = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    assert!(
+        std::path::Path::new(library).exists(),
+        "{library} is missing: install the Debian package libfaketime (scripts/test does)"
+    );
+    let child = harness::spawn_child_until(
+        test_path,
+        &[
+            (FAKETIME_CHILD, &format!("{locator}|{id}")),
+            ("LD_PRELOAD", library),
+            ("FAKETIME", offset),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_DONT_RESET", "1"),
+        ],
+        RAN,
+    );
+    harness::finish(child);
+}
+
+/// A `keep = "1h"` job done by a worker whose clock is 2 h behind, then delivered again to a
+/// worker with the right time, and done by a right worker then delivered to one 2 h ahead: each
+/// redelivery replays, because every time that decides comes from the database's clock.
+pub fn skewed_clocks_agree_on_keep<B: Backend>(test_path: &str) {
+    if let Ok(task) = std::env::var(FAKETIME_CHILD) {
+        let (locator, id) = task.split_once('|').expect("locator|id");
+        let mut conn = Db::<B>::attach(locator).connect();
+        B::hourly(&mut conn, id).expect("the skewed worker's job");
+        println!("{RAN}");
+        return;
+    }
+    let db = Db::<B>::fresh();
+    // A worker 2 h behind runs first; a right one gets the redelivery.
+    skewed_worker(test_path, db.locator(), "behind", "-2h");
+    let mut conn = db.connect();
+    B::hourly(&mut conn, "behind").expect("the redelivery");
+    // A right worker runs first; a worker 2 h ahead gets the redelivery.
+    B::hourly(&mut conn, "ahead").expect("the first run");
+    skewed_worker(test_path, db.locator(), "ahead", "+2h");
+    assert_eq!(
+        B::count_topic(&mut conn, "hourly"),
+        2,
+        "each job ran once, whatever the workers' clocks said"
+    );
+}
+
+/// MySQL commits implicitly before DDL: a body that runs DDL between two writes and then fails
+/// must not leave its claim committed (the rerun would replay a job that never finished).
+pub fn implicit_commits_are_detected<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let error = runtime_error(B::ddl_in_body(&mut conn, "1", true));
+    assert!(
+        matches!(error, Error::TransactionEndedInBody { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("DDL"), "{error}");
+    assert_eq!(B::count_done(&mut conn), 0, "the claim was taken back");
+    // The rerun runs the job: nothing replays a run that did not finish in one transaction.
+    let error = runtime_error(B::ddl_in_body(&mut conn, "1", false));
+    assert!(
+        matches!(error, Error::TransactionEndedInBody { .. }),
+        "{error}"
+    );
+    assert_eq!(
+        B::count_topic(&mut conn, "before-ddl"),
+        2,
+        "both runs ran their body (the work before the DDL was committed each time, as the error says)"
+    );
+    assert_eq!(B::count_done(&mut conn), 0);
+}
+
+/// Many workers on one SQLite file, with SQLite's defaults (rollback journal, no busy timeout of
+/// their own): every call succeeds, none fails at COMMIT with "database is locked".
+pub fn many_workers_share_one_sqlite_file<B: Backend>() {
+    const WORKERS: usize = 8;
+    const JOBS: usize = 60;
+    let db = Db::<B>::fresh();
+    let barrier = Barrier::new(WORKERS);
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|worker| {
+                let (db, barrier) = (&db, &barrier);
+                scope.spawn(move || {
+                    let mut conn = db.connect();
+                    barrier.wait();
+                    let mut failures = Vec::new();
+                    for job in 0..JOBS {
+                        // Half the keys are shared by all workers, half are each worker's own.
+                        let order = if job % 2 == 0 {
+                            format!("shared-{job}")
+                        } else {
+                            format!("own-{worker}-{job}")
+                        };
+                        if let Err(error) =
+                            B::charge(&mut conn, &order, 100, crate::handlers::Mode::Succeed)
+                        {
+                            failures.push(format!("{order}: {error}"));
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a worker"))
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} calls failed: {:?}",
+        failures.len(),
+        WORKERS * JOBS,
+        &failures[..failures.len().min(5)]
+    );
+    let mut conn = db.connect();
+    assert_eq!(
+        B::count_done(&mut conn),
+        (JOBS / 2 + WORKERS * JOBS / 2) as i64
+    );
+}
+
+/// A result larger than MySQL takes in one statement is refused before it is sent, rolled back
+/// whole, with an error that says so (not "server has gone away" on every retry).
+pub fn results_too_large_are_refused<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let error = runtime_error(B::big_result(&mut conn, "1", 20 << 20));
+    match &error {
+        Error::ResultTooLarge { bytes, limit, .. } => {
+            assert!(*bytes > 20 << 20);
+            assert!(*limit < *bytes as u64, "{error}");
+        }
+        other => panic!("expected ResultTooLarge, got {other}"),
+    }
+    assert!(!error.is_retryable());
+    assert_eq!(B::count_done(&mut conn), 0);
+    assert_eq!(B::count_topic(&mut conn, "big"), 0, "nothing committed");
+    assert_eq!(
+        B::big_result(&mut conn, "2", 1000).expect("a small result"),
+        1000
+    );
+}
+
+/// Two jobs at SERIALIZABLE that each read what the other writes: one commit fails with a
+/// serialization failure, and the error says it is worth a retry; the retry succeeds.
+pub fn serialization_failures_at_commit_are_retryable<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let barrier = harness::unique_name("skew");
+    signals::barrier(&barrier, 2);
+    let results: Vec<Result<i64, TestError>> = std::thread::scope(|scope| {
+        let sides = [("left", "right"), ("right", "left")].map(|(side, other)| {
+            let (db, barrier) = (&db, &barrier);
+            scope.spawn(move || {
+                let mut conn = db.connect();
+                B::execute(
+                    &mut conn,
+                    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                );
+                B::write_skew(&mut conn, barrier, side, other)
+            })
+        });
+        sides.map(|s| s.join().expect("a side")).into()
+    });
+    let failed: Vec<&Result<i64, TestError>> = results.iter().filter(|r| r.is_err()).collect();
+    assert_eq!(failed.len(), 1, "one side loses: {results:?}");
+    let Err(TestError::Idempotent(error)) = failed[0] else {
+        panic!("the failure is the runtime's: {results:?}");
+    };
+    assert!(error.is_retryable(), "{error}");
+    assert!(error.to_string().contains("retrying is safe"), "{error}");
+    // The retry, now that the other side committed, runs and commits.
+    let mut conn = db.connect();
+    let side = if results[0].is_err() {
+        ("left", "right")
+    } else {
+        ("right", "left")
+    };
+    signals::barrier(&barrier, 1);
+    B::write_skew(&mut conn, &barrier, side.0, side.1).expect("the retry");
+    assert_eq!(B::count_done(&mut conn), 2);
+}
+
+/// A job called with its own key from inside its body, but on another connection, is refused: on
+/// that connection it would wait for its own claim, or run without one.
+pub fn own_key_on_another_connection_is_refused<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let mut other = db.connect();
+    let key = JobKey::new("plain:nested");
+    let error = runtime_error(B::plain_nested_elsewhere(&mut conn, &mut other, &key));
+    assert!(
+        matches!(error, Error::OwnKeyOnAnotherConnection { .. }),
+        "{error}"
+    );
+    assert_eq!(B::count_done(&mut conn), 0, "the outer run rolled back");
+}
+
+/// A claim held past the retry window says why it gave up: another worker held the key (or the
+/// database's write lock), not "deadlocks".
+pub fn exhausted_retries_name_their_cause<B: Backend>(session_setup: &str) {
+    let db = Db::<B>::fresh();
+    let id = harness::unique_name("held");
+    let claimed = signals::expect(&id);
+    std::thread::scope(|scope| {
+        let holder = scope.spawn(|| {
+            let mut conn = db.connect();
+            B::held(&mut conn, &id, 6_000)
+        });
+        claimed.wait("the holder claiming its key");
+        let mut conn = db.connect();
+        if !session_setup.is_empty() {
+            B::execute(&mut conn, session_setup);
+        }
+        let error = runtime_error(B::held_retrying(&mut conn, &id, Duration::from_secs(2)));
+        match &error {
+            Error::ClaimRetriesExhausted { causes, .. } => assert!(
+                causes.contains("held the key") || causes.contains("write lock"),
+                "{error}"
+            ),
+            other => panic!("expected ClaimRetriesExhausted, got {other}"),
+        }
+        assert!(!error.to_string().contains("deadlock"), "{error}");
+        assert!(error.is_retryable());
+        holder.join().expect("the holder").expect("the holder");
+    });
+}
+
+/// The connection is cut after the server received `COMMIT` and before its reply arrived: the
+/// error says the outcome is unknown and a retry is safe, and the retry replays the committed run.
+pub fn lost_commit_replies_leave_an_unknown_outcome<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = B::connect(&proxy.url(db.locator()));
+    proxy.arm();
+    let error = runtime_error(B::charge(
+        &mut conn,
+        "order-1",
+        4200,
+        crate::handlers::Mode::Succeed,
+    ));
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the commit's connection");
+    assert!(
+        matches!(error, Error::CommitOutcomeUnknown { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("may or may not"), "{error}");
+    assert!(error.is_retryable());
+    let mut direct = db.connect();
+    assert_eq!(
+        B::count_charges(&mut direct, "order-1"),
+        1,
+        "the server did commit"
+    );
+    let outcome = B::charge_outcome(&mut direct, "order-1").expect("the retry");
+    assert!(outcome.is_replayed(), "the retry replays the committed run");
+    assert_eq!(B::count_charges(&mut direct, "order-1"), 1);
+}

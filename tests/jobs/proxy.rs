@@ -1,0 +1,133 @@
+//! A TCP proxy between a worker and its database that can cut the connection right after the
+//! worker's `COMMIT` reached the server: the server commits, the reply never arrives.
+
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// A proxy on loopback; see the module docs.
+pub struct CommitCutter {
+    address: String,
+    upstream: String,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+}
+
+impl CommitCutter {
+    /// A proxy to the server a database `locator` (a URL) names.
+    pub fn start(locator: &str) -> Self {
+        let upstream = host_port(locator);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let address = listener.local_addr().expect("its address").to_string();
+        let (armed, cuts) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (to, armed_for_clients, cuts_for_clients) =
+            (upstream.clone(), Arc::clone(&armed), Arc::clone(&cuts));
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(&to) else {
+                    continue;
+                };
+                let (armed, cuts) = (
+                    Arc::clone(&armed_for_clients),
+                    Arc::clone(&cuts_for_clients),
+                );
+                relay(client, server, armed, cuts);
+            }
+        });
+        CommitCutter {
+            address,
+            upstream,
+            armed,
+            cuts,
+        }
+    }
+
+    /// `locator` pointed at the proxy instead of the server, in plain text (no TLS, which would
+    /// hide the `COMMIT`) and over TCP only (mysql_async would otherwise move to the server's Unix
+    /// socket once it learns of it).
+    pub fn url(&self, locator: &str) -> String {
+        let url = locator.replacen(&self.upstream, &self.address, 1);
+        let separator = if url.contains('?') { '&' } else { '?' };
+        if url.starts_with("mysql") {
+            format!("{url}{separator}prefer_socket=false")
+        } else {
+            format!("{url}{separator}sslmode=disable")
+        }
+    }
+
+    /// Cuts the next connection that sends a `COMMIT`, once.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many connections were cut.
+    pub fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+/// `host:port` of a `scheme://user@host:port/...` URL.
+fn host_port(locator: &str) -> String {
+    let after_at = locator.split_once('@').map_or(locator, |(_, rest)| rest);
+    after_at
+        .split(['/', '?'])
+        .next()
+        .expect("a host")
+        .to_owned()
+}
+
+fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc<AtomicUsize>) {
+    let (mut client_in, mut server_out) = (
+        client.try_clone().expect("a client handle"),
+        server.try_clone().expect("a server handle"),
+    );
+    let (mut server_in, mut client_out) = (server, client);
+    let (client_for_cut, server_for_cut) = (
+        client_out.try_clone().expect("a client handle"),
+        server_out.try_clone().expect("a server handle"),
+    );
+    // Set before the commit is forwarded: from then on nothing the server says reaches the client.
+    let cutting = Arc::new(AtomicBool::new(false));
+    let silenced = Arc::clone(&cutting);
+    std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(read) = client_in.read(&mut buffer) {
+            if read == 0 {
+                break;
+            }
+            let chunk = &buffer[..read];
+            let is_commit = chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"));
+            let cut = is_commit && armed.swap(false, Ordering::SeqCst);
+            if cut {
+                cutting.store(true, Ordering::SeqCst);
+            }
+            if server_out.write_all(chunk).is_err() {
+                break;
+            }
+            if cut {
+                // Long enough for the server to commit; then neither side hears from the other.
+                std::thread::sleep(Duration::from_millis(300));
+                let _ = client_for_cut.shutdown(Shutdown::Both);
+                let _ = server_for_cut.shutdown(Shutdown::Both);
+                cuts.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(read) = server_in.read(&mut buffer) {
+            if read == 0 || silenced.load(Ordering::SeqCst) {
+                break;
+            }
+            if client_out.write_all(&buffer[..read]).is_err() {
+                break;
+            }
+        }
+    });
+}
