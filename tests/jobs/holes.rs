@@ -20,8 +20,9 @@ fn runtime_error(result: Result<impl std::fmt::Debug, TestError>) -> Error {
     }
 }
 
-/// `keep = "1s"`, a body that works 1.5 s, a duplicate delivered while it works: the duplicate
-/// waits for the commit and replays. The claim must not lapse before it is even committed.
+/// `keep = "1s"`, a body that works 2.5 s, a duplicate delivered 1.2 s into it (after `keep` has
+/// passed since the first run began): the duplicate waits for the commit and replays. The claim
+/// must not lapse before it is even committed.
 pub fn keep_counts_from_the_commit<B: Backend>() {
     let db = Db::<B>::fresh();
     let id = harness::unique_name("held");
@@ -29,14 +30,15 @@ pub fn keep_counts_from_the_commit<B: Backend>() {
     std::thread::scope(|scope| {
         let first = scope.spawn(|| {
             let mut conn = db.connect();
-            B::held(&mut conn, &id, 1_500)
+            B::held(&mut conn, &id, 2_500)
         });
         claimed.wait("the first run claiming its key");
+        std::thread::sleep(Duration::from_millis(1_200));
         let mut conn = db.connect();
         let started = Instant::now();
         B::held(&mut conn, &id, 0).expect("the duplicate");
         assert!(
-            started.elapsed() >= Duration::from_millis(900),
+            started.elapsed() >= Duration::from_millis(800),
             "the duplicate waited for the first run's commit ({:?})",
             started.elapsed()
         );
