@@ -103,7 +103,7 @@ pub trait Backend: Sized + 'static {
         barrier: &str,
         side: &str,
         other: &str,
-    ) -> Result<i64, TestError>;
+    ) -> Result<(), TestError>;
     /// Job [`PLAIN`] with `key`, whose body calls the same job with the same key on `other`.
     fn plain_nested_elsewhere(
         conn: &mut Self::Conn,
@@ -328,7 +328,7 @@ macro_rules! sync_backend {
                 barrier: &str,
                 side: &str,
                 other: &str,
-            ) -> Result<i64, TestError> {
+            ) -> Result<(), TestError> {
                 handlers::write_skew(conn, barrier, side, other)
             }
 
@@ -634,7 +634,7 @@ macro_rules! async_backend {
                 barrier: &str,
                 side: &str,
                 other: &str,
-            ) -> Result<i64, TestError> {
+            ) -> Result<(), TestError> {
                 c.runtime.block_on(handlers::write_skew_async(
                     &mut c.conn,
                     barrier,

@@ -386,11 +386,14 @@ pub fn write_skew<C: TestConn>(
     barrier: &str,
     side: &str,
     other: &str,
-) -> Result<i64, TestError> {
-    let seen = conn.count_topic(other)?;
+) -> Result<(), TestError> {
+    // Both read, then both write, then both commit: the conflict surfaces at the second COMMIT
+    // (a unit result stores nothing, so COMMIT is the next statement).
+    conn.count_topic(other)?;
     crate::signals::meet(barrier);
     conn.insert_message(side, barrier)?;
-    Ok(seen)
+    crate::signals::meet(barrier);
+    Ok(())
 }
 
 /// Not idempotent: it writes an audit row outside the job's claim, so a rerun writes it again.
@@ -663,11 +666,12 @@ mod asynchronous {
         barrier: &str,
         side: &str,
         other: &str,
-    ) -> Result<i64, TestError> {
-        let seen = conn.count_topic(other).await?;
+    ) -> Result<(), TestError> {
+        conn.count_topic(other).await?;
         crate::signals::meet(barrier);
         conn.insert_message(side, barrier).await?;
-        Ok(seen)
+        crate::signals::meet(barrier);
+        Ok(())
     }
 
     pub async fn sloppy_audit_then_charge_async<C: AsyncTestConn>(

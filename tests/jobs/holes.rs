@@ -207,7 +207,7 @@ pub fn serialization_failures_at_commit_are_retryable<B: Backend>() {
     let db = Db::<B>::fresh();
     let barrier = harness::unique_name("skew");
     signals::barrier(&barrier, 2);
-    let results: Vec<Result<i64, TestError>> = std::thread::scope(|scope| {
+    let results: Vec<Result<(), TestError>> = std::thread::scope(|scope| {
         let sides = [("left", "right"), ("right", "left")].map(|(side, other)| {
             let (db, barrier) = (&db, &barrier);
             scope.spawn(move || {
@@ -221,11 +221,21 @@ pub fn serialization_failures_at_commit_are_retryable<B: Backend>() {
         });
         sides.map(|s| s.join().expect("a side")).into()
     });
-    let failed: Vec<&Result<i64, TestError>> = results.iter().filter(|r| r.is_err()).collect();
+    let failed: Vec<&Result<(), TestError>> = results.iter().filter(|r| r.is_err()).collect();
     assert_eq!(failed.len(), 1, "one side loses: {results:?}");
     let Err(TestError::Idempotent(error)) = failed[0] else {
         panic!("the failure is the runtime's: {results:?}");
     };
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                step: idempotent_jobs::Step::Commit,
+                ..
+            }
+        ),
+        "the conflict surfaces at COMMIT: {error}"
+    );
     assert!(error.is_retryable(), "{error}");
     assert!(error.to_string().contains("retrying is safe"), "{error}");
     // The retry, now that the other side committed, runs and commits.
