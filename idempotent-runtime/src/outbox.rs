@@ -79,6 +79,7 @@ pub struct OutboxMessage {
     payload: String,
     job_key: Option<String>,
     attempts: i32,
+    last_error: Option<String>,
     age: Duration,
 }
 
@@ -91,6 +92,7 @@ impl OutboxMessage {
             payload: row.payload,
             job_key: row.job_key,
             attempts: row.attempts,
+            last_error: row.last_error,
             age: Duration::from_micros(u64::try_from(row.age_micros).unwrap_or(0)),
         }
     }
@@ -124,6 +126,12 @@ impl OutboxMessage {
     /// Delivery attempts so far, this one included (each counted when the message was leased).
     pub fn attempts(&self) -> u32 {
         u32::try_from(self.attempts).unwrap_or(0)
+    }
+
+    /// Why the last failed delivery failed (the error's text, control characters replaced, at
+    /// most 2,000 characters), if one did.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
     }
 
     /// How long ago the message was pushed, by the database's clock, when it was leased.

@@ -397,6 +397,8 @@ pub struct LeasedRow {
     pub job_key: Option<String>,
     #[diesel(sql_type = diesel::sql_types::Integer)]
     pub attempts: i32,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub last_error: Option<String>,
     /// Microseconds from the push to now, by the database's clock.
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub age_micros: i64,

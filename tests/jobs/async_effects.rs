@@ -316,3 +316,38 @@ impl TransactionDepth
         .await
     }
 }
+
+/// An async delivery that panics counts as a failed attempt; the rest of the batch goes on.
+pub fn a_panicking_async_delivery_fails_alone<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    runtime.block_on(async {
+        for order in 1..=3 {
+            send_receipt_async(&mut conn, &format!("order-{order}"))
+                .await
+                .unwrap();
+        }
+        let mut delivered = 0;
+        let report = Relay::new()
+            .max_attempts(1)
+            .drain_async(&mut conn, async |message| {
+                let payload: serde_json::Value = message.payload().expect("JSON");
+                assert_ne!(payload["order_id"], "order-2", "this delivery explodes");
+                delivered += 1;
+                Ok::<_, String>(())
+            })
+            .await
+            .expect("the relay survives its delivery's panic");
+        assert_eq!((delivered, report.delivered, report.parked), (2, 2, 1));
+        let parked = outbox::parked_async(&mut conn).await.unwrap();
+        assert!(
+            parked[0]
+                .last_error()
+                .is_some_and(|e| e.contains("panicked"))
+        );
+    });
+}

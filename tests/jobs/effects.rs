@@ -53,7 +53,7 @@ fn pay<C: TestConn>(
 
 /// Queues a receipt for an order through the runtime's outbox.
 #[idempotent_job(key = "receipt:<order_id>", name = "send_receipt")]
-fn send_receipt<C: TestConn>(conn: &mut C, order_id: &str) -> Result<String, TestError> {
+pub(crate) fn send_receipt<C: TestConn>(conn: &mut C, order_id: &str) -> Result<String, TestError> {
     Ok(outbox::push(
         conn,
         "receipt",

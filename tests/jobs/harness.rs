@@ -189,6 +189,15 @@ pub fn spawn_child_until(
     env: &[(&str, &str)],
     marker: &str,
 ) -> std::process::Child {
+    spawn_child_until_line(test_path, env, marker).0
+}
+
+/// [`spawn_child_until`], also returning the line that had the marker.
+pub fn spawn_child_until_line(
+    test_path: &str,
+    env: &[(&str, &str)],
+    marker: &str,
+) -> (std::process::Child, String) {
     use std::io::{BufRead as _, BufReader};
     use std::process::{Command, Stdio};
     use std::time::Instant;
@@ -218,7 +227,7 @@ pub fn spawn_child_until(
     let mut printed = Vec::new();
     let ended = loop {
         match received.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.contains(marker) => return child,
+            Ok(line) if line.contains(marker) => return (child, line),
             Ok(line) => printed.push(line),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();

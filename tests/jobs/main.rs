@@ -23,6 +23,7 @@ mod isolation;
 mod key_spaces;
 #[cfg(feature = "sqlite")]
 mod keys;
+mod outbox_faults;
 #[cfg(feature = "sqlite")]
 mod pools;
 mod proxy;
@@ -224,6 +225,11 @@ macro_rules! async_tests {
             }
 
             #[test]
+            fn a_panicking_async_delivery_fails_alone() {
+                async_effects::a_panicking_async_delivery_fails_alone::<$backend, _>();
+            }
+
+            #[test]
             fn dropped_relay_never_leaves_a_transaction_open() {
                 async_effects::dropped_relay_never_leaves_a_transaction_open::<$backend, _>();
             }
@@ -268,6 +274,64 @@ macro_rules! effects_tests {
             #[test]
             fn two_relays_deliver_no_message_twice() {
                 effects::two_relays_deliver_no_message_twice::<$backend, _>();
+            }
+
+            #[test]
+            fn message_ids_are_unique_per_run() {
+                crate::outbox_faults::message_ids_are_unique_per_run::<$backend, _>();
+            }
+
+            #[test]
+            fn raw_keys_sharing_a_readable_form_get_their_own_ids() {
+                crate::outbox_faults::raw_keys_sharing_a_readable_form_get_their_own_ids::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
+            fn push_on_another_connection_is_refused() {
+                crate::outbox_faults::push_on_another_connection_is_refused::<$backend, _>();
+            }
+
+            #[test]
+            fn a_message_that_kills_the_relay_is_parked() {
+                crate::outbox_faults::a_message_that_kills_the_relay_is_parked::<$backend, _>(
+                    concat!(
+                        stringify!($module),
+                        "::a_message_that_kills_the_relay_is_parked"
+                    ),
+                );
+            }
+
+            #[test]
+            fn a_panicking_delivery_fails_alone() {
+                crate::outbox_faults::a_panicking_delivery_fails_alone::<$backend, _>();
+            }
+
+            #[test]
+            fn delivery_errors_are_stored_sanitized() {
+                crate::outbox_faults::delivery_errors_are_stored_sanitized::<$backend, _>();
+            }
+
+            #[test]
+            fn relay_copies_keep_their_own_leases() {
+                crate::outbox_faults::relay_copies_keep_their_own_leases::<$backend, _>();
+            }
+
+            #[test]
+            fn relays_refuse_to_run_inside_a_transaction() {
+                crate::outbox_faults::relays_refuse_to_run_inside_a_transaction::<$backend, _>();
+            }
+
+            #[test]
+            fn redacted_keys_stay_out_of_the_outbox() {
+                crate::outbox_faults::redacted_keys_stay_out_of_the_outbox::<$backend, _>();
+            }
+
+            #[test]
+            fn deliveries_are_counted_and_reported() {
+                crate::outbox_faults::deliveries_are_counted_and_reported::<$backend, _>();
             }
 
             #[test]

@@ -73,7 +73,7 @@ macro_rules! abandoned {
 macro_rules! message_columns {
     () => {
         concat!(
-            "id, message_id, topic, payload, job_key, attempts, \
+            "id, message_id, topic, payload, job_key, attempts, last_error, \
              TIMESTAMPDIFF(MICROSECOND, created_at, ",
             now!(),
             ") AS age_micros"

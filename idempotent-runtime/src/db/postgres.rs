@@ -72,7 +72,7 @@ macro_rules! abandoned {
 macro_rules! message_columns {
     () => {
         concat!(
-            "id, message_id, topic, payload, job_key, attempts, \
+            "id, message_id, topic, payload, job_key, attempts, last_error, \
              CAST(EXTRACT(EPOCH FROM (",
             now!(),
             " - created_at)) * 1000000 AS BIGINT) AS age_micros"

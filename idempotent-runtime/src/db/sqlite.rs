@@ -66,7 +66,7 @@ macro_rules! abandoned {
 /// The columns the relay reads.
 macro_rules! message_columns {
     () => {
-        "id, message_id, topic, payload, job_key, attempts, \
+        "id, message_id, topic, payload, job_key, attempts, last_error, \
          CAST((julianday('now') - julianday(created_at)) * 86400000000.0 AS INTEGER) AS age_micros"
     };
 }

@@ -1,0 +1,439 @@
+//! The outbox never loses, repeats or blocks a message: ids unique per run, poison messages that
+//! kill or panic the relay, storable error texts, relays that keep their own leases, redaction,
+//! counts and events. Written once for every sync connection type (see `main.rs`); the relay's
+//! code is shared with the async one.
+
+use std::time::Duration;
+
+use idempotent_jobs::outbox::{self, OutboxMessage, Relay};
+use idempotent_jobs::{Error, Job, JobKey};
+
+use crate::backends::Backend;
+use crate::effects::{deliver, send_receipt};
+use crate::figures;
+use crate::handlers::{TestConn, TestError};
+use crate::harness::{self, Db};
+use crate::receiver::Service;
+use crate::signals;
+
+fn order_of(message: &OutboxMessage) -> String {
+    let payload: serde_json::Value = message.payload().expect("JSON");
+    payload["order_id"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A digest email that may go again a second after the last one, through the outbox.
+#[idempotent_jobs::idempotent_job(
+    key = "digest-email:<user_id>",
+    keep = "1s",
+    name = "digest_email"
+)]
+fn digest_email<C: TestConn>(conn: &mut C, user_id: i64) -> Result<String, TestError> {
+    Ok(outbox::push(conn, "digest", &user_id)?)
+}
+
+/// A job whose key holds personal data.
+#[idempotent_jobs::idempotent_job(key = "welcome-mail:<email>", redact_key, name = "welcome_mail")]
+fn welcome_mail<C: TestConn>(conn: &mut C, email: &str) -> Result<String, TestError> {
+    Ok(outbox::push(
+        conn,
+        "welcome",
+        &serde_json::json!({ "to": email }),
+    )?)
+}
+
+/// A job that runs again after its key lapsed gets new message ids, also after the old messages
+/// were delivered and pruned: a receiver that drops duplicates by id never drops a real message,
+/// and no run fails on the old run's id.
+pub fn message_ids_are_unique_per_run<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let first = digest_email(&mut conn, 7).expect("the first run");
+    assert_eq!(
+        digest_email(&mut conn, 7).expect("a redelivery"),
+        first,
+        "a redelivery of the same run replays its id"
+    );
+    std::thread::sleep(Duration::from_millis(1_100));
+    let second = digest_email(&mut conn, 7).expect("the run after the key lapsed");
+    assert_ne!(second, first);
+    let delivered = Relay::new()
+        .drain(&mut conn, |_| Ok::<_, String>(()))
+        .expect("a relay");
+    assert_eq!(delivered.delivered, 2);
+    outbox::prune_delivered(
+        &mut conn,
+        Duration::ZERO,
+        &idempotent_jobs::Prune::default(),
+    )
+    .expect("pruning");
+    std::thread::sleep(Duration::from_millis(1_100));
+    let third = digest_email(&mut conn, 7).expect("the run after pruning");
+    assert!(
+        third != first && third != second,
+        "{first} {second} {third}"
+    );
+}
+
+/// Two raw keys with one readable form (`a\0b` shows as `a%00b`) get their own message ids.
+pub fn raw_keys_sharing_a_readable_form_get_their_own_ids<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    static RAW: Job = Job::new("raw_keys", "raw:<value>");
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let mut ids = Vec::new();
+    for key in ["raw:a\0b", "raw:a%00b"] {
+        let id = idempotent_jobs::run(&mut conn, &RAW, &JobKey::new(key), |conn| {
+            Ok::<_, TestError>(outbox::push(conn, "raw", &1)?)
+        })
+        .expect("each key's job")
+        .into_inner();
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(conn.outbox_rows().expect("the outbox").len(), 2);
+}
+
+/// A message pushed inside a job's body but on another connection would commit on its own: it is
+/// refused, and nothing is left behind when the job fails because of it.
+pub fn push_on_another_connection_is_refused<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    static ELSEWHERE: Job = Job::new("push_elsewhere", "elsewhere:<n>");
+    let db = Db::<B>::fresh();
+    let (mut conn, mut other) = (db.connect(), db.connect());
+    let result = idempotent_jobs::run(&mut conn, &ELSEWHERE, &JobKey::new("elsewhere:1"), |_| {
+        Ok::<_, TestError>(outbox::push(&mut other, "elsewhere", &1)?)
+    });
+    assert!(
+        matches!(
+            result,
+            Err(TestError::Idempotent(
+                Error::OutboxOnAnotherConnection { .. }
+            ))
+        ),
+        "{result:?}"
+    );
+    assert!(conn.outbox_rows().expect("the outbox").is_empty());
+    assert_eq!(conn.count_done().expect("done jobs"), 0);
+}
+
+const POISON_CHILD: &str = "IDEMPOTENT_TEST_POISON_RELAY";
+const SERVICE: &str = "IDEMPOTENT_TEST_SERVICE";
+const RELAY_SAYS: &str = "IDEMPOTENT-TEST-RELAY:";
+const LEASE: Duration = Duration::from_millis(800);
+const MAX_ATTEMPTS: u32 = 3;
+
+/// A message whose delivery kills the relay's process, again and again: each attempt is counted
+/// when the message is leased, so after `max_attempts` it is parked, and every other message of
+/// its batch is delivered exactly once.
+pub fn a_message_that_kills_the_relay_is_parked<B, C>(test_path: &str)
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    if let Ok(locator) = std::env::var(POISON_CHILD) {
+        let service = std::env::var(SERVICE).expect("the service's address");
+        let mut conn = Db::<B>::attach(&locator).connect();
+        let report = Relay::new()
+            .batch_size(10)
+            .lease(LEASE)
+            .max_attempts(MAX_ATTEMPTS)
+            .drain(&mut conn, |message| -> Result<(), String> {
+                if order_of(message) == "order-2" {
+                    println!("{RELAY_SAYS} poison");
+                    harness::hold_until_killed();
+                }
+                deliver(&service, message)
+            })
+            .expect("the child relay");
+        println!("{RELAY_SAYS} done {}", report.delivered);
+        return;
+    }
+
+    let service = Service::start();
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=6 {
+        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
+    }
+    let mut kills = 0;
+    let finished = loop {
+        assert!(
+            kills <= 2 * MAX_ATTEMPTS,
+            "the relay was killed {kills} times and the poison message is still not parked"
+        );
+        let (child, line) = harness::spawn_child_until_line(
+            test_path,
+            &[(POISON_CHILD, db.locator()), (SERVICE, &service.addr())],
+            RELAY_SAYS,
+        );
+        if line.contains("done") {
+            harness::finish(child);
+            break line;
+        }
+        let lapsed = std::time::Instant::now() + LEASE + Duration::from_millis(150);
+        harness::kill(child);
+        kills += 1;
+        std::thread::sleep(lapsed.saturating_duration_since(std::time::Instant::now()));
+    };
+    let ledger = service.ledger();
+    let parked = outbox::parked(&mut conn).expect("parked messages");
+    figures::report(&format!(
+        "poison message ({}): relay killed {kills} times in the poison's delivery, then: parked {}, other messages delivered {} ({} deliveries, {} duplicates dropped); {finished}",
+        B::NAME,
+        parked.len(),
+        ledger.messages.len(),
+        ledger.deliveries,
+        ledger.duplicates_dropped,
+    ));
+    assert_eq!(kills, MAX_ATTEMPTS, "one kill per allowed attempt");
+    assert_eq!(parked.len(), 1);
+    assert_eq!(order_of(&parked[0]), "order-2");
+    assert_eq!(parked[0].attempts(), MAX_ATTEMPTS);
+    assert!(
+        parked[0]
+            .last_error()
+            .is_some_and(|e| e.contains("stopped")),
+        "{:?}",
+        parked[0].last_error()
+    );
+    assert_eq!(ledger.messages.len(), 5, "every other message acted on");
+    assert!(
+        ledger.messages.values().all(|n| *n == 1),
+        "each delivered exactly once: {:?}",
+        ledger.messages
+    );
+}
+
+/// A delivery that panics counts as a failed attempt; the rest of the batch goes on, and the relay
+/// does not unwind.
+pub fn a_panicking_delivery_fails_alone<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=3 {
+        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
+    }
+    let mut delivered = Vec::new();
+    let report = Relay::new()
+        .max_attempts(2)
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .drain(&mut conn, |message| -> Result<(), String> {
+            let order = order_of(message);
+            assert_ne!(order, "order-2", "the delivery of order-2 exploded");
+            delivered.push(order);
+            Ok(())
+        })
+        .expect("the relay survives its delivery's panic");
+    assert_eq!(delivered, ["order-1", "order-3"]);
+    assert_eq!((report.delivered, report.failed, report.parked), (2, 1, 1));
+    let parked = outbox::parked(&mut conn).expect("parked");
+    assert_eq!(parked.len(), 1);
+    assert!(
+        parked[0]
+            .last_error()
+            .is_some_and(|e| e.contains("panicked")),
+        "{:?}",
+        parked[0].last_error()
+    );
+}
+
+/// A delivery error with a NUL byte (which PostgreSQL text cannot hold) and one of megabytes are
+/// stored sanitized and bounded; the relay goes on.
+pub fn delivery_errors_are_stored_sanitized<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    send_receipt(&mut conn, "order-1").expect("a receipt");
+    send_receipt(&mut conn, "order-2").expect("a receipt");
+    let report = Relay::new()
+        .max_attempts(1)
+        .drain(&mut conn, |message| match order_of(message).as_str() {
+            "order-1" => Err(format!("bad\0byte {}", "x".repeat(1 << 20))),
+            _ => Ok(()),
+        })
+        .expect("the relay goes on");
+    assert_eq!((report.delivered, report.parked), (1, 1));
+    let parked = outbox::parked(&mut conn).expect("parked");
+    let error = parked[0].last_error().expect("the stored error");
+    assert!(error.starts_with("bad\u{fffd}byte"), "{}", &error[..20]);
+    assert!(error.chars().count() <= 2_001);
+}
+
+/// Copies of one relay never take each other's leases for their own: when a copy's lease lapsed and
+/// another copy delivered the message, the first copy reports the lease as lost.
+pub fn relay_copies_keep_their_own_leases<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    send_receipt(&mut conn, "order-1").expect("a receipt");
+    let relay = Relay::new().lease(Duration::from_millis(300));
+    let copy = relay.clone();
+    assert_ne!(relay.owner(), copy.owner());
+    let name = harness::unique_name("relay-copy");
+    let delivering = signals::expect(&format!("{name}-delivering"));
+    let copy_done = signals::expect(&format!("{name}-copy-done"));
+    let (first, second) = std::thread::scope(|scope| {
+        let (db, relay, name) = (&db, &relay, &name);
+        let first = scope.spawn(move || {
+            let mut conn = db.connect();
+            relay
+                .run_once(&mut conn, |_| {
+                    signals::notify(&format!("{name}-delivering"));
+                    copy_done.wait("the copy delivering the message");
+                    Ok::<_, String>(())
+                })
+                .expect("the first copy")
+        });
+        delivering.wait("the first copy delivering");
+        std::thread::sleep(Duration::from_millis(450));
+        let second = copy
+            .run_once(&mut conn, |_| Ok::<_, String>(()))
+            .expect("the second copy");
+        signals::notify(&format!("{name}-copy-done"));
+        (first.join().expect("the first copy"), second)
+    });
+    assert_eq!(second.delivered, 1, "the copy took the lapsed lease");
+    assert_eq!(
+        (first.delivered, first.lease_lost),
+        (0, 1),
+        "the first copy knows it lost its lease"
+    );
+}
+
+/// A relay inside a transaction of the caller's would hold its row locks until that transaction
+/// ends: it is refused, and nothing is leased.
+pub fn relays_refuse_to_run_inside_a_transaction<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    send_receipt(&mut conn, "order-1").expect("a receipt");
+    let inside: Result<u64, TestError> = diesel::Connection::transaction(&mut conn, |conn| {
+        Ok(Relay::new().run_once(conn, |_| Ok::<_, String>(()))?.leased)
+    });
+    assert!(
+        matches!(
+            inside,
+            Err(TestError::Idempotent(Error::RelayInsideTransaction))
+        ),
+        "{inside:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!((counts.pending, counts.leased), (1, 0));
+}
+
+/// A job with `redact_key` keeps its key's values out of the outbox too.
+pub fn redacted_keys_stay_out_of_the_outbox<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    welcome_mail(&mut conn, "ada@example.com").expect("the job");
+    let rows = conn.outbox_rows().expect("the outbox");
+    assert!(
+        rows.iter()
+            .all(|(_, key)| key.as_deref().is_some_and(|k| k.starts_with("redacted:"))),
+        "{rows:?}"
+    );
+    let mut seen = Vec::new();
+    Relay::new()
+        .drain(&mut conn, |message| {
+            seen.push(message.job_key().unwrap_or_default().to_owned());
+            Ok::<_, String>(())
+        })
+        .expect("a relay");
+    assert!(
+        seen.iter()
+            .all(|k| k.starts_with("redacted:") && !k.contains("ada")),
+        "{seen:?}"
+    );
+}
+
+/// Counts by state, one event per delivery with its id, topic and outcome, and (with the
+/// `metrics` feature) the delivery counter and the delay from push to delivery.
+pub fn deliveries_are_counted_and_reported<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=3 {
+        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
+    }
+    let before = outbox::counts(&mut conn).expect("counts");
+    assert_eq!((before.pending, before.delivered, before.parked), (3, 0, 0));
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (report, events) = crate::capture::events(|| {
+        metrics::with_local_recorder(&recorder, || {
+            Relay::new()
+                .max_attempts(1)
+                .drain(&mut conn, |message| match order_of(message).as_str() {
+                    "order-3" => Err("refused".to_owned()),
+                    _ => Ok(()),
+                })
+                .expect("a relay")
+        })
+    });
+    assert_eq!((report.delivered, report.parked), (2, 1));
+    let deliveries: Vec<_> = events
+        .iter()
+        .filter(|e| e.get("message").is_some_and(|m| m == "outbox delivery"))
+        .collect();
+    assert_eq!(deliveries.len(), 3, "{events:?}");
+    for event in &deliveries {
+        assert!(event["message_id"].starts_with("msg_"), "{event:?}");
+        assert_eq!(event["topic"], "receipt");
+    }
+    let outcomes: Vec<&str> = deliveries.iter().map(|e| e["outcome"].as_str()).collect();
+    assert_eq!(outcomes, ["delivered", "delivered", "parked"]);
+    let after = outbox::counts(&mut conn).expect("counts");
+    assert_eq!((after.pending, after.delivered, after.parked), (0, 2, 1));
+
+    let metrics = snapshotter.snapshot().into_vec();
+    let delivered_total: u64 = metrics
+        .iter()
+        .filter(|(key, ..)| {
+            key.key().name() == "idempotent_outbox_deliveries_total"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "outcome" && l.value() == "delivered")
+        })
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(delivered_total, 2, "{metrics:?}");
+    assert!(
+        metrics
+            .iter()
+            .any(|(key, ..)| key.key().name() == "idempotent_outbox_delivery_delay_seconds"),
+        "the delay from push to delivery is recorded"
+    );
+}
