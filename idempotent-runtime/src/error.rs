@@ -254,6 +254,17 @@ pub enum Error {
     #[error("the outbox failed in the database: {0}")]
     Outbox(#[source] diesel::result::Error),
 
+    /// [`verify`](crate::verify) found the runtime's tables missing, out of date, or not usable by
+    /// this connection's role. Nothing was changed.
+    #[error(
+        "the runtime's tables are not ready for this worker: {}. Nothing was changed",
+        problems.join("; ")
+    )]
+    SchemaNotReady {
+        /// Each problem, saying what to do about it.
+        problems: Vec<String>,
+    },
+
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
     /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
     /// resumes.

@@ -65,6 +65,7 @@ pub use context::current_key;
 pub use error::{Error, Result, Step};
 pub use job::Job;
 pub use key::{JobKey, KeyBuilder, KeyError};
+pub use migrations::Migrate;
 pub use outcome::Outcome;
 pub use prune::{Prune, PruneReport, prune};
 
@@ -209,14 +210,44 @@ where
 /// # Ok::<(), idempotent_runtime::Error>(())
 /// ```
 pub fn migrate<C: JobStore>(conn: &mut C) -> Result<()> {
-    drive::block_on(migrations::run(conn.idempotent_store()))
+    Migrate::new().run(conn)
 }
 
 /// [`migrate`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub async fn migrate_async<C: AsyncJobStore>(conn: &mut C) -> Result<()> {
-    migrations::run(conn.idempotent_store()).await
+    Migrate::new().run_async(conn).await
+}
+
+/// Checks, reading only, that the runtime's tables are ready for this connection: present (found
+/// as the job statements find them), at this release's schema version, with the columns and unique
+/// indexes the statements rely on, and (PostgreSQL, MySQL) with the privileges a worker needs
+/// (`SELECT, INSERT, UPDATE` on `done_jobs` and `outbox`, `SELECT` on `idempotent_schema`, and
+/// the outbox's id sequence on PostgreSQL). Every problem found is listed in
+/// [`Error::SchemaNotReady`], each with what to do.
+///
+/// For workers that must not create tables: migrate once in the deploy step, as the schema's
+/// owner, and let workers `verify` at start.
+///
+/// ```
+/// use diesel::prelude::*;
+///
+/// let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+/// assert!(idempotent_runtime::verify(&mut conn).is_err(), "nothing there yet");
+/// idempotent_runtime::migrate(&mut conn)?;
+/// idempotent_runtime::verify(&mut conn)?;
+/// # Ok::<(), idempotent_runtime::Error>(())
+/// ```
+pub fn verify<C: JobStore>(conn: &mut C) -> Result<()> {
+    drive::block_on(migrations::verify(conn.idempotent_store()))
+}
+
+/// [`verify`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn verify_async<C: AsyncJobStore>(conn: &mut C) -> Result<()> {
+    migrations::verify(conn.idempotent_store()).await
 }
 
 /// What generated code uses. Not part of the public API: it may change in any release. Its name

@@ -30,6 +30,96 @@ use crate::store::{Database, Store};
 /// The schema version this release creates.
 pub(crate) const LATEST: i32 = 2;
 
+/// The runtime's tables and the columns its statements use, as `verify` checks them.
+pub(crate) const TABLES: &[(&str, &[&str])] = &[
+    (
+        "idempotent_schema",
+        &["version", "description", "applied_at"],
+    ),
+    (
+        "done_jobs",
+        &[
+            "key_digest",
+            "job_key",
+            "job_name",
+            "result",
+            "fingerprint",
+            "done_at",
+            "expires_at",
+        ],
+    ),
+    (
+        "outbox",
+        &[
+            "id",
+            "message_id",
+            "topic",
+            "payload",
+            "job_key",
+            "created_at",
+            "available_at",
+            "attempts",
+            "last_error",
+            "lease_owner",
+            "lease_until",
+            "delivered_at",
+            "parked_at",
+        ],
+    ),
+];
+
+/// How long `migrate` waits for another migration's lock before it gives up, unless told.
+pub(crate) const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Options for [`migrate`](crate::migrate): how long to wait for a migration running elsewhere.
+///
+/// ```
+/// use std::time::Duration;
+/// use diesel::prelude::*;
+///
+/// let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+/// idempotent_runtime::Migrate::new().lock_timeout(Duration::from_secs(10)).run(&mut conn)?;
+/// # Ok::<(), idempotent_runtime::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrate {
+    lock_timeout: std::time::Duration,
+}
+
+impl Default for Migrate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Migrate {
+    /// Waits up to 2 minutes for another migration.
+    pub fn new() -> Self {
+        Self {
+            lock_timeout: LOCK_TIMEOUT,
+        }
+    }
+
+    /// How long to wait for a migration running elsewhere before giving up with
+    /// [`Error::Migration`]; nothing is changed then. At least a millisecond.
+    pub fn lock_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.lock_timeout = timeout.max(std::time::Duration::from_millis(1));
+        self
+    }
+
+    /// Creates or upgrades the tables through a sync connection; see [`migrate`](crate::migrate).
+    pub fn run<C: crate::JobStore>(&self, conn: &mut C) -> Result<(), Error> {
+        crate::drive::block_on(run(conn.idempotent_store(), self.lock_timeout))
+    }
+
+    /// Creates or upgrades the tables through an async connection.
+    #[cfg(feature = "async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+    pub async fn run_async<C: crate::AsyncJobStore>(&self, conn: &mut C) -> Result<(), Error> {
+        run(conn.idempotent_store(), self.lock_timeout).await
+    }
+}
+
 /// One step of the schema: creates `table`.
 #[derive(Debug)]
 pub(crate) struct Step {
@@ -63,7 +153,10 @@ pub(crate) fn failed<E: std::error::Error + Send + Sync + 'static>(
 }
 
 /// Creates or upgrades the tables through `conn`; see the [module docs](self).
-pub(crate) async fn run<S: Store>(conn: &mut S) -> Result<(), Error> {
+pub(crate) async fn run<S: Store>(
+    conn: &mut S,
+    lock_timeout: std::time::Duration,
+) -> Result<(), Error> {
     let current = crate::retry::retrying::<S, _>(async || S::Db::schema_version(conn).await)
         .await
         .map_err(failed("idempotent_schema"))?;
@@ -79,7 +172,39 @@ pub(crate) async fn run<S: Store>(conn: &mut S) -> Result<(), Error> {
             .into(),
         });
     }
-    S::Db::migrate(conn).await
+    S::Db::migrate(conn, lock_timeout).await
+}
+
+/// Checks, reading only, that the tables are there at this release's version, with their columns,
+/// unique indexes and the privileges a worker needs; see [`verify`](crate::verify).
+pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
+    let mut problems = Vec::new();
+    match crate::retry::retrying::<S, _>(async || S::Db::schema_version(conn).await)
+        .await
+        .map_err(failed("idempotent_schema"))?
+    {
+        None => problems.push(
+            "the table `idempotent_schema` is missing (or not on this connection's search path): run migrate as the schema's owner"
+                .to_owned(),
+        ),
+        Some(version) if version < LATEST => problems.push(format!(
+            "the schema is at version {version}, this release needs {LATEST}: run migrate as the schema's owner"
+        )),
+        Some(version) if version > LATEST => problems.push(format!(
+            "the schema is at version {version}, made by a newer release than this one (which knows up to {LATEST}): upgrade this worker"
+        )),
+        Some(_) => {}
+    }
+    problems.extend(
+        crate::retry::retrying::<S, _>(async || S::Db::verify(conn).await)
+            .await
+            .map_err(failed("idempotent_schema"))?,
+    );
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::SchemaNotReady { problems })
+    }
 }
 
 /// Runs `steps` in one transaction, all or nothing (SQLite and PostgreSQL, whose DDL is
@@ -87,16 +212,26 @@ pub(crate) async fn run<S: Store>(conn: &mut S) -> Result<(), Error> {
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "async-postgres"))]
 pub(crate) async fn in_transaction<S: Store>(
     conn: &mut S,
+    lock_timeout: std::time::Duration,
     mut steps: impl AsyncFnMut(&mut S) -> Result<(), Error>,
 ) -> Result<(), Error> {
     use crate::transaction::{Transaction, itself};
-    let mut retry = crate::retry::Retry::new();
+    let mut retry = crate::retry::Retry::within(lock_timeout);
     loop {
         let mut transaction = match Transaction::begin(&mut *conn, itself::<S>).await {
             Ok((transaction, _)) => transaction,
             Err(error) if retry.failed::<S::Db>(&error).is_some() => {
                 retry.pause::<S>().await;
                 continue;
+            }
+            Err(error) if S::Db::classify(&error).is_transient() => {
+                return Err(Error::Migration {
+                    table: "idempotent_schema",
+                    source: format!(
+                        "another connection held the database's write lock for more than {lock_timeout:?} ({error}); nothing was changed. Retry once it has finished"
+                    )
+                    .into(),
+                });
             }
             Err(error) => return Err(failed("idempotent_schema")(error)),
         };

@@ -284,11 +284,20 @@ pub trait Database: Sized + Send + Sync + 'static {
 
     // ---- the schema ----
 
-    /// Creates or upgrades the runtime's tables; see `crate::migrate`.
+    /// Creates or upgrades the runtime's tables, waiting up to `lock_timeout` for a migration
+    /// running elsewhere; see `crate::migrate`.
     #[doc(hidden)]
     fn migrate<C: Store<Db = Self>>(
         conn: &mut C,
+        lock_timeout: std::time::Duration,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send;
+
+    /// Reading only: what is wrong with the tables' columns, unique indexes and this role's
+    /// privileges, each problem in words.
+    #[doc(hidden)]
+    fn verify<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
 
     /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
     /// does not exist (as seen through the connection's own name resolution).

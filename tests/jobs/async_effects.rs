@@ -260,7 +260,7 @@ where
 
 /// Polls `future` until it has been pending `pendings` times, then drops it; `Some` if it finished
 /// first.
-async fn drop_after_pendings<F: std::future::Future>(
+pub(crate) async fn drop_after_pendings<F: std::future::Future>(
     pendings: u32,
     future: F,
 ) -> Option<F::Output> {

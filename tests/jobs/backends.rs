@@ -35,10 +35,20 @@ pub trait Backend: Sized + 'static {
 
     fn try_connect(url: &str) -> Result<Self::Conn, String>;
     fn try_execute(conn: &mut Self::Conn, sql: &str) -> Result<(), String>;
+    /// The column `n` of the one row `sql` returns.
+    fn query_i64(conn: &mut Self::Conn, sql: &str) -> i64;
     /// Runs the runtime's migrations and creates the tests' tables.
     fn prepare(conn: &mut Self::Conn);
     /// Runs the runtime's migrations only.
     fn migrate(conn: &mut Self::Conn) -> Result<(), idempotent_jobs::Error>;
+    /// Runs the runtime's migrations, waiting at most `timeout` for another migration's lock.
+    fn migrate_waiting(
+        conn: &mut Self::Conn,
+        timeout: Duration,
+    ) -> Result<(), idempotent_jobs::Error>;
+    fn verify(conn: &mut Self::Conn) -> Result<(), idempotent_jobs::Error>;
+    /// Drains the outbox; the ids of the messages delivered.
+    fn drain_outbox(conn: &mut Self::Conn) -> Vec<String>;
 
     fn connect(url: &str) -> Self::Conn {
         Self::try_connect(url).unwrap_or_else(|e| panic!("{e}"))
@@ -130,6 +140,13 @@ pub trait Backend: Sized + 'static {
     fn done_rows(conn: &mut Self::Conn) -> Vec<(String, String, Option<String>)>;
 }
 
+/// A one-number row.
+#[derive(diesel::QueryableByName)]
+struct N {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
 /// The message of a caught panic, or a note that there was none.
 fn panic_message<T>(caught: std::thread::Result<T>) -> String {
     match caught {
@@ -169,8 +186,38 @@ macro_rules! sync_backend {
                     .map_err(|e| e.to_string())
             }
 
+            fn query_i64(conn: &mut Self::Conn, sql: &str) -> i64 {
+                let row: N = diesel::RunQueryDsl::get_result(diesel::sql_query(sql), conn)
+                    .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+                row.n
+            }
+
             fn migrate(conn: &mut Self::Conn) -> Result<(), idempotent_jobs::Error> {
                 idempotent_jobs::migrate(conn)
+            }
+
+            fn migrate_waiting(
+                conn: &mut Self::Conn,
+                timeout: Duration,
+            ) -> Result<(), idempotent_jobs::Error> {
+                idempotent_jobs::Migrate::new()
+                    .lock_timeout(timeout)
+                    .run(conn)
+            }
+
+            fn verify(conn: &mut Self::Conn) -> Result<(), idempotent_jobs::Error> {
+                idempotent_jobs::verify(conn)
+            }
+
+            fn drain_outbox(conn: &mut Self::Conn) -> Vec<String> {
+                let mut delivered = Vec::new();
+                idempotent_jobs::outbox::Relay::new()
+                    .drain(conn, |message| {
+                        delivered.push(message.message_id().to_owned());
+                        Ok::<_, String>(())
+                    })
+                    .expect("a relay");
+                delivered
             }
 
             fn prepare(conn: &mut Self::Conn) {
@@ -421,6 +468,17 @@ macro_rules! async_backend {
                 Ok(AsyncConn { runtime, conn })
             }
 
+            fn query_i64(c: &mut Self::Conn, sql: &str) -> i64 {
+                let row: N = c
+                    .runtime
+                    .block_on(diesel_async::RunQueryDsl::get_result(
+                        diesel::sql_query(sql),
+                        &mut c.conn,
+                    ))
+                    .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+                row.n
+            }
+
             fn try_execute(c: &mut Self::Conn, sql: &str) -> Result<(), String> {
                 c.runtime
                     .block_on(diesel_async::SimpleAsyncConnection::batch_execute(
@@ -433,6 +491,36 @@ macro_rules! async_backend {
             fn migrate(c: &mut Self::Conn) -> Result<(), idempotent_jobs::Error> {
                 c.runtime
                     .block_on(idempotent_jobs::migrate_async(&mut c.conn))
+            }
+
+            fn migrate_waiting(
+                c: &mut Self::Conn,
+                timeout: Duration,
+            ) -> Result<(), idempotent_jobs::Error> {
+                c.runtime.block_on(
+                    idempotent_jobs::Migrate::new()
+                        .lock_timeout(timeout)
+                        .run_async(&mut c.conn),
+                )
+            }
+
+            fn verify(c: &mut Self::Conn) -> Result<(), idempotent_jobs::Error> {
+                c.runtime
+                    .block_on(idempotent_jobs::verify_async(&mut c.conn))
+            }
+
+            fn drain_outbox(c: &mut Self::Conn) -> Vec<String> {
+                let mut delivered = Vec::new();
+                c.runtime
+                    .block_on(idempotent_jobs::outbox::Relay::new().drain_async(
+                        &mut c.conn,
+                        async |message| {
+                            delivered.push(message.message_id().to_owned());
+                            Ok::<_, String>(())
+                        },
+                    ))
+                    .expect("a relay");
+                delivered
             }
 
             fn prepare(c: &mut Self::Conn) {

@@ -56,6 +56,26 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn the_applications_own_migrations_keep_working() {
+                schema::the_applications_own_migrations_keep_working::<$backend>();
+            }
+
+            #[test]
+            fn upgrades_keep_keys_and_messages() {
+                schema::upgrades_keep_keys_and_messages::<$backend>();
+            }
+
+            #[test]
+            fn verify_lists_what_is_missing() {
+                schema::verify_lists_what_is_missing::<$backend>();
+            }
+
+            #[test]
+            fn a_failed_step_names_its_table() {
+                schema::a_failed_step_names_its_table::<$backend>();
+            }
+
+            #[test]
             fn second_run_changes_nothing() {
                 behaviour::second_run_changes_nothing::<$backend>();
             }
@@ -380,6 +400,19 @@ macro_rules! mysql_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn an_interrupted_step_resumes() {
+                crate::schema::an_interrupted_step_resumes::<$backend>();
+            }
+
+            #[test]
+            fn a_held_migration_lock_times_out_clearly() {
+                crate::schema::a_held_migration_lock_times_out_clearly::<$backend>(
+                    "SELECT GET_LOCK(CONCAT('idempotent_jobs:', DATABASE()), 0)",
+                    "SELECT RELEASE_LOCK(CONCAT('idempotent_jobs:', DATABASE()))",
+                );
+            }
+
+            #[test]
             fn implicit_commits_are_detected() {
                 crate::holes::implicit_commits_are_detected::<$backend>();
             }
@@ -404,6 +437,14 @@ macro_rules! postgres_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn a_held_migration_lock_times_out_clearly() {
+                crate::schema::a_held_migration_lock_times_out_clearly::<$backend>(
+                    "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('idempotent_jobs:' || current_schema(), 0))",
+                    "COMMIT",
+                );
+            }
+
+            #[test]
             fn serialization_failures_at_commit_are_retryable() {
                 crate::holes::serialization_failures_at_commit_are_retryable::<$backend>();
             }
@@ -416,6 +457,14 @@ macro_rules! sqlite_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn a_held_migration_lock_times_out_clearly() {
+                crate::schema::a_held_migration_lock_times_out_clearly::<$backend>(
+                    "BEGIN IMMEDIATE",
+                    "COMMIT",
+                );
+            }
+
+            #[test]
             fn many_workers_share_one_sqlite_file() {
                 crate::holes::many_workers_share_one_sqlite_file::<$backend>();
             }
@@ -427,6 +476,35 @@ macro_rules! sqlite_tests {
         }
     };
 }
+
+/// The migration lock of a dropped `migrate_async`, per async server backend.
+#[allow(unused_macros)]
+macro_rules! dropped_migration_test {
+    ($module:ident, $backend:ty, $lock_is_free:expr) => {
+        mod $module {
+            #[test]
+            fn a_dropped_migration_never_keeps_the_lock() {
+                crate::schema::a_dropped_migration_never_keeps_the_lock::<$backend, _>(
+                    $lock_is_free,
+                    "DROP TABLE IF EXISTS outbox, done_jobs, idempotent_schema",
+                );
+            }
+        }
+    };
+}
+
+#[cfg(feature = "async-postgres")]
+dropped_migration_test!(
+    async_postgres_migration,
+    crate::backends::AsyncPostgres,
+    "SELECT CAST(pg_try_advisory_xact_lock(hashtextextended('idempotent_jobs:' || current_schema(), 0)) AS INTEGER)::BIGINT AS n"
+);
+#[cfg(feature = "async-mysql")]
+dropped_migration_test!(
+    async_mysql_migration,
+    crate::backends::AsyncMysql,
+    "SELECT CAST(IS_FREE_LOCK(CONCAT('idempotent_jobs:', DATABASE())) AS SIGNED) AS n"
+);
 
 #[cfg(feature = "postgres")]
 server_tests!(postgres_server, crate::backends::Postgres);

@@ -2,9 +2,12 @@
 //! job statements find them, upgraded in place. Written once for every connection type.
 
 use std::sync::Barrier;
+use std::time::Duration;
+
+use idempotent_jobs::JobKey;
 
 use crate::backends::Backend;
-use crate::harness::Db;
+use crate::harness::{Db, Server};
 
 /// Eight workers start at once on an empty database and each calls `migrate`: all succeed, and
 /// the schema exists once, at the latest version.
@@ -41,4 +44,299 @@ pub fn concurrent_first_migrations_all_succeed<B: Backend>() {
     );
     assert!(snapshot.table_names().any(|t| t.ends_with("done_jobs")));
     assert!(snapshot.table_names().any(|t| t.ends_with("outbox")));
+}
+
+/// Runs the application's own Diesel migrations through a sync connection of `server`: all of
+/// them, then reverts the last two and runs them again, as `diesel migration run`, `revert` and
+/// `redo` would. Returns the versions applied in the end.
+fn application_migrations(server: Server, url: &str) -> Result<Vec<String>, String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/app_migrations")
+        .join(match server {
+            Server::Sqlite => "sqlite",
+            Server::Postgres => "postgres",
+            Server::Mysql => "mysql",
+        });
+    macro_rules! cycle {
+        ($conn:ty) => {{
+            use diesel::Connection as _;
+            use diesel_migrations::{FileBasedMigrations, MigrationHarness as _};
+            let mut conn = <$conn>::establish(url).map_err(|e| e.to_string())?;
+            let migrations = FileBasedMigrations::from_path(&dir).map_err(|e| e.to_string())?;
+            conn.run_pending_migrations(migrations.clone())
+                .map_err(|e| format!("run: {e}"))?;
+            conn.revert_last_migration(migrations.clone())
+                .map_err(|e| format!("revert: {e}"))?;
+            conn.revert_last_migration(migrations.clone())
+                .map_err(|e| format!("revert: {e}"))?;
+            conn.run_pending_migrations(migrations.clone())
+                .map_err(|e| format!("run again: {e}"))?;
+            let mut applied: Vec<String> = conn
+                .applied_migrations()
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|v| v.to_string())
+                .collect();
+            applied.sort();
+            Ok(applied)
+        }};
+    }
+    match server {
+        #[cfg(feature = "sqlite")]
+        Server::Sqlite => cycle!(diesel::SqliteConnection),
+        #[cfg(feature = "postgres")]
+        Server::Postgres => cycle!(diesel::PgConnection),
+        #[cfg(feature = "mysql")]
+        Server::Mysql => cycle!(diesel::MysqlConnection),
+        #[allow(unreachable_patterns)]
+        other => panic!("the application's migrations need the sync {other:?} feature"),
+    }
+}
+
+/// The runtime keeps its schema version to itself: the application's own Diesel migrations run and
+/// revert before and after `migrate`, and their table holds only their own versions.
+pub fn the_applications_own_migrations_keep_working<B: Backend>() {
+    let db = Db::<B>::empty();
+    let app = ["20261101000001".to_owned(), "20261102000001".to_owned()];
+    assert_eq!(
+        application_migrations(B::SERVER, db.locator()),
+        Ok(app.to_vec())
+    );
+    let mut conn = db.connect();
+    B::migrate(&mut conn).expect("the runtime's tables");
+    assert_eq!(
+        application_migrations(B::SERVER, db.locator()),
+        Ok(app.to_vec()),
+        "the application's migrations still run and revert"
+    );
+    B::migrate(&mut conn).expect("current: nothing to do");
+    assert!(B::verify(&mut conn).is_ok());
+    let snapshot = B::snapshot(&mut conn);
+    assert_eq!(
+        snapshot.rows("__diesel_schema_migrations").len(),
+        2,
+        "only the application's versions: {:?}",
+        snapshot.rows("__diesel_schema_migrations")
+    );
+}
+
+/// A literal of `bytes` as each database writes binary.
+fn binary_literal(server: Server, bytes: &[u8]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    match server {
+        Server::Postgres => format!("'\\x{hex}'::bytea"),
+        Server::Sqlite | Server::Mysql => format!("X'{hex}'"),
+    }
+}
+
+/// What the previous release (0.1.0 before this redesign) left: its tables, made by Diesel's
+/// harness, which recorded their versions in the application's migration table; a claimed key
+/// with a stored result, and a message not yet sent.
+fn previous_release(server: Server) -> Vec<String> {
+    let dir = match server {
+        Server::Sqlite => "sqlite",
+        Server::Postgres => "postgres",
+        Server::Mysql => "mysql",
+    };
+    let fixture = |file: &str| {
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/v0_1")
+                .join(dir)
+                .join(file),
+        )
+        .expect("the previous release's SQL")
+    };
+    let digest = JobKey::new("plain:old").digest();
+    vec![
+        fixture("1_done_jobs.sql"),
+        fixture("2_outbox.sql"),
+        "CREATE TABLE __diesel_schema_migrations (version VARCHAR(50) PRIMARY KEY NOT NULL, run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP)".to_owned(),
+        "INSERT INTO __diesel_schema_migrations (version) VALUES ('20261130000001'), ('20261130000002'), ('20261001000001')".to_owned(),
+        format!(
+            "INSERT INTO done_jobs (key_digest, job_key, job_name, result, done_at) VALUES ({}, 'plain:old', 'plain', '41', '2026-11-01 10:00:00.123456')",
+            binary_literal(server, &digest)
+        ),
+        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) VALUES ('msg_old', 'old', '1', 'plain:old', '2026-11-01 10:00:00', '2026-11-01 10:00:00')".to_owned(),
+    ]
+}
+
+/// Upgrading from the previous release: its keys still replay, its pending messages still go
+/// out, and its two rows leave the application's migration table (the application's own stay).
+pub fn upgrades_keep_keys_and_messages<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    for sql in previous_release(B::SERVER) {
+        B::execute(&mut conn, &sql);
+    }
+    B::migrate(&mut conn).expect("the upgrade");
+    let replay = B::plain(&mut conn, &JobKey::new("plain:old"), None).expect("the old key");
+    assert!(replay.is_replayed());
+    assert_eq!(replay.into_inner(), 41, "the stored result of the old run");
+    assert_eq!(B::drain_outbox(&mut conn), ["msg_old"]);
+    let snapshot = B::snapshot(&mut conn);
+    let versions = snapshot.rows("__diesel_schema_migrations");
+    assert_eq!(versions.len(), 1, "{versions:?}");
+    assert!(versions[0].contains("20261001000001"), "{versions:?}");
+    assert_eq!(snapshot.rows("idempotent_schema").len(), 2);
+    assert!(B::verify(&mut conn).is_ok());
+}
+
+/// `verify` reads only: on an empty database it lists what is missing and creates nothing.
+pub fn verify_lists_what_is_missing<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    match B::verify(&mut conn) {
+        Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+            let all = problems.join("\n");
+            for table in ["idempotent_schema", "done_jobs", "outbox"] {
+                assert!(all.contains(table), "{all}");
+            }
+        }
+        other => panic!("expected SchemaNotReady, got {other:?}"),
+    }
+    assert!(
+        B::snapshot(&mut conn).table_names().next().is_none(),
+        "verify created nothing"
+    );
+    B::migrate(&mut conn).expect("the tables");
+    B::verify(&mut conn).expect("ready");
+}
+
+/// While another migration holds the lock, `migrate` waits at most its timeout, then says so and
+/// changes nothing.
+pub fn a_held_migration_lock_times_out_clearly<B: Backend>(hold: &str, release: &str) {
+    let db = Db::<B>::empty();
+    let mut holder = db.connect();
+    B::execute(&mut holder, hold);
+    let mut conn = db.connect();
+    let started = std::time::Instant::now();
+    let error =
+        B::migrate_waiting(&mut conn, Duration::from_secs(1)).expect_err("the lock is held");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(error.to_string().contains("held"), "{error}");
+    assert!(error.to_string().contains("nothing was changed"), "{error}");
+    assert!(B::snapshot(&mut conn).table_names().next().is_none());
+    B::execute(&mut holder, release);
+    B::migrate_waiting(&mut conn, Duration::from_secs(1)).expect("the lock is free");
+}
+
+/// A step whose table was created but whose version was not recorded (MySQL's DDL commits by
+/// itself; the process died in between) is found done, recorded, and `migrate` goes on.
+pub fn an_interrupted_step_resumes<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    let file = |name: &str| {
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("idempotent-runtime/sql/mysql")
+                .join(name),
+        )
+        .expect("a step's SQL")
+    };
+    B::execute(&mut conn, &file("000_idempotent_schema.sql"));
+    B::execute(&mut conn, &file("001_done_jobs.sql"));
+    let outbox = file("002_outbox.sql");
+    let create_only = outbox
+        .split("INSERT INTO idempotent_schema")
+        .next()
+        .expect("the CREATE TABLE");
+    B::execute(&mut conn, create_only);
+    B::migrate(&mut conn).expect("migrate resumes");
+    assert_eq!(B::snapshot(&mut conn).rows("idempotent_schema").len(), 2);
+    B::verify(&mut conn).expect("ready");
+}
+
+/// A step that fails names its table.
+pub fn a_failed_step_names_its_table<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    B::execute(&mut conn, "CREATE VIEW outbox AS SELECT 1 AS id");
+    let error = B::migrate(&mut conn).expect_err("a view stands where the outbox goes");
+    assert!(
+        matches!(
+            error,
+            idempotent_jobs::Error::Migration {
+                table: "outbox",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("`outbox`"), "{error}");
+}
+
+/// A dropped `migrate_async` future never leaves the migration lock held by a connection that
+/// stays in use: either it finished, or its connection is marked broken (a pool discards it, and
+/// closing it releases the lock).
+pub fn a_dropped_migration_never_keeps_the_lock<
+    B: Backend<Conn = crate::backends::AsyncConn<C>>,
+    C,
+>(
+    lock_is_free: &str,
+    reset: &str,
+) where
+    C: idempotent_jobs::AsyncJobStore + crate::async_effects::TransactionDepth,
+{
+    let db = Db::<B>::empty();
+    let mut checker = db.connect();
+    let (mut finished, mut broken) = (0, 0);
+    for pendings in 1..=8 {
+        B::execute(&mut checker, reset);
+        let crate::backends::AsyncConn { runtime, mut conn } = db.connect();
+        let completed = runtime.block_on(crate::async_effects::drop_after_pendings(
+            pendings,
+            idempotent_jobs::migrate_async(&mut conn),
+        ));
+        if completed.is_some() {
+            finished += 1;
+            continue;
+        }
+        match runtime.block_on(conn.transaction_depth()) {
+            // Broken, or left inside a transaction: diesel-async's pools discard both (see
+            // `is_broken_transaction_manager`), and closing it releases whatever it held.
+            Err(_) | Ok(Some(_)) => {
+                broken += 1;
+                drop(conn);
+            }
+            Ok(None) => assert_eq!(
+                B::query_i64(&mut checker, lock_is_free),
+                1,
+                "dropped after {pendings} pendings, the connection is still usable, and it holds the migration lock"
+            ),
+        }
+        drop(runtime);
+        // The server ends a closed session's locks once it has read the disconnect.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while B::query_i64(&mut checker, lock_is_free) != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "dropped after {pendings} pendings: 10 s after the drop and the close, the lock is still held"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    crate::figures::report(&format!(
+        "dropped migrations ({}): 8 drops, {broken} marked their connection broken, {finished} finished first",
+        B::NAME
+    ));
+}
+
+/// The README's `diesel.toml` filter names every table the runtime creates.
+#[test]
+fn the_readme_print_schema_filter_names_every_table() {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .expect("the README");
+    let filter = readme
+        .lines()
+        .find(|line| line.contains("except_tables"))
+        .expect("a diesel.toml filter in the README");
+    for table in ["idempotent_schema", "done_jobs", "outbox"] {
+        assert!(filter.contains(&format!("\"{table}\"")), "{filter}");
+    }
 }

@@ -53,6 +53,12 @@ pub(crate) fn message(error: &DieselError) -> Option<&str> {
 
 /// Whether `error` (or, for a commit Diesel tried to roll back, the commit's own error) is one of
 /// a database's ways of saying the connection failed.
+#[cfg(any(
+    feature = "postgres",
+    feature = "async-postgres",
+    feature = "mysql",
+    feature = "async-mysql"
+))]
 pub(crate) fn connection_lost(error: &DieselError, phrases: &[&str]) -> bool {
     match error {
         DieselError::RollbackErrorOnCommit { commit_error, .. } => {

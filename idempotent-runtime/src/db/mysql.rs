@@ -81,6 +81,15 @@ macro_rules! message_columns {
     };
 }
 
+/// The name of the lock that serializes migrations: one per database, so applications sharing a
+/// server do not wait for each other (MySQL's lock names are server-wide and at most 64
+/// characters long; a database name is at most 64, so it is cut at 48).
+macro_rules! migration_lock {
+    () => {
+        "CONCAT('idempotent_jobs:', LEFT(DATABASE(), 48))"
+    };
+}
+
 sql! {
     InTransactionNow = "SELECT @@in_transaction AS open";
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
@@ -161,12 +170,17 @@ sql! {
          COUNT(CASE WHEN delivered_at IS NULL THEN parked_at END) AS parked \
          FROM outbox";
     TableExists = "SELECT COUNT(*) AS n FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_name = ?";
+         WHERE table_schema = DATABASE() AND table_name = ? AND table_type = 'BASE TABLE'";
+    UniqueIndexOn = "SELECT COUNT(*) AS n FROM information_schema.statistics s \
+         WHERE s.table_schema = DATABASE() AND s.table_name = ? AND s.non_unique = 0 \
+         AND s.column_name = ? AND (SELECT COUNT(*) FROM information_schema.statistics t \
+           WHERE t.table_schema = s.table_schema AND t.table_name = s.table_name \
+           AND t.index_name = s.index_name) = 1";
     SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
-    TakeMigrationLock = "SELECT GET_LOCK('idempotent_jobs_migrations', ?) AS acquired";
+    TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired");
     ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
     TableNames = "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1";
@@ -175,11 +189,47 @@ sql! {
          WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position";
 }
 
-/// Releases the migration lock; also what a dropped guard runs on a sync connection.
-const RELEASE_MIGRATION_LOCK: &str = "SELECT RELEASE_LOCK('idempotent_jobs_migrations')";
+/// Statements whose `EXPLAIN` needs the privileges a worker needs, by privilege and table.
+const PRIVILEGE_PROBES: &[(&str, &str, &str)] = &[
+    (
+        "SELECT",
+        "idempotent_schema",
+        "EXPLAIN SELECT version FROM idempotent_schema WHERE 1 = 0",
+    ),
+    (
+        "SELECT",
+        "done_jobs",
+        "EXPLAIN SELECT job_name FROM done_jobs WHERE 1 = 0",
+    ),
+    (
+        "INSERT",
+        "done_jobs",
+        "EXPLAIN INSERT INTO done_jobs (key_digest, job_key, job_name, done_at) SELECT key_digest, job_key, job_name, done_at FROM done_jobs WHERE 1 = 0",
+    ),
+    (
+        "UPDATE",
+        "done_jobs",
+        "EXPLAIN UPDATE done_jobs SET result = result WHERE 1 = 0",
+    ),
+    (
+        "SELECT",
+        "outbox",
+        "EXPLAIN SELECT id FROM outbox WHERE 1 = 0",
+    ),
+    (
+        "INSERT",
+        "outbox",
+        "EXPLAIN INSERT INTO outbox (message_id, topic, payload, created_at, available_at) SELECT message_id, topic, payload, created_at, available_at FROM outbox WHERE 1 = 0",
+    ),
+    (
+        "UPDATE",
+        "outbox",
+        "EXPLAIN UPDATE outbox SET attempts = attempts WHERE 1 = 0",
+    ),
+];
 
-/// How long a migration waits for another to finish before it gives up, in seconds.
-const MIGRATION_LOCK_WAIT_SECONDS: i32 = 120;
+/// Releases the migration lock; also what a dropped guard runs on a sync connection.
+const RELEASE_MIGRATION_LOCK: &str = concat!("SELECT RELEASE_LOCK(", migration_lock!(), ")");
 
 const STEPS: &[Step] = &[
     Step {
@@ -497,13 +547,16 @@ impl Database for MysqlDb {
         ))
     }
 
-    async fn migrate<C: Store<Db = Self>>(conn: &mut C) -> Result<(), crate::Error> {
+    async fn migrate<C: Store<Db = Self>>(
+        conn: &mut C,
+        lock_timeout: std::time::Duration,
+    ) -> Result<(), crate::Error> {
         use crate::migrations::failed;
         under_session_lock(
             conn,
             RELEASE_MIGRATION_LOCK,
-            take_migration_lock,
-            async |conn| {
+            async |conn: &mut C| take_migration_lock(conn, lock_timeout).await,
+            async |conn: &mut C| {
                 let version = match Self::schema_version(conn)
                     .await
                     .map_err(failed("idempotent_schema"))?
@@ -542,6 +595,57 @@ impl Database for MysqlDb {
         .await
     }
 
+    async fn verify<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
+        let mut problems = Vec::new();
+        for (table, expected) in crate::migrations::TABLES {
+            if !table_exists(conn, table).await? {
+                problems.push(format!(
+                    "the table `{table}` is missing from this connection's database, or this user holds no privilege on it: run migrate as the schema's owner, or grant what the README's Security section lists"
+                ));
+                continue;
+            }
+            let columns: Vec<Column> = conn
+                .load(Statement::<TableColumns, _>::new(
+                    (bind::<Text, _>(*table),),
+                ))
+                .await?;
+            for column in *expected {
+                if !columns.iter().any(|c| c.name == *column) {
+                    problems.push(format!("the table `{table}` has no column `{column}`"));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Ok(problems);
+        }
+        for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
+            let unique: Vec<TableCount> = conn
+                .load(Statement::<UniqueIndexOn, _>::new((
+                    bind::<Text, _>(table),
+                    bind::<Text, _>(column),
+                )))
+                .await?;
+            if unique.first().is_none_or(|r| r.n == 0) {
+                problems.push(format!(
+                    "`{table}.{column}` has no unique index: two workers could both claim"
+                ));
+            }
+        }
+        // MySQL checks the privileges of a statement when it explains it, without running it.
+        for (privilege, table, probe) in PRIVILEGE_PROBES {
+            if let Err(error) = conn.batch(probe).await {
+                if super::message(&error).is_some_and(|m| m.contains("command denied")) {
+                    problems.push(format!(
+                        "this user lacks {privilege} on `{table}`: GRANT {privilege} ON {table} TO <the worker's user>"
+                    ));
+                } else {
+                    return Err(error);
+                }
+            }
+        }
+        Ok(problems)
+    }
+
     async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
         let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
         Ok(names.into_iter().map(|n| n.name).collect())
@@ -574,11 +678,16 @@ impl Database for MysqlDb {
     }
 }
 
-/// Takes the migration lock, waiting for another migration up to a bound.
-async fn take_migration_lock<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(), crate::Error> {
+/// Takes the migration lock, waiting for another migration up to `timeout`.
+async fn take_migration_lock<C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+    timeout: std::time::Duration,
+) -> Result<(), crate::Error> {
+    // GET_LOCK counts whole seconds.
+    let seconds = i32::try_from(timeout.as_secs().max(1)).unwrap_or(i32::MAX);
     let rows: Vec<Acquired> = conn
         .load(Statement::<TakeMigrationLock, _>::new((
-            bind::<Integer, _>(MIGRATION_LOCK_WAIT_SECONDS),
+            bind::<Integer, _>(seconds),
         )))
         .await
         .map_err(crate::migrations::failed("idempotent_schema"))?;
@@ -587,13 +696,13 @@ async fn take_migration_lock<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(),
         Some(_) => Err(crate::Error::Migration {
             table: "idempotent_schema",
             source: format!(
-                "another migration held the lock `idempotent_jobs_migrations` for more than {MIGRATION_LOCK_WAIT_SECONDS} s; nothing was changed. Retry once it has finished (a stuck session holding it shows in SHOW PROCESSLIST)"
+                "another migration held the lock `idempotent_jobs:<database>` for more than {seconds} s; nothing was changed. Retry once it has finished (a stuck session holding it shows in SHOW PROCESSLIST)"
             )
             .into(),
         }),
         None => Err(crate::Error::Migration {
             table: "idempotent_schema",
-            source: "GET_LOCK('idempotent_jobs_migrations') failed (it returned NULL); nothing was changed".into(),
+            source: "GET_LOCK('idempotent_jobs:<database>') failed (it returned NULL: is a database selected?); nothing was changed".into(),
         }),
     }
 }
@@ -628,12 +737,18 @@ async fn under_session_lock<S: Store>(
     take: impl AsyncFnOnce(&mut S) -> Result<(), crate::Error>,
     steps: impl AsyncFnOnce(&mut S) -> Result<(), crate::Error>,
 ) -> Result<(), crate::Error> {
-    take(conn).await?;
+    // Armed before the lock is asked for: a future dropped while `GET_LOCK` is on its way may
+    // still take the lock on the server, so the connection must be given up as if it held it.
     let mut lock = SessionLock {
         conn,
         release,
         held: true,
     };
+    if let Err(error) = take(&mut *lock.conn).await {
+        // The lock was not taken (a timeout or an error before the answer arrived and was read).
+        lock.held = false;
+        return Err(error);
+    }
     let result = steps(&mut *lock.conn).await;
     let released = lock.conn.batch(release).await;
     lock.held = false;

@@ -161,9 +161,23 @@ sql! {
     TableExists = "SELECT COUNT(*) AS n FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE c.relname = ? AND c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false))";
     SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
+    TableColumns = "SELECT attname::text AS name FROM pg_attribute \
+         WHERE attrelid = to_regclass(?) AND attnum > 0 AND NOT attisdropped";
+    TablePrivileges = "SELECT has_table_privilege(c, 'SELECT') AS select, \
+         has_table_privilege(c, 'INSERT') AS insert, has_table_privilege(c, 'UPDATE') AS update \
+         FROM (SELECT to_regclass(?) AS c) AS t WHERE c IS NOT NULL";
+    OutboxSequence = "SELECT has_sequence_privilege(pg_get_serial_sequence('outbox', 'id'), 'USAGE') AS usage";
+    UniqueIndexOn = "SELECT COUNT(*) AS n FROM pg_index i WHERE i.indrelid = to_regclass(?) \
+         AND i.indisunique AND i.indnatts = 1 AND i.indkey[0] = \
+         (SELECT attnum FROM pg_attribute WHERE attrelid = to_regclass(?) AND attname = ?)";
+    SearchPath = "SELECT current_setting('search_path') AS name";
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
+    // The advisory lock that serializes migrations; the transaction's end releases it. It is one
+    // per schema the tables go into (advisory locks are database-wide), so applications sharing a
+    // database in schemas of their own do not wait for each other.
+    MigrationLock = "SELECT pg_advisory_xact_lock(hashtextextended('idempotent_jobs:' || ?, 0))";
     // Where the runtime's tables are, or go: beside an existing `done_jobs` (or version table),
     // else the first schema of the search_path that exists.
     TargetSchema = "SELECT quote_ident(name) AS name FROM (\
@@ -186,9 +200,6 @@ sql! {
          ORDER BY 1";
 }
 
-/// The advisory lock that serializes migrations; the transaction's end releases it.
-const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(7307305512431843179)";
-
 const STEPS: &[Step] = &[
     Step {
         version: 1,
@@ -203,6 +214,27 @@ const STEPS: &[Step] = &[
 ];
 
 const VERSION_TABLE: &str = include_str!("../../sql/postgres/000_idempotent_schema.sql");
+
+#[derive(diesel::QueryableByName)]
+struct Privileges {
+    #[diesel(sql_type = Bool)]
+    select: bool,
+    #[diesel(sql_type = Bool)]
+    insert: bool,
+    #[diesel(sql_type = Bool)]
+    update: bool,
+}
+
+#[derive(diesel::QueryableByName)]
+struct SequenceUsage {
+    #[diesel(sql_type = Bool)]
+    usage: bool,
+}
+
+async fn search_path<C: Store<Db = PostgresDb>>(conn: &mut C) -> QueryResult<String> {
+    let rows: Vec<super::Name> = conn.load(Statement::<SearchPath, _>::new(())).await?;
+    Ok(rows.into_iter().next().map(|r| r.name).unwrap_or_default())
+}
 
 /// The claim's one row: the `d.*` columns are NULL unless a committed row holds the key.
 #[derive(diesel::QueryableByName)]
@@ -442,11 +474,17 @@ impl Database for PostgresDb {
         ))
     }
 
-    async fn migrate<C: Store<Db = Self>>(conn: &mut C) -> Result<(), crate::Error> {
+    async fn migrate<C: Store<Db = Self>>(
+        conn: &mut C,
+        lock_timeout: std::time::Duration,
+    ) -> Result<(), crate::Error> {
         use crate::migrations::failed;
-        crate::migrations::in_transaction(conn, async |conn| {
-            conn.batch(MIGRATION_LOCK).await.map_err(failed("idempotent_schema"))?;
-            let version = Self::schema_version(conn).await.map_err(failed("idempotent_schema"))?;
+        let wait_ms = lock_timeout.as_millis().max(1);
+        crate::migrations::in_transaction(conn, lock_timeout, async move |conn: &mut C| {
+            conn.batch(&format!("SET LOCAL lock_timeout = '{wait_ms}ms'"))
+                .await
+                .map_err(failed("idempotent_schema"))?;
+            // Where the tables are, or go: the schema the job statements will find them in.
             let targets: Vec<super::Name> = conn
                 .load(Statement::<TargetSchema, _>::new(()))
                 .await
@@ -457,6 +495,22 @@ impl Database for PostgresDb {
                     source: "no schema on the connection's search_path exists to create the tables in; create one, or set the search_path (`options=-csearch_path%3Djobs` in the URL)".into(),
                 });
             };
+            if let Err(error) = conn
+                .execute(Statement::<MigrationLock, _>::new((bind::<Text, _>(schema.name.clone()),)))
+                .await
+            {
+                if Self::classify(&error) == Fault::LockTimeout {
+                    return Err(crate::Error::Migration {
+                        table: "idempotent_schema",
+                        source: format!(
+                            "another migration held the migration lock for more than {lock_timeout:?}; nothing was changed. Retry once it has finished"
+                        )
+                        .into(),
+                    });
+                }
+                return Err(failed("idempotent_schema")(error));
+            }
+            let version = Self::schema_version(conn).await.map_err(failed("idempotent_schema"))?;
             // Which steps an earlier release (or a teammate's own migration tool) already made,
             // seen through the connection's own search_path.
             let mut pending = Vec::new();
@@ -490,6 +544,79 @@ impl Database for PostgresDb {
             Ok(())
         })
         .await
+    }
+
+    async fn verify<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
+        let mut problems = Vec::new();
+        for (table, expected) in crate::migrations::TABLES {
+            if !table_exists(conn, table).await? {
+                problems.push(format!(
+                    "the table `{table}` is missing from the connection's search_path ({}): run migrate, or add its schema to the search_path",
+                    search_path(conn).await?
+                ));
+                continue;
+            }
+            let columns: Vec<super::Name> = conn
+                .load(Statement::<TableColumns, _>::new(
+                    (bind::<Text, _>(*table),),
+                ))
+                .await?;
+            for column in *expected {
+                if !columns.iter().any(|c| c.name == *column) {
+                    problems.push(format!("the table `{table}` has no column `{column}`"));
+                }
+            }
+            let privileges: Vec<Privileges> = conn
+                .load(Statement::<TablePrivileges, _>::new((bind::<Text, _>(
+                    *table,
+                ),)))
+                .await?;
+            let Some(privileges) = privileges.into_iter().next() else {
+                continue;
+            };
+            let needed: &[(&str, bool)] = if *table == "idempotent_schema" {
+                &[("SELECT", privileges.select)]
+            } else {
+                &[
+                    ("SELECT", privileges.select),
+                    ("INSERT", privileges.insert),
+                    ("UPDATE", privileges.update),
+                ]
+            };
+            for (privilege, held) in needed {
+                if !held {
+                    problems.push(format!(
+                        "this role lacks {privilege} on `{table}`: GRANT {privilege} ON {table} TO <the worker's role>"
+                    ));
+                }
+            }
+        }
+        // Checked whenever the tables are there, so one run lists every missing grant.
+        if table_exists(conn, "done_jobs").await? && table_exists(conn, "outbox").await? {
+            let sequence: Vec<SequenceUsage> =
+                conn.load(Statement::<OutboxSequence, _>::new(())).await?;
+            if sequence.first().is_some_and(|s| !s.usage) {
+                problems.push(
+                    "this role lacks USAGE on the outbox's id sequence: GRANT USAGE ON SEQUENCE outbox_id_seq TO <the worker's role>"
+                        .to_owned(),
+                );
+            }
+            for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
+                let unique: Vec<TableCount> = conn
+                    .load(Statement::<UniqueIndexOn, _>::new((
+                        bind::<Text, _>(table),
+                        bind::<Text, _>(table),
+                        bind::<Text, _>(column),
+                    )))
+                    .await?;
+                if unique.first().is_none_or(|r| r.n == 0) {
+                    problems.push(format!(
+                        "`{table}.{column}` has no unique index: two workers could both claim"
+                    ));
+                }
+            }
+        }
+        Ok(problems)
     }
 
     async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {

@@ -153,6 +153,10 @@ sql! {
     ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
     TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name";
     TableColumns = "SELECT name AS name FROM pragma_table_info(?) ORDER BY cid";
+    // A primary key or a unique index whose only column is the one asked for.
+    UniqueIndexOn = "SELECT COUNT(*) AS n FROM pragma_index_list(?) AS l \
+         WHERE l.\"unique\" = 1 AND (SELECT COUNT(*) FROM pragma_index_info(l.name)) = 1 \
+         AND (SELECT name FROM pragma_index_info(l.name)) = ?";
 }
 
 /// The steps that build the schema, oldest first; the files are what teams with their own
@@ -376,11 +380,14 @@ impl Database for SqliteDb {
         ))
     }
 
-    async fn migrate<C: Store<Db = Self>>(conn: &mut C) -> Result<(), crate::Error> {
+    async fn migrate<C: Store<Db = Self>>(
+        conn: &mut C,
+        lock_timeout: std::time::Duration,
+    ) -> Result<(), crate::Error> {
         // SQLite's DDL is transactional and `BEGIN IMMEDIATE` makes this the only writer: the
         // whole upgrade is one transaction, all or nothing, and concurrent callers wait for it.
         use crate::migrations::failed;
-        crate::migrations::in_transaction(conn, async |conn| {
+        crate::migrations::in_transaction(conn, lock_timeout, async |conn: &mut C| {
             let version = match Self::schema_version(conn)
                 .await
                 .map_err(failed("idempotent_schema"))?
@@ -417,6 +424,40 @@ impl Database for SqliteDb {
             Ok(())
         })
         .await
+    }
+
+    async fn verify<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
+        let mut problems = Vec::new();
+        for (table, expected) in crate::migrations::TABLES {
+            let columns: Vec<super::Name> = conn
+                .load(Statement::<TableColumns, _>::new(
+                    (bind::<Text, _>(*table),),
+                ))
+                .await?;
+            if columns.is_empty() {
+                problems.push(format!("the table `{table}` is missing: run migrate"));
+                continue;
+            }
+            for column in *expected {
+                if !columns.iter().any(|c| c.name == *column) {
+                    problems.push(format!("the table `{table}` has no column `{column}`"));
+                }
+            }
+        }
+        for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
+            let unique: Vec<TableCount> = conn
+                .load(Statement::<UniqueIndexOn, _>::new((
+                    bind::<Text, _>(table),
+                    bind::<Text, _>(column),
+                )))
+                .await?;
+            if unique.first().is_none_or(|r| r.n == 0) {
+                problems.push(format!(
+                    "`{table}.{column}` has no unique index: two workers could both claim"
+                ));
+            }
+        }
+        Ok(problems)
     }
 
     async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
