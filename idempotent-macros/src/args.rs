@@ -18,6 +18,7 @@ const ARGUMENTS: &[&str] = &[
     "keep",
     "redact_key",
     "once",
+    "no_companion",
     "crate",
 ];
 
@@ -39,6 +40,9 @@ pub struct Args {
     pub keep: Option<u64>,
     /// `redact_key`: show the key as a digest prefix in events, errors and `job_key`.
     pub redact_key: Option<Span>,
+    /// `no_companion`: no companion type beside the function (for an associated function, which
+    /// sits in an `impl` block where a type cannot).
+    pub no_companion: Option<Span>,
 }
 
 /// A fingerprint input: a parameter, or a field path into one.
@@ -147,6 +151,13 @@ impl Args {
                     return Err(meta.error("`redact_key` takes no value: write `redact_key`"));
                 }
                 set_once(&mut self.redact_key, path.span(), meta)
+            }
+            "no_companion" => {
+                if meta.input.peek(syn::Token![=]) {
+                    let _: syn::Expr = meta.value()?.parse()?;
+                    return Err(meta.error("`no_companion` takes no value: write `no_companion`"));
+                }
+                set_once(&mut self.no_companion, path.span(), meta)
             }
             "once" => {
                 if meta.input.peek(syn::Token![=]) {

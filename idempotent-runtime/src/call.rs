@@ -207,6 +207,7 @@ impl Call {
     pub(crate) fn claim(&self) -> Claim<'_> {
         Claim {
             digest: &self.digest,
+            token: self.context.claim_token(),
             key: &self.key_text,
             job: self.job.name(),
             fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),

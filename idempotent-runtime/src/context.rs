@@ -57,6 +57,13 @@ impl JobContext {
         })
     }
 
+    /// This run's mark on the `done_jobs` row it claims.
+    pub(crate) fn claim_token(&self) -> i64 {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&self.run[..8]);
+        i64::from_be_bytes(bytes)
+    }
+
     /// The position of the next outbox message of this run: 0, 1, 2, ...
     pub(crate) fn next_push(&self) -> u32 {
         self.pushes.fetch_add(1, Ordering::Relaxed)

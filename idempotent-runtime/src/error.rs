@@ -63,6 +63,20 @@ pub enum Error {
         key: String,
     },
 
+    /// The database rolled the job's transaction back while the body ran, and the body returned
+    /// `Ok` regardless: an error the body caught (a deadlock, a lock wait timeout), or on Galera a
+    /// conflicting write certified on another node. Nothing of the job's transaction was committed;
+    /// retrying is safe. The key's row, if another run has committed one since, is left alone.
+    #[error(
+        "job `{job}` (key `{key}`): the database rolled the job's transaction back while its body ran, and the body returned Ok regardless (it caught a deadlock or lock wait timeout, or on Galera a conflicting write won on another node). Nothing of the job's transaction was committed, its claim included (statements the body ran after the rollback ran outside any transaction); retrying is safe"
+    )]
+    TransactionRolledBackInBody {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+    },
+
     /// The handler's result is too large for the database to take in one statement; nothing was
     /// committed, and the same result will not fit next time either.
     #[error(
@@ -316,7 +330,9 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Database { retryable, .. } => *retryable,
-            Error::CommitOutcomeUnknown { .. } | Error::ClaimRetriesExhausted { .. } => true,
+            Error::CommitOutcomeUnknown { .. }
+            | Error::ClaimRetriesExhausted { .. }
+            | Error::TransactionRolledBackInBody { .. } => true,
             Error::Prune(source) | Error::Outbox(source) => {
                 matches!(
                     source,

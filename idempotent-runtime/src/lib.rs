@@ -258,10 +258,24 @@ pub mod __private_0_1_0 {
     pub use crate::call::JobCall;
     pub use crate::fingerprint::FingerprintBuilder;
     pub use crate::job::Job;
-    pub use crate::key::KeyWriter;
+    pub use crate::key::{JobKey, KeyWriter};
     pub use crate::outcome::Outcome;
     pub use crate::registry::{Part, RegisteredJob};
     pub use inventory;
+
+    /// The `T` and `E` of a handler's return type, however it is spelled (an alias such as
+    /// `anyhow::Result<T>` included): the companion's `outcome` returns `Result<Outcome<T>, E>`.
+    pub trait JobResult {
+        /// The handler's `Ok` type.
+        type Ok;
+        /// The handler's `Err` type.
+        type Err;
+    }
+
+    impl<T, E> JobResult for Result<T, E> {
+        type Ok = T;
+        type Err = E;
+    }
 
     use crate::{JobError, JobOutput};
 

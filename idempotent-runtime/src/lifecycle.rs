@@ -159,17 +159,30 @@ where
             Ok(false) => {}
             Ok(true) => {
                 transaction.rollback().await;
-                // The claim was committed with the early commit; take it back, so that the key
-                // is not "done" for a run that did not finish in one transaction.
-                if let Err(error) = S::Db::forget(transaction.store(), &call.digest).await {
-                    tracing::error!(%error, "taking back the claim of a job whose transaction ended early failed");
-                }
-                return Err(call
-                    .failed(Error::TransactionEndedInBody {
+                // Either a statement of the body committed the transaction, claim included, or
+                // the database rolled it back (a caught deadlock; on Galera, a write certified on
+                // another node), and the key's row, if any, is another run's. Only this run's own
+                // claim is taken back, so that the key is not "done" for a run that did not
+                // finish in one transaction; another run's is never touched.
+                let token = call.context.claim_token();
+                let error = match S::Db::take_back(transaction.store(), &call.digest, token).await {
+                    Ok(false) => Error::TransactionRolledBackInBody {
                         job: call.job.name(),
                         key: call.key_text.clone(),
-                    })
-                    .into());
+                    },
+                    Ok(true) => Error::TransactionEndedInBody {
+                        job: call.job.name(),
+                        key: call.key_text.clone(),
+                    },
+                    Err(error) => {
+                        tracing::error!(%error, "taking back the claim of a job whose transaction ended early failed");
+                        Error::TransactionEndedInBody {
+                            job: call.job.name(),
+                            key: call.key_text.clone(),
+                        }
+                    }
+                };
+                return Err(call.failed(error).into());
             }
             Err(error) => {
                 transaction.rollback().await;

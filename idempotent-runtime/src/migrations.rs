@@ -15,8 +15,8 @@
 //! * **Serialized.** Concurrent callers wait for one another: an advisory lock held until the
 //!   migration's transaction ends (PostgreSQL), the database's one writer (`BEGIN IMMEDIATE`,
 //!   SQLite), a named lock released by a guard (MySQL).
-//! * **Resumable.** Each step is one table; on MySQL, whose DDL commits by itself, a step whose
-//!   table exists is recorded, not run again.
+//! * **Resumable.** Each step is one table or one column; on MySQL, whose DDL commits by itself,
+//!   a step whose table (or column) exists is recorded, not run again.
 //!
 //! The steps as plain SQL, for teams with their own migration tool, are the files in
 //! `idempotent-runtime/sql/<database>/`; each records its version in `idempotent_schema`.
@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::store::{Database, Store};
 
 /// The schema version this release creates.
-pub(crate) const LATEST: i32 = 2;
+pub(crate) const LATEST: i32 = 3;
 
 /// The runtime's tables and the columns its statements use, as `verify` checks them.
 pub(crate) const TABLES: &[(&str, &[&str])] = &[
@@ -46,6 +46,7 @@ pub(crate) const TABLES: &[(&str, &[&str])] = &[
             "fingerprint",
             "done_at",
             "expires_at",
+            "claim_token",
         ],
     ),
     (
@@ -120,12 +121,23 @@ impl Migrate {
     }
 }
 
-/// One step of the schema: creates `table`.
+/// One step of the schema: creates `table`, or adds `column` to it.
 #[derive(Debug)]
 pub(crate) struct Step {
     pub(crate) version: i32,
     pub(crate) table: &'static str,
+    pub(crate) column: Option<&'static str>,
     pub(crate) sql: &'static str,
+}
+
+impl Step {
+    /// What `idempotent_schema.description` says of it: the table, or `table.column`.
+    pub(crate) fn description(&self) -> String {
+        match self.column {
+            Some(column) => format!("{}.{column}", self.table),
+            None => self.table.to_owned(),
+        }
+    }
 }
 
 /// `MAX(version)` of `idempotent_schema`.

@@ -1,12 +1,12 @@
 //! The tables the runtime keeps, as Diesel `table!` definitions.
 //!
 //! Create them with [`migrate`](crate::migrate), or apply the plain SQL files under
-//! `idempotent-runtime/migrations/<backend>/` with your own migration tool.
+//! `idempotent-runtime/sql/<database>/` with your own migration tool.
 
 diesel::table! {
     /// One row per job that ran to completion (committed): the claim that makes reruns skip.
     ///
-    /// Times are UTC, taken from the worker's clock.
+    /// Times are UTC, taken from the database's clock (never a worker's).
     done_jobs (key_digest) {
         /// SHA-256 of the job key: fixed size, so any key fits the unique index on every backend.
         key_digest -> Binary,
@@ -22,6 +22,9 @@ diesel::table! {
         done_at -> Timestamp,
         /// When the claim lapses and the job may run again (UTC); NULL: never.
         expires_at -> Nullable<Timestamp>,
+        /// Which run wrote the claim (schema version 3): a run whose transaction the database ended
+        /// under it takes back its own claim only, never another run's.
+        claim_token -> Nullable<BigInt>,
     }
 }
 

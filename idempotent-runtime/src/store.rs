@@ -187,6 +187,14 @@ pub trait Database: Sized + Send + Sync + 'static {
         digest: &[u8; 32],
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Deletes the key's row if this run's claim (`token`) holds it; whether it did.
+    #[doc(hidden)]
+    fn take_back<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        token: i64,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
     // ---- jobs ----
 
     /// One attempt at claiming: insert the key, or read the row that holds it.
@@ -326,6 +334,9 @@ pub trait Database: Sized + Send + Sync + 'static {
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     pub digest: &'a [u8; 32],
+    /// This run's mark on the row it claims (`claim_token`), so that it takes back its own claim
+    /// only.
+    pub token: i64,
     pub key: &'a str,
     pub job: &'a str,
     pub fingerprint: Option<&'a [u8]>,

@@ -107,6 +107,11 @@ pub trait Backend: Sized + 'static {
     fn held_retrying(conn: &mut Self::Conn, id: &str, window: Duration) -> Result<(), TestError>;
     fn hourly(conn: &mut Self::Conn, id: &str) -> Result<(), TestError>;
     fn ddl_in_body(conn: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError>;
+    fn rolled_back_in_body(
+        conn: &mut Self::Conn,
+        id: &str,
+        hand_over: bool,
+    ) -> Result<(), TestError>;
     fn big_result(conn: &mut Self::Conn, id: &str, bytes: usize) -> Result<usize, TestError>;
     fn write_skew(
         conn: &mut Self::Conn,
@@ -360,6 +365,14 @@ macro_rules! sync_backend {
 
             fn ddl_in_body(conn: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError> {
                 handlers::ddl_in_body(conn, id, fail)
+            }
+
+            fn rolled_back_in_body(
+                conn: &mut Self::Conn,
+                id: &str,
+                hand_over: bool,
+            ) -> Result<(), TestError> {
+                handlers::rolled_back_in_body(conn, id, hand_over)
             }
 
             fn big_result(
@@ -709,6 +722,18 @@ macro_rules! async_backend {
             fn ddl_in_body(c: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError> {
                 c.runtime
                     .block_on(handlers::ddl_in_body_async(&mut c.conn, id, fail))
+            }
+
+            fn rolled_back_in_body(
+                c: &mut Self::Conn,
+                id: &str,
+                hand_over: bool,
+            ) -> Result<(), TestError> {
+                c.runtime.block_on(handlers::rolled_back_in_body_async(
+                    &mut c.conn,
+                    id,
+                    hand_over,
+                ))
             }
 
             fn big_result(c: &mut Self::Conn, id: &str, bytes: usize) -> Result<usize, TestError> {

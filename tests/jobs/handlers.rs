@@ -372,6 +372,24 @@ pub fn ddl_in_body<C: TestConn>(conn: &mut C, id: &str, fail: bool) -> Result<()
     }
 }
 
+/// A body whose transaction the server rolls back under it (a `ROLLBACK` stands in for a caught
+/// deadlock, or a Galera brute-force abort): with `hand_over`, it then lets the test run the same key
+/// to completion elsewhere before it returns `Ok`.
+#[idempotent_job(key = "rolled:<id>", name = "rolled_back_in_body")]
+pub fn rolled_back_in_body<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    hand_over: bool,
+) -> Result<(), TestError> {
+    conn.insert_message("rolled", id)?;
+    if hand_over {
+        conn.execute_sql("ROLLBACK")?;
+        crate::signals::meet(id);
+        crate::signals::meet(id);
+    }
+    Ok(())
+}
+
 /// A job whose result is `bytes` long.
 #[idempotent_job(key = "big:<id>", name = "big_result")]
 pub fn big_result<C: TestConn>(conn: &mut C, id: &str, bytes: usize) -> Result<String, TestError> {
@@ -630,6 +648,21 @@ mod asynchronous {
     #[idempotent_job(key = "hourly:<id>", keep = "1h", name = "hourly")]
     pub async fn hourly_async<C: AsyncTestConn>(conn: &mut C, id: &str) -> Result<(), TestError> {
         conn.insert_message("hourly", id).await?;
+        Ok(())
+    }
+
+    #[idempotent_job(key = "rolled:<id>", name = "rolled_back_in_body")]
+    pub async fn rolled_back_in_body_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        hand_over: bool,
+    ) -> Result<(), TestError> {
+        conn.insert_message("rolled", id).await?;
+        if hand_over {
+            conn.execute_sql("ROLLBACK").await?;
+            crate::signals::meet(id);
+            crate::signals::meet(id);
+        }
         Ok(())
     }
 

@@ -128,6 +128,42 @@ pub fn implicit_commits_are_detected<B: Backend>() {
     assert_eq!(B::count_done(&mut conn), 0);
 }
 
+/// The server rolls the job's transaction back under the body (a caught deadlock; on Galera, a
+/// brute-force abort by a write certified on another node), another delivery of the same key runs
+/// to completion meanwhile, and then the body returns `Ok`. The first run must not touch the key's
+/// row, which is now the other run's: taking it back would let a third delivery run the job again.
+pub fn a_rolled_back_run_leaves_another_runs_claim_alone<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let id = harness::unique_name("rolled");
+    signals::barrier(&id, 2);
+    let first = std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            let mut conn = db.connect();
+            B::rolled_back_in_body(&mut conn, &id, true)
+        });
+        signals::meet(&id); // the first run's transaction is rolled back
+        let mut other = db.connect();
+        B::rolled_back_in_body(&mut other, &id, false).expect("the second delivery runs");
+        signals::meet(&id); // the first run's body returns Ok
+        first.join().expect("the first run")
+    });
+    let mut conn = db.connect();
+    assert_eq!(B::count_done(&mut conn), 1, "the second run's claim stands");
+    B::rolled_back_in_body(&mut conn, &id, false).expect("a third delivery replays");
+    assert_eq!(
+        B::count_topic(&mut conn, "rolled"),
+        1,
+        "the job's effect is there once: the third delivery replayed"
+    );
+    let error = runtime_error(first);
+    assert!(
+        matches!(error, Error::TransactionRolledBackInBody { .. }),
+        "{error}"
+    );
+    assert!(error.is_retryable(), "{error}");
+    assert!(error.to_string().contains("retrying is safe"), "{error}");
+}
+
 /// Many workers on one SQLite file, with SQLite's defaults (rollback journal, no busy timeout of
 /// their own): every call succeeds, none fails at COMMIT with "database is locked".
 pub fn many_workers_share_one_sqlite_file<B: Backend>() {

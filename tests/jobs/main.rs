@@ -418,6 +418,11 @@ macro_rules! mysql_tests {
             }
 
             #[test]
+            fn a_rolled_back_run_leaves_another_runs_claim_alone() {
+                crate::holes::a_rolled_back_run_leaves_another_runs_claim_alone::<$backend>();
+            }
+
+            #[test]
             fn results_too_large_are_refused() {
                 crate::holes::results_too_large_are_refused::<$backend>();
             }

@@ -111,10 +111,13 @@ fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc
             }
             if cut {
                 // Long enough for the server to commit; then neither side hears from the other.
+                // Counted before the cut: the client sees its error as soon as the socket closes,
+                // and the test reads the count right after (counting after the shutdown lost that race
+                // in CI, 0 cuts seen for 1 made).
                 std::thread::sleep(Duration::from_millis(300));
+                cuts.fetch_add(1, Ordering::SeqCst);
                 let _ = client_for_cut.shutdown(Shutdown::Both);
                 let _ = server_for_cut.shutdown(Shutdown::Both);
-                cuts.fetch_add(1, Ordering::SeqCst);
                 break;
             }
         }

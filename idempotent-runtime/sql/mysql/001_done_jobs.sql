@@ -19,4 +19,5 @@ CREATE TABLE done_jobs (
     UNIQUE KEY done_jobs_key_digest (key_digest),
     INDEX done_jobs_expires_at (expires_at)
 ) ENGINE = InnoDB;
-INSERT INTO idempotent_schema (version, description, applied_at) VALUES (1, 'done_jobs', UTC_TIMESTAMP(6));
+-- IGNORE: a migration on another Galera node may have recorded this step first.
+INSERT IGNORE INTO idempotent_schema (version, description, applied_at) VALUES (1, 'done_jobs', UTC_TIMESTAMP(6));

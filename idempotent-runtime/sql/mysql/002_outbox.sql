@@ -24,4 +24,5 @@ CREATE TABLE outbox (
     INDEX outbox_pending (delivered_at, parked_at, available_at, id),
     INDEX outbox_delivered (delivered_at)
 ) ENGINE = InnoDB;
-INSERT INTO idempotent_schema (version, description, applied_at) VALUES (2, 'outbox', UTC_TIMESTAMP(6));
+-- IGNORE: a migration on another Galera node may have recorded this step first.
+INSERT IGNORE INTO idempotent_schema (version, description, applied_at) VALUES (2, 'outbox', UTC_TIMESTAMP(6));

@@ -94,8 +94,9 @@ sql! {
     InTransactionNow = "SELECT @@in_transaction AS open";
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
+    TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
     ClaimInsert = concat!(
-        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) VALUES (?, ?, ?, ?, ",
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (?, ?, ?, ?, ?, ",
         now!(),
         ")"
     );
@@ -106,7 +107,7 @@ sql! {
          FROM done_jobs WHERE key_digest = ? FOR UPDATE"
     );
     Renew = concat!(
-        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, result = NULL, done_at = ",
+        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = NULL, done_at = ",
         now!(),
         ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
         now!()
@@ -177,8 +178,9 @@ sql! {
            WHERE t.table_schema = s.table_schema AND t.table_name = s.table_name \
            AND t.index_name = s.index_name) = 1";
     SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
+    // IGNORE: another migration (on another Galera node) may have recorded it first.
     RecordVersion = concat!(
-        "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
+        "INSERT IGNORE INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
     TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired");
     ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
@@ -235,12 +237,20 @@ const STEPS: &[Step] = &[
     Step {
         version: 1,
         table: "done_jobs",
+        column: None,
         sql: include_str!("../../sql/mysql/001_done_jobs.sql"),
     },
     Step {
         version: 2,
         table: "outbox",
+        column: None,
         sql: include_str!("../../sql/mysql/002_outbox.sql"),
+    },
+    Step {
+        version: 3,
+        table: "done_jobs",
+        column: Some("claim_token"),
+        sql: include_str!("../../sql/mysql/003_claim_token.sql"),
     },
 ];
 
@@ -371,6 +381,7 @@ impl Database for MysqlDb {
                 bind::<Text, _>(claim.key),
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<BigInt, _>(claim.token),
             )))
             .await;
         match inserted {
@@ -398,12 +409,27 @@ impl Database for MysqlDb {
         Ok(deleted == 1)
     }
 
+    async fn take_back<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        token: i64,
+    ) -> QueryResult<bool> {
+        let deleted = conn
+            .execute(Statement::<TakeBack, _>::new((
+                bind::<Binary, _>(&digest[..]),
+                bind::<BigInt, _>(token),
+            )))
+            .await?;
+        Ok(deleted == 1)
+    }
+
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
         let renewed = conn
             .execute(Statement::<Renew, _>::new((
                 bind::<Text, _>(claim.key),
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<BigInt, _>(claim.token),
                 bind::<Binary, _>(&claim.digest[..]),
             )))
             .await?;
@@ -551,45 +577,30 @@ impl Database for MysqlDb {
         conn: &mut C,
         lock_timeout: std::time::Duration,
     ) -> Result<(), crate::Error> {
-        use crate::migrations::failed;
         under_session_lock(
             conn,
             RELEASE_MIGRATION_LOCK,
             async |conn: &mut C| take_migration_lock(conn, lock_timeout).await,
             async |conn: &mut C| {
-                let version = match Self::schema_version(conn)
-                    .await
-                    .map_err(failed("idempotent_schema"))?
-                {
-                    Some(version) => version,
-                    None => {
-                        conn.batch(VERSION_TABLE)
-                            .await
-                            .map_err(failed("idempotent_schema"))?;
-                        if table_exists(conn, "__diesel_schema_migrations")
-                            .await
-                            .map_err(failed("__diesel_schema_migrations"))?
+                // On Galera, two nodes migrating at once can abort each other's writes to
+                // `idempotent_schema` (certification: a deadlock error); every step is
+                // idempotent, so the pass runs again.
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    match migration_pass(conn).await {
+                        Err(crate::Error::Migration { source, .. })
+                            if attempt < 5
+                                && source.downcast_ref::<DieselError>().is_some_and(|error| {
+                                    matches!(Self::classify(error), Fault::Deadlock | Fault::Serialization)
+                                }) =>
                         {
-                            conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
-                                .await
-                                .map_err(failed("__diesel_schema_migrations"))?;
+                            tracing::info!(%source, attempt, "a concurrent migration aborted this one's write; running the steps again");
+                            C::pause(std::time::Duration::from_millis(50 * attempt)).await;
                         }
-                        0
-                    }
-                };
-                for step in STEPS.iter().filter(|step| step.version > version) {
-                    if table_exists(conn, step.table)
-                        .await
-                        .map_err(failed(step.table))?
-                    {
-                        // Created by an earlier release, or by a run interrupted before it recorded
-                        // the version: the table is the step's whole work.
-                        record_version(conn, step).await?;
-                    } else {
-                        conn.batch(step.sql).await.map_err(failed(step.table))?;
+                        result => return result,
                     }
                 }
-                Ok(())
             },
         )
         .await
@@ -714,13 +725,94 @@ async fn table_exists<C: Store<Db = MysqlDb>>(conn: &mut C, table: &str) -> Quer
     Ok(rows.first().is_some_and(|r| r.n > 0))
 }
 
+/// One pass over the steps not yet recorded; see `MysqlDb::migrate`.
+async fn migration_pass<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(), crate::Error> {
+    use crate::migrations::failed;
+
+    let version = match MysqlDb::schema_version(conn)
+        .await
+        .map_err(failed("idempotent_schema"))?
+    {
+        Some(version) => version,
+        None => {
+            create(conn, "idempotent_schema", VERSION_TABLE, None).await?;
+            if table_exists(conn, "__diesel_schema_migrations")
+                .await
+                .map_err(failed("__diesel_schema_migrations"))?
+            {
+                conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
+                    .await
+                    .map_err(failed("__diesel_schema_migrations"))?;
+            }
+            0
+        }
+    };
+    for step in STEPS.iter().filter(|step| step.version > version) {
+        if step_made(conn, step).await.map_err(failed(step.table))? {
+            // Created by an earlier release, or by a run interrupted before it recorded
+            // the version: the table is the step's whole work.
+            record_version(conn, step).await?;
+        } else {
+            create(conn, step.table, step.sql, Some(step)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs a step's DDL. When it fails because its table exists after all, another migration made
+/// it meanwhile: on Galera, `GET_LOCK` holds on one node only, while DDL is ordered across the
+/// cluster, so workers starting together on two nodes both try. The step is then done; its
+/// version is recorded unless the other migration recorded it first.
+async fn create<C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+    table: &'static str,
+    sql: &str,
+    step: Option<&Step>,
+) -> Result<(), crate::Error> {
+    let Err(error) = conn.batch(sql).await else {
+        return Ok(());
+    };
+    let made_meanwhile = super::message(&error)
+        .is_some_and(|m| m.contains("already exists") || m.contains("Duplicate column"))
+        && match step {
+            Some(step) => step_made(conn, step).await,
+            None => table_exists(conn, table).await,
+        }
+        .map_err(crate::migrations::failed(table))?;
+    if !made_meanwhile {
+        return Err(crate::migrations::failed(table)(error));
+    }
+    tracing::info!(table, "another migration created this table meanwhile");
+    match step {
+        Some(step) => record_version(conn, step).await,
+        None => Ok(()),
+    }
+}
+
+/// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
+/// stopped before it recorded the step.
+async fn step_made<C: Store<Db = MysqlDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
+    if !table_exists(conn, step.table).await? {
+        return Ok(false);
+    }
+    let Some(column) = step.column else {
+        return Ok(true);
+    };
+    let columns: Vec<Column> = conn
+        .load(Statement::<TableColumns, _>::new((bind::<Text, _>(
+            step.table,
+        ),)))
+        .await?;
+    Ok(columns.iter().any(|c| c.name == column))
+}
+
 async fn record_version<C: Store<Db = MysqlDb>>(
     conn: &mut C,
     step: &Step,
 ) -> Result<(), crate::Error> {
     conn.execute(Statement::<RecordVersion, _>::new((
         bind::<Integer, _>(step.version),
-        bind::<Text, _>(step.table),
+        bind::<Text, _>(step.description()),
     )))
     .await
     .map(drop)

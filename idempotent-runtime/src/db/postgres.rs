@@ -13,7 +13,9 @@
 //!   read shares the statement's snapshot: a row committed by a racing worker while this
 //!   statement waited for it is not visible yet, and the claim goes round once more to read it.
 //! * Migrations run in one transaction (PostgreSQL's DDL is transactional) under an advisory lock
-//!   that the commit releases: nothing can leave it held.
+//!   that the commit releases: nothing can leave it held. The version check before it is in a
+//!   transaction too, so every statement the jobs and migrations run is inside one: PgBouncer in
+//!   transaction pooling mode keeps a client on one server connection only within a transaction.
 //!
 //! # Adding a column to a busy `done_jobs` later
 //!
@@ -82,16 +84,17 @@ macro_rules! message_columns {
 
 sql! {
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
+    TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
     ClaimKey = concat!(
         "WITH inserted AS (\
-           INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) \
-           VALUES (?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING RETURNING 1) \
+           INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) \
+           VALUES (?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING RETURNING 1) \
          SELECT (SELECT COUNT(*) FROM inserted) AS inserted, d.job_name, d.result, d.fingerprint, \
            CAST(EXTRACT(EPOCH FROM d.done_at) * 1000000 AS BIGINT) AS done_at_micros, (d.expires_at IS NOT NULL AND d.expires_at <= ", now!(), ") AS lapsed \
          FROM (VALUES (1)) AS one (one) LEFT JOIN done_jobs d ON d.key_digest = ?"
     );
     Renew = concat!(
-        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, result = NULL, done_at = ",
+        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = NULL, done_at = ",
         now!(),
         ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
         now!()
@@ -204,12 +207,20 @@ const STEPS: &[Step] = &[
     Step {
         version: 1,
         table: "done_jobs",
+        column: None,
         sql: include_str!("../../sql/postgres/001_done_jobs.sql"),
     },
     Step {
         version: 2,
         table: "outbox",
+        column: None,
         sql: include_str!("../../sql/postgres/002_outbox.sql"),
+    },
+    Step {
+        version: 3,
+        table: "done_jobs",
+        column: Some("claim_token"),
+        sql: include_str!("../../sql/postgres/003_claim_token.sql"),
     },
 ];
 
@@ -299,6 +310,7 @@ impl Database for PostgresDb {
                 bind::<Text, _>(claim.key),
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<BigInt, _>(claim.token),
                 bind::<Binary, _>(&claim.digest[..]),
             )))
             .await?;
@@ -329,12 +341,27 @@ impl Database for PostgresDb {
         Ok(deleted == 1)
     }
 
+    async fn take_back<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        token: i64,
+    ) -> QueryResult<bool> {
+        let deleted = conn
+            .execute(Statement::<TakeBack, _>::new((
+                bind::<Binary, _>(&digest[..]),
+                bind::<BigInt, _>(token),
+            )))
+            .await?;
+        Ok(deleted == 1)
+    }
+
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
         let renewed = conn
             .execute(Statement::<Renew, _>::new((
                 bind::<Text, _>(claim.key),
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<BigInt, _>(claim.token),
                 bind::<Binary, _>(&claim.digest[..]),
             )))
             .await?;
@@ -465,13 +492,21 @@ impl Database for PostgresDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        if !table_exists(conn, "idempotent_schema").await? {
-            return Ok(None);
-        }
-        let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
-        Ok(Some(
-            rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
-        ))
+        // In a transaction of its own (a savepoint inside the migration's): diesel-async prepares
+        // and executes a statement in two round trips, and PgBouncer in transaction pooling mode
+        // may hand those to two different server connections when no transaction pins one
+        // ("prepared statement \"s3\" does not exist"). This is the one read that runs before
+        // any transaction, when every worker migrates at start.
+        crate::transaction::in_transaction(conn, async |conn| {
+            if !table_exists(conn, "idempotent_schema").await? {
+                return Ok(None);
+            }
+            let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
+            Ok(Some(
+                rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
+            ))
+        })
+        .await
     }
 
     async fn migrate<C: Store<Db = Self>>(
@@ -515,7 +550,7 @@ impl Database for PostgresDb {
             // seen through the connection's own search_path.
             let mut pending = Vec::new();
             for step in STEPS.iter().filter(|step| step.version > version.unwrap_or(0)) {
-                pending.push((step, table_exists(conn, step.table).await.map_err(failed(step.table))?));
+                pending.push((step, step_made(conn, step).await.map_err(failed(step.table))?));
             }
             if version.is_none()
                 && table_exists(conn, "__diesel_schema_migrations").await.map_err(failed("__diesel_schema_migrations"))?
@@ -641,13 +676,30 @@ async fn table_exists<C: Store<Db = PostgresDb>>(conn: &mut C, table: &str) -> Q
     Ok(rows.first().is_some_and(|r| r.n > 0))
 }
 
+/// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
+/// stopped before it recorded the step.
+async fn step_made<C: Store<Db = PostgresDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
+    if !table_exists(conn, step.table).await? {
+        return Ok(false);
+    }
+    let Some(column) = step.column else {
+        return Ok(true);
+    };
+    let columns: Vec<super::Name> = conn
+        .load(Statement::<TableColumns, _>::new((bind::<Text, _>(
+            step.table,
+        ),)))
+        .await?;
+    Ok(columns.iter().any(|c| c.name == column))
+}
+
 async fn record_version<C: Store<Db = PostgresDb>>(
     conn: &mut C,
     step: &Step,
 ) -> Result<(), crate::Error> {
     conn.execute(Statement::<RecordVersion, _>::new((
         bind::<Integer, _>(step.version),
-        bind::<Text, _>(step.table),
+        bind::<Text, _>(step.description()),
     )))
     .await
     .map(drop)

@@ -73,8 +73,9 @@ macro_rules! message_columns {
 
 sql! {
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
+    TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
     ClaimInsert = concat!(
-        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, done_at) VALUES (?, ?, ?, ?, ",
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (?, ?, ?, ?, ?, ",
         now!(),
         ") ON CONFLICT DO NOTHING"
     );
@@ -85,7 +86,7 @@ sql! {
          FROM done_jobs WHERE key_digest = ?"
     );
     Renew = concat!(
-        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, result = NULL, done_at = ",
+        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = NULL, done_at = ",
         now!(),
         ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
         now!()
@@ -165,12 +166,20 @@ const STEPS: &[Step] = &[
     Step {
         version: 1,
         table: "done_jobs",
+        column: None,
         sql: include_str!("../../sql/sqlite/001_done_jobs.sql"),
     },
     Step {
         version: 2,
         table: "outbox",
+        column: None,
         sql: include_str!("../../sql/sqlite/002_outbox.sql"),
+    },
+    Step {
+        version: 3,
+        table: "done_jobs",
+        column: Some("claim_token"),
+        sql: include_str!("../../sql/sqlite/003_claim_token.sql"),
     },
 ];
 
@@ -208,6 +217,7 @@ impl Database for SqliteDb {
                 bind::<Text, _>(claim.key),
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<BigInt, _>(claim.token),
             )))
             .await?;
         if inserted == 1 {
@@ -233,12 +243,27 @@ impl Database for SqliteDb {
         Ok(deleted == 1)
     }
 
+    async fn take_back<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        token: i64,
+    ) -> QueryResult<bool> {
+        let deleted = conn
+            .execute(Statement::<TakeBack, _>::new((
+                bind::<Binary, _>(&digest[..]),
+                bind::<BigInt, _>(token),
+            )))
+            .await?;
+        Ok(deleted == 1)
+    }
+
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
         let renewed = conn
             .execute(Statement::<Renew, _>::new((
                 bind::<Text, _>(claim.key),
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
+                bind::<BigInt, _>(claim.token),
                 bind::<Binary, _>(&claim.digest[..]),
             )))
             .await?;
@@ -411,10 +436,7 @@ impl Database for SqliteDb {
                 }
             };
             for step in STEPS.iter().filter(|step| step.version > version) {
-                if table_exists(conn, step.table)
-                    .await
-                    .map_err(failed(step.table))?
-                {
+                if step_made(conn, step).await.map_err(failed(step.table))? {
                     // Made by an earlier release: adopt it.
                     record_version(conn, step).await?;
                 } else {
@@ -492,13 +514,30 @@ async fn table_exists<C: Store<Db = SqliteDb>>(conn: &mut C, table: &str) -> Que
     Ok(rows.first().is_some_and(|r| r.n > 0))
 }
 
+/// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
+/// stopped before it recorded the step.
+async fn step_made<C: Store<Db = SqliteDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
+    if !table_exists(conn, step.table).await? {
+        return Ok(false);
+    }
+    let Some(column) = step.column else {
+        return Ok(true);
+    };
+    let columns: Vec<super::Name> = conn
+        .load(Statement::<TableColumns, _>::new((bind::<Text, _>(
+            step.table,
+        ),)))
+        .await?;
+    Ok(columns.iter().any(|c| c.name == column))
+}
+
 async fn record_version<C: Store<Db = SqliteDb>>(
     conn: &mut C,
     step: &Step,
 ) -> Result<(), crate::Error> {
     conn.execute(Statement::<RecordVersion, _>::new((
         bind::<Integer, _>(step.version),
-        bind::<Text, _>(step.table),
+        bind::<Text, _>(step.description()),
     )))
     .await
     .map(drop)

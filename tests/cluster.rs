@@ -1,0 +1,729 @@
+//! Beyond one database server: a three-node MariaDB Galera cluster, a PostgreSQL primary with a
+//! standby that is promoted when the primary dies (synchronous and asynchronous replication), and
+//! PgBouncer in transaction pooling mode. Each setup runs on servers this test starts for itself
+//! on loopback (its own ports and data directories, never the machine's servers on 5432/3306),
+//! and stops and removes them however the test ends.
+//!
+//! Workers are threads with connections of their own, sync and async side by side, fed by an
+//! in-process at-least-once queue (`support/cluster_workers.rs`). Faults are injected at points
+//! the test chooses (after a given number of acknowledgements, or while a job is paused inside
+//! its transaction), and every wait is bounded.
+//!
+//! Needs `galera-4`, `mariadb-server`, `postgresql-15` and `pgbouncer` (Debian packages;
+//! `scripts/test` installs them).
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection as _;
+use diesel::prelude::*;
+
+#[path = "support/cluster_workers.rs"]
+mod cluster_workers;
+#[path = "support/figures.rs"]
+mod figures;
+#[path = "support/galera.rs"]
+mod galera;
+#[path = "support/postgres_cluster.rs"]
+mod postgres_cluster;
+#[path = "support/processes.rs"]
+mod processes;
+
+use cluster_workers::{
+    Broker, ConnOptions, EFFECTS_MYSQL, EFFECTS_POSTGRES, Event, Failure, Kind, WorkerSpec,
+};
+use galera::Galera;
+use postgres_cluster::{PgBouncer, Postgres, Replication};
+
+/// One setup at a time: each starts several servers, and the machine has two cores.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `count` jobs named `prefix-i`, the first `raced` of them delivered twice, back to back.
+fn jobs(prefix: &str, count: usize, raced: usize) -> Vec<(String, usize)> {
+    (0..count)
+        .map(|i| (format!("{prefix}-{i}"), if i < raced { 2 } else { 1 }))
+        .collect()
+}
+
+/// Every job's effect exists exactly once, and `done_jobs` holds one claim per job.
+fn assert_exactly_once(what: &str, counts: &cluster_workers::Counts, jobs: &[(String, usize)]) {
+    let expected: BTreeSet<&String> = jobs.iter().map(|(job, _)| job).collect();
+    let missing: Vec<&&String> = expected
+        .iter()
+        .filter(|job| !counts.effects.contains_key(**job))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{what}: jobs with no effect: {missing:?}"
+    );
+    let doubled: Vec<(&String, &i64)> = counts.effects.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "{what}: jobs whose effect exists more than once: {doubled:?}"
+    );
+    assert_eq!(
+        counts.effects.len(),
+        jobs.len(),
+        "{what}: effects of unknown jobs"
+    );
+    assert_eq!(
+        counts.claims,
+        jobs.len() as i64,
+        "{what}: one claim per job"
+    );
+}
+
+// ---- PgBouncer -----------------------------------------------------------------------------------
+
+/// Connections through PgBouncer in transaction pooling mode with Diesel's default statement
+/// cache: what breaks. Two sync workers (whose cached statements are named `__diesel_stmt_<n>`
+/// per connection, so two connections name different statements alike) and two async workers
+/// (named `s<n>` per process) share two server connections.
+fn pgbouncer_with_statement_cache(bouncer: &PgBouncer, runs: usize) -> Vec<String> {
+    let broker = Broker::new();
+    let specs = [
+        Kind::SyncPostgres,
+        Kind::SyncPostgres,
+        Kind::AsyncPostgres,
+        Kind::AsyncPostgres,
+    ]
+    .into_iter()
+    .map(|kind| WorkerSpec {
+        kind,
+        urls: vec![bouncer.url()],
+        options: ConnOptions::default(),
+    })
+    .collect();
+    let jobs = jobs("cached", runs, 0);
+    broker.publish(&jobs);
+    let workers = cluster_workers::spawn(&broker, specs, &cluster_workers::no_hook());
+    // Failed deliveries go back to the queue; a bounded look at what the workers met is enough.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && broker.acked() < runs {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster_workers::stop(&broker, workers);
+    let tally = broker.tally();
+    let mut errors: Vec<String> = tally
+        .migrate_failures
+        .iter()
+        .cloned()
+        .chain(tally.unexpected.iter().cloned())
+        .collect();
+    errors.sort();
+    errors.dedup();
+    errors
+}
+
+/// Terminates the server connection of a job paused inside its transaction (idle in it for a
+/// while, unlike a running job's): PgBouncer then closes the client's connection.
+fn terminate_paused_transactions(server_port: u16) -> usize {
+    #[derive(QueryableByName)]
+    struct Terminated {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        terminated: bool,
+    }
+    let url = Postgres::url_of(server_port, "postgres");
+    let mut conn = PgConnection::establish(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+    let rows: Vec<Terminated> = diesel::sql_query(
+        "SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity \
+         WHERE datname = 'test' AND state = 'idle in transaction' \
+         AND state_change < clock_timestamp() - INTERVAL '150 milliseconds'",
+    )
+    .load(&mut conn)
+    .expect("pg_terminate_backend");
+    rows.iter().filter(|r| r.terminated).count()
+}
+
+/// Sync and async workers through PgBouncer in transaction pooling mode, with fewer server
+/// connections than workers: every worker migrates at start, keys race, and server connections
+/// are terminated under jobs paused inside their transactions.
+#[test]
+fn pgbouncer_transaction_pooling() {
+    const JOBS: usize = 300;
+    const RACED: usize = 100;
+    const TERMINATIONS: usize = 4;
+    let _serial = serial();
+    let started = Instant::now();
+    let mut pg = Postgres::single("pgbouncer");
+    let bouncer = PgBouncer::start(&mut pg, 3);
+    let direct = Postgres::url_of(pg.primary.port, "test");
+    postgres_cluster::execute(&direct, EFFECTS_POSTGRES);
+
+    // What breaks with Diesel's default: cached statements are per client connection, prepared
+    // statements per server connection, and PgBouncer swaps the second under the first.
+    let cached_errors = pgbouncer_with_statement_cache(&bouncer, 100);
+    assert!(
+        cached_errors
+            .iter()
+            .any(|e| e.contains("prepared statement")),
+        "with the statement cache on, PgBouncer 1.18 in transaction mode is expected to break \
+         prepared statements; the workers met: {cached_errors:?}"
+    );
+    // Start again from empty tables.
+    postgres_cluster::execute(
+        &direct,
+        "DROP TABLE done_jobs, outbox, idempotent_schema; TRUNCATE effects",
+    );
+
+    let broker = Broker::new();
+    let jobs = jobs("bouncer", JOBS, RACED);
+    let paused: Vec<String> = (0..TERMINATIONS)
+        .map(|k| format!("bouncer-{}", RACED + 40 + k * 40))
+        .collect();
+    let hook = cluster_workers::pause_once(&broker, &paused, Duration::from_millis(600));
+    let options = ConnOptions {
+        statement_cache: false,
+        session: None,
+    };
+    let specs = [Kind::SyncPostgres, Kind::AsyncPostgres]
+        .into_iter()
+        .cycle()
+        .take(6)
+        .map(|kind| WorkerSpec {
+            kind,
+            urls: vec![bouncer.url()],
+            options: options.clone(),
+        })
+        .collect();
+    broker.publish(&jobs);
+    let workers = cluster_workers::spawn(&broker, specs, &hook);
+    let mut terminated = 0;
+    for k in 1..=TERMINATIONS {
+        broker.wait(
+            &format!("job {k} of {TERMINATIONS} pausing inside its transaction"),
+            Duration::from_secs(60),
+            |s| Broker::paused(s) >= k,
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        broker.event(Event::Fault(format!(
+            "terminating the server connection under paused job {k}"
+        )));
+        terminated += terminate_paused_transactions(pg.primary.port);
+    }
+    broker.wait_all_acked(Duration::from_secs(120));
+    cluster_workers::stop(&broker, workers);
+    let tally = broker.tally();
+    let counts = cluster_workers::counts_postgres(&direct);
+    figures::report(&format!(
+        "pgbouncer (transaction pooling, 3 server connections, 6 workers: 3 sync, 3 async, statement cache off): \
+         jobs {JOBS}, raced keys {RACED}, server connections terminated under paused jobs {terminated}, \
+         failed deliveries {}, reconnects {}, ran {}, replays {}, effects {}, claims {}, in {:.1?}; \
+         with the cache on: {}",
+        tally.total_failures(),
+        tally.connects - 6,
+        tally.runs(),
+        tally.replays,
+        counts.total_effects(),
+        counts.claims,
+        started.elapsed(),
+        cached_errors
+            .iter()
+            .map(|e| e.split(": ").last().unwrap_or(e).to_owned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
+    assert!(
+        tally.migrate_failures.is_empty(),
+        "six workers migrating at once through PgBouncer: {:?}",
+        tally.migrate_failures
+    );
+    assert!(
+        tally.unexpected.is_empty(),
+        "failures before any fault: {:?}",
+        tally.unexpected
+    );
+    assert_eq!(
+        terminated, TERMINATIONS,
+        "each paused job's server connection was terminated"
+    );
+    assert!(
+        tally.total_failures() >= TERMINATIONS,
+        "each terminated job failed and went back to the queue: {:?}",
+        tally.failures
+    );
+    assert_exactly_once("through PgBouncer", &counts, &jobs);
+    assert!(
+        tally.ran.values().all(|n| *n == 1),
+        "each job ran once, as the workers saw it"
+    );
+    assert_eq!(tally.runs(), JOBS);
+    assert_eq!(
+        tally.replays, RACED,
+        "every second copy of a raced job replayed"
+    );
+}
+
+// ---- MariaDB Galera --------------------------------------------------------------------------------
+
+/// Every node migrating at the same moment, as workers started together on a cluster do, each
+/// calling `migrate` again after a failure. Returns the failed attempts.
+fn migrate_on_every_node(galera: &Galera) -> Vec<String> {
+    let barrier = std::sync::Barrier::new(galera.nodes.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..galera.nodes.len())
+            .map(|i| {
+                let url = galera.url(i, "cluster");
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let mut conn =
+                        MysqlConnection::establish(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+                    barrier.wait();
+                    let mut failed = Vec::new();
+                    while let Err(error) = idempotent_jobs::migrate(&mut conn) {
+                        failed.push(format!("node {i}: {error}"));
+                        assert!(
+                            failed.len() < 10,
+                            "migrate on node {i} kept failing: {failed:?}"
+                        );
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    failed
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a migrating thread"))
+            .collect()
+    })
+}
+
+/// A job runs on node 0, and its redelivery comes at once to a worker on node 1, which may not
+/// have applied the first run's write yet. Returns how many of `count` redeliveries ran their
+/// body and then lost at commit (to be replayed by the next redelivery), with `wsrep_sync_wait`
+/// at `sync_wait` on node 1's session.
+fn redeliveries_to_a_lagging_node(galera: &Galera, count: usize, sync_wait: u8) -> usize {
+    use cluster_workers::WorkerConn as _;
+    let options = ConnOptions::default();
+    let mut first = MysqlConnection::connect(&galera.url(0, "cluster"), &options)
+        .unwrap_or_else(|e| panic!("node 0: {e}"));
+    let lagging = ConnOptions {
+        statement_cache: true,
+        session: Some(format!("SET SESSION wsrep_sync_wait = {sync_wait}")),
+    };
+    let mut second = MysqlConnection::connect(&galera.url(1, "cluster"), &lagging)
+        .unwrap_or_else(|e| panic!("node 1: {e}"));
+    // Large writes from node 2 keep node 1's applier busy, so that node 1 lags behind what the
+    // cluster has committed, as a loaded node does.
+    let loading = std::sync::atomic::AtomicBool::new(true);
+    let url = galera.url(2, "cluster");
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut loader =
+                MysqlConnection::establish(&url).unwrap_or_else(|e| panic!("node 2: {e}"));
+            // At most 2 MB a round and 150 rounds, so that the nodes' disks never fill.
+            for _ in 0..150 {
+                if !loading.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                loader
+                    .batch_execute(
+                        "INSERT INTO filler (pad) SELECT REPEAT('x', 500) FROM seq_1_to_4000",
+                    )
+                    .unwrap_or_else(|e| panic!("loading node 2: {e}"));
+            }
+        });
+        // Stops the loader however this returns, a failed assertion included.
+        struct StopLoading<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopLoading<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let _stop = StopLoading(&loading);
+        redeliver(&mut first, &mut second, count, sync_wait)
+    })
+}
+
+fn redeliver(
+    first: &mut MysqlConnection,
+    second: &mut MysqlConnection,
+    count: usize,
+    sync_wait: u8,
+) -> usize {
+    use cluster_workers::WorkerConn as _;
+    let mut wasted = 0;
+    for k in 0..count {
+        let job = format!("lag{sync_wait}-{k}");
+        let ran = first
+            .apply(&job, 1, &|_: &str| {})
+            .unwrap_or_else(|e| panic!("{job} on node 0: {e}"));
+        let mut tries = 0;
+        let replayed = loop {
+            match second.apply(&job, 2, &|_: &str| {}) {
+                Ok(result) => break result,
+                Err(error) => {
+                    assert!(
+                        matches!(
+                            cluster_workers::classify(&error),
+                            Failure::CertificationAtCommit | Failure::ConflictBeforeCommit
+                        ),
+                        "{job} on node 1: {error}"
+                    );
+                    wasted += 1;
+                    tries += 1;
+                    assert!(tries < 10, "{job} kept conflicting on node 1");
+                }
+            }
+        };
+        assert_eq!(replayed, ran, "{job}: node 1 replays node 0's result");
+    }
+    wasted
+}
+
+/// Two workers on two nodes claim one key at the same moment. Neither node has the other's write
+/// when it claims, so both claims succeed locally and both bodies run; the first commit to be
+/// ordered by the cluster wins, and the other transaction fails with deadlock 1213 (Galera's
+/// certification failure, or its brute-force abort if the winner's write was applied first). The
+/// loser's redelivery replays the winner's result.
+fn certification_conflict(galera: &Galera) -> (Failure, String) {
+    use cluster_workers::WorkerConn as _;
+    let both_in_body = std::sync::Barrier::new(2);
+    let outcomes: Vec<Result<u64, cluster_workers::WorkerError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [0usize, 1]
+            .into_iter()
+            .map(|node| {
+                let url = galera.url(node, "cluster");
+                let both_in_body = &both_in_body;
+                scope.spawn(move || {
+                    let mut conn = MysqlConnection::connect(&url, &ConnOptions::default())
+                        .unwrap_or_else(|e| panic!("{url}: {e}"));
+                    let hook = |_: &str| {
+                        both_in_body.wait();
+                    };
+                    conn.apply("conflict", node as u64 + 1, &hook)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a racing thread"))
+            .collect()
+    });
+    let winners: Vec<u64> = outcomes
+        .iter()
+        .filter_map(|o| o.as_ref().ok().copied())
+        .collect();
+    let errors: Vec<&cluster_workers::WorkerError> =
+        outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    assert_eq!(
+        (winners.len(), errors.len()),
+        (1, 1),
+        "one of two claims racing on two nodes commits, the other fails: {outcomes:?}"
+    );
+    let failure = cluster_workers::classify(errors[0]);
+    assert!(
+        matches!(
+            failure,
+            Failure::CertificationAtCommit | Failure::ConflictBeforeCommit
+        ),
+        "the loser fails with Galera's deadlock 1213: {}",
+        errors[0]
+    );
+    let loser = usize::from(winners[0] == 1);
+    // The loser's redelivery, on its own node, and a third worker on the third node: both replay.
+    for node in [loser, 2] {
+        let url = galera.url(node, "cluster");
+        let mut conn = MysqlConnection::connect(&url, &ConnOptions::default())
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let replayed = conn
+            .apply("conflict", 99, &|_: &str| {})
+            .unwrap_or_else(|e| panic!("the redelivery on node {node}: {e}"));
+        assert_eq!(
+            replayed, winners[0],
+            "node {node} replays the winner's result"
+        );
+    }
+    let counts = cluster_workers::counts_mysql(&galera.url(2, "cluster"));
+    assert_eq!(
+        counts.effects.get("conflict"),
+        Some(&1),
+        "the conflicting key's effect, once"
+    );
+    (failure, errors[0].to_string())
+}
+
+/// Six workers (sync and async, two per node) on three Galera nodes, keys raced across nodes, and
+/// one node SIGKILLed a third of the way through: its workers move to another node.
+#[test]
+fn galera_three_nodes() {
+    const JOBS: usize = 300;
+    const RACED: usize = 150;
+    let _serial = serial();
+    let started = Instant::now();
+    let mut galera = Galera::start(3);
+    let startup = started.elapsed();
+    galera.admin(
+        0,
+        &format!(
+            "CREATE DATABASE cluster; USE cluster; {EFFECTS_MYSQL}; \
+             CREATE TABLE filler (id BIGINT AUTO_INCREMENT PRIMARY KEY, pad TEXT NOT NULL) ENGINE = InnoDB"
+        ),
+    );
+
+    let migrate_failures = migrate_on_every_node(&galera);
+    let (conflict, conflict_error) = certification_conflict(&galera);
+    const LAGGING: usize = 200;
+    let wasted_without_causal_reads = redeliveries_to_a_lagging_node(&galera, LAGGING, 0);
+    let wasted_with_causal_reads = redeliveries_to_a_lagging_node(&galera, LAGGING, 1);
+
+    let broker = Broker::new();
+    let jobs = jobs("galera", JOBS, RACED);
+    let specs = (0..6)
+        .map(|i| WorkerSpec {
+            kind: if i % 2 == 0 {
+                Kind::SyncMysql
+            } else {
+                Kind::AsyncMysql
+            },
+            // Its own node first, then the others: where it goes when its node dies.
+            urls: (0..3).map(|k| galera.url((i + k) % 3, "cluster")).collect(),
+            options: ConnOptions::default(),
+        })
+        .collect();
+    broker.publish(&jobs);
+    let run_started = Instant::now();
+    let workers = cluster_workers::spawn(&broker, specs, &cluster_workers::no_hook());
+    let total: usize = jobs.iter().map(|(_, copies)| copies).sum();
+    broker.wait(
+        "a third of the deliveries acknowledged",
+        Duration::from_secs(60),
+        |s| s.acked >= total / 3,
+    );
+    broker.event(Event::Fault("SIGKILL to node 2".to_owned()));
+    galera.kill(2);
+    broker.wait_all_acked(Duration::from_secs(120));
+    let run_took = run_started.elapsed();
+    cluster_workers::stop(&broker, workers);
+    galera.wait_cluster_size(0, 2);
+
+    let tally = broker.tally();
+    let counts = cluster_workers::counts_mysql(&galera.url(0, "cluster"));
+    let on_node_1 = cluster_workers::counts_mysql(&galera.url(1, "cluster"));
+    figures::report(&format!(
+        "galera (3 nodes, 6 workers: 3 sync, 3 async, 2 per node): started in {startup:.1?}; \
+         migrate on 3 nodes at once: {} failed attempts; \
+         a claim raced on two nodes: the loser got {conflict:?}; \
+         {LAGGING} redeliveries right after the run on another node: {wasted_without_causal_reads} ran the body and lost at commit \
+         with wsrep_sync_wait=0, {wasted_with_causal_reads} with wsrep_sync_wait=1; \
+         run: jobs {JOBS} ({RACED} delivered twice at once to workers on different nodes), node 2 SIGKILLed \
+         after {} deliveries, certification failures at commit {}, conflicts before commit {}, \
+         commits in doubt (connection lost in COMMIT) {}, other failures {}, reconnects {}, ran {}, replays {}, \
+         effects {}, claims {}, in {run_took:.1?}",
+        migrate_failures.len(),
+        total / 3,
+        tally.failed(Failure::CertificationAtCommit),
+        tally.failed(Failure::ConflictBeforeCommit),
+        tally.failed(Failure::CommitInDoubt),
+        tally.failed(Failure::Other),
+        tally.connects - 6,
+        tally.runs(),
+        tally.replays,
+        counts.total_effects(),
+        counts.claims,
+    ));
+    assert!(
+        conflict_error.contains("1213") || conflict_error.contains("Deadlock"),
+        "{conflict_error}"
+    );
+    assert!(
+        migrate_failures.is_empty(),
+        "migrating on every node at once: a step another node made meanwhile is found done, so none fails: {migrate_failures:?}"
+    );
+    assert!(
+        tally.unexpected.is_empty(),
+        "failures before the kill other than write conflicts: {:?}",
+        tally.unexpected
+    );
+    assert_eq!(
+        wasted_with_causal_reads, 0,
+        "with wsrep_sync_wait=1 a redelivery's BEGIN waits until its node has applied the first run"
+    );
+    let mut expected = jobs.clone();
+    expected.push(("conflict".to_owned(), 1));
+    expected
+        .extend((0..LAGGING).flat_map(|k| [(format!("lag0-{k}"), 1), (format!("lag1-{k}"), 1)]));
+    assert_exactly_once("on Galera after a node's death", &counts, &expected);
+    assert_eq!(
+        counts.effects, on_node_1.effects,
+        "both surviving nodes hold the same effects"
+    );
+    // A job no worker saw run is one whose COMMIT lost its connection: it committed on the cluster
+    // before the node died, and its redelivery replayed.
+    for (job, _) in &jobs {
+        match tally.ran.get(job).copied().unwrap_or(0) {
+            1 => {}
+            0 => assert!(
+                tally.in_doubt.contains(job),
+                "job {job} never ran as a worker saw it, yet no commit of it was in doubt"
+            ),
+            n => panic!("job {job} ran {n} times as the workers saw it"),
+        }
+    }
+    assert_eq!(
+        tally.runs() + tally.replays,
+        total,
+        "every delivery ran or replayed exactly once in the end"
+    );
+    assert!(
+        tally.connects >= 6 + 2,
+        "node 2's two workers reconnected to another node: {} connections",
+        tally.connects
+    );
+}
+
+// ---- PostgreSQL failover -----------------------------------------------------------------------------
+
+/// Four workers (two sync on libpq, two async on tokio-postgres) on a multi-host URL that finds the
+/// writable server. A third of the way through, the primary's WAL sender is stopped (the standby
+/// falls behind, as over a slow or cut network), the workers go on for up to two seconds, then the
+/// primary is SIGKILLed with all its processes and the standby promoted. The workers reconnect and
+/// the queue's redeliveries finish. Then every job is delivered once more, as a producer that
+/// retries after an outage would: what the failover lost runs a second time.
+fn failover(replication: Replication) {
+    const JOBS: usize = 300;
+    const RACED: usize = 50;
+    let _serial = serial();
+    let started = Instant::now();
+    let mut pg = Postgres::replicated(replication);
+    let startup = started.elapsed();
+    postgres_cluster::execute(&Postgres::url_of(pg.primary.port, "test"), EFFECTS_POSTGRES);
+
+    let broker = Broker::new();
+    let jobs = jobs("failover", JOBS, RACED);
+    let specs = [Kind::SyncPostgres, Kind::AsyncPostgres]
+        .into_iter()
+        .cycle()
+        .take(4)
+        .map(|kind| WorkerSpec {
+            kind,
+            urls: vec![pg.url()],
+            options: ConnOptions::default(),
+        })
+        .collect();
+    broker.publish(&jobs);
+    let workers = cluster_workers::spawn(&broker, specs, &cluster_workers::no_hook());
+    let total: usize = jobs.iter().map(|(_, copies)| copies).sum();
+    broker.wait(
+        "a third of the deliveries acknowledged",
+        Duration::from_secs(60),
+        |s| s.acked >= total / 3,
+    );
+
+    let sender = pg.wal_sender_pid();
+    broker.event(Event::Fault("the primary's WAL sender stopped".to_owned()));
+    Postgres::pause(sender);
+    // A commit that returned just before the stop is acknowledged a moment later; count from
+    // after those (short: without a synchronous standby the workers go on at a job a millisecond).
+    std::thread::sleep(Duration::from_millis(20));
+    let behind_from = broker.acked();
+    // Up to 40 acknowledgements or two seconds, whichever comes first: with a synchronous standby
+    // no commit returns while it is cut off.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && broker.acked() < behind_from + 40 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let acked_while_behind = broker.acked() - behind_from;
+    broker.event(Event::Fault("the primary SIGKILLed".to_owned()));
+    pg.kill_primary();
+    let failover_started = Instant::now();
+    pg.promote_standby();
+    let promoted_in = failover_started.elapsed();
+    broker.wait_all_acked(Duration::from_secs(120));
+    let after_failover = cluster_workers::counts_postgres(&pg.standby_url("test"));
+    let first_pass = broker.tally();
+
+    // Every job once more.
+    let again: Vec<(String, usize)> = jobs.iter().map(|(job, _)| (job.clone(), 1)).collect();
+    broker.publish(&again);
+    broker.wait_all_acked(Duration::from_secs(120));
+    cluster_workers::stop(&broker, workers);
+    let tally = broker.tally();
+    let end = cluster_workers::counts_postgres(&pg.standby_url("test"));
+
+    let lost_claims = JOBS - usize::try_from(after_failover.claims).expect("a count");
+    let lost_effects = JOBS - after_failover.effects.len();
+    let ran_twice = tally.ran.values().filter(|n| **n == 2).count();
+    figures::report(&format!(
+        "postgres failover ({replication:?} replication; 4 workers: 2 sync, 2 async, multi-host URL): \
+         started in {startup:.1?}; jobs {JOBS} ({RACED} delivered twice at once); after {} deliveries the standby \
+         was cut off: {acked_while_behind} jobs acknowledged while it was, then the primary was SIGKILLed and the \
+         standby promoted in {promoted_in:.1?}; failed deliveries {} (commits in doubt {}), reconnects {}; \
+         after the failover: committed claims lost {lost_claims}, effects lost {lost_effects}; every job delivered again: \
+         ran twice {ran_twice}, replays {}; in {:.1?}",
+        behind_from,
+        first_pass.total_failures(),
+        first_pass.failed(Failure::CommitInDoubt),
+        first_pass.connects - 4,
+        tally.replays - first_pass.replays,
+        started.elapsed(),
+    ));
+    assert!(
+        tally.unexpected.is_empty(),
+        "failures before any fault: {:?}",
+        tally.unexpected
+    );
+    assert!(
+        first_pass.connects > 4,
+        "the workers reconnected to the promoted standby"
+    );
+    // Whatever the failover lost, the second delivery ran once more; the database ends with one
+    // effect per job either way.
+    assert_exactly_once("on the promoted standby", &end, &jobs);
+    assert_eq!(
+        lost_claims, lost_effects,
+        "a claim and its job's effect are lost together"
+    );
+    assert_eq!(
+        ran_twice, lost_claims,
+        "exactly the jobs whose claims were lost ran again"
+    );
+    assert!(tally.ran.values().all(|n| *n <= 2));
+    match replication {
+        Replication::Synchronous => {
+            assert_eq!(
+                acked_while_behind, 0,
+                "no commit returns while the synchronous standby is cut off"
+            );
+            assert_eq!(
+                lost_claims, 0,
+                "a synchronous standby holds every acknowledged commit"
+            );
+            assert_eq!(ran_twice, 0, "nothing ran twice");
+            assert_eq!(
+                tally.replays - first_pass.replays,
+                JOBS,
+                "the second delivery replayed every job"
+            );
+        }
+        Replication::Asynchronous => {
+            assert!(
+                acked_while_behind > 0,
+                "the primary went on committing without its asynchronous standby"
+            );
+            assert!(
+                lost_claims >= acked_while_behind,
+                "every job committed while the standby was cut off is lost with the primary: \
+                 {lost_claims} lost, {acked_while_behind} committed then"
+            );
+        }
+    }
+}
+
+#[test]
+fn postgres_failover_synchronous_standby() {
+    failover(Replication::Synchronous);
+}
+
+#[test]
+fn postgres_failover_asynchronous_standby() {
+    failover(Replication::Asynchronous);
+}
