@@ -248,6 +248,29 @@ pub enum Error {
         job: &'static str,
     },
 
+    /// A look-up, list or forget of [`keys`](crate::keys) failed; a forget is one statement, so
+    /// either the key's row is gone or it is untouched.
+    #[error(
+        "{action} failed: {source}; nothing was changed{hint}",
+        hint = hint(source)
+    )]
+    Keys {
+        /// What was being done.
+        action: &'static str,
+        /// The database's error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
+    /// A [`keys`](crate::keys) function was called inside a transaction the caller holds open.
+    #[error(
+        "could not {what}: the connection is inside an open transaction, where a job's own uncommitted claim would be seen (and forgotten). Use a connection outside any transaction; nothing was changed"
+    )]
+    KeysInsideTransaction {
+        /// What was asked.
+        what: &'static str,
+    },
+
     /// A relay was run inside a transaction the caller holds open.
     #[error(
         "the outbox relay was run inside an open transaction: its lease would hold row locks until that transaction ends, and a rollback would undo its marks. Run the relay on a connection outside any transaction; nothing was leased"
@@ -333,7 +356,7 @@ impl Error {
             Error::CommitOutcomeUnknown { .. }
             | Error::ClaimRetriesExhausted { .. }
             | Error::TransactionRolledBackInBody { .. } => true,
-            Error::Prune(source) | Error::Outbox(source) => {
+            Error::Prune(source) | Error::Outbox(source) | Error::Keys { source, .. } => {
                 matches!(
                     source,
                     diesel::result::Error::DatabaseError(

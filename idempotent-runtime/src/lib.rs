@@ -46,6 +46,7 @@ pub mod fingerprint;
 mod identity;
 mod job;
 pub mod key;
+pub mod keys;
 mod lifecycle;
 mod migrations;
 pub mod outbox;

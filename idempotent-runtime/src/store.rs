@@ -187,6 +187,26 @@ pub trait Database: Sized + Send + Sync + 'static {
         digest: &[u8; 32],
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// The row of the key with `digest`, read in a statement of its own.
+    #[doc(hidden)]
+    fn lookup_key<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<Option<KeyRow>>> + Send;
+
+    /// Rows matching `filter`, newest first.
+    #[doc(hidden)]
+    fn list_keys<C: Store<Db = Self>>(
+        conn: &mut C,
+        filter: &KeyFilter<'_>,
+    ) -> impl Future<Output = QueryResult<Vec<KeyRow>>> + Send;
+
+    /// Keys per job, with the oldest and newest.
+    #[doc(hidden)]
+    fn job_counts<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<JobCountRow>>> + Send;
+
     /// Deletes the key's row if this run's claim (`token`) holds it; whether it did.
     #[doc(hidden)]
     fn take_back<C: Store<Db = Self>>(
@@ -439,4 +459,49 @@ pub struct OutboxCounts {
     /// Parked after too many failed attempts.
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub parked: i64,
+}
+
+/// A `done_jobs` row as [`crate::keys`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct KeyRow {
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    pub key_digest: Vec<u8>,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub job_key: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub job_name: String,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub has_result: bool,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub has_fingerprint: bool,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub done_at_micros: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub expires_at_micros: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub lapsed: bool,
+}
+
+/// Which rows [`Database::list_keys`] returns.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyFilter<'a> {
+    pub job: Option<&'a str>,
+    pub done_from_micros: Option<i64>,
+    pub done_before_micros: Option<i64>,
+    pub limit: i64,
+}
+
+/// One job's keys, as [`Database::job_counts`] counts them.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct JobCountRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub job_name: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub key_count: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub lapsed_count: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub oldest_micros: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub newest_micros: i64,
 }

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
+use idempotent_jobs::keys::{self, JobCount, KeyQuery, KeyRecord};
 use idempotent_jobs::testing::Snapshot;
-use idempotent_jobs::{Job, JobKey, Outcome};
+use idempotent_jobs::{Error, Job, JobKey, Outcome};
 
 use crate::handlers::{Mode, Receipt, TestError};
 use crate::harness::Server;
@@ -135,6 +136,15 @@ pub trait Backend: Sized + 'static {
         conn: &mut Self::Conn,
         options: &idempotent_jobs::Prune,
     ) -> idempotent_jobs::PruneReport;
+    fn keys_lookup(conn: &mut Self::Conn, key: &JobKey) -> Result<Option<KeyRecord>, Error>;
+    fn keys_lookup_digest(
+        conn: &mut Self::Conn,
+        digest: &[u8; 32],
+    ) -> Result<Option<KeyRecord>, Error>;
+    fn keys_forget(conn: &mut Self::Conn, key: &JobKey) -> Result<bool, Error>;
+    fn keys_forget_digest(conn: &mut Self::Conn, digest: &[u8; 32]) -> Result<bool, Error>;
+    fn keys_list(conn: &mut Self::Conn, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error>;
+    fn keys_job_counts(conn: &mut Self::Conn) -> Result<Vec<JobCount>, Error>;
 
     // What the tests look at.
     fn snapshot(conn: &mut Self::Conn) -> Snapshot;
@@ -424,6 +434,36 @@ macro_rules! sync_backend {
                 options: &idempotent_jobs::Prune,
             ) -> idempotent_jobs::PruneReport {
                 idempotent_jobs::prune(conn, options).expect("pruning")
+            }
+
+            fn keys_lookup(
+                conn: &mut Self::Conn,
+                key: &JobKey,
+            ) -> Result<Option<KeyRecord>, Error> {
+                keys::lookup(conn, key)
+            }
+
+            fn keys_lookup_digest(
+                conn: &mut Self::Conn,
+                digest: &[u8; 32],
+            ) -> Result<Option<KeyRecord>, Error> {
+                keys::lookup_digest(conn, digest)
+            }
+
+            fn keys_forget(conn: &mut Self::Conn, key: &JobKey) -> Result<bool, Error> {
+                keys::forget(conn, key, "a test")
+            }
+
+            fn keys_forget_digest(conn: &mut Self::Conn, digest: &[u8; 32]) -> Result<bool, Error> {
+                keys::forget_digest(conn, digest, "a test")
+            }
+
+            fn keys_list(conn: &mut Self::Conn, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
+                keys::list(conn, query)
+            }
+
+            fn keys_job_counts(conn: &mut Self::Conn) -> Result<Vec<JobCount>, Error> {
+                keys::job_counts(conn)
             }
 
             fn snapshot(conn: &mut Self::Conn) -> Snapshot {
@@ -806,6 +846,36 @@ macro_rules! async_backend {
                 c.runtime
                     .block_on(idempotent_jobs::prune_async(&mut c.conn, options))
                     .expect("pruning")
+            }
+
+            fn keys_lookup(c: &mut Self::Conn, key: &JobKey) -> Result<Option<KeyRecord>, Error> {
+                c.runtime.block_on(keys::lookup_async(&mut c.conn, key))
+            }
+
+            fn keys_lookup_digest(
+                c: &mut Self::Conn,
+                digest: &[u8; 32],
+            ) -> Result<Option<KeyRecord>, Error> {
+                c.runtime
+                    .block_on(keys::lookup_digest_async(&mut c.conn, digest))
+            }
+
+            fn keys_forget(c: &mut Self::Conn, key: &JobKey) -> Result<bool, Error> {
+                c.runtime
+                    .block_on(keys::forget_async(&mut c.conn, key, "a test"))
+            }
+
+            fn keys_forget_digest(c: &mut Self::Conn, digest: &[u8; 32]) -> Result<bool, Error> {
+                c.runtime
+                    .block_on(keys::forget_digest_async(&mut c.conn, digest, "a test"))
+            }
+
+            fn keys_list(c: &mut Self::Conn, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
+                c.runtime.block_on(keys::list_async(&mut c.conn, query))
+            }
+
+            fn keys_job_counts(c: &mut Self::Conn) -> Result<Vec<JobCount>, Error> {
+                c.runtime.block_on(keys::job_counts_async(&mut c.conn))
             }
 
             fn snapshot(c: &mut Self::Conn) -> Snapshot {

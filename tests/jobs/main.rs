@@ -23,6 +23,7 @@ mod isolation;
 mod key_spaces;
 #[cfg(feature = "sqlite")]
 mod keys;
+mod operate;
 mod outbox_faults;
 #[cfg(feature = "sqlite")]
 mod pools;
@@ -38,7 +39,22 @@ mod signals;
 macro_rules! backend_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
-            use crate::{behaviour, holes, schema, second_run};
+            use crate::{behaviour, holes, operate, schema, second_run};
+
+            #[test]
+            fn a_key_is_found_explained_and_forgotten() {
+                operate::a_key_is_found_explained_and_forgotten::<$backend>();
+            }
+
+            #[test]
+            fn keys_are_listed_counted_and_forgotten_by_digest() {
+                operate::keys_are_listed_counted_and_forgotten_by_digest::<$backend>();
+            }
+
+            #[test]
+            fn keys_without_tables_fail_clearly() {
+                operate::keys_without_tables_fail_clearly::<$backend>();
+            }
 
             #[test]
             fn keep_counts_from_the_commit() {

@@ -292,6 +292,82 @@ pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
 }
 
 // After the macros, which the database modules use.
+/// The statements of [`crate::keys`], the same text on every database: each database module
+/// invokes this beside its own `now!()` (the database's clock) and `micros!(column)` (a timestamp
+/// as microseconds since the Unix epoch), and `key_methods!()` inside its `Database` impl.
+///
+/// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
+/// do not pay for one); they are for operators, bounded by `LIMIT`.
+macro_rules! key_statements {
+    () => {
+        sql! {
+            LookupKey = concat!(
+                "SELECT key_digest, job_key, job_name, \
+                   (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
+                micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
+                   (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
+                 FROM done_jobs WHERE key_digest = ?"
+            );
+            ListKeys = concat!(
+                "SELECT key_digest, job_key, job_name, \
+                   (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
+                micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
+                   (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
+                 FROM done_jobs \
+                 WHERE (? IS NULL OR job_name = ?) \
+                   AND (? IS NULL OR ", micros!("done_at"), " >= ?) \
+                   AND (? IS NULL OR ", micros!("done_at"), " < ?) \
+                 ORDER BY done_at DESC, key_digest LIMIT ?"
+            );
+            JobCounts = concat!(
+                "SELECT job_name, COUNT(*) AS key_count, \
+                   COUNT(CASE WHEN expires_at IS NOT NULL AND expires_at <= ", now!(), " THEN 1 END) AS lapsed_count, ",
+                micros!("MIN(done_at)"), " AS oldest_micros, ", micros!("MAX(done_at)"), " AS newest_micros \
+                 FROM done_jobs GROUP BY job_name ORDER BY job_name"
+            );
+        }
+    };
+}
+
+/// The `Database` methods of [`crate::keys`] over [`key_statements!`]' statements.
+macro_rules! key_methods {
+    () => {
+        async fn lookup_key<C: Store<Db = Self>>(
+            conn: &mut C,
+            digest: &[u8; 32],
+        ) -> QueryResult<Option<crate::store::KeyRow>> {
+            let rows: Vec<crate::store::KeyRow> = conn
+                .load(Statement::<LookupKey, _>::new((bind::<Binary, _>(
+                    &digest[..],
+                ),)))
+                .await?;
+            Ok(rows.into_iter().next())
+        }
+
+        async fn list_keys<C: Store<Db = Self>>(
+            conn: &mut C,
+            filter: &crate::store::KeyFilter<'_>,
+        ) -> QueryResult<Vec<crate::store::KeyRow>> {
+            conn.load(Statement::<ListKeys, _>::new((
+                bind::<Nullable<Text>, _>(filter.job),
+                bind::<Nullable<Text>, _>(filter.job),
+                bind::<Nullable<BigInt>, _>(filter.done_from_micros),
+                bind::<Nullable<BigInt>, _>(filter.done_from_micros),
+                bind::<Nullable<BigInt>, _>(filter.done_before_micros),
+                bind::<Nullable<BigInt>, _>(filter.done_before_micros),
+                bind::<BigInt, _>(filter.limit),
+            )))
+            .await
+        }
+
+        async fn job_counts<C: Store<Db = Self>>(
+            conn: &mut C,
+        ) -> QueryResult<Vec<crate::store::JobCountRow>> {
+            conn.load(Statement::<JobCounts, _>::new(())).await
+        }
+    };
+}
+
 #[cfg(any(feature = "mysql", feature = "async-mysql"))]
 pub(crate) mod mysql;
 #[cfg(any(feature = "postgres", feature = "async-postgres"))]

@@ -90,6 +90,19 @@ macro_rules! migration_lock {
     };
 }
 
+/// A timestamp column (or aggregate of one) as microseconds since the Unix epoch; NULL stays NULL.
+macro_rules! micros {
+    ($column:expr) => {
+        concat!(
+            "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', ",
+            $column,
+            ")"
+        )
+    };
+}
+
+key_statements!();
+
 sql! {
     InTransactionNow = "SELECT @@in_transaction AS open";
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
@@ -289,6 +302,8 @@ struct Column {
 }
 
 impl Database for MysqlDb {
+    key_methods!();
+
     type Backend = Mysql;
     const NAME: &'static str = "MySQL";
 

@@ -82,6 +82,19 @@ macro_rules! message_columns {
     };
 }
 
+/// A timestamp column (or aggregate of one) as microseconds since the Unix epoch; NULL stays NULL.
+macro_rules! micros {
+    ($column:expr) => {
+        concat!(
+            "CAST(EXTRACT(EPOCH FROM ",
+            $column,
+            ") * 1000000 AS BIGINT)"
+        )
+    };
+}
+
+key_statements!();
+
 sql! {
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
@@ -265,6 +278,8 @@ struct ClaimRow {
 }
 
 impl Database for PostgresDb {
+    key_methods!();
+
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
 

@@ -71,6 +71,19 @@ macro_rules! message_columns {
     };
 }
 
+/// A timestamp column (or aggregate of one) as microseconds since the Unix epoch; NULL stays NULL.
+macro_rules! micros {
+    ($column:expr) => {
+        concat!(
+            "CAST(ROUND((julianday(",
+            $column,
+            ") - 2440587.5) * 86400000000.0) AS INTEGER)"
+        )
+    };
+}
+
+key_statements!();
+
 sql! {
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
@@ -186,6 +199,8 @@ const STEPS: &[Step] = &[
 const VERSION_TABLE: &str = include_str!("../../sql/sqlite/000_idempotent_schema.sql");
 
 impl Database for SqliteDb {
+    key_methods!();
+
     type Backend = Sqlite;
     const NAME: &'static str = "SQLite";
 

@@ -1,0 +1,401 @@
+//! Finding, explaining and releasing keys: "why did my job not run?" and "let this one run again".
+//!
+//! [`lookup`] reads a key's row: which job holds it, when it was done, when it lapses, whether a
+//! result and a fingerprint are stored. [`forget`] deletes it, so that the next delivery runs the
+//! job again; each forget is recorded as a `tracing` event (target `idempotent_jobs::keys`, with the
+//! job, the key and who asked) and, with the `metrics` feature, counted in
+//! `idempotent_keys_forgotten_total`. Both also work by digest ([`lookup_digest`],
+//! [`forget_digest`]), for keys stored redacted. [`list`] and [`job_counts`] are for operators:
+//! they scan `done_jobs`, bounded by a limit.
+//!
+//! Build a handler's key from its inputs with its companion, `handler::key(..)`, never by hand.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use idempotent_runtime::{JobKey, keys};
+//!
+//! let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+//! idempotent_runtime::migrate(&mut conn)?;
+//! let key = JobKey::new("invoice:2026-10:cust_481");
+//! assert!(keys::lookup(&mut conn, &key)?.is_none());
+//! assert!(!keys::forget(&mut conn, &key, "support ticket 4711")?);
+//! # Ok::<(), idempotent_runtime::Error>(())
+//! ```
+//!
+//! Forgetting is safe at any time: a run holding the key at that moment keeps its claim until it
+//! commits or rolls back (the delete waits for its row lock, or finds no committed row), so a
+//! forget never lets two runs of one key commit at once. What it cannot undo is the job's effect:
+//! forget a key only when the job should really run again.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::Error;
+use crate::key::JobKey;
+use crate::retry::retrying;
+use crate::store::{Database, JobCountRow, KeyFilter, KeyRow, Store};
+
+/// What `done_jobs` holds for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyRecord {
+    /// The job that holds the key.
+    pub job: String,
+    /// The key as stored: readable, or `redacted:<digest prefix>` for a job with `redact_key`.
+    pub key: String,
+    /// The key's SHA-256 digest, the table's key.
+    pub digest: [u8; 32],
+    /// When the run that holds it committed (the database's clock).
+    pub done_at: SystemTime,
+    /// When the claim lapses and the job may run again; `None`: never.
+    pub expires_at: Option<SystemTime>,
+    /// Whether `expires_at` has passed, by the database's clock: the next delivery runs the job.
+    pub lapsed: bool,
+    /// Whether a result is stored, which a replay returns (`()` stores none).
+    pub has_result: bool,
+    /// Whether an input fingerprint is stored, which a replay's inputs must match.
+    pub has_fingerprint: bool,
+}
+
+impl KeyRecord {
+    /// The digest in lowercase hexadecimal, as `forget_digest` and the CLI take it.
+    pub fn digest_hex(&self) -> String {
+        hex(&self.digest)
+    }
+
+    fn from_row(row: KeyRow) -> Self {
+        let mut digest = [0u8; 32];
+        let len = row.key_digest.len().min(32);
+        digest[..len].copy_from_slice(&row.key_digest[..len]);
+        Self {
+            job: row.job_name,
+            key: row.job_key,
+            digest,
+            done_at: from_micros(row.done_at_micros),
+            expires_at: row.expires_at_micros.map(from_micros),
+            lapsed: row.lapsed,
+            has_result: row.has_result,
+            has_fingerprint: row.has_fingerprint,
+        }
+    }
+}
+
+/// Which keys [`list`] returns: all by default, newest first, at most 100.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyQuery {
+    job: Option<String>,
+    done_from: Option<SystemTime>,
+    done_before: Option<SystemTime>,
+    limit: u32,
+}
+
+impl Default for KeyQuery {
+    fn default() -> Self {
+        Self {
+            job: None,
+            done_from: None,
+            done_before: None,
+            limit: 100,
+        }
+    }
+}
+
+impl KeyQuery {
+    /// Only the keys of the job with this name.
+    pub fn job(mut self, name: impl Into<String>) -> Self {
+        self.job = Some(name.into());
+        self
+    }
+
+    /// Only keys done at or after `time`.
+    pub fn done_from(mut self, time: SystemTime) -> Self {
+        self.done_from = Some(time);
+        self
+    }
+
+    /// Only keys done before `time`.
+    pub fn done_before(mut self, time: SystemTime) -> Self {
+        self.done_before = Some(time);
+        self
+    }
+
+    /// At most this many keys (at least 1).
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit.max(1);
+        self
+    }
+}
+
+/// How many keys one job holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobCount {
+    /// The job's name.
+    pub job: String,
+    /// Its keys in `done_jobs`.
+    pub keys: u64,
+    /// Of those, how many have lapsed (a prune would delete them).
+    pub lapsed: u64,
+    /// When its oldest key was done.
+    pub oldest: SystemTime,
+    /// When its newest key was done.
+    pub newest: SystemTime,
+}
+
+impl JobCount {
+    fn from_row(row: JobCountRow) -> Self {
+        Self {
+            job: row.job_name,
+            keys: u64::try_from(row.key_count).unwrap_or(0),
+            lapsed: u64::try_from(row.lapsed_count).unwrap_or(0),
+            oldest: from_micros(row.oldest_micros),
+            newest: from_micros(row.newest_micros),
+        }
+    }
+}
+
+/// The record of `key`, or `None` when no run holds it.
+pub fn lookup<C: crate::JobStore>(conn: &mut C, key: &JobKey) -> Result<Option<KeyRecord>, Error> {
+    lookup_digest(conn, &key.digest())
+}
+
+/// [`lookup`] by the key's digest.
+pub fn lookup_digest<C: crate::JobStore>(
+    conn: &mut C,
+    digest: &[u8; 32],
+) -> Result<Option<KeyRecord>, Error> {
+    crate::drive::block_on(lookup_on(conn.idempotent_store(), digest))
+}
+
+/// Deletes the record of `key`, so that the next delivery runs the job again; `reason` goes into
+/// the event that records it. Returns whether there was one.
+pub fn forget<C: crate::JobStore>(conn: &mut C, key: &JobKey, reason: &str) -> Result<bool, Error> {
+    forget_digest(conn, &key.digest(), reason)
+}
+
+/// [`forget`] by the key's digest.
+pub fn forget_digest<C: crate::JobStore>(
+    conn: &mut C,
+    digest: &[u8; 32],
+    reason: &str,
+) -> Result<bool, Error> {
+    crate::drive::block_on(forget_on(conn.idempotent_store(), digest, reason))
+}
+
+/// The keys `query` selects, newest first.
+pub fn list<C: crate::JobStore>(conn: &mut C, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
+    crate::drive::block_on(list_on(conn.idempotent_store(), query))
+}
+
+/// How many keys each job holds, by job name.
+pub fn job_counts<C: crate::JobStore>(conn: &mut C) -> Result<Vec<JobCount>, Error> {
+    crate::drive::block_on(job_counts_on(conn.idempotent_store()))
+}
+
+/// [`lookup`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn lookup_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    key: &JobKey,
+) -> Result<Option<KeyRecord>, Error> {
+    lookup_on(conn.idempotent_store(), &key.digest()).await
+}
+
+/// [`lookup_digest`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn lookup_digest_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    digest: &[u8; 32],
+) -> Result<Option<KeyRecord>, Error> {
+    lookup_on(conn.idempotent_store(), digest).await
+}
+
+/// [`forget`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn forget_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    key: &JobKey,
+    reason: &str,
+) -> Result<bool, Error> {
+    forget_on(conn.idempotent_store(), &key.digest(), reason).await
+}
+
+/// [`forget_digest`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn forget_digest_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    digest: &[u8; 32],
+    reason: &str,
+) -> Result<bool, Error> {
+    forget_on(conn.idempotent_store(), digest, reason).await
+}
+
+/// [`list`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn list_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    query: &KeyQuery,
+) -> Result<Vec<KeyRecord>, Error> {
+    list_on(conn.idempotent_store(), query).await
+}
+
+/// [`job_counts`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn job_counts_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+) -> Result<Vec<JobCount>, Error> {
+    job_counts_on(conn.idempotent_store()).await
+}
+
+/// Parses a digest written as 64 hexadecimal digits (what [`KeyRecord::digest_hex`] prints).
+pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
+    let text = text.trim();
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (i, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(digest)
+}
+
+async fn lookup_on<S: Store>(conn: &mut S, digest: &[u8; 32]) -> Result<Option<KeyRecord>, Error> {
+    outside_transaction(conn, "look up a key").await?;
+    let row = retrying::<S, _>(async || S::Db::lookup_key(conn, digest).await)
+        .await
+        .map_err(|source| Error::Keys {
+            action: "looking up a key",
+            source,
+        })?;
+    Ok(row.map(KeyRecord::from_row))
+}
+
+async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> Result<bool, Error> {
+    outside_transaction(conn, "forget a key").await?;
+    let error = |source| Error::Keys {
+        action: "forgetting a key",
+        source,
+    };
+    // Read first, for the event: which job and key this was.
+    let record = retrying::<S, _>(async || S::Db::lookup_key(conn, digest).await)
+        .await
+        .map_err(error)?;
+    let deleted = retrying::<S, _>(async || S::Db::forget(conn, digest).await)
+        .await
+        .map_err(error)?;
+    let (job, key) = record
+        .as_ref()
+        .map_or(("", ""), |r| (r.job_name.as_str(), r.job_key.as_str()));
+    if deleted {
+        tracing::warn!(
+            target: "idempotent_jobs::keys",
+            job,
+            key,
+            digest = %hex(digest),
+            reason,
+            "forgot a key: the job's next delivery runs it again"
+        );
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idempotent_keys_forgotten_total", "job" => job.to_owned()).increment(1);
+    } else {
+        tracing::info!(
+            target: "idempotent_jobs::keys",
+            digest = %hex(digest),
+            reason,
+            "asked to forget a key no run holds"
+        );
+    }
+    Ok(deleted)
+}
+
+async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
+    outside_transaction(conn, "list keys").await?;
+    let filter = KeyFilter {
+        job: query.job.as_deref(),
+        done_from_micros: query.done_from.map(to_micros),
+        done_before_micros: query.done_before.map(to_micros),
+        limit: i64::from(query.limit),
+    };
+    let rows = retrying::<S, _>(async || S::Db::list_keys(conn, &filter).await)
+        .await
+        .map_err(|source| Error::Keys {
+            action: "listing keys",
+            source,
+        })?;
+    Ok(rows.into_iter().map(KeyRecord::from_row).collect())
+}
+
+async fn job_counts_on<S: Store>(conn: &mut S) -> Result<Vec<JobCount>, Error> {
+    outside_transaction(conn, "count keys").await?;
+    let rows = retrying::<S, _>(async || S::Db::job_counts(conn).await)
+        .await
+        .map_err(|source| Error::Keys {
+            action: "counting keys per job",
+            source,
+        })?;
+    Ok(rows.into_iter().map(JobCount::from_row).collect())
+}
+
+/// These run outside the caller's transactions: inside a job they would see (and forget) its
+/// own uncommitted claim.
+async fn outside_transaction<S: Store>(conn: &mut S, what: &'static str) -> Result<(), Error> {
+    match conn.transaction_depth() {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Error::KeysInsideTransaction { what }),
+        Err(source) => Err(Error::Keys {
+            action: what,
+            source,
+        }),
+    }
+}
+
+fn from_micros(micros: i64) -> SystemTime {
+    let magnitude = Duration::from_micros(micros.unsigned_abs());
+    if micros >= 0 {
+        UNIX_EPOCH + magnitude
+    } else {
+        UNIX_EPOCH - magnitude
+    }
+}
+
+fn to_micros(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |m| -m),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(64), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_round_trip_through_hex() {
+        let digest = JobKey::new("invoice:1").digest();
+        assert_eq!(parse_digest(&hex(&digest)), Some(digest));
+        assert_eq!(parse_digest("zz"), None);
+        assert_eq!(parse_digest(&"é".repeat(32)), None);
+        assert_eq!(parse_digest(&"g".repeat(64)), None);
+    }
+
+    #[test]
+    fn times_round_trip_through_micros() {
+        for micros in [0, 1, -1, 1_764_547_200_123_456, -86_400_000_000] {
+            assert_eq!(to_micros(from_micros(micros)), micros);
+        }
+    }
+}
