@@ -222,6 +222,31 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
     Ok(id)
 }
 
+/// Messages not yet delivered and not parked (waiting, being delivered, or backing off after a
+/// failed attempt), oldest first, at most `limit`: what an operator looks at when messages seem
+/// stuck.
+pub fn unsent<C: crate::JobStore>(conn: &mut C, limit: u32) -> Result<Vec<OutboxMessage>, Error> {
+    crate::drive::block_on(unsent_on(conn.idempotent_store(), limit))
+}
+
+/// [`unsent`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn unsent_async<C: crate::AsyncJobStore>(
+    conn: &mut C,
+    limit: u32,
+) -> Result<Vec<OutboxMessage>, Error> {
+    unsent_on(conn.idempotent_store(), limit).await
+}
+
+async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessage>, Error> {
+    let limit = i64::from(limit.max(1));
+    let rows = retrying::<S, _>(async || S::Db::unsent(conn, limit).await)
+        .await
+        .map_err(Error::Outbox)?;
+    Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
+}
+
 /// Messages parked after too many failed attempts, oldest first.
 pub fn parked<C: crate::JobStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
     crate::drive::block_on(parked_on(conn.idempotent_store()))

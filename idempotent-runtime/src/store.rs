@@ -283,6 +283,13 @@ pub trait Database: Sized + Send + Sync + 'static {
         failure: &Failure<'_>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Messages not yet delivered and not parked (pending, leased, or backing off), oldest first.
+    #[doc(hidden)]
+    fn unsent<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<LeasedRow>>> + Send;
+
     /// Parked messages, oldest first.
     #[doc(hidden)]
     fn parked<C: Store<Db = Self>>(

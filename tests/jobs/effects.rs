@@ -94,8 +94,21 @@ where
     );
     assert_eq!(
         outbox_rows(&mut conn),
-        [(first, Some("receipt:order-1".to_owned()))]
+        [(first.clone(), Some("receipt:order-1".to_owned()))]
     );
+    // An operator sees the one message waiting, until a relay delivers it.
+    send_receipt(&mut conn, "order-2").unwrap();
+    let unsent = outbox::unsent(&mut conn, 10).unwrap();
+    let ids: Vec<&str> = unsent.iter().map(|m| m.message_id()).collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0], first, "oldest first");
+    assert_eq!(
+        outbox::unsent(&mut conn, 1).unwrap().len(),
+        1,
+        "at most the limit"
+    );
+    assert_eq!(B::drain_outbox(&mut conn).len(), 2);
+    assert!(outbox::unsent(&mut conn, 10).unwrap().is_empty());
     let error = outbox::push(&mut conn, "receipt", &1).unwrap_err();
     assert!(
         matches!(error, idempotent_jobs::Error::OutboxOutsideJob { .. }),

@@ -292,13 +292,15 @@ pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
 }
 
 // After the macros, which the database modules use.
-/// The statements of [`crate::keys`], the same text on every database: each database module
-/// invokes this beside its own `now!()` (the database's clock) and `micros!(column)` (a timestamp
-/// as microseconds since the Unix epoch), and `key_methods!()` inside its `Database` impl.
+/// The inspection statements of [`crate::keys`] and [`crate::outbox::unsent`], the same text on every
+/// database: each database module
+/// invokes this beside its own `now!()` (the database's clock), `micros!(column)` (a timestamp
+/// as microseconds since the Unix epoch) and `message_columns!()`, and `inspect_methods!()` inside
+/// its `Database` impl.
 ///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
 /// do not pay for one); they are for operators, bounded by `LIMIT`.
-macro_rules! key_statements {
+macro_rules! inspect_statements {
     () => {
         sql! {
             LookupKey = concat!(
@@ -325,12 +327,16 @@ macro_rules! key_statements {
                 micros!("MIN(done_at)"), " AS oldest_micros, ", micros!("MAX(done_at)"), " AS newest_micros \
                  FROM done_jobs GROUP BY job_name ORDER BY job_name"
             );
+            Unsent = concat!(
+                "SELECT ", message_columns!(), " FROM outbox \
+                 WHERE delivered_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT ?"
+            );
         }
     };
 }
 
-/// The `Database` methods of [`crate::keys`] over [`key_statements!`]' statements.
-macro_rules! key_methods {
+/// The `Database` methods over [`inspect_statements!`]' statements.
+macro_rules! inspect_methods {
     () => {
         async fn lookup_key<C: Store<Db = Self>>(
             conn: &mut C,
@@ -364,6 +370,14 @@ macro_rules! key_methods {
             conn: &mut C,
         ) -> QueryResult<Vec<crate::store::JobCountRow>> {
             conn.load(Statement::<JobCounts, _>::new(())).await
+        }
+
+        async fn unsent<C: Store<Db = Self>>(
+            conn: &mut C,
+            limit: i64,
+        ) -> QueryResult<Vec<crate::store::LeasedRow>> {
+            conn.load(Statement::<Unsent, _>::new((bind::<BigInt, _>(limit),)))
+                .await
         }
     };
 }

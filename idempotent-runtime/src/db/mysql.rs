@@ -101,8 +101,6 @@ macro_rules! micros {
     };
 }
 
-key_statements!();
-
 sql! {
     InTransactionNow = "SELECT @@in_transaction AS open";
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
@@ -204,6 +202,8 @@ sql! {
          WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position";
 }
 
+inspect_statements!();
+
 /// Statements whose `EXPLAIN` needs the privileges a worker needs, by privilege and table.
 const PRIVILEGE_PROBES: &[(&str, &str, &str)] = &[
     (
@@ -302,7 +302,7 @@ struct Column {
 }
 
 impl Database for MysqlDb {
-    key_methods!();
+    inspect_methods!();
 
     type Backend = Mysql;
     const NAME: &'static str = "MySQL";

@@ -93,8 +93,6 @@ macro_rules! micros {
     };
 }
 
-key_statements!();
-
 sql! {
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
@@ -216,6 +214,8 @@ sql! {
          ORDER BY 1";
 }
 
+inspect_statements!();
+
 const STEPS: &[Step] = &[
     Step {
         version: 1,
@@ -278,7 +278,7 @@ struct ClaimRow {
 }
 
 impl Database for PostgresDb {
-    key_methods!();
+    inspect_methods!();
 
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";

@@ -82,8 +82,6 @@ macro_rules! micros {
     };
 }
 
-key_statements!();
-
 sql! {
     Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
     TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
@@ -173,6 +171,8 @@ sql! {
          AND (SELECT name FROM pragma_index_info(l.name)) = ?";
 }
 
+inspect_statements!();
+
 /// The steps that build the schema, oldest first; the files are what teams with their own
 /// migration tool apply.
 const STEPS: &[Step] = &[
@@ -199,7 +199,7 @@ const STEPS: &[Step] = &[
 const VERSION_TABLE: &str = include_str!("../../sql/sqlite/000_idempotent_schema.sql");
 
 impl Database for SqliteDb {
-    key_methods!();
+    inspect_methods!();
 
     type Backend = Sqlite;
     const NAME: &'static str = "SQLite";
