@@ -8,7 +8,10 @@
 //! On SIGTERM or SIGINT it stops taking work, finishes the job in hand, closes its channel (the
 //! broker requeues whatever was prefetched and not acknowledged) and exits 0. A database that goes
 //! away (a restart, a killed connection) fails the job in hand, which is returned to the queue
-//! (`nack` with requeue), and the worker reconnects instead of dying.
+//! (`nack` with requeue), and the worker reconnects instead of dying. A job that can never succeed
+//! (`Error::is_retryable()` is false: here, the same job id sent again with another amount, which
+//! the handler's fingerprint refuses) goes to the dead-letter queue `<QUEUE>.dead-letter` with its
+//! error in the `x-error` header, and is acknowledged: a poison message does not loop.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test \
@@ -21,7 +24,8 @@
 //!
 //! It prints `STARTING` once it handles signals (a SIGTERM from then on, even before it is ready,
 //! exits 0) and `READY` once it consumes. Each handled delivery prints one line, `OUTCOME <job_id> <copy> <ran|replayed> redelivered=<bool>`,
-//! then `ACKED <copy>` once acknowledged; the chaos tests read them. Test hooks, off unless set:
+//! then `ACKED <copy>` once acknowledged, or `DEAD-LETTERED <job_id> <copy>: <error>`; the chaos tests
+//! read them. Test hooks, off unless set:
 //! `IDEMPOTENT_CHAOS_PAUSE_MID_JOB` and `IDEMPOTENT_CHAOS_PAUSE_BEFORE_ACK` list job ids (comma
 //! separated) that pause inside the transaction, or between the commit and the ack: the worker
 //! prints `PAUSE-MID-JOB <job_id>` or `PAUSE-BEFORE-ACK <job_id>` and waits for a line on its stdin
@@ -30,7 +34,6 @@
 //! `IDEMPOTENT_CHAOS_PAUSED_DIR`, which the lists need. With the lists set, `ACKED` also means the
 //! broker has processed the ack, so a SIGKILL at a later pause cannot lose it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use diesel::{ExpressionMethods as _, QueryResult};
@@ -38,11 +41,11 @@ use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
 use futures_util::StreamExt as _;
 use idempotent_jobs::{AsyncJobStore, idempotent_job};
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    QueueDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde::Deserialize;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -60,6 +63,17 @@ enum WorkerError {
     Idempotent(#[from] idempotent_jobs::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
+}
+
+impl WorkerError {
+    /// Whether the job can succeed later: the runtime says so for its own errors; a database error
+    /// of the body's own statements is taken as passing (a lost connection, a deadlock).
+    fn is_retryable(&self) -> bool {
+        match self {
+            WorkerError::Idempotent(error) => error.is_retryable(),
+            WorkerError::Database(_) => true,
+        }
+    }
 }
 
 /// A job as published to the queue.
@@ -114,18 +128,17 @@ macro_rules! impl_worker_db {
 impl_worker_db!(AsyncPgConnection, "BIGSERIAL PRIMARY KEY");
 impl_worker_db!(AsyncMysqlConnection, "BIGINT AUTO_INCREMENT PRIMARY KEY");
 
-/// The job: apply a payment once. `attempt` is not part of the key; the stored result is the
-/// attempt that ran, so a replay returns another attempt's number.
-#[idempotent_job(key = "job:<job_id>")]
+/// The job: apply a payment once. The same job id with another amount is not a redelivery but a
+/// mistake, which the fingerprint refuses (`Error::FingerprintMismatch`, not retryable).
+#[idempotent_job(key = "job:<job_id>", fingerprint(amount))]
 async fn apply_payment<C: WorkerDb>(
     conn: &mut C,
     job_id: &str,
     amount: i64,
-    attempt: u64,
-) -> Result<u64, WorkerError> {
+) -> Result<(), WorkerError> {
     conn.insert_effect(job_id, amount).await?;
     pause_if_chosen("IDEMPOTENT_CHAOS_PAUSE_MID_JOB", "PAUSE-MID-JOB", job_id).await;
-    Ok(attempt)
+    Ok(())
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -171,7 +184,6 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
     };
     println!("READY");
 
-    static ATTEMPTS: AtomicU64 = AtomicU64::new(1);
     loop {
         // Signals are looked at between jobs: the job in hand always finishes first.
         let delivery = tokio::select! {
@@ -201,11 +213,10 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
             .copy
             .clone()
             .unwrap_or_else(|| message.job_id.clone());
-        let attempt =
-            ATTEMPTS.fetch_add(1, Ordering::Relaxed) + (u64::from(std::process::id()) << 32);
-        match apply_payment(&mut conn, &message.job_id, message.amount, attempt).await {
-            Ok(ran_in) => {
-                let outcome = if ran_in == attempt { "ran" } else { "replayed" };
+        // The companion's `outcome` runs the handler and says whether it ran or replayed.
+        match apply_payment::outcome(&mut conn, &message.job_id, message.amount).await {
+            Ok(done) => {
+                let outcome = if done.is_ran() { "ran" } else { "replayed" };
                 println!(
                     "OUTCOME {} {copy} {outcome} redelivered={}",
                     message.job_id, delivery.redelivered
@@ -219,6 +230,12 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
                 delivery.ack(BasicAckOptions::default()).await?;
                 settle_if_pausing(&channel, &queue).await?;
                 println!("ACKED {copy}");
+            }
+            Err(error) if !error.is_retryable() => {
+                // It would fail the same way every time: park it where people look, with why.
+                println!("DEAD-LETTERED {} {copy}: {error}", message.job_id);
+                dead_letter(&channel, &queue, &delivery.data, &error.to_string()).await?;
+                delivery.ack(BasicAckOptions::default()).await?;
             }
             Err(error) => {
                 // Rolled back whole: give the job back to the queue and make sure the database is
@@ -273,6 +290,11 @@ async fn start<C: WorkerDb>(
     let channel = amqp.create_channel().await?;
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    // Publisher confirms, for the dead-letter queue: a poison message is acknowledged only once the
+    // broker has its dead letter.
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
         .await?;
     channel
         .queue_declare(
@@ -342,6 +364,45 @@ async fn pause_if_chosen(variable: &str, line: &str, job_id: &str) {
     // Any line, or the end of stdin (the test is gone), lets the job go on. Read on a blocking
     // thread so that the broker connection keeps being served while the job is held.
     let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+}
+
+/// Publishes `body` to the dead-letter queue `<queue>.dead-letter` with the error in its `x-error`
+/// header, and waits for the broker's confirm: only then is the original acknowledged.
+async fn dead_letter(
+    channel: &lapin::Channel,
+    queue: &str,
+    body: &[u8],
+    error: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dead = format!("{queue}.dead-letter");
+    channel
+        .queue_declare(
+            dead.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let mut headers = FieldTable::default();
+    headers.insert("x-error".into(), AMQPValue::LongString(error.into()));
+    let confirmation = channel
+        .basic_publish(
+            "".into(),
+            dead.as_str().into(),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default()
+                .with_headers(headers)
+                .with_delivery_mode(2),
+        )
+        .await?
+        .await?;
+    if confirmation.is_nack() {
+        return Err(format!("the broker refused the dead letter on {dead}").into());
+    }
+    Ok(())
 }
 
 /// The chaos tests' hook after an ack, when they pause workers: a round trip on the channel (a

@@ -251,6 +251,17 @@ impl Drop for Db {
 
 /// Publishes every job as JSON with publisher confirms, so none is lost before the test starts.
 fn publish(queue: &str, messages: &[(String, String)]) {
+    let bodies: Vec<String> = messages
+        .iter()
+        .map(|(job_id, copy)| {
+            format!("{{\"job_id\":\"{job_id}\",\"amount\":100,\"copy\":\"{copy}\"}}")
+        })
+        .collect();
+    publish_bodies(queue, &bodies);
+}
+
+/// Publishes each body as it is, with publisher confirms.
+fn publish_bodies(queue: &str, bodies: &[String]) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -270,10 +281,9 @@ fn publish(queue: &str, messages: &[(String, String)]) {
             .queue_declare(queue.into(), QueueDeclareOptions::default(), FieldTable::default())
             .await
             .expect("queue");
-        for chunk in messages.chunks(500) {
+        for chunk in bodies.chunks(500) {
             let mut confirms = Vec::new();
-            for (job_id, copy) in chunk {
-                let body = format!("{{\"job_id\":\"{job_id}\",\"amount\":100,\"copy\":\"{copy}\"}}");
+            for body in chunk {
                 confirms.push(
                     channel
                         .basic_publish("".into(), queue.into(), BasicPublishOptions::default(), body.as_bytes(), BasicProperties::default())
@@ -1105,6 +1115,109 @@ fn sigterm_while_starting_exits_cleanly() {
         "{said:?}"
     );
     assert!(!said.iter().any(|l| l == "READY"), "{said:?}");
+}
+
+/// Takes every message from `queue`: its body and its `x-error` header.
+fn take_all(queue: &str) -> Vec<(String, String)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let amqp = Amqp::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+        let channel = amqp.create_channel().await.expect("channel");
+        let mut taken = Vec::new();
+        while let Some(message) = channel
+            .basic_get(
+                queue.into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("reading {queue}: {e}"))
+        {
+            let error = message
+                .delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|headers| headers.inner().get("x-error").cloned())
+                .map(|value| match value {
+                    lapin::types::AMQPValue::LongString(text) => text.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            taken.push((
+                String::from_utf8_lossy(&message.delivery.data).into_owned(),
+                error,
+            ));
+        }
+        let _ = amqp.close(200, "done".into()).await;
+        taken
+    })
+}
+
+/// A job that can never succeed (the same job id again with another amount, which the handler's
+/// fingerprint refuses: `Error::is_retryable()` is false) goes to the dead-letter queue once, with
+/// its error, and is acknowledged; the worker goes on with the next job. Before, it was requeued
+/// for ever.
+#[test]
+fn poison_messages_go_to_the_dead_letter_queue() {
+    let _serial = serial();
+    let db = Db::fresh(Server::Postgres);
+    let queue = unique("idempotent_poison");
+    let dead = format!("{queue}.dead-letter");
+    let body = |job: &str, amount: i64, copy: &str| {
+        format!("{{\"job_id\":\"{job}\",\"amount\":{amount},\"copy\":\"{copy}\"}}")
+    };
+    publish_bodies(
+        &queue,
+        &[
+            body("p1", 100, "p1"),
+            body("p1", 250, "p1-other-amount"),
+            body("p2", 100, "p2"),
+        ],
+    );
+    let mut workers = Workers::new(&db, &queue, &[]);
+    let id = workers.start();
+    let mut figures = Figures::default();
+    workers.until(
+        &mut figures,
+        "p1 and p2 acknowledged and the other p1 dead-lettered",
+        STEP,
+        |figures| {
+            figures.said.get(&id).is_some_and(|said| {
+                said.iter()
+                    .any(|l| l.starts_with("DEAD-LETTERED p1 p1-other-amount"))
+                    && said.iter().any(|l| l == "ACKED p1")
+                    && said.iter().any(|l| l == "ACKED p2")
+            })
+        },
+    );
+    assert_eq!(workers.stop_all(), 1);
+    let said = &figures.said[&id];
+    assert_eq!(
+        said.iter()
+            .filter(|l| l.starts_with("DEAD-LETTERED"))
+            .count(),
+        1,
+        "dead-lettered once, not looping: {said:?}"
+    );
+    assert!(!said.iter().any(|l| l.starts_with("FAILED")), "{said:?}");
+    let letters = take_all(&dead);
+    delete_queue(&dead);
+    delete_queue(&queue);
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].0.contains("\"amount\":250"), "{letters:?}");
+    assert!(
+        letters[0].1.contains("different inputs (amount)"),
+        "{letters:?}"
+    );
+    let (per_job, done) = db.effects();
+    assert_eq!(done, 2, "two jobs done: {per_job:?}");
+    assert_eq!(per_job.get("p1"), Some(&1));
+    assert_eq!(per_job.get("p2"), Some(&1));
 }
 
 /// Eight worker processes on one hot key and on ten thousand distinct keys: no deadlock escapes

@@ -16,6 +16,7 @@ const ARGUMENTS: &[&str] = &[
     "name",
     "fingerprint",
     "keep",
+    "in_progress",
     "redact_key",
     "once",
     "no_companion",
@@ -38,11 +39,44 @@ pub struct Args {
     pub fingerprint: Option<Vec<Input>>,
     /// `keep = "30d"`: how long a key holds, in seconds.
     pub keep: Option<u64>,
+    /// `in_progress = "fail"`: what a call does while another run of its key is in progress.
+    pub in_progress: Option<InProgress>,
     /// `redact_key`: show the key as a digest prefix in events, errors and `job_key`.
     pub redact_key: Option<Span>,
     /// `no_companion`: no companion type beside the function (for an associated function, which
     /// sits in an `impl` block where a type cannot).
     pub no_companion: Option<Span>,
+}
+
+/// `in_progress = "..."`: the job's in-progress policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProgress {
+    /// `"wait"`: wait for the other run (the default, written out).
+    Wait,
+    /// `"fail"`: fail at once.
+    Fail,
+    /// `"wait at most 5s"`: wait up to this many milliseconds.
+    WaitAtMost(u64),
+}
+
+impl InProgress {
+    /// Parses `"wait"`, `"fail"` or `"wait at most <duration>"` (`500ms`, `5s`, `2m`, ...).
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        match text {
+            "wait" => return Some(InProgress::Wait),
+            "fail" => return Some(InProgress::Fail),
+            _ => {}
+        }
+        let limit = text.strip_prefix("wait at most")?.trim();
+        let millis = match limit.strip_suffix("ms") {
+            Some(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                digits.parse().ok()?
+            }
+            _ => parse_duration(limit)?.checked_mul(1_000)?,
+        };
+        Some(InProgress::WaitAtMost(millis))
+    }
 }
 
 /// A fingerprint input: a parameter, or a field path into one.
@@ -144,6 +178,19 @@ impl Args {
                     )
                 })?;
                 set_once(&mut self.keep, seconds, meta)
+            }
+            "in_progress" => {
+                let value = string_value(meta, "in_progress", "fail")?;
+                let policy = InProgress::parse(&value.value()).ok_or_else(|| {
+                    syn::Error::new(
+                        value.span(),
+                        format!(
+                            "`in_progress = \"{}\"` is not a policy; write \"wait\" (the default: wait for the other run, then replay or run), \"fail\" (give the worker back at once with Error::InProgress) or \"wait at most 5s\" (a duration like \"500ms\", \"5s\", \"2m\")",
+                            value.value()
+                        ),
+                    )
+                })?;
+                set_once(&mut self.in_progress, policy, meta)
             }
             "redact_key" => {
                 if meta.input.peek(syn::Token![=]) {
@@ -311,7 +358,24 @@ pub fn parse_duration(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{InProgress, parse_duration};
+
+    #[test]
+    fn in_progress_policies() {
+        assert_eq!(InProgress::parse("fail"), Some(InProgress::Fail));
+        assert_eq!(InProgress::parse(" wait "), Some(InProgress::Wait));
+        assert_eq!(
+            InProgress::parse("wait at most 5s"),
+            Some(InProgress::WaitAtMost(5_000))
+        );
+        assert_eq!(
+            InProgress::parse("wait at most 250ms"),
+            Some(InProgress::WaitAtMost(250))
+        );
+        assert_eq!(InProgress::parse("wait at most"), None);
+        assert_eq!(InProgress::parse("wait at most ms"), None);
+        assert_eq!(InProgress::parse("sometimes"), None);
+    }
 
     #[test]
     fn durations() {

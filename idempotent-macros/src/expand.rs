@@ -206,6 +206,13 @@ impl Expansion<'_> {
                 .collect();
             (!params.is_empty()).then(|| quote!(::<#(#params),*>))
         };
+        // A caller that only calls `outcome` uses the handler: no dead-code warning for the
+        // function, which still gets one when neither is used. (Not where an `impl Trait`
+        // parameter leaves the function's type to inference.)
+        let impl_trait_param = sig.inputs.iter().any(|input| {
+            matches!(input, syn::FnArg::Typed(typed) if matches!(&*typed.ty, syn::Type::ImplTrait(_)))
+        });
+        let uses_function = (!impl_trait_param).then(|| quote!(let _ = #name #turbofish;));
         let forward = quote! {
             #name::outcome #turbofish (#(#forward_args),*)#awaited
                 .map(#krate::#private::Outcome::into_inner)
@@ -249,6 +256,7 @@ impl Expansion<'_> {
                 #[doc = #outcome_doc]
                 #(#lints)*
                 #vis #outcome_sig {
+                    #uses_function
                     let #key_var = Self::key(#(#key_args),*);
                     #run
                 }
@@ -342,6 +350,16 @@ impl Expansion<'_> {
             .args
             .keep
             .map(|seconds| quote!(.keep_for(::core::time::Duration::from_secs(#seconds))));
+        let in_progress = self.args.in_progress.map(|policy| {
+            let policy = match policy {
+                crate::args::InProgress::Wait => quote!(Wait),
+                crate::args::InProgress::Fail => quote!(Fail),
+                crate::args::InProgress::WaitAtMost(millis) => {
+                    quote!(WaitAtMost(::core::time::Duration::from_millis(#millis)))
+                }
+            };
+            quote!(.while_in_progress(#krate::#private::WhileInProgress::#policy))
+        });
         let redact = self.args.redact_key.map(|_| quote!(.redact_key()));
         let inputs = self.args.fingerprint.as_ref().map(|inputs| {
             let names = inputs.iter().map(|input| &input.name);
@@ -350,7 +368,7 @@ impl Expansion<'_> {
         quote! {
             static #job_static: #krate::#private::Job =
                 #krate::#private::Job::new(#name, #template)
-                    #named_after_function #keep #redact #inputs;
+                    #named_after_function #keep #in_progress #redact #inputs;
             #krate::#private::inventory::submit! {
                 #krate::#private::RegisteredJob::new(
                     &#job_static,

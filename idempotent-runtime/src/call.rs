@@ -72,6 +72,7 @@ pub struct JobCall<'a> {
     pub(crate) key: &'a JobKey,
     pub(crate) fingerprint: Option<Result<Fingerprint, FingerprintError>>,
     pub(crate) retry_window: Option<std::time::Duration>,
+    pub(crate) in_progress: Option<crate::job::WhileInProgress>,
 }
 
 impl fmt::Debug for JobCall<'_> {
@@ -82,6 +83,7 @@ impl fmt::Debug for JobCall<'_> {
             .field("key", &shown_key(self.job, self.key))
             .field("fingerprint", &self.fingerprint)
             .field("retry_window", &self.retry_window)
+            .field("in_progress", &self.in_progress)
             .finish()
     }
 }
@@ -94,7 +96,15 @@ impl<'a> JobCall<'a> {
             key,
             fingerprint: None,
             retry_window: None,
+            in_progress: None,
         }
+    }
+
+    /// What this call does while another run of its key is in progress, instead of the job's
+    /// policy; see [`WhileInProgress`](crate::WhileInProgress).
+    pub fn while_in_progress(mut self, policy: crate::job::WhileInProgress) -> Self {
+        self.in_progress = Some(policy);
+        self
     }
 
     /// How long a claim is retried while the database reports transient failures (busy, deadlocks,
@@ -154,6 +164,8 @@ pub(crate) struct Call {
     pub(crate) started: Instant,
     /// How long transient claim failures are retried.
     pub(crate) retry_window: std::time::Duration,
+    /// How long the claim may wait for another run of the key; `None`: until it ends.
+    pub(crate) in_progress: Option<std::time::Duration>,
     /// What the body can ask about its job: its key, its outbox messages so far.
     pub(crate) context: Arc<JobContext>,
 }
@@ -166,6 +178,7 @@ impl Call {
             key,
             fingerprint,
             retry_window,
+            in_progress,
         } = job_call;
         let digest = key.digest();
         let key_text = shown_key(job, key);
@@ -197,6 +210,7 @@ impl Call {
             keep_micros,
             started: Instant::now(),
             retry_window: retry_window.unwrap_or(crate::retry::WINDOW),
+            in_progress: in_progress.unwrap_or(job.in_progress()).bound(),
         })
     }
 
@@ -271,6 +285,7 @@ impl Call {
         self.finished(match &error {
             Error::FingerprintMismatch { .. } => Ending::FingerprintMismatch,
             Error::KeyClaimedByOtherJob { .. } => Ending::KeyConflict,
+            Error::InProgress { .. } => Ending::InProgress,
             _ => Ending::Error,
         });
         error

@@ -63,6 +63,22 @@ pub enum Error {
         key: String,
     },
 
+    /// Another run of the key is in progress and the job's in-progress policy does not wait for
+    /// it (or waited as long as it allows). Nothing ran and nothing was recorded; a retry later
+    /// replays the other run's result or, if it rolled back, runs.
+    #[error(
+        "job `{job}` (key `{key}`): another run of this key is in progress{waited}; by the job's in-progress policy this call did not wait for it. Nothing ran and nothing was recorded; retry later: it replays the other run's result once that commits, or runs if it rolls back",
+        waited = if waited.is_zero() { String::new() } else { format!(" (waited {waited:?})") }
+    )]
+    InProgress {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// How long the claim waited.
+        waited: std::time::Duration,
+    },
+
     /// The database rolled the job's transaction back while the body ran, and the body returned
     /// `Ok` regardless: an error the body caught (a deadlock, a lock wait timeout), or on Galera a
     /// conflicting write certified on another node. Nothing of the job's transaction was committed;
@@ -355,7 +371,8 @@ impl Error {
             Error::Database { retryable, .. } => *retryable,
             Error::CommitOutcomeUnknown { .. }
             | Error::ClaimRetriesExhausted { .. }
-            | Error::TransactionRolledBackInBody { .. } => true,
+            | Error::TransactionRolledBackInBody { .. }
+            | Error::InProgress { .. } => true,
             Error::Prune(source) | Error::Outbox(source) | Error::Keys { source, .. } => {
                 matches!(
                     source,

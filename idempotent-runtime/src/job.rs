@@ -27,6 +27,7 @@ pub struct Job {
     keep: Option<Duration>,
     redact_key: bool,
     fingerprint_inputs: &'static [&'static str],
+    in_progress: WhileInProgress,
     /// The name is the handler's function name, not given on purpose.
     named_after_function: bool,
     /// This definition's identity has been checked against every other with its name.
@@ -41,6 +42,7 @@ impl fmt::Debug for Job {
             .field("keep", &self.keep)
             .field("redact_key", &self.redact_key)
             .field("fingerprint_inputs", &self.fingerprint_inputs)
+            .field("in_progress", &self.in_progress)
             .finish()
     }
 }
@@ -55,6 +57,7 @@ impl Job {
             keep: None,
             redact_key: false,
             fingerprint_inputs: &[],
+            in_progress: WhileInProgress::Wait,
             named_after_function: false,
             checked: AtomicBool::new(false),
         }
@@ -90,6 +93,18 @@ impl Job {
     pub const fn keep_for(mut self, keep: Duration) -> Self {
         self.keep = Some(keep);
         self
+    }
+
+    /// What a call does when another run of the same key is in progress (not yet committed):
+    /// wait for it (the default), fail at once, or wait at most a while; see [`WhileInProgress`].
+    pub const fn while_in_progress(mut self, policy: WhileInProgress) -> Self {
+        self.in_progress = policy;
+        self
+    }
+
+    /// The job's in-progress policy.
+    pub const fn in_progress(&self) -> WhileInProgress {
+        self.in_progress
     }
 
     /// Whether keys are redacted.
@@ -137,5 +152,40 @@ impl Job {
     /// Records that this definition was checked.
     pub(crate) fn mark_checked(&self) {
         self.checked.store(true, Ordering::Release);
+    }
+}
+
+/// What a call does when another run of the same key holds it and has not committed yet.
+///
+/// Waiting is always safe: when the other run commits, this call replays its result; when it rolls
+/// back, this call runs. But it holds a worker and a connection for as long as the other run takes.
+/// [`Fail`](Self::Fail) and [`WaitAtMost`](Self::WaitAtMost) give the worker back with
+/// [`Error::InProgress`](crate::Error::InProgress), which is retryable: nothing ran, nothing was
+/// recorded, and a later delivery replays or runs.
+///
+/// The wait is bounded by the database's own lock timeout, set for the claim statement only and
+/// restored before the body runs: PostgreSQL's `lock_timeout` (transaction-local), MySQL/MariaDB's
+/// `innodb_lock_wait_timeout` (whole seconds, at least 1: `Fail` waits up to 1 s there). On SQLite
+/// a run holds the database's write lock, so the bound applies to that lock, whoever holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WhileInProgress {
+    /// Wait for the other run to commit or roll back, then replay or run (the default).
+    #[default]
+    Wait,
+    /// Fail at once with [`Error::InProgress`](crate::Error::InProgress).
+    Fail,
+    /// Wait up to this long, then fail with [`Error::InProgress`](crate::Error::InProgress).
+    WaitAtMost(Duration),
+}
+
+impl WhileInProgress {
+    /// The longest wait, or `None` for no bound of the runtime's.
+    pub(crate) fn bound(self) -> Option<Duration> {
+        match self {
+            WhileInProgress::Wait => None,
+            WhileInProgress::Fail => Some(Duration::ZERO),
+            WhileInProgress::WaitAtMost(limit) => Some(limit),
+        }
     }
 }

@@ -64,7 +64,7 @@ mod transaction;
 pub use call::{JobCall, JobError, JobOutput};
 pub use context::current_key;
 pub use error::{Error, Result, Step};
-pub use job::Job;
+pub use job::{Job, WhileInProgress};
 pub use key::{JobKey, KeyBuilder, KeyError};
 pub use migrations::Migrate;
 pub use outcome::Outcome;
@@ -258,7 +258,7 @@ pub async fn verify_async<C: AsyncJobStore>(conn: &mut C) -> Result<()> {
 pub mod __private_0_1_0 {
     pub use crate::call::JobCall;
     pub use crate::fingerprint::FingerprintBuilder;
-    pub use crate::job::Job;
+    pub use crate::job::{Job, WhileInProgress};
     pub use crate::key::{JobKey, KeyWriter};
     pub use crate::outcome::Outcome;
     pub use crate::registry::{Part, RegisteredJob};

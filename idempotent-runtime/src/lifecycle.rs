@@ -134,6 +134,7 @@ where
     // No `.await` between the claim's guard handing over and this one taking charge.
     let mut transaction = Transaction::opened(conn, reach);
     tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
+    let first_done_micros = claimed.as_ref().map(|row| row.done_at_micros);
 
     let produced = catch_panic(async {
         match claimed {
@@ -213,7 +214,10 @@ where
                 .commit()
                 .await
                 .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
-            call.finished(Ending::Replayed);
+            match first_done_micros {
+                Some(micros) => crate::stats::replayed(call.job.name(), call.started, micros),
+                None => call.finished(Ending::Replayed),
+            }
             Ok(Outcome::Replayed(value))
         }
         Ok(Produced::Ran(value, Ok(json))) => {
@@ -284,18 +288,38 @@ async fn begin_and_claim<S: Store>(
     call: &Call,
 ) -> Result<(Nesting, Option<DoneRow>), Error> {
     let claim = call.claim();
-    let mut retry = Retry::within(call.retry_window);
+    // Where the claim waits at BEGIN for the database's write lock (SQLite), the in-progress bound
+    // bounds those retries; elsewhere the database's lock timeout bounds the claim's own wait.
+    let window = match call.in_progress {
+        Some(bound) if S::Db::WRITE_LOCK_AT_BEGIN => bound.min(call.retry_window),
+        _ => call.retry_window,
+    };
+    let mut retry = Retry::within(window);
     loop {
-        let (step, error) = match Transaction::begin(&mut *store, itself::<S>).await {
+        let begun = Transaction::begin_bounded(&mut *store, itself::<S>, call.in_progress).await;
+        let (step, error) = match begun {
             Err(error) => (Step::Begin, error),
             Ok((mut transaction, nesting)) => {
-                match claim_key(transaction.store(), &claim).await {
+                match bounded_claim_key(transaction.store(), &claim, call.in_progress).await {
                     Ok(state) => {
                         transaction.hand_over();
                         return Ok((nesting, state));
                     }
-                    Err(error) => {
+                    Err((error, previous)) => {
                         transaction.rollback().await;
+                        if let Some(previous) = previous {
+                            // MySQL's setting is the session's: put it back after the rollback.
+                            if let Err(error) =
+                                S::Db::restore_lock_wait(transaction.store(), &previous).await
+                            {
+                                tracing::warn!(%error, "restoring the lock wait timeout failed");
+                            }
+                        }
+                        if call.in_progress.is_some()
+                            && S::Db::classify(&error) == crate::store::Fault::LockTimeout
+                        {
+                            return Err(in_progress(call, retry.elapsed()));
+                        }
                         if nesting == Nesting::Savepoint {
                             // A deadlock or a busy database aborts the caller's whole transaction
                             // on some databases; only the caller can retry that.
@@ -311,6 +335,11 @@ async fn begin_and_claim<S: Store>(
                 crate::stats::retried(call.job.name(), retry.attempts, &error);
                 retry.pause::<S>().await;
             }
+            None if call.in_progress.is_some()
+                && S::Db::classify(&error) == crate::store::Fault::Busy =>
+            {
+                return Err(in_progress(call, retry.elapsed()));
+            }
             None if retry.exhausted::<S::Db>(&error) => {
                 return Err(Error::ClaimRetriesExhausted {
                     job: call.job.name(),
@@ -323,6 +352,38 @@ async fn begin_and_claim<S: Store>(
             }
             None => return Err(call.database::<S::Db>(step, error)),
         }
+    }
+}
+
+/// The claim, its wait for another run of the key bounded by `bound` (the database's lock
+/// timeout, put back before the body runs). On failure, the setting to put back after the rollback.
+async fn bounded_claim_key<S: Store>(
+    store: &mut S,
+    claim: &crate::store::Claim<'_>,
+    bound: Option<std::time::Duration>,
+) -> Result<Option<DoneRow>, (diesel::result::Error, Option<String>)> {
+    let previous = match bound {
+        Some(limit) => S::Db::bound_lock_wait(store, limit)
+            .await
+            .map_err(|error| (error, None))?,
+        None => None,
+    };
+    let claimed = claim_key(store, claim).await;
+    match (claimed, previous) {
+        (Ok(state), Some(previous)) => match S::Db::restore_lock_wait(store, &previous).await {
+            Ok(()) => Ok(state),
+            Err(error) => Err((error, Some(previous))),
+        },
+        (Ok(state), None) => Ok(state),
+        (Err(error), previous) => Err((error, previous)),
+    }
+}
+
+fn in_progress(call: &Call, waited: std::time::Duration) -> Error {
+    Error::InProgress {
+        job: call.job.name(),
+        key: call.key_text.clone(),
+        waited,
     }
 }
 

@@ -43,6 +43,8 @@ pub enum Ending {
     KeyConflict,
     /// The database or the result encoding failed; rolled back.
     Error,
+    /// Another run of the key was in progress and the in-progress policy did not wait; nothing ran.
+    InProgress,
 }
 
 impl Ending {
@@ -56,6 +58,7 @@ impl Ending {
             Ending::FingerprintMismatch => "fingerprint_mismatch",
             Ending::KeyConflict => "key_conflict",
             Ending::Error => "error",
+            Ending::InProgress => "in_progress",
         }
     }
 }
@@ -77,6 +80,8 @@ pub struct Counts {
     pub key_conflicts: u64,
     /// Calls that failed in the database or encoding their result.
     pub errors: u64,
+    /// Calls that met another run of their key in progress and, by their policy, did not wait.
+    pub in_progress: u64,
     /// Transient errors (busy, deadlock) after which the claim was tried again.
     pub claim_retries: u64,
 }
@@ -91,12 +96,14 @@ impl Counts {
             Ending::FingerprintMismatch => &mut self.fingerprint_mismatches,
             Ending::KeyConflict => &mut self.key_conflicts,
             Ending::Error => &mut self.errors,
+            Ending::InProgress => &mut self.in_progress,
         };
         *slot += 1;
     }
 
     fn merge(&mut self, other: &Counts) {
         self.ran += other.ran;
+        self.in_progress += other.in_progress;
         self.replayed += other.replayed;
         self.failed += other.failed;
         self.panicked += other.panicked;
@@ -140,6 +147,21 @@ pub fn all() -> Vec<(&'static str, Counts)> {
 
 /// Records the end of a job call: counters, metrics, and the event.
 pub(crate) fn finished(job: &'static str, outcome: Ending, started: Instant) {
+    finished_with(job, outcome, started, None);
+}
+
+/// [`finished`], for a replay: the event also says when the first run was done
+/// (`first_done_at`, RFC 3339 UTC, the database's clock).
+pub(crate) fn replayed(job: &'static str, started: Instant, first_done_micros: i64) {
+    finished_with(job, Ending::Replayed, started, Some(first_done_micros));
+}
+
+fn finished_with(
+    job: &'static str,
+    outcome: Ending,
+    started: Instant,
+    first_done_micros: Option<i64>,
+) {
     let elapsed = started.elapsed();
     with_counts(|counts| counts.entry(job).or_default().add(outcome));
     #[cfg(feature = "metrics")]
@@ -162,10 +184,19 @@ pub(crate) fn finished(job: &'static str, outcome: Ending, started: Instant) {
         Ending::FingerprintMismatch => "job key came back with different inputs; refused",
         Ending::KeyConflict => "job key is held by another job; refused",
         Ending::Error => "job failed in the database; rolled back",
+        Ending::InProgress => {
+            "another run of the job's key is in progress; did not wait, by the job's policy"
+        }
     };
     match outcome {
-        Ending::Ran | Ending::Replayed | Ending::Failed => {
-            tracing::info!(outcome = outcome.as_str(), duration_us, "{message}");
+        Ending::Ran | Ending::Replayed | Ending::Failed | Ending::InProgress => {
+            let first_done_at = first_done_micros.map(crate::time::rfc3339);
+            tracing::info!(
+                outcome = outcome.as_str(),
+                duration_us,
+                first_done_at,
+                "{message}"
+            );
         }
         _ => tracing::warn!(outcome = outcome.as_str(), duration_us, "{message}"),
     }

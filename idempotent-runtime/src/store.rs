@@ -77,6 +77,17 @@ pub trait Store: Send + Sized {
     #[doc(hidden)]
     fn begin(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send;
 
+    /// [`begin`](Self::begin), waiting at most `limit` for the database's write lock where `BEGIN`
+    /// takes it (SQLite); elsewhere the same as `begin`.
+    #[doc(hidden)]
+    fn begin_bounded(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> impl Future<Output = QueryResult<Nesting>> + Send {
+        let _ = limit;
+        self.begin()
+    }
+
     /// Commits the innermost transaction (releases the savepoint).
     #[doc(hidden)]
     fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
@@ -144,6 +155,11 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const NAME: &'static str;
 
+    /// Whether a transaction that writes takes the whole database's write lock at `BEGIN`
+    /// (SQLite): then a claim waits there, not for the key's row.
+    #[doc(hidden)]
+    const WRITE_LOCK_AT_BEGIN: bool = false;
+
     /// What a failed statement means for the transaction.
     #[doc(hidden)]
     fn classify(error: &DieselError) -> Fault;
@@ -186,6 +202,31 @@ pub trait Database: Sized + Send + Sync + 'static {
         conn: &mut C,
         digest: &[u8; 32],
     ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// The `BEGIN` that waits at most `limit` for the database's write lock, where `BEGIN` takes
+    /// it (SQLite); `None` elsewhere.
+    #[doc(hidden)]
+    fn bounded_begin_sql(limit: std::time::Duration) -> Option<String> {
+        let _ = limit;
+        None
+    }
+
+    /// Bounds how long the statements after it wait for a row lock held by another transaction
+    /// (the claim's wait for another run of its key) to `limit`, and returns the setting to
+    /// restore; `None` where the database bounds that wait otherwise (SQLite: its write lock, taken
+    /// at `BEGIN`).
+    #[doc(hidden)]
+    fn bound_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: std::time::Duration,
+    ) -> impl Future<Output = QueryResult<Option<String>>> + Send;
+
+    /// Puts back the setting [`bound_lock_wait`](Self::bound_lock_wait) returned.
+    #[doc(hidden)]
+    fn restore_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        previous: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// The row of the key with `digest`, read in a statement of its own.
     #[doc(hidden)]
@@ -511,4 +552,11 @@ pub struct JobCountRow {
     pub oldest_micros: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub newest_micros: i64,
+}
+
+/// A setting's value as text.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct SettingRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub previous: String,
 }

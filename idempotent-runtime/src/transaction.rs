@@ -32,8 +32,21 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         conn: &'a mut Conn,
         reach: R,
     ) -> diesel::QueryResult<(Self, Nesting)> {
+        Self::begin_bounded(conn, reach, None).await
+    }
+
+    /// [`begin`](Self::begin), waiting at most `bound` for a write lock `BEGIN` takes (SQLite).
+    pub(crate) async fn begin_bounded(
+        conn: &'a mut Conn,
+        reach: R,
+        bound: Option<std::time::Duration>,
+    ) -> diesel::QueryResult<(Self, Nesting)> {
         let mut transaction = Self::opened(conn, reach);
-        match transaction.store().begin().await {
+        let begun = match bound {
+            Some(limit) => transaction.store().begin_bounded(limit).await,
+            None => transaction.store().begin().await,
+        };
+        match begun {
             Ok(nesting) => Ok((transaction, nesting)),
             Err(error) => {
                 // Nothing was opened.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idempotent_jobs::keys::{self, JobCount, KeyQuery, KeyRecord};
 use idempotent_jobs::testing::Snapshot;
-use idempotent_jobs::{Error, Job, JobKey, Outcome};
+use idempotent_jobs::{Error, Job, JobKey, Outcome, WhileInProgress};
 
 use crate::handlers::{Mode, Receipt, TestError};
 use crate::harness::Server;
@@ -106,6 +106,12 @@ pub trait Backend: Sized + 'static {
     fn held(conn: &mut Self::Conn, id: &str, hold_ms: u64) -> Result<(), TestError>;
     /// `held_job`'s key through the plain API, retrying its claim for at most `window`.
     fn held_retrying(conn: &mut Self::Conn, id: &str, window: Duration) -> Result<(), TestError>;
+    /// `held_job`'s key through the plain API, with an in-progress policy.
+    fn held_with_policy(
+        conn: &mut Self::Conn,
+        id: &str,
+        policy: WhileInProgress,
+    ) -> Result<(), TestError>;
     fn hourly(conn: &mut Self::Conn, id: &str) -> Result<(), TestError>;
     fn ddl_in_body(conn: &mut Self::Conn, id: &str, fail: bool) -> Result<(), TestError>;
     fn rolled_back_in_body(
@@ -362,6 +368,20 @@ macro_rules! sync_backend {
             ) -> Result<(), TestError> {
                 idempotent_jobs::JobCall::new(&HELD, &held_key(id))
                     .retry_for(window)
+                    .run(conn, |conn| {
+                        handlers::TestConn::insert_message(conn, "held", id)?;
+                        Ok::<_, TestError>(())
+                    })
+                    .map(Outcome::into_inner)
+            }
+
+            fn held_with_policy(
+                conn: &mut Self::Conn,
+                id: &str,
+                policy: WhileInProgress,
+            ) -> Result<(), TestError> {
+                idempotent_jobs::JobCall::new(&HELD, &held_key(id))
+                    .while_in_progress(policy)
                     .run(conn, |conn| {
                         handlers::TestConn::insert_message(conn, "held", id)?;
                         Ok::<_, TestError>(())
@@ -736,6 +756,23 @@ macro_rules! async_backend {
             fn held(c: &mut Self::Conn, id: &str, hold_ms: u64) -> Result<(), TestError> {
                 c.runtime
                     .block_on(handlers::held_job_async(&mut c.conn, id, hold_ms))
+            }
+
+            fn held_with_policy(
+                c: &mut Self::Conn,
+                id: &str,
+                policy: WhileInProgress,
+            ) -> Result<(), TestError> {
+                c.runtime
+                    .block_on(
+                        idempotent_jobs::JobCall::new(&HELD, &held_key(id))
+                            .while_in_progress(policy)
+                            .run_async(&mut c.conn, async |conn| {
+                                handlers::AsyncTestConn::insert_message(conn, "held", id).await?;
+                                Ok::<_, TestError>(())
+                            }),
+                    )
+                    .map(Outcome::into_inner)
             }
 
             fn held_retrying(

@@ -6,7 +6,7 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use idempotent_jobs::{Error, JobKey};
+use idempotent_jobs::{Error, JobKey, WhileInProgress};
 
 use crate::backends::Backend;
 use crate::handlers::TestError;
@@ -329,6 +329,78 @@ pub fn exhausted_retries_name_their_cause<B: Backend>(session_setup: &str) {
         assert!(error.is_retryable());
         holder.join().expect("the holder").expect("the holder");
     });
+}
+
+/// A duplicate delivered while the first run of its key still works: `Fail` gives the worker back
+/// at once and `WaitAtMost` after its bound, both with a retryable `InProgress` while the first run
+/// still holds the key; `Wait` waits and replays. Only the first run's body ran.
+pub fn in_progress_policies_bound_the_wait<B: Backend>() {
+    const HOLD_MS: u64 = 6_000;
+    let db = Db::<B>::fresh();
+    let id = harness::unique_name("busy");
+    let claimed = signals::expect(&id);
+    let bound = Duration::from_millis(1_200);
+    let (failed_after, bounded_after, waited) = std::thread::scope(|scope| {
+        let holder = scope.spawn(|| {
+            let mut conn = db.connect();
+            B::held(&mut conn, &id, HOLD_MS)
+        });
+        claimed.wait("the holder claiming its key");
+        let mut conn = db.connect();
+
+        let started = Instant::now();
+        let error = runtime_error(B::held_with_policy(&mut conn, &id, WhileInProgress::Fail));
+        let failed_after = started.elapsed();
+        assert!(matches!(error, Error::InProgress { .. }), "{error}");
+        assert!(error.is_retryable(), "{error}");
+        assert!(
+            !holder.is_finished(),
+            "Fail did not wait for the run: {failed_after:?}"
+        );
+
+        let started = Instant::now();
+        let error = runtime_error(B::held_with_policy(
+            &mut conn,
+            &id,
+            WhileInProgress::WaitAtMost(bound),
+        ));
+        let bounded_after = started.elapsed();
+        assert!(matches!(error, Error::InProgress { .. }), "{error}");
+        assert!(
+            bounded_after >= bound,
+            "waited its bound: {bounded_after:?}"
+        );
+        assert!(
+            !holder.is_finished(),
+            "gave up before the run ended: {bounded_after:?}"
+        );
+
+        let started = Instant::now();
+        B::held_with_policy(&mut conn, &id, WhileInProgress::Wait).expect("waits, then replays");
+        let waited = started.elapsed();
+        holder.join().expect("the holder").expect("the holder");
+        (failed_after, bounded_after, waited)
+    });
+    let mut conn = db.connect();
+    assert_eq!(
+        B::count_topic(&mut conn, "held"),
+        1,
+        "only the first run's body ran"
+    );
+    // The connection that met the bounds still waits as its session says (MySQL's setting is
+    // the session's): a run on it afterwards is unaffected.
+    B::held(&mut conn, &harness::unique_name("after"), 0).expect("a later run");
+    crate::figures::report(&format!(
+        "in-progress policy ({}): the first run holds its key {HOLD_MS} ms; a duplicate with Fail gave up after {} ms, with WaitAtMost({} ms) after {} ms, with Wait replayed after {} ms",
+        std::any::type_name::<B>()
+            .rsplit("::")
+            .next()
+            .unwrap_or("?"),
+        failed_after.as_millis(),
+        bound.as_millis(),
+        bounded_after.as_millis(),
+        waited.as_millis()
+    ));
 }
 
 /// The connection is cut after the server received `COMMIT` and before its reply arrived: the

@@ -42,6 +42,11 @@ macro_rules! backend_tests {
             use crate::{behaviour, holes, operate, schema, second_run};
 
             #[test]
+            fn in_progress_policies_bound_the_wait() {
+                holes::in_progress_policies_bound_the_wait::<$backend>();
+            }
+
+            #[test]
             fn a_key_is_found_explained_and_forgotten() {
                 operate::a_key_is_found_explained_and_forgotten::<$backend>();
             }

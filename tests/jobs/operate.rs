@@ -19,7 +19,7 @@ pub fn a_key_is_found_explained_and_forgotten<B: Backend>() {
     B::charge(&mut conn, "order-1", 4200, Mode::Succeed).expect("the first run");
     B::charge_checked(&mut conn, "order-2", 10, "EUR").expect("a fingerprinted job");
 
-    let key = handlers::charge::key(&"order-1");
+    let key = handlers::charge::key("order-1");
     assert_eq!(key.as_str(), "charge:order-1");
     let record = B::keys_lookup(&mut conn, &key)
         .expect("a look-up")
@@ -173,7 +173,7 @@ fn forgetting_is_recorded_and_refused_inside_a_transaction() {
     let db = Db::<crate::backends::Sqlite>::fresh();
     let mut conn = db.connect();
     crate::backends::Sqlite::charge(&mut conn, "order-1", 1, Mode::Succeed).expect("a charge");
-    let key = handlers::charge::key(&"order-1");
+    let key = handlers::charge::key("order-1");
     let (forgot, events) = crate::capture::events(|| {
         idempotent_jobs::keys::forget(&mut conn, &key, "support ticket 4711")
     });

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idempotent_jobs::Prune;
+use idempotent_jobs::{JobKey, Prune};
 
 use crate::backends::Backend;
 use crate::capture;
@@ -171,6 +171,30 @@ pub fn events_say_what_happened<B: Backend>() {
             ("charge_checked", "checked:order-3", "fingerprint_mismatch"),
             ("refund", "charge:order-1", "key_conflict"),
         ]
+    );
+    // A replay says when the first run was done (the database's clock, RFC 3339 UTC); nothing else
+    // carries that field.
+    let replays: Vec<_> = capture::outcomes(&events)
+        .into_iter()
+        .filter(|e| e.contains_key("first_done_at"))
+        .collect();
+    assert_eq!(replays.len(), 1, "{events:?}");
+    assert_eq!(replays[0]["outcome"], "replayed");
+    let first_done_at = &replays[0]["first_done_at"];
+    let record = B::keys_lookup(&mut conn, &JobKey::new("charge:order-1"))
+        .expect("a look-up")
+        .expect("done");
+    let since_epoch = record
+        .done_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    assert!(
+        first_done_at.ends_with('Z') && first_done_at.len() == "2026-11-30T10:00:00.123456Z".len(),
+        "{first_done_at}"
+    );
+    assert!(
+        first_done_at.ends_with(&format!(".{:06}Z", since_epoch.subsec_micros())),
+        "the first run's done_at ({since_epoch:?} since the epoch): {first_done_at}"
     );
     for event in capture::outcomes(&events) {
         let micros: u64 = event["duration_us"]

@@ -110,6 +110,16 @@ macro_rules! sync_store {
                 $crate::db::begin_sync(self, $begin)
             }
 
+            async fn begin_bounded(
+                &mut self,
+                limit: std::time::Duration,
+            ) -> diesel::QueryResult<$crate::store::Nesting> {
+                match <$db as $crate::store::Database>::bounded_begin_sql(limit) {
+                    Some(sql) => $crate::db::begin_sync(self, &sql),
+                    None => $crate::db::begin_sync(self, $begin),
+                }
+            }
+
             async fn commit(&mut self) -> diesel::QueryResult<()> {
                 <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::commit_transaction(self)
             }

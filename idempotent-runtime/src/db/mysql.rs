@@ -204,6 +204,10 @@ sql! {
 
 inspect_statements!();
 
+sql! {
+    LockWaitTimeout = "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous";
+}
+
 /// Statements whose `EXPLAIN` needs the privileges a worker needs, by privilege and table.
 const PRIVILEGE_PROBES: &[(&str, &str, &str)] = &[
     (
@@ -303,6 +307,30 @@ struct Column {
 
 impl Database for MysqlDb {
     inspect_methods!();
+
+    async fn bound_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: std::time::Duration,
+    ) -> QueryResult<Option<String>> {
+        // Whole seconds, at least 1 (InnoDB's smallest wait); the session keeps it until restored.
+        let seconds = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
+        let seconds = seconds.clamp(1, 1_073_741_824);
+        let rows: Vec<crate::store::SettingRow> =
+            conn.load(Statement::<LockWaitTimeout, _>::new(())).await?;
+        conn.batch(&format!("SET SESSION innodb_lock_wait_timeout = {seconds}"))
+            .await?;
+        Ok(rows.into_iter().next().map(|row| row.previous))
+    }
+
+    async fn restore_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        previous: &str,
+    ) -> QueryResult<()> {
+        // A number read back from the server; anything else is not sent as SQL.
+        let seconds: u64 = previous.trim().parse().unwrap_or(50);
+        conn.batch(&format!("SET SESSION innodb_lock_wait_timeout = {seconds}"))
+            .await
+    }
 
     type Backend = Mysql;
     const NAME: &'static str = "MySQL";

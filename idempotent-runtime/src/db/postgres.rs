@@ -216,6 +216,12 @@ sql! {
 
 inspect_statements!();
 
+sql! {
+    // `set_config(.., true)`: for this transaction only, whatever happens to it.
+    BoundLockWait = "SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', ?, true) AS applied";
+    RestoreLockWait = "SELECT set_config('lock_timeout', ?, true) AS previous";
+}
+
 const STEPS: &[Step] = &[
     Step {
         version: 1,
@@ -279,6 +285,32 @@ struct ClaimRow {
 
 impl Database for PostgresDb {
     inspect_methods!();
+
+    async fn bound_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: std::time::Duration,
+    ) -> QueryResult<Option<String>> {
+        // 0 would mean "no timeout": the shortest bound is 1 ms.
+        let millis = limit.as_millis().clamp(1, i32::MAX as u128);
+        let rows: Vec<crate::store::SettingRow> = conn
+            .load(Statement::<BoundLockWait, _>::new((bind::<Text, _>(
+                format!("{millis}ms"),
+            ),)))
+            .await?;
+        Ok(rows.into_iter().next().map(|row| row.previous))
+    }
+
+    async fn restore_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        previous: &str,
+    ) -> QueryResult<()> {
+        let _: Vec<crate::store::SettingRow> = conn
+            .load(Statement::<RestoreLockWait, _>::new((bind::<Text, _>(
+                previous,
+            ),)))
+            .await?;
+        Ok(())
+    }
 
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";

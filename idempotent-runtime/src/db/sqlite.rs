@@ -201,8 +201,34 @@ const VERSION_TABLE: &str = include_str!("../../sql/sqlite/000_idempotent_schema
 impl Database for SqliteDb {
     inspect_methods!();
 
+    /// The busy timeout bounds the wait for the write lock, and goes back to the usual one as soon
+    /// as the lock is held, for the commit.
+    fn bounded_begin_sql(limit: std::time::Duration) -> Option<String> {
+        let millis = limit.as_millis().min(i32::MAX as u128);
+        Some(format!(
+            "PRAGMA busy_timeout = {millis}; BEGIN IMMEDIATE; PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}"
+        ))
+    }
+
+    /// A run holds SQLite's write lock from `BEGIN IMMEDIATE`: the claim never waits for a row,
+    /// and the in-progress bound applies to the retries of `BEGIN` instead.
+    async fn bound_lock_wait<C: Store<Db = Self>>(
+        _conn: &mut C,
+        _limit: std::time::Duration,
+    ) -> QueryResult<Option<String>> {
+        Ok(None)
+    }
+
+    async fn restore_lock_wait<C: Store<Db = Self>>(
+        _conn: &mut C,
+        _previous: &str,
+    ) -> QueryResult<()> {
+        Ok(())
+    }
+
     type Backend = Sqlite;
     const NAME: &'static str = "SQLite";
+    const WRITE_LOCK_AT_BEGIN: bool = true;
 
     fn classify(error: &DieselError) -> Fault {
         if let DieselError::DatabaseError(
@@ -560,6 +586,8 @@ async fn record_version<C: Store<Db = SqliteDb>>(
 }
 
 /// How a transaction begins; see the module docs.
+/// How long `BEGIN` waits for another writer, and `COMMIT` for readers, by default.
+const BUSY_TIMEOUT_MS: u32 = 5000;
 const BEGIN: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE";
 
 sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN);
@@ -582,6 +610,16 @@ mod wrapper {
 
         async fn begin(&mut self) -> diesel::QueryResult<Nesting> {
             self.spawn_blocking(|conn| crate::db::begin_sync(conn, super::BEGIN))
+                .await
+        }
+
+        async fn begin_bounded(
+            &mut self,
+            limit: std::time::Duration,
+        ) -> diesel::QueryResult<Nesting> {
+            let sql = <super::SqliteDb as Database>::bounded_begin_sql(limit)
+                .unwrap_or_else(|| super::BEGIN.to_owned());
+            self.spawn_blocking(move |conn| crate::db::begin_sync(conn, &sql))
                 .await
         }
 
