@@ -239,16 +239,20 @@ impl Expansion<'_> {
             #[allow(non_camel_case_types)]
             #vis struct #name {}
 
+            // `outcome` alone is not allowed to be dead: it and the function keep each other alive,
+            // so a handler nobody calls still gets its dead-code warning.
             #(#cfgs)*
-            #[allow(dead_code, clippy::needless_lifetimes)]
+            #[allow(clippy::needless_lifetimes)]
             impl #name {
                 /// The job's description: its name, key template and settings.
+                #[allow(dead_code)]
                 #vis fn job() -> &'static #krate::#private::Job {
                     #job
                     &#job_static
                 }
 
                 #[doc = #key_doc]
+                #[allow(dead_code)]
                 #vis fn key #key_generics (#(#key_inputs),*) -> #krate::#private::JobKey #key_where {
                     #build_key
                 }

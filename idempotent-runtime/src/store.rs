@@ -555,6 +555,12 @@ pub struct JobCountRow {
 }
 
 /// A setting's value as text.
+#[cfg(any(
+    feature = "postgres",
+    feature = "async-postgres",
+    feature = "mysql",
+    feature = "async-mysql"
+))]
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
 pub struct SettingRow {
     #[diesel(sql_type = diesel::sql_types::Text)]

@@ -109,6 +109,55 @@ where
     );
 }
 
+/// A job dropped mid-transaction on a pooled connection, and its redelivery on the same pool with
+/// another idle connection beside it. The dropped job's transaction holds the key's row lock until
+/// its connection is closed. Built as the README says (`QueueMode::Lifo`), the redelivery's
+/// checkout meets the broken connection first, the pool discards it, the server ends its
+/// transaction, and the redelivery runs within a bound. (First in, first out, the default, the
+/// redelivery gets the sound connection and waits for the lock the idle broken one holds.)
+pub fn a_redelivery_after_a_drop_is_not_held_by_a_lifo_deadpool<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn + 'static,
+    AsyncDieselConnectionManager<C>:
+        Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    use std::time::Duration;
+
+    let db = Db::<B>::fresh();
+    let mut checker = db.connect();
+    let runtime = &checker.runtime;
+    let outcome = runtime.block_on(async {
+        let pool: Pool<C> = Pool::builder(AsyncDieselConnectionManager::<C>::new(db.locator()))
+            .max_size(2)
+            .queue_mode(deadpool::managed::QueueMode::Lifo)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .expect("a pool");
+        // Two connections in the pool: the sound one is idle while the job hangs on the other.
+        let sound = pool.get().await.expect("a pooled connection");
+        {
+            let mut conn = pool.get().await.expect("a pooled connection");
+            drop(sound);
+            drop_mid_job(&mut *conn, "order-dropped").await;
+        } // back to the pool, last in
+        let redelivery = async {
+            let mut conn = pool.get().await.expect("a pooled connection");
+            handlers::charge_async(&mut *conn, "order-dropped", 4200, Mode::Succeed).await
+        };
+        tokio::time::timeout(Duration::from_secs(10), redelivery).await
+    });
+    let receipt = outcome
+        .expect("the redelivery was not held by the dropped job's lock for 10 s")
+        .expect("the redelivery ran");
+    assert_eq!(receipt.amount, 4200);
+    assert_eq!(
+        B::count_charges(&mut checker, "order-dropped"),
+        1,
+        "charged once: by the redelivery"
+    );
+}
+
 /// A handler written for a deadpool connection: the attribute reaches the connection by deref.
 #[idempotent_job(key = "deadpool-welcome:<user_id>")]
 async fn welcome<C>(conn: &mut Object<C>, user_id: u64) -> Result<String, TestError>

@@ -236,6 +236,12 @@ macro_rules! async_tests {
             }
 
             #[test]
+            fn a_redelivery_after_a_drop_is_not_held_by_a_lifo_deadpool() {
+                cancellation::a_redelivery_after_a_drop_is_not_held_by_a_lifo_deadpool::<$backend, _>(
+                );
+            }
+
+            #[test]
             fn pooled_connections_work_through_deref() {
                 cancellation::pooled_connections_work_through_deref::<$backend, _>();
             }

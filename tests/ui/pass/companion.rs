@@ -45,6 +45,20 @@ fn generic<T: Display, U: Into<u64>>(conn: &mut SqliteConnection, tag: &str, id:
     Ok(extra.into())
 }
 
+/// An in-progress policy: a duplicate waits at most 250 ms for a run of its key in progress.
+#[idempotent_job(key = "report:<id>", in_progress = "wait at most 250ms")]
+fn report(conn: &mut SqliteConnection, id: u64) -> Result<u64, AppError> {
+    let _ = conn;
+    Ok(id)
+}
+
+/// And one that gives the worker back at once.
+#[idempotent_job(key = "export:<id>", in_progress = "fail")]
+fn export(conn: &mut SqliteConnection, id: u64) -> Result<u64, AppError> {
+    let _ = conn;
+    Ok(id)
+}
+
 /// A job without a placeholder: its key takes no input.
 #[idempotent_job(key = "backfill-2026-11", once)]
 fn backfill(conn: &mut SqliteConnection) -> Result<(), AppError> {
@@ -70,7 +84,7 @@ fn main() {
     let order = Order { id: 7, amount: 4200 };
 
     // The key, from the inputs alone, is the one the run claims.
-    let key = send_invoice::key(&"2026-10", &481, &order);
+    let key = send_invoice::key("2026-10", &481, &order);
     assert_eq!(key.as_str(), "invoice:2026-10:481:7");
     assert_eq!(send_invoice::job().name(), "send_invoice");
 
@@ -89,11 +103,20 @@ fn main() {
 
     // Escaping is the handler's: a value holding the separator cannot pose as another key.
     assert_eq!(generic(&mut conn, "a/b", 1, 5u8).unwrap(), 5);
-    let escaped = generic::key(&"a/b", &1);
+    let escaped = generic::key("a/b", &1);
     assert_ne!(escaped.as_str(), "generic:a/b/1");
     assert!(generic::outcome(&mut conn, "a/b", 1, 6u8).unwrap().is_replayed());
-    assert_eq!(generic::key(&"a", &"b/1").digest().len(), 32);
-    assert_ne!(generic::key(&"a", &"b/1"), escaped);
+    assert_eq!(generic::key("a", &"b/1").digest().len(), 32);
+    assert_ne!(generic::key("a", &"b/1"), escaped);
+
+    assert_eq!(
+        report::job().in_progress(),
+        idempotent_jobs::WhileInProgress::WaitAtMost(std::time::Duration::from_millis(250))
+    );
+    assert_eq!(export::job().in_progress(), idempotent_jobs::WhileInProgress::Fail);
+    assert_eq!(send_invoice::job().in_progress(), idempotent_jobs::WhileInProgress::Wait);
+    assert_eq!(report(&mut conn, 1).unwrap(), 1);
+    assert_eq!(export(&mut conn, 2).unwrap(), 2);
 
     backfill(&mut conn).unwrap();
     assert_eq!(backfill::key().as_str(), "backfill-2026-11");

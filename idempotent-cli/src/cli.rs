@@ -1,0 +1,177 @@
+//! The command line, as clap reads it.
+
+use std::time::SystemTime;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::time::parse_time_arg;
+
+/// What `--help` says before the commands.
+const LONG_ABOUT: &str = "\
+Operate idempotent-jobs in production: look up, list and forget job keys, inspect and retry the
+outbox, prune lapsed keys and verify the runtime's tables, on SQLite, PostgreSQL and MySQL/MariaDB.
+
+The database comes from --database-url or DATABASE_URL: postgres:// or postgresql:// (PostgreSQL),
+mysql:// (MySQL, MariaDB), anything else is a SQLite file (a path, sqlite://path or a file: URI),
+which must exist. Prefer DATABASE_URL: arguments are visible to other users in the process list.
+Passwords are never printed.
+
+Exit codes:
+  0  success
+  1  not found: the key or outbox message does not exist (nothing was changed)
+  2  bad usage, or a confirmation that was refused or could not be asked (nothing was changed)
+  3  cannot connect: bad URL, server down, SQLite file missing
+  4  the database lacks the runtime's tables, or they are incomplete: run idempotent_jobs::migrate
+  5  any other database error";
+
+/// The `idempotent-jobs` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "idempotent-jobs",
+    version,
+    about = "Operate idempotent-jobs: keys, outbox, prune, verify",
+    long_about = LONG_ABOUT
+)]
+pub struct Cli {
+    /// The database: postgres://..., mysql://..., or a SQLite file path [env: DATABASE_URL]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env = true,
+        hide_env_values = true,
+        global = true,
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
+
+    /// Print one JSON document on stdout instead of tables (times in RFC 3339, digests in hex)
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Look up, list and forget the keys of done jobs
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// One row per job: its keys, how many have lapsed, the oldest and the newest
+    Jobs,
+    /// The outbox: messages waiting to be sent, parked messages, and sending parked ones again
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// Delete lapsed keys in batches (--dry-run: only count them)
+    Prune {
+        /// Count the lapsed keys a prune would delete, and delete nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Rows deleted per statement, each statement a short transaction of its own
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
+    },
+    /// Check, reading only, that the runtime's tables are present, current and usable
+    Verify,
+}
+
+/// `keys ...`
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Show one key's record: its job, when it was done, when it lapses, what is stored
+    Show {
+        /// Which key.
+        #[command(flatten)]
+        key: KeyArg,
+    },
+    /// List keys, newest first
+    List {
+        /// Only the keys of this job
+        #[arg(long, value_name = "NAME")]
+        job: Option<String>,
+        /// Only keys done at or after TIME: RFC 3339 (2026-11-30T10:00:00Z) or a duration ago (2h, 7d)
+        #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+        since: Option<SystemTime>,
+        /// Only keys done before TIME: RFC 3339 (2026-11-30T10:00:00Z) or a duration ago (2h, 7d)
+        #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+        before: Option<SystemTime>,
+        /// At most this many keys
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+    /// Forget a key, so that the job's next delivery runs it again (asks first, unless --yes)
+    Forget {
+        /// Which key.
+        #[command(flatten)]
+        key: KeyArg,
+        /// Why: goes into the runtime's record of the forget, printed on stderr [default: "idempotent-jobs CLI (user $USER)"]
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Do not ask for confirmation (needed when stdin is not a terminal)
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+/// A key, by its text or by its digest.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct KeyArg {
+    /// The key exactly as stored, as `keys list` prints it (e.g. invoice:2026-10:cust_481)
+    pub key: Option<String>,
+    /// The key's SHA-256 digest, 64 hex digits (for keys stored as `redacted:...`)
+    #[arg(long, value_name = "HEX", value_parser = parse_digest_arg)]
+    pub digest: Option<[u8; 32]>,
+}
+
+/// `outbox ...`
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Messages not yet delivered and not parked, oldest first
+    Pending {
+        /// At most this many messages
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+    /// Messages parked after too many failed deliveries, with their last error
+    Parked,
+    /// Send parked messages again: one (--message-id) or all (--all)
+    Retry {
+        /// Which parked messages.
+        #[command(flatten)]
+        target: RetryTarget,
+    },
+}
+
+/// Which parked messages `outbox retry` sends again.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct RetryTarget {
+    /// The message's id, as `outbox parked` prints it
+    #[arg(long, value_name = "ID")]
+    pub message_id: Option<String>,
+    /// Every parked message
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Reads `--digest`.
+fn parse_digest_arg(text: &str) -> Result<[u8; 32], String> {
+    idempotent_runtime::keys::parse_digest(text).ok_or_else(|| {
+        "a digest is 64 hexadecimal digits, as `keys show` and `keys list --json` print it"
+            .to_owned()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

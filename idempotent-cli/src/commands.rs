@@ -1,0 +1,795 @@
+//! The commands, each on any of the runtime's sync connections.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::SystemTime;
+
+use idempotent_runtime::keys::{self, JobCount, KeyQuery, KeyRecord};
+use idempotent_runtime::outbox::{self, OutboxCounts, OutboxMessage};
+use idempotent_runtime::{Error, JobKey, JobStore, Prune};
+use serde::Serialize;
+
+use crate::cli::{Command, KeyArg, KeysCommand, OutboxCommand, RetryTarget};
+use crate::connect::Target;
+use crate::failure::{Code, Failure};
+use crate::table::{Align, Table, printable, truncate};
+use crate::time::{format_age, format_micros, format_seconds};
+
+/// What every command needs besides its connection.
+pub struct Context<'a> {
+    /// The database, for messages.
+    pub target: &'a Target,
+    /// Print JSON instead of tables.
+    pub json: bool,
+}
+
+/// Runs `command` on `conn`, printing its output; `Err` says what to print on stderr and how to
+/// exit.
+pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Result<(), Failure> {
+    match command {
+        Command::Keys(KeysCommand::Show { key }) => keys_show(conn, cx, key),
+        Command::Keys(KeysCommand::List {
+            job,
+            since,
+            before,
+            limit,
+        }) => keys_list(conn, cx, job.as_deref(), *since, *before, *limit),
+        Command::Keys(KeysCommand::Forget { key, reason, yes }) => {
+            keys_forget(conn, cx, key, reason.as_deref(), *yes)
+        }
+        Command::Jobs => jobs(conn, cx),
+        Command::Outbox(OutboxCommand::Pending { limit }) => outbox_pending(conn, cx, *limit),
+        Command::Outbox(OutboxCommand::Parked) => outbox_parked(conn, cx),
+        Command::Outbox(OutboxCommand::Retry { target }) => outbox_retry(conn, cx, target),
+        Command::Prune {
+            dry_run,
+            batch_size,
+        } => prune(conn, cx, *dry_run, *batch_size),
+        Command::Verify => verify(conn, cx),
+    }
+}
+
+// --- keys ------------------------------------------------------------------------------------
+
+/// A key's record as JSON.
+#[derive(Serialize)]
+struct KeyJson<'a> {
+    job: &'a str,
+    key: &'a str,
+    digest: String,
+    done_at: String,
+    expires_at: Option<String>,
+    lapsed: bool,
+    has_result: bool,
+    has_fingerprint: bool,
+}
+
+impl<'a> From<&'a KeyRecord> for KeyJson<'a> {
+    fn from(r: &'a KeyRecord) -> Self {
+        Self {
+            job: &r.job,
+            key: &r.key,
+            digest: r.digest_hex(),
+            done_at: format_micros(r.done_at),
+            expires_at: r.expires_at.map(format_micros),
+            lapsed: r.lapsed,
+            has_result: r.has_result,
+            has_fingerprint: r.has_fingerprint,
+        }
+    }
+}
+
+/// `yes` or `no`.
+fn yes_no(value: bool) -> &'static str {
+    if value { "yes" } else { "no" }
+}
+
+/// When the key lapses, or `never`.
+fn expires_text(record: &KeyRecord) -> String {
+    record
+        .expires_at
+        .map_or_else(|| "never".to_owned(), format_seconds)
+}
+
+/// A record as aligned `label  value` lines.
+fn record_text(record: &KeyRecord) -> String {
+    let lapsed = if record.lapsed {
+        "yes (the next delivery runs the job again; `prune` deletes the row)"
+    } else {
+        "no"
+    };
+    let lines = [
+        ("job", printable(&record.job)),
+        ("key", printable(&record.key)),
+        ("digest", record.digest_hex()),
+        ("done at", format_seconds(record.done_at)),
+        ("expires at", expires_text(record)),
+        ("lapsed", lapsed.to_owned()),
+        ("result stored", yes_no(record.has_result).to_owned()),
+        (
+            "fingerprint stored",
+            yes_no(record.has_fingerprint).to_owned(),
+        ),
+    ];
+    lines
+        .iter()
+        .map(|(label, value)| format!("{label:<19} {value}\n"))
+        .collect()
+}
+
+/// Which key the arguments name: its digest, and how to name it in messages.
+fn resolve(key: &KeyArg) -> ([u8; 32], String) {
+    match (&key.key, &key.digest) {
+        (_, Some(digest)) => (*digest, format!("with digest {}", hex(digest))),
+        (Some(text), None) => (
+            JobKey::new(text.as_str()).digest(),
+            format!("`{}`", printable(text)),
+        ),
+        (None, None) => unreachable!("clap requires a key or --digest"),
+    }
+}
+
+/// A digest in lowercase hexadecimal.
+fn hex(digest: &[u8; 32]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The failure for a key no run holds, with a hint for keys stored redacted.
+fn not_found(key: &KeyArg, named: &str) -> Failure {
+    let mut message = format!("no key {named} in done_jobs: no run holds it");
+    if key
+        .key
+        .as_deref()
+        .is_some_and(|k| k.starts_with("redacted:"))
+    {
+        message.push_str(
+            ". Keys shown as `redacted:...` are found by digest: `keys show --digest HEX`, with the digest from `keys list --json`",
+        );
+    }
+    Failure::new(Code::NotFound, message)
+}
+
+/// `keys show`: one record.
+fn keys_show<C: JobStore>(conn: &mut C, cx: &Context<'_>, key: &KeyArg) -> Result<(), Failure> {
+    let (digest, named) = resolve(key);
+    let record = keys::lookup_digest(conn, &digest)
+        .map_err(|e| db_failure(conn, cx.target, e))?
+        .ok_or_else(|| not_found(key, &named))?;
+    if cx.json {
+        emit_json(&KeyJson::from(&record));
+    } else {
+        emit(&record_text(&record));
+    }
+    Ok(())
+}
+
+/// `keys list`: a table of keys, newest first.
+fn keys_list<C: JobStore>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    job: Option<&str>,
+    since: Option<SystemTime>,
+    before: Option<SystemTime>,
+    limit: u32,
+) -> Result<(), Failure> {
+    // One more than asked, to tell whether there are more.
+    let mut query = KeyQuery::default().limit(limit.saturating_add(1));
+    if let Some(job) = job {
+        query = query.job(job);
+    }
+    if let Some(since) = since {
+        query = query.done_from(since);
+    }
+    if let Some(before) = before {
+        query = query.done_before(before);
+    }
+    let mut records = keys::list(conn, &query).map_err(|e| db_failure(conn, cx.target, e))?;
+    let more = records.len() > limit as usize;
+    records.truncate(limit as usize);
+    if cx.json {
+        #[derive(Serialize)]
+        struct List<'a> {
+            keys: Vec<KeyJson<'a>>,
+            more: bool,
+        }
+        emit_json(&List {
+            keys: records.iter().map(KeyJson::from).collect(),
+            more,
+        });
+        return Ok(());
+    }
+    if records.is_empty() {
+        emit("no keys match\n");
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        ("JOB", Align::Left),
+        ("KEY", Align::Left),
+        ("DONE AT (UTC)", Align::Left),
+        ("EXPIRES AT (UTC)", Align::Left),
+        ("LAPSED", Align::Left),
+        ("RESULT", Align::Left),
+        ("FINGERPRINT", Align::Left),
+    ]);
+    for r in &records {
+        table.row([
+            r.job.clone(),
+            r.key.clone(),
+            format_seconds(r.done_at),
+            expires_text(r),
+            yes_no(r.lapsed).to_owned(),
+            yes_no(r.has_result).to_owned(),
+            yes_no(r.has_fingerprint).to_owned(),
+        ]);
+    }
+    let mut text = table.render();
+    if more {
+        text.push_str(&format!(
+            "(the newest {limit} keys; more match: raise --limit, or narrow with --job, --since, --before)\n"
+        ));
+    }
+    emit(&text);
+    Ok(())
+}
+
+/// `keys forget`: shows the record, asks unless `--yes`, then forgets it.
+fn keys_forget<C: JobStore>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    key: &KeyArg,
+    reason: Option<&str>,
+    yes: bool,
+) -> Result<(), Failure> {
+    let (digest, named) = resolve(key);
+    let record = keys::lookup_digest(conn, &digest)
+        .map_err(|e| db_failure(conn, cx.target, e))?
+        .ok_or_else(|| {
+            let mut failure = not_found(key, &named);
+            failure.message.push_str("; nothing was changed");
+            failure
+        })?;
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::new(
+                Code::Usage,
+                format!(
+                    "refusing to forget key {named} of job `{}` without confirmation: stdin is not a terminal, so there is no one to ask. Pass --yes to forget it; nothing was changed",
+                    printable(&record.job)
+                ),
+            ));
+        }
+        // The record and the question go to stderr in JSON mode, keeping stdout one document.
+        let shown = record_text(&record);
+        if cx.json {
+            eprint!("{shown}");
+        } else {
+            emit(&shown);
+        }
+        eprint!("Forget this key? The job's next delivery will run it again. [y/N] ");
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        let read = std::io::stdin().lock().read_line(&mut answer);
+        let confirmed = matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes");
+        if read.is_err() || !confirmed {
+            return Err(Failure::new(
+                Code::Usage,
+                "not confirmed: the key was not forgotten; nothing was changed",
+            ));
+        }
+    }
+    let reason = reason.map_or_else(default_reason, str::to_owned);
+    let forgotten =
+        keys::forget_digest(conn, &digest, &reason).map_err(|e| db_failure(conn, cx.target, e))?;
+    if !forgotten {
+        return Err(Failure::new(
+            Code::NotFound,
+            format!("key {named} was deleted by someone else meanwhile; nothing was changed"),
+        ));
+    }
+    if cx.json {
+        #[derive(Serialize)]
+        struct Forgotten<'a> {
+            forgotten: bool,
+            reason: &'a str,
+            key: KeyJson<'a>,
+        }
+        emit_json(&Forgotten {
+            forgotten: true,
+            reason: &reason,
+            key: KeyJson::from(&record),
+        });
+    } else {
+        emit(&format!(
+            "forgot key `{}` of job `{}`: the job's next delivery runs it again\n",
+            printable(&record.key),
+            printable(&record.job)
+        ));
+    }
+    Ok(())
+}
+
+/// `idempotent-jobs CLI`, with the operating system's user when the environment names one.
+fn default_reason() -> String {
+    ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        .map_or_else(
+            || "idempotent-jobs CLI".to_owned(),
+            |user| format!("idempotent-jobs CLI (user {user})"),
+        )
+}
+
+// --- jobs ------------------------------------------------------------------------------------
+
+/// One job's counts as JSON.
+#[derive(Serialize)]
+struct JobJson<'a> {
+    job: &'a str,
+    keys: u64,
+    lapsed: u64,
+    oldest: String,
+    newest: String,
+}
+
+impl<'a> From<&'a JobCount> for JobJson<'a> {
+    fn from(c: &'a JobCount) -> Self {
+        Self {
+            job: &c.job,
+            keys: c.keys,
+            lapsed: c.lapsed,
+            oldest: format_micros(c.oldest),
+            newest: format_micros(c.newest),
+        }
+    }
+}
+
+/// `jobs`: one row per job.
+fn jobs<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+    let counts = keys::job_counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
+    if cx.json {
+        #[derive(Serialize)]
+        struct Jobs<'a> {
+            jobs: Vec<JobJson<'a>>,
+        }
+        emit_json(&Jobs {
+            jobs: counts.iter().map(JobJson::from).collect(),
+        });
+        return Ok(());
+    }
+    if counts.is_empty() {
+        emit("no keys in done_jobs\n");
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        ("JOB", Align::Left),
+        ("KEYS", Align::Right),
+        ("LAPSED", Align::Right),
+        ("OLDEST (UTC)", Align::Left),
+        ("NEWEST (UTC)", Align::Left),
+    ]);
+    for c in &counts {
+        table.row([
+            c.job.clone(),
+            c.keys.to_string(),
+            c.lapsed.to_string(),
+            format_seconds(c.oldest),
+            format_seconds(c.newest),
+        ]);
+    }
+    emit(&table.render());
+    Ok(())
+}
+
+// --- outbox ----------------------------------------------------------------------------------
+
+/// A message as JSON.
+#[derive(Serialize)]
+struct MessageJson<'a> {
+    message_id: &'a str,
+    topic: &'a str,
+    job_key: Option<&'a str>,
+    attempts: u32,
+    age_seconds: f64,
+    last_error: Option<&'a str>,
+    /// The payload as JSON, or its text if it does not parse.
+    payload: serde_json::Value,
+}
+
+impl<'a> From<&'a OutboxMessage> for MessageJson<'a> {
+    fn from(m: &'a OutboxMessage) -> Self {
+        Self {
+            message_id: m.message_id(),
+            topic: m.topic(),
+            job_key: m.job_key(),
+            attempts: m.attempts(),
+            age_seconds: m.age().as_secs_f64(),
+            last_error: m.last_error(),
+            payload: serde_json::from_str(m.payload_json())
+                .unwrap_or_else(|_| serde_json::Value::String(m.payload_json().to_owned())),
+        }
+    }
+}
+
+/// The outbox's counts as JSON.
+#[derive(Serialize)]
+struct CountsJson {
+    pending: i64,
+    leased: i64,
+    delivered: i64,
+    parked: i64,
+}
+
+impl From<&OutboxCounts> for CountsJson {
+    fn from(c: &OutboxCounts) -> Self {
+        Self {
+            pending: c.pending,
+            leased: c.leased,
+            delivered: c.delivered,
+            parked: c.parked,
+        }
+    }
+}
+
+/// The outbox's counts as one line.
+fn counts_line(c: &OutboxCounts) -> String {
+    format!(
+        "outbox: {} pending, {} leased, {} delivered, {} parked\n",
+        c.pending, c.leased, c.delivered, c.parked
+    )
+}
+
+/// Outbox messages as a table.
+fn messages_table(messages: &[OutboxMessage]) -> String {
+    let mut table = Table::new(&[
+        ("MESSAGE ID", Align::Left),
+        ("TOPIC", Align::Left),
+        ("JOB KEY", Align::Left),
+        ("ATTEMPTS", Align::Right),
+        ("AGE", Align::Right),
+        ("LAST ERROR", Align::Left),
+        ("PAYLOAD", Align::Left),
+    ]);
+    for m in messages {
+        table.row([
+            m.message_id().to_owned(),
+            m.topic().to_owned(),
+            m.job_key().unwrap_or("-").to_owned(),
+            m.attempts().to_string(),
+            format_age(m.age()),
+            truncate(m.last_error().unwrap_or("-"), 60),
+            truncate(m.payload_json(), 60),
+        ]);
+    }
+    table.render()
+}
+
+/// `outbox pending`: messages not yet delivered and not parked, oldest first.
+fn outbox_pending<C: JobStore>(conn: &mut C, cx: &Context<'_>, limit: u32) -> Result<(), Failure> {
+    let mut messages = outbox::unsent(conn, limit.saturating_add(1))
+        .map_err(|e| db_failure(conn, cx.target, e))?;
+    let more = messages.len() > limit as usize;
+    messages.truncate(limit as usize);
+    let counts = outbox::counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
+    if cx.json {
+        #[derive(Serialize)]
+        struct Pending<'a> {
+            messages: Vec<MessageJson<'a>>,
+            more: bool,
+            counts: CountsJson,
+        }
+        emit_json(&Pending {
+            messages: messages.iter().map(MessageJson::from).collect(),
+            more,
+            counts: CountsJson::from(&counts),
+        });
+        return Ok(());
+    }
+    let mut text = if messages.is_empty() {
+        "no messages waiting to be sent\n".to_owned()
+    } else {
+        messages_table(&messages)
+    };
+    if more {
+        text.push_str(&format!(
+            "(the oldest {limit} messages; more are waiting: raise --limit)\n"
+        ));
+    }
+    text.push_str(&counts_line(&counts));
+    emit(&text);
+    Ok(())
+}
+
+/// `outbox parked`: parked messages with their last error.
+fn outbox_parked<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+    let messages = outbox::parked(conn).map_err(|e| db_failure(conn, cx.target, e))?;
+    let counts = outbox::counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
+    if cx.json {
+        #[derive(Serialize)]
+        struct Parked<'a> {
+            messages: Vec<MessageJson<'a>>,
+            counts: CountsJson,
+        }
+        emit_json(&Parked {
+            messages: messages.iter().map(MessageJson::from).collect(),
+            counts: CountsJson::from(&counts),
+        });
+        return Ok(());
+    }
+    let mut text = if messages.is_empty() {
+        "no parked messages\n".to_owned()
+    } else {
+        let mut text = messages_table(&messages);
+        text.push_str("send again with: idempotent-jobs outbox retry --message-id ID (or --all)\n");
+        text
+    };
+    text.push_str(&counts_line(&counts));
+    emit(&text);
+    Ok(())
+}
+
+/// `outbox retry`: un-parks one message or all of them.
+fn outbox_retry<C: JobStore>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    target: &RetryTarget,
+) -> Result<(), Failure> {
+    let id = target.message_id.as_deref();
+    let retried = outbox::retry_parked(conn, id).map_err(|e| db_failure(conn, cx.target, e))?;
+    if let (Some(id), 0) = (id, retried) {
+        return Err(Failure::new(
+            Code::NotFound,
+            format!(
+                "no parked message with id `{}` (it does not exist, or it is not parked: `outbox parked` lists those that are); nothing was changed",
+                printable(id)
+            ),
+        ));
+    }
+    if cx.json {
+        #[derive(Serialize)]
+        struct Retried {
+            retried: usize,
+        }
+        emit_json(&Retried { retried });
+    } else if retried == 0 {
+        emit("no parked messages: nothing to retry\n");
+    } else {
+        let s = if retried == 1 { "" } else { "s" };
+        emit(&format!(
+            "un-parked {retried} message{s}: the relay sends {} again at its next round\n",
+            if retried == 1 { "it" } else { "them" }
+        ));
+    }
+    Ok(())
+}
+
+// --- prune and verify ------------------------------------------------------------------------
+
+/// `prune`: deletes lapsed keys, or with `--dry-run` counts them.
+fn prune<C: JobStore>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    dry_run: bool,
+    batch_size: u32,
+) -> Result<(), Failure> {
+    if dry_run {
+        let counts = keys::job_counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
+        let lapsed: u64 = counts.iter().map(|c| c.lapsed).sum();
+        let by_job: Vec<&JobCount> = counts.iter().filter(|c| c.lapsed > 0).collect();
+        if cx.json {
+            #[derive(Serialize)]
+            struct DryRun<'a> {
+                dry_run: bool,
+                lapsed: u64,
+                jobs: Vec<JobLapsed<'a>>,
+            }
+            #[derive(Serialize)]
+            struct JobLapsed<'a> {
+                job: &'a str,
+                lapsed: u64,
+            }
+            emit_json(&DryRun {
+                dry_run: true,
+                lapsed,
+                jobs: by_job
+                    .iter()
+                    .map(|c| JobLapsed {
+                        job: &c.job,
+                        lapsed: c.lapsed,
+                    })
+                    .collect(),
+            });
+            return Ok(());
+        }
+        let s = if lapsed == 1 { "" } else { "s" };
+        let mut text =
+            format!("dry run: {lapsed} lapsed key{s} would be deleted; nothing was deleted\n");
+        if !by_job.is_empty() {
+            let mut table = Table::new(&[("JOB", Align::Left), ("LAPSED", Align::Right)]);
+            for c in by_job {
+                table.row([c.job.clone(), c.lapsed.to_string()]);
+            }
+            text.push_str(&table.render());
+        }
+        emit(&text);
+        return Ok(());
+    }
+    let report = idempotent_runtime::prune(conn, &Prune::default().batch_size(batch_size))
+        .map_err(|e| db_failure(conn, cx.target, e))?;
+    if cx.json {
+        #[derive(Serialize)]
+        struct Pruned {
+            dry_run: bool,
+            removed: u64,
+            batches: u32,
+        }
+        emit_json(&Pruned {
+            dry_run: false,
+            removed: report.removed,
+            batches: report.batches,
+        });
+    } else {
+        let s = if report.removed == 1 { "" } else { "s" };
+        let b = if report.batches == 1 { "" } else { "es" };
+        emit(&format!(
+            "deleted {} lapsed key{s} in {} batch{b}\n",
+            report.removed, report.batches
+        ));
+    }
+    Ok(())
+}
+
+/// `verify`: the runtime's read-only schema check.
+fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+    #[derive(Serialize)]
+    struct Verified<'a> {
+        ok: bool,
+        problems: &'a [String],
+    }
+    match idempotent_runtime::verify(conn) {
+        Ok(()) => {
+            if cx.json {
+                emit_json(&Verified {
+                    ok: true,
+                    problems: &[],
+                });
+            } else {
+                emit(&format!(
+                    "ok: the idempotent-jobs tables at {} are ready\n",
+                    cx.target.shown
+                ));
+            }
+            Ok(())
+        }
+        Err(Error::SchemaNotReady { problems }) => {
+            if cx.json {
+                emit_json(&Verified {
+                    ok: false,
+                    problems: &problems,
+                });
+            }
+            Err(schema_failure(cx.target, &problems))
+        }
+        Err(error) => Err(db_failure(conn, cx.target, error)),
+    }
+}
+
+// --- errors and output -----------------------------------------------------------------------
+
+/// The failure for a runtime error: a lost connection (3), tables that are missing or not ready
+/// (4, found by running `verify`), or any other database error (5).
+pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> Failure {
+    let text = printable(&target.scrub(&error.to_string()));
+    if is_closed_connection(&error) {
+        return Failure::new(
+            Code::Connect,
+            format!(
+                "lost the connection to the database at {}: {text}",
+                target.shown
+            ),
+        );
+    }
+    if let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) {
+        return schema_failure(target, &problems);
+    }
+    Failure::new(
+        Code::Database,
+        format!("{text} (database: {})", target.shown),
+    )
+}
+
+/// Whether the runtime's error is a connection the database closed.
+fn is_closed_connection(error: &Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error as Diesel};
+    match error {
+        Error::Keys { source, .. } | Error::Outbox(source) | Error::Prune(source) => matches!(
+            source,
+            Diesel::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+        ),
+        _ => false,
+    }
+}
+
+/// The failure for tables that `verify` found missing, out of date or not usable.
+pub fn schema_failure(target: &Target, problems: &[String]) -> Failure {
+    let mut missing: Vec<&str> = Vec::new();
+    for table in problems.iter().filter_map(|p| missing_table(p)) {
+        if !missing.contains(&table) {
+            missing.push(table);
+        }
+    }
+    let all_missing = ["done_jobs", "outbox", "idempotent_schema"]
+        .iter()
+        .all(|t| missing.contains(t));
+    if all_missing {
+        // Every other problem follows from that: one line says it all.
+        return Failure::new(
+            Code::Schema,
+            format!(
+                "the database at {} has no idempotent-jobs tables (done_jobs, outbox, idempotent_schema): run idempotent_jobs::migrate as the schema's owner",
+                target.shown
+            ),
+        );
+    }
+    let mut message = if missing.is_empty() {
+        format!(
+            "the idempotent-jobs tables at {} are incomplete or not usable by this connection: run idempotent_jobs::migrate as the schema's owner, or grant what is missing",
+            target.shown
+        )
+    } else {
+        format!(
+            "the database at {} lacks idempotent-jobs tables ({}): run idempotent_jobs::migrate as the schema's owner",
+            target.shown,
+            missing.join(", ")
+        )
+    };
+    let mut listed: Vec<&String> = Vec::new();
+    for problem in problems {
+        if !listed.contains(&problem) {
+            listed.push(problem);
+            message.push_str("\n  - ");
+            message.push_str(&printable(&target.scrub(problem)));
+        }
+    }
+    Failure::new(Code::Schema, message)
+}
+
+/// The table a `verify` problem says is missing, if it says that.
+fn missing_table(problem: &str) -> Option<&str> {
+    let rest = problem.strip_prefix("the table `")?;
+    let (table, after) = rest.split_once('`')?;
+    after.starts_with(" is missing").then_some(table)
+}
+
+/// Writes `text` to stdout. A closed stdout (`| head`) is not an error worth a panic.
+fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// Writes `value` to stdout as one pretty JSON document.
+fn emit_json<T: Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut text) => {
+            text.push('\n');
+            emit(&text);
+        }
+        Err(error) => eprintln!("error: could not write JSON: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tables_are_named() {
+        assert_eq!(
+            missing_table("the table `done_jobs` is missing: run migrate"),
+            Some("done_jobs")
+        );
+        assert_eq!(
+            missing_table("the table `outbox` has no column `topic`"),
+            None
+        );
+    }
+}

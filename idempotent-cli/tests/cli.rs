@@ -1,0 +1,723 @@
+//! Runs the `idempotent-jobs` binary against SQLite, PostgreSQL and MariaDB, with data the runtime
+//! itself wrote, and checks both what it prints and what it changed.
+//!
+//! Each test works in a database of its own: a temporary file (SQLite), a fresh schema reached
+//! through `search_path` (PostgreSQL) or a fresh database (MySQL), dropped at the end. Servers are
+//! found at `IDEMPOTENT_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
+//! `IDEMPOTENT_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that cannot be
+//! reached fails its tests with a message saying how to start it.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, MysqlConnection, PgConnection, SqliteConnection};
+use idempotent_runtime::keys::{self, KeyQuery};
+use idempotent_runtime::outbox::{self, Relay};
+use idempotent_runtime::{Error, Job, JobKey, JobStore, Outcome};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_idempotent-jobs");
+
+static CHARGE: Job = Job::new("charge", "charge:<order>");
+static HOOK: Job = Job::new("hook", "hook:<order>");
+/// Keys that lapse the moment their run commits: what `prune` deletes.
+static DIGEST: Job = Job::new("digest", "digest:<user>").keep_for(Duration::ZERO);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Sqlite,
+    Postgres,
+    Mysql,
+}
+
+impl Server {
+    fn base_url(self) -> String {
+        match self {
+            Server::Sqlite => String::new(),
+            Server::Postgres => std::env::var("IDEMPOTENT_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+            Server::Mysql => std::env::var("IDEMPOTENT_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+        }
+    }
+
+    fn unreachable(self, url: &str, error: &dyn std::fmt::Display) -> String {
+        match self {
+            Server::Sqlite => format!("opening the SQLite database {url} failed: {error}"),
+            Server::Postgres => format!(
+                "PostgreSQL is not reachable at {url}: {error}\n\
+                 Start it with `pg_ctlcluster --skip-systemctl-redirect 15 main start` \
+                 (scripts/test does this), or point IDEMPOTENT_POSTGRES_URL at a server."
+            ),
+            Server::Mysql => format!(
+                "MariaDB/MySQL is not reachable at {url}: {error}\n\
+                 Start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
+                 (scripts/test does this), or point IDEMPOTENT_MYSQL_URL at a server."
+            ),
+        }
+    }
+}
+
+/// A sync connection type the tests set data up with.
+trait Backend: JobStore + Connection {
+    const SERVER: Server;
+
+    fn open(url: &str) -> Self {
+        Self::establish(url).unwrap_or_else(|e| panic!("{}", Self::SERVER.unreachable(url, &e)))
+    }
+}
+
+impl Backend for SqliteConnection {
+    const SERVER: Server = Server::Sqlite;
+}
+
+impl Backend for PgConnection {
+    const SERVER: Server = Server::Postgres;
+}
+
+impl Backend for MysqlConnection {
+    const SERVER: Server = Server::Mysql;
+}
+
+fn unique_name() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "idempotent_cli_{}_{}_{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An empty database of one test's own, dropped at the end.
+struct TestDb {
+    url: String,
+    server: Server,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    File(std::path::PathBuf),
+    Sql { admin_url: String, sql: String },
+}
+
+/// What one run of the binary did.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "expected success: {self:#?}");
+        self
+    }
+
+    fn exit(self, code: i32) -> Self {
+        assert_eq!(self.code, code, "expected exit code {code}: {self:#?}");
+        self
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {self:#?}"))
+    }
+}
+
+impl TestDb {
+    fn empty<C: Backend>() -> Self {
+        let server = C::SERVER;
+        let name = unique_name();
+        match server {
+            Server::Sqlite => {
+                let path = std::env::temp_dir().join(format!("{name}.db"));
+                let url = path.to_string_lossy().into_owned();
+                // Create the file: the CLI refuses a SQLite path that does not exist.
+                drop(C::open(&url));
+                TestDb {
+                    url,
+                    server,
+                    cleanup: Cleanup::File(path),
+                }
+            }
+            Server::Postgres => {
+                let base = server.base_url();
+                C::open(&base)
+                    .batch_execute(&format!("CREATE SCHEMA {name}"))
+                    .expect("creating a schema");
+                let separator = if base.contains('?') { '&' } else { '?' };
+                TestDb {
+                    url: format!("{base}{separator}options=-csearch_path%3D{name}"),
+                    server,
+                    cleanup: Cleanup::Sql {
+                        admin_url: base,
+                        sql: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
+                    },
+                }
+            }
+            Server::Mysql => {
+                let base = server.base_url();
+                C::open(&base)
+                    .batch_execute(&format!(
+                        "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                    ))
+                    .expect("creating a database");
+                let after_scheme = base.find("://").map_or(0, |i| i + 3);
+                let server_part = match base[after_scheme..].find('/') {
+                    Some(slash) => &base[..after_scheme + slash],
+                    None => &base,
+                };
+                TestDb {
+                    url: format!("{server_part}/{name}"),
+                    server,
+                    cleanup: Cleanup::Sql {
+                        admin_url: base.clone(),
+                        sql: format!("DROP DATABASE IF EXISTS {name}"),
+                    },
+                }
+            }
+        }
+    }
+
+    fn connect<C: Backend>(&self) -> C {
+        C::open(&self.url)
+    }
+
+    /// Runs the binary with `args`, `DATABASE_URL` pointing here and stdin not a terminal.
+    fn cli(&self, args: &[&str]) -> Run {
+        run_cli(&self.url, args)
+    }
+
+    /// Runs the binary on a pseudo-terminal (through util-linux `script`), typing `input`;
+    /// stdout and stderr come back together in `stdout`.
+    fn cli_on_terminal(&self, args: &str, input: &str) -> Run {
+        let mut child = Command::new("script")
+            .args(["-qec", &format!("{BIN} {args}"), "/dev/null"])
+            .env("DATABASE_URL", &self.url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running `script` (util-linux) to give the CLI a terminal");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("typing the answer");
+        let output = child.wait_with_output().expect("waiting for `script`");
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        match &self.cleanup {
+            Cleanup::File(path) => {
+                let path = path.to_string_lossy();
+                for suffix in ["", "-wal", "-shm", "-journal"] {
+                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
+                }
+            }
+            // Nothing here may panic: this also runs while a failed test unwinds.
+            Cleanup::Sql { admin_url, sql } => match self.server {
+                Server::Postgres => {
+                    if let Ok(mut admin) = PgConnection::establish(admin_url) {
+                        let _ = admin.batch_execute(sql);
+                    }
+                }
+                Server::Mysql => {
+                    if let Ok(mut admin) = MysqlConnection::establish(admin_url) {
+                        let _ = admin.batch_execute(sql);
+                    }
+                }
+                Server::Sqlite => {}
+            },
+        }
+    }
+}
+
+fn run_cli(url: &str, args: &[&str]) -> Run {
+    let output = Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the idempotent-jobs binary");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn hex(digest: &[u8; 32]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn key_count<C: Backend>(conn: &mut C) -> usize {
+    keys::list(conn, &KeyQuery::default().limit(1_000))
+        .expect("listing keys")
+        .len()
+}
+
+fn charge<C: Backend>(conn: &mut C, order: u32) -> (Outcome<u32>, bool) {
+    let mut ran = false;
+    let outcome = idempotent_runtime::run(
+        conn,
+        &CHARGE,
+        &JobKey::new(format!("charge:order-{order}")),
+        |conn| {
+            ran = true;
+            outbox::push(conn, "receipt", &serde_json::json!({ "order": order }))?;
+            Ok::<_, Error>(42)
+        },
+    )
+    .expect("running the charge job");
+    (outcome, ran)
+}
+
+/// Every command on a database the runtime migrated and ran jobs on; and on one without tables.
+fn operate<C: Backend>() {
+    let db = TestDb::empty::<C>();
+
+    // No tables yet: verify, and any command, say so with exit code 4.
+    let run = db.cli(&["verify"]).exit(4);
+    assert!(
+        run.stderr.contains("has no idempotent-jobs tables")
+            && run.stderr.contains("idempotent_jobs::migrate"),
+        "{run:#?}"
+    );
+    let run = db.cli(&["--json", "verify"]).exit(4);
+    assert_eq!(run.json()["ok"], false, "{run:#?}");
+    for args in [
+        &["keys", "list"][..],
+        &["keys", "show", "charge:order-1"],
+        &["keys", "forget", "charge:order-1", "--yes"],
+        &["jobs"],
+        &["outbox", "pending"],
+        &["prune"],
+    ] {
+        let run = db.cli(args).exit(4);
+        assert!(run.stdout.is_empty(), "{args:?}: {run:#?}");
+        assert!(
+            run.stderr.contains("run idempotent_jobs::migrate"),
+            "{args:?}: {run:#?}"
+        );
+    }
+
+    let mut conn: C = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let run = db.cli(&["verify"]).ok();
+    assert!(run.stdout.starts_with("ok"), "{run:#?}");
+
+    // A message that fails its one allowed delivery, and is parked.
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &HOOK, &JobKey::new("hook:order-77"), |conn| {
+            outbox::push(conn, "webhook", &serde_json::json!({ "order": 77 }))?;
+            Ok::<_, Error>(())
+        })
+        .expect("running the hook job");
+    Relay::new()
+        .batch_size(1)
+        .max_attempts(1)
+        .run_once(&mut conn, |_message| {
+            Err::<(), _>("HTTP 503 from the partner")
+        })
+        .expect("a relay round");
+    let parked = outbox::parked(&mut conn).expect("parked messages");
+    assert_eq!(parked.len(), 1, "the failed message is parked");
+    let parked_id = parked[0].message_id().to_owned();
+
+    assert!(charge(&mut conn, 1).1 && charge(&mut conn, 2).1);
+    assert!(!charge(&mut conn, 1).1, "a second delivery replays");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &DIGEST, &JobKey::new("digest:ada"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("running the digest job");
+    let pending = outbox::unsent(&mut conn, 10).expect("pending messages");
+    let receipt_ids: Vec<String> = pending.iter().map(|m| m.message_id().to_owned()).collect();
+    assert_eq!(receipt_ids.len(), 2);
+
+    // keys list
+    let run = db.cli(&["--json", "keys", "list"]).ok();
+    let listed = run.json();
+    let mut by_key = BTreeMap::new();
+    for record in listed["keys"].as_array().expect("keys") {
+        by_key.insert(
+            record["key"].as_str().expect("key").to_owned(),
+            record.clone(),
+        );
+    }
+    assert_eq!(
+        by_key.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "charge:order-1",
+            "charge:order-2",
+            "digest:ada",
+            "hook:order-77"
+        ],
+        "{run:#?}"
+    );
+    let one = &by_key["charge:order-1"];
+    assert_eq!(one["job"], "charge");
+    assert_eq!(one["digest"], hex(&JobKey::new("charge:order-1").digest()));
+    assert_eq!(one["has_result"], true);
+    assert_eq!(one["expires_at"], Value::Null);
+    assert_eq!(one["lapsed"], false);
+    assert!(
+        one["done_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{one}"
+    );
+    assert_eq!(by_key["digest:ada"]["lapsed"], true);
+    assert_eq!(listed["more"], false);
+
+    let run = db.cli(&["keys", "list"]).ok();
+    assert!(run.stdout.starts_with("JOB "), "{run:#?}");
+    assert_eq!(
+        run.stdout.lines().count(),
+        5,
+        "a header and 4 keys: {run:#?}"
+    );
+    let run = db.cli(&["keys", "list", "--job", "charge"]).ok();
+    assert_eq!(run.stdout.lines().count(), 3, "{run:#?}");
+    assert!(!run.stdout.contains("digest:ada"), "{run:#?}");
+    let count = |args: &[&str]| {
+        let mut all = vec!["--json", "keys", "list"];
+        all.extend_from_slice(args);
+        let run = db.cli(&all).ok();
+        run.json()["keys"].as_array().expect("keys").len()
+    };
+    assert_eq!(count(&["--since", "1h"]), 4);
+    assert_eq!(count(&["--before", "1h"]), 0);
+    assert_eq!(count(&["--since", "2999-01-01T00:00:00Z"]), 0);
+    assert_eq!(count(&["--before", "2999-01-01T00:00:00+02:00"]), 4);
+    let run = db.cli(&["--json", "keys", "list", "--limit", "1"]).ok();
+    assert_eq!(run.json()["keys"].as_array().map(Vec::len), Some(1));
+    assert_eq!(run.json()["more"], true);
+    let run = db.cli(&["keys", "list", "--before", "1h"]).ok();
+    assert_eq!(run.stdout, "no keys match\n");
+    db.cli(&["keys", "list", "--since", "yesterday"]).exit(2);
+
+    // keys show
+    let run = db.cli(&["keys", "show", "charge:order-1"]).ok();
+    for expected in [
+        "charge:order-1",
+        &hex(&JobKey::new("charge:order-1").digest()),
+        "never",
+        "result stored       yes",
+    ] {
+        assert!(run.stdout.contains(expected), "{expected}: {run:#?}");
+    }
+    let digest = hex(&JobKey::new("digest:ada").digest());
+    let run = db
+        .cli(&["--json", "keys", "show", "--digest", &digest])
+        .ok();
+    assert_eq!(run.json()["job"], "digest");
+    assert_eq!(run.json()["lapsed"], true);
+    assert!(run.json()["expires_at"].is_string());
+    let run = db.cli(&["keys", "show", "charge:order-404"]).exit(1);
+    assert!(
+        run.stdout.is_empty() && run.stderr.contains("no key `charge:order-404`"),
+        "{run:#?}"
+    );
+    db.cli(&["keys", "show", "--digest", "not-hex"]).exit(2);
+    db.cli(&["keys", "show"]).exit(2);
+
+    // jobs
+    let run = db.cli(&["--json", "jobs"]).ok();
+    let jobs: BTreeMap<String, (u64, u64)> = run.json()["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| {
+            let n = |f: &str| j[f].as_u64().expect("a count");
+            (
+                j["job"].as_str().expect("job").to_owned(),
+                (n("keys"), n("lapsed")),
+            )
+        })
+        .collect();
+    assert_eq!(
+        jobs,
+        BTreeMap::from([
+            ("charge".to_owned(), (2, 0)),
+            ("digest".to_owned(), (1, 1)),
+            ("hook".to_owned(), (1, 0)),
+        ])
+    );
+    let run = db.cli(&["jobs"]).ok();
+    assert!(run.stdout.starts_with("JOB "), "{run:#?}");
+    assert!(run.stdout.contains("charge"), "{run:#?}");
+
+    // outbox
+    let run = db.cli(&["outbox", "pending"]).ok();
+    for expected in [
+        receipt_ids[0].as_str(),
+        &receipt_ids[1],
+        "receipt",
+        "charge:order-1",
+        r#"{"order":1}"#,
+        "outbox: 2 pending, 0 leased, 0 delivered, 1 parked",
+    ] {
+        assert!(run.stdout.contains(expected), "{expected}: {run:#?}");
+    }
+    assert!(!run.stdout.contains(&parked_id), "{run:#?}");
+    let run = db
+        .cli(&["--json", "outbox", "pending", "--limit", "1"])
+        .ok();
+    let pending = run.json();
+    assert_eq!(
+        pending["messages"][0]["message_id"],
+        receipt_ids[0].as_str()
+    );
+    assert_eq!(
+        pending["messages"][0]["payload"],
+        serde_json::json!({ "order": 1 })
+    );
+    assert_eq!(pending["more"], true);
+    assert_eq!(pending["counts"]["parked"], 1);
+    let run = db.cli(&["outbox", "parked"]).ok();
+    assert!(
+        run.stdout.contains(&parked_id) && run.stdout.contains("HTTP 503 from the partner"),
+        "{run:#?}"
+    );
+    let run = db
+        .cli(&["outbox", "retry", "--message-id", "msg_404"])
+        .exit(1);
+    assert!(run.stderr.contains("no parked message"), "{run:#?}");
+    db.cli(&["outbox", "retry"]).exit(2);
+    let run = db
+        .cli(&["outbox", "retry", "--message-id", &parked_id])
+        .ok();
+    assert!(run.stdout.starts_with("un-parked 1 message"), "{run:#?}");
+    assert!(outbox::parked(&mut conn).expect("parked").is_empty());
+    assert_eq!(outbox::unsent(&mut conn, 10).expect("unsent").len(), 3);
+    let run = db.cli(&["--json", "outbox", "retry", "--all"]).ok();
+    assert_eq!(run.json()["retried"], 0);
+    let run = db.cli(&["outbox", "parked"]).ok();
+    assert!(run.stdout.starts_with("no parked messages"), "{run:#?}");
+
+    // prune
+    assert_eq!(key_count(&mut conn), 4);
+    let run = db.cli(&["prune", "--dry-run"]).ok();
+    assert!(
+        run.stdout
+            .starts_with("dry run: 1 lapsed key would be deleted; nothing was deleted"),
+        "{run:#?}"
+    );
+    let run = db.cli(&["--json", "prune", "--dry-run"]).ok();
+    assert_eq!(run.json()["lapsed"], 1);
+    assert_eq!(key_count(&mut conn), 4, "a dry run deletes nothing");
+    let run = db.cli(&["--json", "prune", "--batch-size", "1"]).ok();
+    assert_eq!(run.json()["removed"], 1, "{run:#?}");
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("digest:ada"))
+            .expect("lookup")
+            .is_none()
+    );
+    assert_eq!(key_count(&mut conn), 3);
+    let run = db.cli(&["prune"]).ok();
+    assert_eq!(run.stdout, "deleted 0 lapsed keys in 1 batch\n");
+
+    // keys forget
+    let key1 = JobKey::new("charge:order-1");
+    let run = db.cli(&["keys", "forget", "charge:order-1"]).exit(2);
+    assert!(
+        run.stderr.contains("stdin is not a terminal") && run.stderr.contains("--yes"),
+        "{run:#?}"
+    );
+    assert!(
+        keys::lookup(&mut conn, &key1).expect("lookup").is_some(),
+        "refused: still there"
+    );
+    let run = db
+        .cli(&["keys", "forget", "charge:order-404", "--yes"])
+        .exit(1);
+    assert!(run.stderr.contains("nothing was changed"), "{run:#?}");
+    assert_eq!(key_count(&mut conn), 3);
+
+    let run = db
+        .cli(&[
+            "keys",
+            "forget",
+            "charge:order-1",
+            "--yes",
+            "--reason",
+            "ticket 4711",
+        ])
+        .ok();
+    assert!(
+        run.stdout
+            .starts_with("forgot key `charge:order-1` of job `charge`"),
+        "{run:#?}"
+    );
+    assert!(
+        run.stderr.contains("audit: forgot a key") && run.stderr.contains("ticket 4711"),
+        "the runtime's record of the forget, with the reason: {run:#?}"
+    );
+    assert!(keys::lookup(&mut conn, &key1).expect("lookup").is_none());
+    let (outcome, ran) = charge(&mut conn, 1);
+    assert!(
+        ran && matches!(outcome, Outcome::Ran(42)),
+        "forgotten: the job runs again"
+    );
+
+    let digest2 = hex(&JobKey::new("charge:order-2").digest());
+    let run = db
+        .cli(&["--json", "keys", "forget", "--digest", &digest2, "--yes"])
+        .ok();
+    assert_eq!(run.json()["forgotten"], true);
+    assert_eq!(run.json()["key"]["key"], "charge:order-2");
+    assert!(
+        run.json()["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("idempotent-jobs CLI"))
+    );
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("charge:order-2"))
+            .expect("lookup")
+            .is_none()
+    );
+
+    // On a terminal, it asks; anything but yes changes nothing.
+    let key3 = JobKey::new("hook:order-77");
+    let run = db
+        .cli_on_terminal("keys forget hook:order-77", "n\n")
+        .exit(2);
+    assert!(
+        run.stdout
+            .contains("Forget this key? The job's next delivery will run it again. [y/N]"),
+        "{run:#?}"
+    );
+    assert!(
+        keys::lookup(&mut conn, &key3).expect("lookup").is_some(),
+        "declined: still there"
+    );
+    let run = db.cli_on_terminal("keys forget hook:order-77", "y\n").ok();
+    assert!(
+        run.stdout.contains("forgot key `hook:order-77`"),
+        "{run:#?}"
+    );
+    assert!(keys::lookup(&mut conn, &key3).expect("lookup").is_none());
+}
+
+/// Wrong URLs: exit code 3, a message that names the database, and never its password.
+fn cannot_connect<C: Backend>() {
+    let password = "s3cret-Pw!";
+    let wrong_urls: Vec<String> = match C::SERVER {
+        Server::Sqlite => {
+            let path = std::env::temp_dir().join(format!("{}-missing.db", unique_name()));
+            let url = path.to_string_lossy().into_owned();
+            let run = run_cli(&url, &["keys", "list"]).exit(3);
+            assert!(run.stderr.contains("does not exist"), "{run:#?}");
+            assert!(!path.exists(), "the CLI must not create a SQLite file");
+            let run = run_cli(&format!("sqlite://{url}"), &["verify"]).exit(3);
+            assert!(run.stderr.contains("does not exist"), "{run:#?}");
+            let garbage = std::env::temp_dir().join(format!("{}-garbage.db", unique_name()));
+            std::fs::write(&garbage, "not a database, whatever its name says").expect("writing");
+            let run = run_cli(&garbage.to_string_lossy(), &["jobs"]).exit(3);
+            let _ = std::fs::remove_file(&garbage);
+            assert!(run.stderr.contains("cannot connect"), "{run:#?}");
+            return;
+        }
+        Server::Postgres => vec![
+            format!("postgres://postgres:{password}@127.0.0.1:1/test"),
+            format!("postgresql://postgres:{password}@127.0.0.1:5432/no_such_database_here"),
+        ],
+        Server::Mysql => vec![
+            format!("mysql://root:{password}@127.0.0.1:1/test"),
+            format!("mysql://root:{password}@127.0.0.1:3306/no_such_database_here"),
+        ],
+    };
+    // The server itself is up: otherwise this test would pass for the wrong reason.
+    drop(C::open(&C::SERVER.base_url()));
+    for url in wrong_urls {
+        let run = run_cli(&url, &["keys", "list"]).exit(3);
+        assert!(
+            run.stderr
+                .starts_with("error: cannot connect to the database at ")
+                && run.stderr.contains(":***@127.0.0.1"),
+            "{run:#?}"
+        );
+        assert!(
+            !run.stderr.contains(password) && !run.stdout.contains(password),
+            "{run:#?}"
+        );
+        let run = run_cli(&url, &["--help"]).ok();
+        assert!(
+            !run.stdout.contains(password),
+            "--help must not show DATABASE_URL"
+        );
+    }
+}
+
+#[test]
+fn sqlite_operate() {
+    operate::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_operate() {
+    operate::<PgConnection>();
+}
+
+#[test]
+fn mysql_operate() {
+    operate::<MysqlConnection>();
+}
+
+#[test]
+fn sqlite_cannot_connect() {
+    cannot_connect::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_cannot_connect() {
+    cannot_connect::<PgConnection>();
+}
+
+#[test]
+fn mysql_cannot_connect() {
+    cannot_connect::<MysqlConnection>();
+}
+
+#[test]
+fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
+    let output = Command::new(BIN)
+        .arg("--help")
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("running the binary");
+    let help = String::from_utf8_lossy(&output.stdout);
+    for line in [
+        "0  success",
+        "1  not found",
+        "2  bad usage",
+        "3  cannot connect",
+        "4  the database lacks the runtime's tables",
+        "5  any other database error",
+    ] {
+        assert!(help.contains(line), "{line}: {help}");
+    }
+    let output = Command::new(BIN)
+        .args(["keys", "list"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("running the binary");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("DATABASE_URL"));
+}
