@@ -3,7 +3,7 @@
 //! versions fail to compile with a message naming that module.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens as _, format_ident, quote, quote_spanned};
 use syn::Ident;
 use syn::ext::IdentExt as _;
 
@@ -209,8 +209,11 @@ impl Expansion<'_> {
         // A caller that only calls `outcome` uses the handler: no dead-code warning for the
         // function, which still gets one when neither is used. (Not where an `impl Trait`
         // parameter leaves the function's type to inference.)
-        let impl_trait_param = sig.inputs.iter().any(|input| {
-            matches!(input, syn::FnArg::Typed(typed) if matches!(&*typed.ty, syn::Type::ImplTrait(_)))
+        // `impl Trait` anywhere in a parameter's type (`&impl Mailer`, `Option<impl Fn()>`) is a
+        // type parameter the function's path alone cannot name.
+        let impl_trait_param = sig.inputs.iter().any(|input| match input {
+            syn::FnArg::Typed(typed) => mentions_impl(typed.ty.to_token_stream()),
+            syn::FnArg::Receiver(_) => false,
         });
         let uses_function = (!impl_trait_param).then(|| quote!(let _ = #name #turbofish;));
         let forward = quote! {
@@ -574,4 +577,13 @@ fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) -> (TokenSt
         quote!(where #(#predicates),*)
     };
     (generics, where_clause)
+}
+
+/// Whether `tokens` (a type) contain the keyword `impl` anywhere, nested groups included.
+fn mentions_impl(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|token| match token {
+        proc_macro2::TokenTree::Ident(ident) => ident == "impl",
+        proc_macro2::TokenTree::Group(group) => mentions_impl(group.stream()),
+        _ => false,
+    })
 }

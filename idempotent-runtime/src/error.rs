@@ -276,6 +276,8 @@ pub enum Error {
         /// The database's error.
         #[source]
         source: diesel::result::Error,
+        /// Whether the failure passes (busy, a lock wait, a deadlock, a lost connection).
+        retryable: bool,
     },
 
     /// A [`keys`](crate::keys) function was called inside a transaction the caller holds open.
@@ -373,7 +375,8 @@ impl Error {
             | Error::ClaimRetriesExhausted { .. }
             | Error::TransactionRolledBackInBody { .. }
             | Error::InProgress { .. } => true,
-            Error::Prune(source) | Error::Outbox(source) | Error::Keys { source, .. } => {
+            Error::Keys { retryable, .. } => *retryable,
+            Error::Prune(source) | Error::Outbox(source) => {
                 matches!(
                     source,
                     diesel::result::Error::DatabaseError(

@@ -22,10 +22,10 @@
 //! # Ok::<(), idempotent_runtime::Error>(())
 //! ```
 //!
-//! Forgetting is safe at any time: a run holding the key at that moment keeps its claim until it
-//! commits or rolls back (the delete waits for its row lock, or finds no committed row), so a
-//! forget never lets two runs of one key commit at once. What it cannot undo is the job's effect:
-//! forget a key only when the job should really run again.
+//! Forgetting is safe at any time: it deletes only the committed row it found (by the claiming
+//! run's token), so a run holding the key uncommitted at that moment, or renewing a lapsed row,
+//! keeps its claim, and a forget never lets two runs of one key commit at once. What it cannot
+//! undo is the job's effect: forget a key only when the job should really run again.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -269,26 +269,31 @@ async fn lookup_on<S: Store>(conn: &mut S, digest: &[u8; 32]) -> Result<Option<K
     outside_transaction(conn, "look up a key").await?;
     let row = retrying::<S, _>(async || S::Db::lookup_key(conn, digest).await)
         .await
-        .map_err(|source| Error::Keys {
-            action: "looking up a key",
-            source,
-        })?;
+        .map_err(keys_error::<S>("looking up a key"))?;
     Ok(row.map(KeyRecord::from_row))
 }
 
 async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> Result<bool, Error> {
     outside_transaction(conn, "forget a key").await?;
-    let error = |source| Error::Keys {
-        action: "forgetting a key",
-        source,
-    };
-    // Read first, for the event: which job and key this was.
+    let error = keys_error::<S>("forgetting a key");
+    // Read first: which run's row this is. Only that row is deleted: a run that holds the key
+    // uncommitted right now (not visible yet), or renews a lapsed row, is never undone by a
+    // delete that waited for its lock (MySQL's DELETE reads the latest committed row).
     let record = retrying::<S, _>(async || S::Db::lookup_key(conn, digest).await)
         .await
         .map_err(error)?;
-    let deleted = retrying::<S, _>(async || S::Db::forget(conn, digest).await)
-        .await
-        .map_err(error)?;
+    let deleted = match &record {
+        None => false,
+        Some(row) => match row.claim_token {
+            Some(token) => retrying::<S, _>(async || S::Db::take_back(conn, digest, token).await)
+                .await
+                .map_err(error)?,
+            // A row of a schema before claim tokens: by its digest.
+            None => retrying::<S, _>(async || S::Db::forget(conn, digest).await)
+                .await
+                .map_err(error)?,
+        },
+    };
     let (job, key) = record
         .as_ref()
         .map_or(("", ""), |r| (r.job_name.as_str(), r.job_key.as_str()));
@@ -303,12 +308,21 @@ async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> R
         );
         #[cfg(feature = "metrics")]
         metrics::counter!("idempotent_keys_forgotten_total", "job" => job.to_owned()).increment(1);
+    } else if record.is_some() {
+        tracing::info!(
+            target: "idempotent_jobs::keys",
+            job,
+            key,
+            digest = %hex(digest),
+            reason,
+            "asked to forget a key whose row another run replaced meanwhile; nothing was forgotten"
+        );
     } else {
         tracing::info!(
             target: "idempotent_jobs::keys",
             digest = %hex(digest),
             reason,
-            "asked to forget a key no run holds"
+            "asked to forget a key no committed run holds; nothing was forgotten"
         );
     }
     Ok(deleted)
@@ -324,10 +338,7 @@ async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyReco
     };
     let rows = retrying::<S, _>(async || S::Db::list_keys(conn, &filter).await)
         .await
-        .map_err(|source| Error::Keys {
-            action: "listing keys",
-            source,
-        })?;
+        .map_err(keys_error::<S>("listing keys"))?;
     Ok(rows.into_iter().map(KeyRecord::from_row).collect())
 }
 
@@ -335,10 +346,7 @@ async fn job_counts_on<S: Store>(conn: &mut S) -> Result<Vec<JobCount>, Error> {
     outside_transaction(conn, "count keys").await?;
     let rows = retrying::<S, _>(async || S::Db::job_counts(conn).await)
         .await
-        .map_err(|source| Error::Keys {
-            action: "counting keys per job",
-            source,
-        })?;
+        .map_err(keys_error::<S>("counting keys per job"))?;
     Ok(rows.into_iter().map(JobCount::from_row).collect())
 }
 
@@ -348,10 +356,16 @@ async fn outside_transaction<S: Store>(conn: &mut S, what: &'static str) -> Resu
     match conn.transaction_depth() {
         Ok(0) => Ok(()),
         Ok(_) => Err(Error::KeysInsideTransaction { what }),
-        Err(source) => Err(Error::Keys {
-            action: what,
-            source,
-        }),
+        Err(source) => Err(keys_error::<S>(what)(source)),
+    }
+}
+
+/// An [`Error::Keys`] for `action`, saying whether the database's failure passes.
+fn keys_error<S: Store>(action: &'static str) -> impl Fn(diesel::result::Error) -> Error + Copy {
+    move |source| Error::Keys {
+        action,
+        retryable: S::Db::classify(&source).is_transient() || S::Db::connection_lost(&source),
+        source,
     }
 }
 
@@ -390,6 +404,21 @@ mod tests {
         assert_eq!(parse_digest("zz"), None);
         assert_eq!(parse_digest(&"é".repeat(32)), None);
         assert_eq!(parse_digest(&"g".repeat(64)), None);
+    }
+
+    /// A busy database passes; a missing table does not.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn keys_errors_say_whether_a_retry_helps() {
+        use diesel::result::{DatabaseErrorKind, Error as DieselError};
+        let error = |message: &str| {
+            keys_error::<diesel::SqliteConnection>("forgetting a key")(DieselError::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(message.to_owned()),
+            ))
+        };
+        assert!(error("database is locked").is_retryable());
+        assert!(!error("no such table: done_jobs").is_retryable());
     }
 
     #[test]

@@ -101,7 +101,9 @@ mod sealed {
 
 /// An async diesel-async connection a job can run on: `AsyncPgConnection`,
 /// `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` (features `async-postgres`,
-/// `async-mysql`, `async-sqlite`). Pooled connections (deadpool, bb8) reach theirs through `Deref`.
+/// `async-mysql`, `async-sqlite`). Pooled connections (deadpool, bb8) reach theirs through `Deref`;
+/// a handler whose connection parameter is deadpool's `Object` itself (feature `deadpool`) also
+/// takes that connection out of the pool when a job on it is cancelled.
 ///
 /// Sealed: the runtime implements it for diesel-async's connection types.
 #[cfg(feature = "async")]
@@ -307,10 +309,33 @@ pub mod __private_0_1_0 {
 
     /// [`then_store`] for async connections.
     #[cfg(feature = "async")]
-    fn then_async_store<Conn: ?Sized, C: crate::AsyncJobStore>(
+    fn then_async_store<Conn: ?Sized, C: AsyncJobRuntime>(
         reach: impl Fn(&mut Conn) -> &mut C,
     ) -> impl Fn(&mut Conn) -> &mut C::Runtime {
-        move |conn| reach(conn).idempotent_store()
+        move |conn| reach(conn).job_runtime()
+    }
+
+    /// What a generated async wrapper runs a job on: an [`AsyncJobStore`](crate::AsyncJobStore),
+    /// or (feature `deadpool`) deadpool's pooled `Object`, which also leaves its pool when a job
+    /// on it is cancelled.
+    #[cfg(feature = "async")]
+    pub trait AsyncJobRuntime: 'static {
+        /// The runtime's view of the connection.
+        #[doc(hidden)]
+        type Runtime: crate::store::Store;
+
+        /// Reaches it.
+        #[doc(hidden)]
+        fn job_runtime(&mut self) -> &mut Self::Runtime;
+    }
+
+    #[cfg(feature = "async")]
+    impl<C: crate::AsyncJobStore> AsyncJobRuntime for C {
+        type Runtime = C::Runtime;
+
+        fn job_runtime(&mut self) -> &mut C::Runtime {
+            self.idempotent_store()
+        }
     }
 
     /// [`run_async`](crate::run_async) for a connection reached through `reach`.
@@ -323,7 +348,7 @@ pub mod __private_0_1_0 {
     ) -> Result<Outcome<T>, E>
     where
         Conn: ?Sized,
-        C: crate::AsyncJobStore,
+        C: AsyncJobRuntime,
         T: JobOutput,
         E: JobError,
         F: AsyncFnOnce(&mut Conn) -> Result<T, E>,

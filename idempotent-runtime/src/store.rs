@@ -211,6 +211,13 @@ pub trait Database: Sized + Send + Sync + 'static {
         None
     }
 
+    /// What puts the connection's wait back when a [`bounded_begin_sql`](Self::bounded_begin_sql)
+    /// failed part-way (the bound must not outlive the attempt).
+    #[doc(hidden)]
+    fn bounded_begin_failed_sql() -> Option<&'static str> {
+        None
+    }
+
     /// Bounds how long the statements after it wait for a row lock held by another transaction
     /// (the claim's wait for another run of its key) to `limit`, and returns the setting to
     /// restore; `None` where the database bounds that wait otherwise (SQLite: its write lock, taken
@@ -518,6 +525,9 @@ pub struct KeyRow {
     pub job_key: String,
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub job_name: String,
+    /// Which run wrote the row; NULL for rows of schema versions before 3.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub claim_token: Option<i64>,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     pub has_result: bool,
     #[diesel(sql_type = diesel::sql_types::Bool)]

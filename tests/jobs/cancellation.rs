@@ -109,53 +109,82 @@ where
     );
 }
 
-/// A job dropped mid-transaction on a pooled connection, and its redelivery on the same pool with
-/// another idle connection beside it. The dropped job's transaction holds the key's row lock until
-/// its connection is closed. Built as the README says (`QueueMode::Lifo`), the redelivery's
-/// checkout meets the broken connection first, the pool discards it, the server ends its
-/// transaction, and the redelivery runs within a bound. (First in, first out, the default, the
-/// redelivery gets the sound connection and waits for the lock the idle broken one holds.)
-pub fn a_redelivery_after_a_drop_is_not_held_by_a_lifo_deadpool<B, C>()
+/// Charges, says it is inside its transaction, then never finishes; written for deadpool's pooled
+/// connection itself, as a handler taking `&mut Object<C>` is.
+#[idempotent_job(key = "charge:<order_id>", name = "charge")]
+async fn charge_and_hang_pooled<C>(
+    conn: &mut Object<C>,
+    order_id: &str,
+    inside: tokio::sync::oneshot::Sender<()>,
+) -> Result<handlers::Receipt, TestError>
+where
+    C: AsyncTestConn + 'static,
+    AsyncDieselConnectionManager<C>:
+        Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    conn.insert_charge(order_id, 4200, "hung").await?;
+    let _ = inside.send(());
+    std::future::pending::<()>().await;
+    unreachable!("the test drops this job while it waits")
+}
+
+/// A job dropped mid-transaction on a deadpool connection, and its redelivery on the same pool,
+/// whose other connection is idle (first in, first out: deadpool's default). The dropped job's
+/// transaction holds the key's row lock until its connection is closed; deadpool would hand the
+/// broken connection out (and discard it) only after the sound one, so the redelivery waited for
+/// the lock until the test's deadline. The runtime now takes the cancelled job's connection out of
+/// the pool as soon as it is back, and the redelivery runs within the bound.
+pub fn a_redelivery_after_a_drop_is_not_held_by_the_pool<B, C>()
 where
     B: Backend<Conn = AsyncConn<C>>,
     C: AsyncTestConn + 'static,
     AsyncDieselConnectionManager<C>:
         Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
 {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     let db = Db::<B>::fresh();
     let mut checker = db.connect();
     let runtime = &checker.runtime;
-    let outcome = runtime.block_on(async {
-        let pool: Pool<C> = Pool::builder(AsyncDieselConnectionManager::<C>::new(db.locator()))
-            .max_size(2)
-            .queue_mode(deadpool::managed::QueueMode::Lifo)
-            .runtime(deadpool::Runtime::Tokio1)
-            .build()
-            .expect("a pool");
+    let (outcome, took, size) = runtime.block_on(async {
+        let pool = pool::<C>(db.locator(), 2);
         // Two connections in the pool: the sound one is idle while the job hangs on the other.
         let sound = pool.get().await.expect("a pooled connection");
         {
             let mut conn = pool.get().await.expect("a pooled connection");
             drop(sound);
-            drop_mid_job(&mut *conn, "order-dropped").await;
-        } // back to the pool, last in
+            let (inside, entered) = tokio::sync::oneshot::channel();
+            let mut job = pin!(charge_and_hang_pooled(&mut conn, "order-dropped", inside));
+            tokio::select! {
+                result = &mut job => panic!("the hanging job finished: {result:?}"),
+                entered = entered => entered.expect("the job reached its body"),
+            }
+        } // the job, then the object, dropped: a shut-down or a timeout
+        let started = Instant::now();
         let redelivery = async {
             let mut conn = pool.get().await.expect("a pooled connection");
             handlers::charge_async(&mut *conn, "order-dropped", 4200, Mode::Succeed).await
         };
-        tokio::time::timeout(Duration::from_secs(10), redelivery).await
+        let outcome = tokio::time::timeout(Duration::from_secs(10), redelivery).await;
+        (outcome, started.elapsed(), pool.status().size)
     });
     let receipt = outcome
-        .expect("the redelivery was not held by the dropped job's lock for 10 s")
+        .unwrap_or_else(|_| {
+            panic!("the redelivery was held by the dropped job's lock for {took:?}")
+        })
         .expect("the redelivery ran");
     assert_eq!(receipt.amount, 4200);
+    assert_eq!(size, 1, "the cancelled job's connection left the pool");
     assert_eq!(
         B::count_charges(&mut checker, "order-dropped"),
         1,
         "charged once: by the redelivery"
     );
+    crate::figures::report(&format!(
+        "deadpool, cancelled job ({}): the redelivery on the same pool finished {} ms after the drop",
+        B::NAME,
+        took.as_millis()
+    ));
 }
 
 /// A handler written for a deadpool connection: the attribute reaches the connection by deref.

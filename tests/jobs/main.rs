@@ -57,6 +57,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn forgetting_a_key_in_progress_forgets_nothing() {
+                operate::forgetting_a_key_in_progress_forgets_nothing::<$backend>();
+            }
+
+            #[test]
             fn keys_without_tables_fail_clearly() {
                 operate::keys_without_tables_fail_clearly::<$backend>();
             }
@@ -236,9 +241,8 @@ macro_rules! async_tests {
             }
 
             #[test]
-            fn a_redelivery_after_a_drop_is_not_held_by_a_lifo_deadpool() {
-                cancellation::a_redelivery_after_a_drop_is_not_held_by_a_lifo_deadpool::<$backend, _>(
-                );
+            fn a_redelivery_after_a_drop_is_not_held_by_the_pool() {
+                cancellation::a_redelivery_after_a_drop_is_not_held_by_the_pool::<$backend, _>();
             }
 
             #[test]

@@ -214,3 +214,35 @@ fn forgetting_is_recorded_and_refused_inside_a_transaction() {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// An operator forgets a key while its first run is still in progress (claimed, not committed):
+/// nothing committed is there to forget, so nothing is, and the run's commit stands. (Deleting by the digest alone waited for the run's lock on MySQL/MariaDB and then
+/// deleted the row it had just committed: the job ran twice.)
+pub fn forgetting_a_key_in_progress_forgets_nothing<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let id = crate::harness::unique_name("forget-busy");
+    let claimed = crate::signals::expect(&id);
+    let key = JobKey::new(format!("held:{id}"));
+    std::thread::scope(|scope| {
+        let holder = scope.spawn(|| {
+            let mut conn = db.connect();
+            B::held(&mut conn, &id, 1_500)
+        });
+        claimed.wait("the first run claiming its key");
+        let mut operator = db.connect();
+        let forgot = B::keys_forget(&mut operator, &key).expect("a forget");
+        assert!(
+            !forgot,
+            "nothing committed to forget while the run is in progress"
+        );
+        holder.join().expect("the holder").expect("the first run");
+    });
+    let mut conn = db.connect();
+    assert!(
+        B::keys_lookup(&mut conn, &key)
+            .expect("a look-up")
+            .is_some(),
+        "the first run's commit stands"
+    );
+    assert_eq!(B::count_topic(&mut conn, "held"), 1, "the body ran once");
+}

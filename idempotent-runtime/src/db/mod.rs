@@ -30,6 +30,20 @@ where
     }
 }
 
+/// Puts back the wait a bounded `BEGIN` set, when the `BEGIN` failed before it could.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn after_failed_bounded_begin<D, C>(conn: &mut C)
+where
+    D: crate::store::Database,
+    C: diesel::connection::SimpleConnection,
+{
+    if let Some(sql) = D::bounded_begin_failed_sql()
+        && let Err(error) = conn.batch_execute(sql)
+    {
+        tracing::warn!(%error, "putting the connection's busy timeout back failed");
+    }
+}
+
 /// How many transactions a sync connection has open.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn depth_sync<C>(conn: &mut C) -> QueryResult<u32>
@@ -115,7 +129,13 @@ macro_rules! sync_store {
                 limit: std::time::Duration,
             ) -> diesel::QueryResult<$crate::store::Nesting> {
                 match <$db as $crate::store::Database>::bounded_begin_sql(limit) {
-                    Some(sql) => $crate::db::begin_sync(self, &sql),
+                    Some(sql) => {
+                        let begun = $crate::db::begin_sync(self, &sql);
+                        if begun.is_err() {
+                            $crate::db::after_failed_bounded_begin::<$db, _>(self);
+                        }
+                        begun
+                    }
                     None => $crate::db::begin_sync(self, $begin),
                 }
             }
@@ -314,14 +334,14 @@ macro_rules! inspect_statements {
     () => {
         sql! {
             LookupKey = concat!(
-                "SELECT key_digest, job_key, job_name, \
+                "SELECT key_digest, job_key, job_name, claim_token, \
                    (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
                  FROM done_jobs WHERE key_digest = ?"
             );
             ListKeys = concat!(
-                "SELECT key_digest, job_key, job_name, \
+                "SELECT key_digest, job_key, job_name, claim_token, \
                    (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
@@ -398,3 +418,165 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+
+/// deadpool's pooled connection as a job connection of its own: everything is the connection's,
+/// except that a job dropped inside its transaction also takes the connection out of the pool.
+///
+/// A connection marked broken stays idle in the pool, its transaction (and the key's row lock) open
+/// on the server, until deadpool hands it out again, after the others. The pool's `retain` takes
+/// idle connections only, and the object goes back to the pool when the caller drops it, just
+/// after the job's future; so a task looks for it for a few seconds and drops it, which closes the
+/// connection and ends its transaction.
+#[cfg(feature = "deadpool")]
+mod pooled {
+    use std::time::Duration;
+
+    use deadpool::managed::{Manager, Object};
+    use diesel::result::QueryResult;
+
+    use crate::sql::{Binds, SqlText, Statement};
+    use crate::store::{Database, Nesting, Store, Unfinished};
+
+    /// The runtime's view of the pooled connection.
+    type Inner<M> = <<M as Manager>::Type as crate::AsyncJobStore>::Runtime;
+
+    fn inner<M>(object: &mut Object<M>) -> &mut Inner<M>
+    where
+        M: Manager + 'static,
+        M::Type: crate::AsyncJobStore,
+    {
+        crate::AsyncJobStore::idempotent_store(&mut **object)
+    }
+
+    impl<M> crate::__private_0_1_0::AsyncJobRuntime for Object<M>
+    where
+        M: Manager + 'static,
+        M::Type: crate::AsyncJobStore,
+    {
+        type Runtime = Self;
+
+        fn job_runtime(&mut self) -> &mut Self {
+            self
+        }
+    }
+
+    /// Found before the connection it derefs to, so the wrapper runs the job on the object.
+    impl<M> crate::__private_0_1_0::AsyncJobConnection for Object<M>
+    where
+        M: Manager + 'static,
+        M::Type: crate::AsyncJobStore,
+    {
+        fn async_job_connection(&mut self) -> &mut Self {
+            self
+        }
+    }
+
+    impl<M> Store for Object<M>
+    where
+        M: Manager + 'static,
+        M::Type: crate::AsyncJobStore,
+    {
+        type Db = <Inner<M> as Store>::Db;
+
+        fn begin(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
+            inner(self).begin()
+        }
+
+        fn begin_bounded(
+            &mut self,
+            limit: Duration,
+        ) -> impl Future<Output = QueryResult<Nesting>> + Send {
+            inner(self).begin_bounded(limit)
+        }
+
+        fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+            inner(self).commit()
+        }
+
+        fn rollback(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+            inner(self).rollback()
+        }
+
+        fn abandon(&mut self, unfinished: Unfinished) {
+            inner(self).abandon(unfinished);
+            take_out_of_pool(self);
+        }
+
+        fn transaction_depth(&mut self) -> QueryResult<u32> {
+            inner(self).transaction_depth()
+        }
+
+        fn pause(duration: Duration) -> impl Future<Output = ()> + Send {
+            <Inner<M> as Store>::pause(duration)
+        }
+
+        fn execute<S, B>(
+            &mut self,
+            statement: Statement<S, B>,
+        ) -> impl Future<Output = QueryResult<usize>> + Send
+        where
+            S: SqlText,
+            B: Binds<<Self::Db as Database>::Backend> + Send,
+        {
+            inner(self).execute(statement)
+        }
+
+        fn load<S, B, U>(
+            &mut self,
+            statement: Statement<S, B>,
+        ) -> impl Future<Output = QueryResult<Vec<U>>> + Send
+        where
+            S: SqlText,
+            B: Binds<<Self::Db as Database>::Backend> + Send,
+            U: diesel::QueryableByName<<Self::Db as Database>::Backend> + Send + 'static,
+        {
+            inner(self).load(statement)
+        }
+
+        fn batch(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send {
+            inner(self).batch(sql)
+        }
+
+        fn text_rows(
+            &mut self,
+            sql: &str,
+        ) -> impl Future<Output = QueryResult<Vec<String>>> + Send {
+            inner(self).text_rows(sql)
+        }
+    }
+
+    /// How long to look for the object among the pool's idle ones: its owner drops it right after
+    /// the job's future, as a rule; one kept longer is discarded by the pool when handed out.
+    const LOOK_FOR: Duration = Duration::from_secs(5);
+    const EVERY: Duration = Duration::from_millis(20);
+
+    fn take_out_of_pool<M: Manager + 'static>(object: &Object<M>) {
+        let Some(pool) = Object::pool(object) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // An object's identity in the pool: when it was made (no two share an instant).
+        let created = Object::metrics(object).created;
+        runtime.spawn(async move {
+            let mut waited = Duration::ZERO;
+            while waited < LOOK_FOR {
+                let taken = pool.retain(|_, metrics| metrics.created != created);
+                if !taken.removed.is_empty() {
+                    drop(taken);
+                    tracing::debug!(
+                        ?waited,
+                        "took a cancelled job's connection out of its deadpool; closing it ends its transaction"
+                    );
+                    return;
+                }
+                tokio::time::sleep(EVERY).await;
+                waited += EVERY;
+            }
+            tracing::warn!(
+                "a cancelled job's pooled connection was not returned to its deadpool within 5 s; the pool discards it when it hands it out next"
+            );
+        });
+    }
+}

@@ -72,12 +72,14 @@ macro_rules! message_columns {
 }
 
 /// A timestamp column (or aggregate of one) as microseconds since the Unix epoch; NULL stays NULL.
+/// The stored text has milliseconds, and julianday's double is good only to tens of microseconds:
+/// rounded to the millisecond first.
 macro_rules! micros {
     ($column:expr) => {
         concat!(
             "CAST(ROUND((julianday(",
             $column,
-            ") - 2440587.5) * 86400000000.0) AS INTEGER)"
+            ") - 2440587.5) * 86400000.0) AS INTEGER) * 1000"
         )
     };
 }
@@ -92,7 +94,7 @@ sql! {
     );
     ClaimRead = concat!(
         "SELECT job_name, result, fingerprint, \
-         CAST(ROUND((julianday(done_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS done_at_micros, \
+         CAST(ROUND((julianday(done_at) - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS done_at_micros, \
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ?"
     );
@@ -208,6 +210,10 @@ impl Database for SqliteDb {
         Some(format!(
             "PRAGMA busy_timeout = {millis}; BEGIN IMMEDIATE; PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}"
         ))
+    }
+
+    fn bounded_begin_failed_sql() -> Option<&'static str> {
+        Some(BEGIN_FAILED)
     }
 
     /// A run holds SQLite's write lock from `BEGIN IMMEDIATE`: the claim never waits for a row,
@@ -589,6 +595,8 @@ async fn record_version<C: Store<Db = SqliteDb>>(
 /// How long `BEGIN` waits for another writer, and `COMMIT` for readers, by default.
 const BUSY_TIMEOUT_MS: u32 = 5000;
 const BEGIN: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE";
+/// After a bounded `BEGIN` that did not get the lock: the usual wait again.
+const BEGIN_FAILED: &str = "PRAGMA busy_timeout = 5000";
 
 sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN);
 
@@ -619,8 +627,14 @@ mod wrapper {
         ) -> diesel::QueryResult<Nesting> {
             let sql = <super::SqliteDb as Database>::bounded_begin_sql(limit)
                 .unwrap_or_else(|| super::BEGIN.to_owned());
-            self.spawn_blocking(move |conn| crate::db::begin_sync(conn, &sql))
-                .await
+            self.spawn_blocking(move |conn| {
+                let begun = crate::db::begin_sync(conn, &sql);
+                if begun.is_err() {
+                    crate::db::after_failed_bounded_begin::<super::SqliteDb, _>(conn);
+                }
+                begun
+            })
+            .await
         }
 
         async fn commit(&mut self) -> diesel::QueryResult<()> {

@@ -59,6 +59,25 @@ fn export(conn: &mut SqliteConnection, id: u64) -> Result<u64, AppError> {
     Ok(id)
 }
 
+/// A nested `impl Trait` parameter, outside the key: the companion still compiles.
+pub trait Mailer {
+    fn send(&self, to: u64) -> u64;
+}
+
+struct Postman;
+
+impl Mailer for Postman {
+    fn send(&self, to: u64) -> u64 {
+        to
+    }
+}
+
+#[idempotent_job(key = "welcome:<user_id>")]
+fn welcome(conn: &mut SqliteConnection, mailer: &impl Mailer, user_id: u64, tags: Option<impl Display>) -> Result<u64, AppError> {
+    let _ = (conn, tags.map(|t| t.to_string()));
+    Ok(mailer.send(user_id))
+}
+
 /// A job without a placeholder: its key takes no input.
 #[idempotent_job(key = "backfill-2026-11", once)]
 fn backfill(conn: &mut SqliteConnection) -> Result<(), AppError> {
@@ -117,6 +136,9 @@ fn main() {
     assert_eq!(send_invoice::job().in_progress(), idempotent_jobs::WhileInProgress::Wait);
     assert_eq!(report(&mut conn, 1).unwrap(), 1);
     assert_eq!(export(&mut conn, 2).unwrap(), 2);
+
+    assert!(welcome::outcome(&mut conn, &Postman, 5, Some("new")).unwrap().is_ran());
+    assert_eq!(welcome(&mut conn, &Postman, 5, None::<&str>).unwrap(), 5);
 
     backfill(&mut conn).unwrap();
     assert_eq!(backfill::key().as_str(), "backfill-2026-11");
