@@ -356,7 +356,9 @@ async fn outside_transaction<S: Store>(conn: &mut S, what: &'static str) -> Resu
     match conn.transaction_depth() {
         Ok(0) => Ok(()),
         Ok(_) => Err(Error::KeysInsideTransaction { what }),
-        Err(source) => Err(keys_error::<S>(what)(source)),
+        Err(source) => Err(keys_error::<S>(
+            "reading the connection's transaction state",
+        )(source)),
     }
 }
 

@@ -357,6 +357,15 @@ pub fn in_progress_policies_bound_the_wait<B: Backend>() {
             !holder.is_finished(),
             "Fail did not wait for the run: {failed_after:?}"
         );
+        if B::SERVER == harness::Server::Sqlite {
+            // The bound was the BEGIN's busy timeout (0 ms): it must not outlive the attempt, or
+            // the connection's later statements fail at once while anyone writes.
+            assert_eq!(
+                B::query_i64(&mut conn, "SELECT timeout AS n FROM pragma_busy_timeout"),
+                5_000,
+                "the busy timeout is back after a BEGIN that did not get the lock"
+            );
+        }
 
         let started = Instant::now();
         let error = runtime_error(B::held_with_policy(

@@ -322,17 +322,19 @@ pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
 }
 
 // After the macros, which the database modules use.
-/// The inspection statements of [`crate::keys`] and [`crate::outbox::unsent`], the same text on every
-/// database: each database module
+/// The statements whose text is the same on every database (forgetting and taking back a claim,
+/// [`crate::keys`], [`crate::outbox::unsent`]): each database module
 /// invokes this beside its own `now!()` (the database's clock), `micros!(column)` (a timestamp
-/// as microseconds since the Unix epoch) and `message_columns!()`, and `inspect_methods!()` inside
+/// as microseconds since the Unix epoch) and `message_columns!()`, and `shared_methods!()` inside
 /// its `Database` impl.
 ///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
 /// do not pay for one); they are for operators, bounded by `LIMIT`.
-macro_rules! inspect_statements {
+macro_rules! shared_statements {
     () => {
         sql! {
+            Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
+            TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
             LookupKey = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
                    (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
@@ -365,9 +367,32 @@ macro_rules! inspect_statements {
     };
 }
 
-/// The `Database` methods over [`inspect_statements!`]' statements.
-macro_rules! inspect_methods {
+/// The `Database` methods over [`shared_statements!`]' statements.
+macro_rules! shared_methods {
     () => {
+        async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
+            let deleted = conn
+                .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
+                    &digest[..],
+                ),)))
+                .await?;
+            Ok(deleted == 1)
+        }
+
+        async fn take_back<C: Store<Db = Self>>(
+            conn: &mut C,
+            digest: &[u8; 32],
+            token: i64,
+        ) -> QueryResult<bool> {
+            let deleted = conn
+                .execute(Statement::<TakeBack, _>::new((
+                    bind::<Binary, _>(&digest[..]),
+                    bind::<BigInt, _>(token),
+                )))
+                .await?;
+            Ok(deleted == 1)
+        }
+
         async fn lookup_key<C: Store<Db = Self>>(
             conn: &mut C,
             digest: &[u8; 32],

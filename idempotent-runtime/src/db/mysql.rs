@@ -104,8 +104,6 @@ macro_rules! micros {
 sql! {
     InTransactionNow = "SELECT @@in_transaction AS open";
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
-    Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
-    TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (?, ?, ?, ?, ?, ",
         now!(),
@@ -202,7 +200,7 @@ sql! {
          WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position";
 }
 
-inspect_statements!();
+shared_statements!();
 
 sql! {
     LockWaitTimeout = "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous";
@@ -306,7 +304,7 @@ struct Column {
 }
 
 impl Database for MysqlDb {
-    inspect_methods!();
+    shared_methods!();
 
     async fn bound_lock_wait<C: Store<Db = Self>>(
         conn: &mut C,
@@ -441,29 +439,6 @@ impl Database for MysqlDb {
             .into_iter()
             .next()
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
-    }
-
-    async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
-        let deleted = conn
-            .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
-                &digest[..],
-            ),)))
-            .await?;
-        Ok(deleted == 1)
-    }
-
-    async fn take_back<C: Store<Db = Self>>(
-        conn: &mut C,
-        digest: &[u8; 32],
-        token: i64,
-    ) -> QueryResult<bool> {
-        let deleted = conn
-            .execute(Statement::<TakeBack, _>::new((
-                bind::<Binary, _>(&digest[..]),
-                bind::<BigInt, _>(token),
-            )))
-            .await?;
-        Ok(deleted == 1)
     }
 
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {

@@ -94,8 +94,6 @@ macro_rules! micros {
 }
 
 sql! {
-    Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
-    TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
     ClaimKey = concat!(
         "WITH inserted AS (\
            INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) \
@@ -214,7 +212,7 @@ sql! {
          ORDER BY 1";
 }
 
-inspect_statements!();
+shared_statements!();
 
 sql! {
     // `set_config(.., true)`: for this transaction only, whatever happens to it.
@@ -284,7 +282,7 @@ struct ClaimRow {
 }
 
 impl Database for PostgresDb {
-    inspect_methods!();
+    shared_methods!();
 
     async fn bound_lock_wait<C: Store<Db = Self>>(
         conn: &mut C,
@@ -377,29 +375,6 @@ impl Database for PostgresDb {
             }),
             _ => ClaimAttempt::Missing,
         })
-    }
-
-    async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
-        let deleted = conn
-            .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
-                &digest[..],
-            ),)))
-            .await?;
-        Ok(deleted == 1)
-    }
-
-    async fn take_back<C: Store<Db = Self>>(
-        conn: &mut C,
-        digest: &[u8; 32],
-        token: i64,
-    ) -> QueryResult<bool> {
-        let deleted = conn
-            .execute(Statement::<TakeBack, _>::new((
-                bind::<Binary, _>(&digest[..]),
-                bind::<BigInt, _>(token),
-            )))
-            .await?;
-        Ok(deleted == 1)
     }
 
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {

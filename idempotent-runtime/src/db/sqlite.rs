@@ -85,8 +85,6 @@ macro_rules! micros {
 }
 
 sql! {
-    Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
-    TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (?, ?, ?, ?, ?, ",
         now!(),
@@ -173,7 +171,7 @@ sql! {
          AND (SELECT name FROM pragma_index_info(l.name)) = ?";
 }
 
-inspect_statements!();
+shared_statements!();
 
 /// The steps that build the schema, oldest first; the files are what teams with their own
 /// migration tool apply.
@@ -201,7 +199,7 @@ const STEPS: &[Step] = &[
 const VERSION_TABLE: &str = include_str!("../../sql/sqlite/000_idempotent_schema.sql");
 
 impl Database for SqliteDb {
-    inspect_methods!();
+    shared_methods!();
 
     /// The busy timeout bounds the wait for the write lock, and goes back to the usual one as soon
     /// as the lock is held, for the commit.
@@ -279,29 +277,6 @@ impl Database for SqliteDb {
             .into_iter()
             .next()
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
-    }
-
-    async fn forget<C: Store<Db = Self>>(conn: &mut C, digest: &[u8; 32]) -> QueryResult<bool> {
-        let deleted = conn
-            .execute(Statement::<Forget, _>::new((bind::<Binary, _>(
-                &digest[..],
-            ),)))
-            .await?;
-        Ok(deleted == 1)
-    }
-
-    async fn take_back<C: Store<Db = Self>>(
-        conn: &mut C,
-        digest: &[u8; 32],
-        token: i64,
-    ) -> QueryResult<bool> {
-        let deleted = conn
-            .execute(Statement::<TakeBack, _>::new((
-                bind::<Binary, _>(&digest[..]),
-                bind::<BigInt, _>(token),
-            )))
-            .await?;
-        Ok(deleted == 1)
     }
 
     async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
