@@ -570,6 +570,9 @@ pub fn classify(error: &WorkerError) -> Failure {
                 (false, false) => Failure::Other,
             }
         }
+        // The connection failed while COMMIT was on its way (a node SIGKILLed at that moment):
+        // the runtime says the outcome is unknown; the commit may well have replicated.
+        WorkerError::Idempotent(Error::CommitOutcomeUnknown { .. }) => Failure::CommitInDoubt,
         WorkerError::Database(source) if is_deadlock(source) => Failure::ConflictBeforeCommit,
         // The body's statement met the brute-force abort and the handler carried on: the runtime
         // finds the transaction gone before recording, and leaves the key's row alone.
