@@ -213,8 +213,14 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
             .copy
             .clone()
             .unwrap_or_else(|| message.job_id.clone());
-        // The companion's `outcome` runs the handler and says whether it ran or replayed.
-        match apply_payment::outcome(&mut conn, &message.job_id, message.amount).await {
+        // The companion's `outcome` runs the handler and says whether it ran or replayed. A
+        // message the broker redelivers has likely been done: its key is read first, and a
+        // committed result replays from that one read, with no transaction.
+        let handled = idempotent_jobs::redelivered_async(
+            delivery.redelivered,
+            apply_payment::outcome(&mut conn, &message.job_id, message.amount),
+        );
+        match handled.await {
             Ok(done) => {
                 let outcome = if done.is_ran() { "ran" } else { "replayed" };
                 println!(

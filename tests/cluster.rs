@@ -29,6 +29,8 @@ mod galera;
 mod postgres_cluster;
 #[path = "support/processes.rs"]
 mod processes;
+#[path = "support/stall_proxy.rs"]
+mod stall_proxy;
 
 use cluster_workers::{
     Broker, ConnOptions, EFFECTS_MYSQL, EFFECTS_POSTGRES, Event, Failure, Kind, WorkerSpec,
@@ -309,8 +311,13 @@ fn redeliveries_to_a_lagging_node(galera: &Galera, count: usize, sync_wait: u8) 
         statement_cache: true,
         session: Some(format!("SET SESSION wsrep_sync_wait = {sync_wait}")),
     };
-    let mut second = MysqlConnection::connect(&galera.url(1, "cluster"), &lagging)
-        .unwrap_or_else(|e| panic!("node 1: {e}"));
+    // Through a proxy that cuts a session the server stopped answering (see `stall_proxy`).
+    let proxy = stall_proxy::StallProxy::start(galera.nodes[1].port, Duration::from_secs(20));
+    let second_url = format!("mysql://root@127.0.0.1:{}/cluster", proxy.port());
+    let connect_second = || {
+        MysqlConnection::connect(&second_url, &lagging).unwrap_or_else(|e| panic!("node 1: {e}"))
+    };
+    let mut second = connect_second();
     // Large writes from node 2 keep node 1's applier busy, so that node 1 lags behind what the
     // cluster has committed, as a loaded node does.
     let loading = std::sync::atomic::AtomicBool::new(true);
@@ -339,13 +346,21 @@ fn redeliveries_to_a_lagging_node(galera: &Galera, count: usize, sync_wait: u8) 
             }
         }
         let _stop = StopLoading(&loading);
-        redeliver(&mut first, &mut second, count, sync_wait)
+        let wasted = redeliver(&mut first, &mut second, &connect_second, count, sync_wait);
+        if proxy.cuts() > 0 {
+            figures::report(&format!(
+                "galera, wsrep_sync_wait={sync_wait}: node 1 stopped answering a session {} time(s) (a brute-force aborted session left without a reply); each was cut and its job delivered again",
+                proxy.cuts()
+            ));
+        }
+        wasted
     })
 }
 
 fn redeliver(
     first: &mut MysqlConnection,
     second: &mut MysqlConnection,
+    reconnect: &dyn Fn() -> MysqlConnection,
     count: usize,
     sync_wait: u8,
 ) -> usize {
@@ -360,6 +375,15 @@ fn redeliver(
         let replayed = loop {
             match second.apply(&job, 2, &|_: &str| {}) {
                 Ok(result) => break result,
+                // The stall proxy cut a session the server stopped answering: a new connection.
+                Err(error) if is_lost_connection(&error) => {
+                    *second = reconnect();
+                    tries += 1;
+                    assert!(
+                        tries < 10,
+                        "{job}: node 1 kept dropping the session: {error}"
+                    );
+                }
                 Err(error) => {
                     assert!(
                         matches!(
@@ -377,6 +401,19 @@ fn redeliver(
         assert_eq!(replayed, ran, "{job}: node 1 replays node 0's result");
     }
     wasted
+}
+
+/// Whether a job failed because its connection went away.
+fn is_lost_connection(error: &cluster_workers::WorkerError) -> bool {
+    let text = error.to_string();
+    [
+        "Lost connection",
+        "server has gone away",
+        "Connection reset",
+        "Broken pipe",
+    ]
+    .iter()
+    .any(|phrase| text.contains(phrase))
 }
 
 /// Two workers on two nodes claim one key at the same moment. Neither node has the other's write

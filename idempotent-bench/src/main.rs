@@ -1,10 +1,11 @@
 //! The wrapper costs one indexed insert, and nothing more: `#[idempotent_job]` side by side with
-//! what a user would write instead, and with the floor no design can beat, on SQLite, PostgreSQL
-//! and MariaDB, in one run.
+//! what a user would write instead, with the floor no design can beat, and with the databases' own
+//! benchmark tools sending the same statements, on SQLite, PostgreSQL and MariaDB, in one run.
 //!
 //! Run it with `cargo bench --bench jobs` from the repository root (the three servers must be up;
-//! `scripts/test` starts them). It prints a table and writes `target/bench/jobs.json` (every figure
-//! and ratio) and `target/bench/jobs.svg` (throughput by variant and backend).
+//! `scripts/test` starts them; `pgbench` and `mariadb-slap` must be on the `PATH`). It prints a
+//! table and writes `target/bench/jobs.json` (every figure and ratio) and `target/bench/jobs.svg`
+//! (throughput by variant and backend).
 //!
 //! Variants, each the same job body (one row into `bench_effects`) unless said otherwise:
 //!
@@ -13,12 +14,18 @@
 //! * `hand`: the rule's hand-written pattern: claim insert, then the body, in one transaction;
 //! * `macro`: the body under `#[idempotent_job]`;
 //! * `macro_empty`: `#[idempotent_job]` with an empty body, against `floor`;
-//! * `replay`: `macro` again on keys already claimed;
+//! * `hand_value` / `macro_value`: the body returning a receipt that is stored with the claim (by
+//!   hand: an `UPDATE` of the claimed row with its JSON), so that a rerun returns it;
 //! * `two_phase`: what other idempotency libraries do: record "in progress" and commit, do the
 //!   work in its own transaction, then mark the record complete.
 //!
 //! Each round runs every variant over fresh keys, the variants taking turns job by job in a rotating
 //! order; the figure is the median of the rounds after one warm-up round.
+//!
+//! Replays are measured on a `done_jobs` of 1,000,000 rows against one indexed read of the digest
+//! through the same client, for keys claimed long ago (cold) and just now (fresh). Workers: `macro`
+//! with 1, 2, 4 and 8 connections against `pgbench` and `mariadb-slap` running the statements the
+//! library sends for the same job.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,7 +35,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::prelude::*;
 use idempotent_jobs::{JobStore, Prune, idempotent_job};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 const ROUNDS: usize = 9;
@@ -46,6 +53,35 @@ diesel::table! {
         key_digest -> Binary,
         status -> Text,
     }
+}
+
+diesel::define_sql_function! {
+    /// SHA-256, registered on SQLite connections that fill `done_jobs` (PostgreSQL and MariaDB
+    /// have their own), so that filled keys have the digests the runtime computes.
+    fn bench_sha256(text: diesel::sql_types::Text) -> diesel::sql_types::Binary;
+}
+
+/// What the value-returning variants return and store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    invoice: i64,
+    total_cents: i64,
+    currency: String,
+}
+
+fn receipt(job: i64) -> Receipt {
+    Receipt {
+        invoice: job,
+        total_cents: job * 100 + 99,
+        currency: "EUR".to_owned(),
+    }
+}
+
+/// One text column.
+#[derive(QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    s: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,10 +108,20 @@ trait BenchDb:
     fn hand_claim(&mut self, digest: &[u8; 32], key: &str) -> QueryResult<bool>;
     fn two_phase_start(&mut self, digest: &[u8; 32]) -> QueryResult<bool>;
     fn two_phase_finish(&mut self, digest: &[u8; 32]) -> QueryResult<()>;
-    /// `INSERT ... SELECT` of `rows` claims, lapsed or not, without a round trip per row.
-    fn fill_sql(rows: u64, prefix: &str, lapsed: bool) -> String;
+    /// The hand-written result: the claimed row's `result`, updated.
+    fn hand_record(&mut self, digest: &[u8; 32], json: &str) -> QueryResult<()>;
+    /// One indexed read of a key's row through this client, outside any transaction: the floor of
+    /// a replay.
+    fn read_done(&mut self, digest: &[u8; 32]) -> QueryResult<Option<(String, Option<String>)>>;
+    /// `INSERT ... SELECT` of `rows` claims of `job` with keys `<prefix>:<n>` and the runtime's
+    /// digests, lapsed or not, without a round trip per row.
+    fn fill_sql(rows: u64, prefix: &str, job: &str, lapsed: bool) -> String;
+    /// Makes what [`fill_sql`](Self::fill_sql) needs available on this connection.
+    fn before_fill(&mut self) -> QueryResult<()>;
     /// Flushes what a bulk fill left dirty, so that the next measurement does not pay for it.
     fn settle(&mut self);
+    /// The durability settings the figures were measured with, as the server reports them.
+    fn settings(&mut self) -> String;
 }
 
 /// An insert that reports whether it inserted, the way a user would write it for the backend:
@@ -101,7 +147,7 @@ macro_rules! insert_unless_present {
 }
 
 macro_rules! impl_bench_db {
-    ($conn:ty, $name:literal, begin: $begin:literal, id: $id:literal, binary: $binary:literal, insert: $insert:ident, digest: $digest:literal, key: $key:literal, settle: $settle:literal) => {
+    ($conn:ty, $name:literal, begin: $begin:literal, id: $id:literal, binary: $binary:literal, insert: $insert:ident, digest: $digest:literal, key: $key:literal, settle: $settle:literal, settings: $settings:literal, before_fill: $before_fill:expr) => {
         impl BenchDb for $conn {
             const NAME: &'static str = $name;
             const BEGIN: &'static str = $begin;
@@ -143,6 +189,34 @@ macro_rules! impl_bench_db {
                     .map(drop)
             }
 
+            fn hand_record(&mut self, digest: &[u8; 32], json: &str) -> QueryResult<()> {
+                use idempotent_jobs::schema::done_jobs::dsl as dj;
+                diesel::update(dj::done_jobs.filter(dj::key_digest.eq(&digest[..])))
+                    .set(dj::result.eq(json))
+                    .execute(self)
+                    .map(drop)
+            }
+
+            fn read_done(&mut self, digest: &[u8; 32]) -> QueryResult<Option<(String, Option<String>)>> {
+                use idempotent_jobs::schema::done_jobs::dsl as dj;
+                dj::done_jobs
+                    .filter(dj::key_digest.eq(&digest[..]))
+                    .select((dj::job_name, dj::result))
+                    .get_result(self)
+                    .optional()
+            }
+
+            fn before_fill(&mut self) -> QueryResult<()> {
+                let before_fill: fn(&mut Self) -> QueryResult<()> = $before_fill;
+                before_fill(self)
+            }
+
+            fn settings(&mut self) -> String {
+                diesel::sql_query($settings)
+                    .get_result::<Setting>(self)
+                    .map_or_else(|e| format!("unknown ({e})"), |row| row.s)
+            }
+
             fn settle(&mut self) {
                 // One statement at a time: PostgreSQL runs VACUUM only outside a transaction block.
                 for statement in $settle.split(';') {
@@ -150,19 +224,20 @@ macro_rules! impl_bench_db {
                 }
             }
 
-            fn fill_sql(rows: u64, prefix: &str, lapsed: bool) -> String {
+            fn fill_sql(rows: u64, prefix: &str, job: &str, lapsed: bool) -> String {
                 let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
                      UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
                 let expires = if lapsed { "'2000-01-02 00:00:00'" } else { "NULL" };
                 format!(
                     concat!(
                         "INSERT INTO done_jobs (key_digest, job_key, job_name, done_at, expires_at) ",
-                        "SELECT ", $digest, ", ", $key, ", 'fill', '2000-01-01 00:00:00', {expires} FROM ",
+                        "SELECT ", $digest, ", ", $key, ", '{job}', '2000-01-01 00:00:00', {expires} FROM ",
                         "(SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n ",
                         "FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g) numbers ",
                         "WHERE n < {rows}"
                     ),
                     prefix = prefix,
+                    job = job,
                     expires = expires,
                     digits = digits,
                     rows = rows
@@ -175,20 +250,31 @@ macro_rules! impl_bench_db {
 impl_bench_db!(
     SqliteConnection, "SQLite", begin: "BEGIN IMMEDIATE", id: "INTEGER PRIMARY KEY AUTOINCREMENT",
     binary: "BLOB", insert: on_conflict_do_nothing,
-    digest: "randomblob(32)", key: "'{prefix}:' || n",
-    settle: "PRAGMA wal_checkpoint(TRUNCATE)"
+    digest: "bench_sha256('{prefix}:' || n)", key: "'{prefix}:' || n",
+    settle: "PRAGMA wal_checkpoint(TRUNCATE)",
+    settings: "SELECT 'journal_mode=' || (SELECT journal_mode FROM pragma_journal_mode) || ', synchronous=' || \
+               (SELECT CASE synchronous WHEN 0 THEN 'OFF' WHEN 1 THEN 'NORMAL' WHEN 2 THEN 'FULL' ELSE 'EXTRA' END FROM pragma_synchronous) || \
+               ', SQLite ' || sqlite_version() AS s",
+    before_fill: |conn| bench_sha256_utils::register_impl(conn, |text: String| Sha256::digest(text.as_bytes()).to_vec())
 );
 impl_bench_db!(
     PgConnection, "PostgreSQL", begin: "BEGIN", id: "BIGSERIAL PRIMARY KEY",
     binary: "BYTEA", insert: on_conflict_do_nothing,
     digest: "sha256(convert_to('{prefix}:' || n, 'UTF8'))", key: "'{prefix}:' || n",
-    settle: "VACUUM ANALYZE done_jobs; CHECKPOINT"
+    settle: "VACUUM ANALYZE done_jobs; CHECKPOINT",
+    settings: "SELECT 'synchronous_commit=' || current_setting('synchronous_commit') || ', fsync=' || current_setting('fsync') || \
+               ', full_page_writes=' || current_setting('full_page_writes') || ', shared_buffers=' || current_setting('shared_buffers') || \
+               ', PostgreSQL ' || current_setting('server_version') AS s",
+    before_fill: |_| Ok(())
 );
 impl_bench_db!(
     MysqlConnection, "MariaDB", begin: "BEGIN", id: "BIGINT AUTO_INCREMENT PRIMARY KEY",
     binary: "BINARY(32)", insert: duplicate_key_error,
     digest: "UNHEX(SHA2(CONCAT('{prefix}:', n), 256))", key: "CONCAT('{prefix}:', n)",
-    settle: "ANALYZE TABLE done_jobs"
+    settle: "ANALYZE TABLE done_jobs",
+    settings: "SELECT CAST(CONCAT('innodb_flush_log_at_trx_commit=', @@innodb_flush_log_at_trx_commit, ', sync_binlog=', @@sync_binlog, \
+               ', log_bin=', @@log_bin, ', innodb_buffer_pool_size=', @@innodb_buffer_pool_size DIV 1048576, 'M, ', @@version) AS CHAR) AS s",
+    before_fill: |_| Ok(())
 );
 
 // ---- the variants ------------------------------------------------------------------------------
@@ -198,6 +284,13 @@ impl_bench_db!(
 fn macro_job<C: BenchDb>(conn: &mut C, job: i64) -> Result<(), BenchError> {
     conn.insert_effect(job)?;
     Ok(())
+}
+
+/// The job returning a value, stored for replays.
+#[idempotent_job(key = "value:<job>")]
+fn macro_value<C: BenchDb>(conn: &mut C, job: i64) -> Result<Receipt, BenchError> {
+    conn.insert_effect(job)?;
+    Ok(receipt(job))
 }
 
 /// The attribute around nothing, against `floor`.
@@ -237,17 +330,19 @@ enum Variant {
     Hand,
     Macro,
     MacroEmpty,
-    Replay,
+    HandValue,
+    MacroValue,
     TwoPhase,
 }
 
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     Variant::Bare,
     Variant::Floor,
     Variant::Hand,
     Variant::Macro,
     Variant::MacroEmpty,
-    Variant::Replay,
+    Variant::HandValue,
+    Variant::MacroValue,
     Variant::TwoPhase,
 ];
 
@@ -259,12 +354,13 @@ impl Variant {
             Variant::Hand => "hand",
             Variant::Macro => "macro",
             Variant::MacroEmpty => "macro_empty",
-            Variant::Replay => "replay",
+            Variant::HandValue => "hand_value",
+            Variant::MacroValue => "macro_value",
             Variant::TwoPhase => "two_phase",
         }
     }
 
-    /// One job of this variant; `job` is fresh for every call except in `replay`.
+    /// One job of this variant; `job` is fresh for every call.
     fn run<C: BenchDb>(self, conn: &mut C, job: i64) -> Result<(), BenchError> {
         match self {
             Variant::Bare => transaction(conn, |c| c.insert_effect(job))?,
@@ -281,8 +377,23 @@ impl Variant {
                     Ok(())
                 })?;
             }
-            Variant::Macro | Variant::Replay => macro_job(conn, job)?,
+            Variant::Macro => macro_job(conn, job)?,
             Variant::MacroEmpty => macro_empty(conn, job)?,
+            Variant::HandValue => {
+                let (key, digest) = hand_key("hand-value", job);
+                transaction(conn, |c| {
+                    if c.hand_claim(&digest, &key)? {
+                        c.insert_effect(job)?;
+                        let json = serde_json::to_string(&receipt(job)).expect("a receipt");
+                        c.hand_record(&digest, &json)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Variant::MacroValue => {
+                let stored = macro_value(conn, job)?;
+                assert_eq!(stored.invoice, job);
+            }
             Variant::TwoPhase => {
                 let (_, digest) = hand_key("two-phase", job);
                 let mut started = false;
@@ -315,6 +426,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 #[derive(Debug, Serialize)]
 struct BackendReport {
     backend: &'static str,
+    /// Durability settings, as the server reported them.
+    settings: String,
     rounds: usize,
     jobs_per_round: u64,
     /// Median jobs per second, by variant.
@@ -322,7 +435,8 @@ struct BackendReport {
     /// Every round's jobs per second, by variant.
     rounds_jobs_per_second: BTreeMap<&'static str, Vec<f64>>,
     ratios: Ratios,
-    latency: Option<Latency>,
+    latency: Latency,
+    replays: Replays,
     prune: Option<PruneFigures>,
 }
 
@@ -330,14 +444,44 @@ struct BackendReport {
 struct Ratios {
     /// Time per job, macro over hand: 1.00 means no cost; target ≤ 1.03.
     macro_over_hand: f64,
+    /// Time per job, macro_value over hand_value: storing the result; target ≤ 1.03.
+    macro_value_over_hand_value: f64,
     /// Time per job, macro with an empty body over floor; target ≤ 1.05.
     macro_empty_over_floor: f64,
-    /// Throughput, replay over macro; target > 1.
-    replay_over_macro: f64,
     /// Time per job, two-phase over macro; target > 1.
     two_phase_over_macro: f64,
     /// Time per job, hand over bare: what idempotency itself costs.
     hand_over_bare: f64,
+    /// Time per job, hand_value over hand: what storing a result costs by hand.
+    hand_value_over_hand: f64,
+}
+
+/// Replays on a `done_jobs` of `rows` rows, each kind's median latency in microseconds, the kinds
+/// taking turns call by call.
+#[derive(Debug, Serialize)]
+struct Replays {
+    rows: u64,
+    samples: usize,
+    /// One indexed read of a key claimed long ago, through the same client: the floor.
+    read_cold_us: f64,
+    /// `macro` replaying a key claimed long ago, told it is a redelivery.
+    replay_cold_us: f64,
+    /// The same, told it is a first delivery: the claim path (a transaction, the claim, the read).
+    claim_path_cold_us: f64,
+    /// The same, told nothing, in a run of replays (the job's recent calls mostly replayed).
+    storm_cold_us: f64,
+    /// One indexed read of a key claimed during this run.
+    read_fresh_us: f64,
+    /// `macro` replaying a key claimed during this run, told it is a redelivery.
+    replay_fresh_us: f64,
+    /// replay_cold over read_cold; target ≤ 1.5.
+    replay_over_read_cold: f64,
+    /// replay_fresh over read_fresh; target ≤ 1.5.
+    replay_over_read_fresh: f64,
+    /// storm_cold over read_cold.
+    storm_over_read_cold: f64,
+    /// claim_path_cold over read_cold: a replay without the read first.
+    claim_path_over_read_cold: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -361,11 +505,24 @@ struct PruneFigures {
 }
 
 #[derive(Debug, Serialize)]
-struct Concurrency {
+struct Workers {
     backend: &'static str,
+    /// The database's own benchmark tool the library is measured against.
+    tool: &'static str,
     jobs_per_worker: u64,
-    /// Median total jobs per second, by worker count.
-    jobs_per_second: BTreeMap<usize, f64>,
+    rounds: usize,
+    points: Vec<WorkerPoint>,
+}
+
+#[derive(Debug, Serialize)]
+struct WorkerPoint {
+    workers: usize,
+    /// Median jobs per second of `macro`, all workers together.
+    library_jobs_per_second: f64,
+    /// Median jobs per second of the tool, as many clients.
+    native_jobs_per_second: f64,
+    /// Time per job, library over the tool; target ≤ 1.05 (PostgreSQL), ≤ 1.10 (MariaDB).
+    library_over_native: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -380,14 +537,18 @@ struct CompileTime {
 #[derive(Debug, Serialize)]
 struct Report {
     backends: Vec<BackendReport>,
-    concurrency: Option<Concurrency>,
+    workers: Vec<Workers>,
     compile_time: Option<CompileTime>,
 }
 
-/// Where a backend's benchmark connects: its main database, and the two of the latency test.
+/// Where a backend's benchmark connects: its main database, and the two of the latency test (the
+/// large one also serves the replays).
 struct Urls<'a, C> {
-    main: &'a dyn Fn() -> C,
-    latency: Option<(Connect<'a, C>, Connect<'a, C>)>,
+    name: &'static str,
+    main: Connect<'a, C>,
+    small: Connect<'a, C>,
+    large: Connect<'a, C>,
+    quick: bool,
 }
 
 /// Opens a connection to one of the benchmark's databases.
@@ -402,12 +563,6 @@ fn bench_backend<C: BenchDb>(urls: Urls<'_, C>) -> BackendReport {
     let mut next_job: i64 = 1;
     let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
     for round in 0..=ROUNDS {
-        // `replay` replays jobs claimed here, untimed.
-        let replay_from = next_job;
-        for offset in 0..JOBS_PER_ROUND as i64 {
-            macro_job(&mut conn, replay_from + offset).expect("claiming the replay keys");
-        }
-        next_job += JOBS_PER_ROUND as i64;
         // The variants take turns job by job, in a shuffled order, so that every one of them meets
         // the same disk and server weather (fsync times drift by tens of percent over seconds) and
         // follows every other one equally often (a commit slows the next one down a little).
@@ -416,11 +571,7 @@ fn bench_backend<C: BenchDb>(urls: Urls<'_, C>) -> BackendReport {
         for offset in 0..JOBS_PER_ROUND as i64 {
             shuffle(&mut order, &mut seed);
             for (turn, variant) in order.into_iter().enumerate() {
-                let job = if variant == Variant::Replay {
-                    replay_from + offset
-                } else {
-                    next_job + offset * VARIANTS.len() as i64 + turn as i64
-                };
+                let job = next_job + offset * VARIANTS.len() as i64 + turn as i64;
                 let started = Instant::now();
                 variant
                     .run(&mut conn, job)
@@ -455,32 +606,34 @@ fn bench_backend<C: BenchDb>(urls: Urls<'_, C>) -> BackendReport {
     };
     let ratios = Ratios {
         macro_over_hand: ratio(Variant::Hand, Variant::Macro),
+        macro_value_over_hand_value: ratio(Variant::HandValue, Variant::MacroValue),
         macro_empty_over_floor: ratio(Variant::Floor, Variant::MacroEmpty),
-        replay_over_macro: ratio(Variant::Replay, Variant::Macro),
         two_phase_over_macro: ratio(Variant::Macro, Variant::TwoPhase),
         hand_over_bare: ratio(Variant::Bare, Variant::Hand),
+        hand_value_over_hand: ratio(Variant::Hand, Variant::HandValue),
     };
-    let (latency, prune) = match urls.latency {
-        Some((small, large)) => (
-            Some(latency(&mut small(), &mut large())),
-            Some(prune_throughput(&mut conn)),
-        ),
-        None => (None, None),
-    };
+    let settings = conn.settings();
+    let (mut small, mut large) = ((urls.small)(), (urls.large)());
+    let rows = if urls.quick { 100_000 } else { 1_000_000 };
+    let latency = latency(&mut small, &mut large, rows);
+    let replays = replays(&mut large, rows, if urls.quick { 300 } else { 1_000 });
+    let prune = (!urls.quick).then(|| prune_throughput(&mut conn));
     BackendReport {
-        backend: C::NAME,
+        backend: urls.name,
+        settings,
         rounds: ROUNDS,
         jobs_per_round: JOBS_PER_ROUND,
         jobs_per_second,
         rounds_jobs_per_second: rounds.into_iter().map(|(v, r)| (v.name(), r)).collect(),
         ratios,
         latency,
+        replays,
         prune,
     }
 }
 
 /// Fisher-Yates with a xorshift generator: the same shuffles every run.
-fn shuffle(items: &mut [Variant], seed: &mut u64) {
+fn shuffle<T>(items: &mut [T], seed: &mut u64) {
     for i in (1..items.len()).rev() {
         *seed ^= *seed << 13;
         *seed ^= *seed >> 7;
@@ -493,13 +646,18 @@ fn shuffle(items: &mut [Variant], seed: &mut u64) {
 /// Median latency of an empty job's claim with 1,000 rows in `done_jobs`, and with 1,000,000: two
 /// databases, claims alternating between them sample by sample, so that both meet the same fsync
 /// weather.
-fn latency<C: BenchDb>(small: &mut C, large: &mut C) -> Latency {
+fn latency<C: BenchDb>(small: &mut C, large: &mut C, large_rows: u64) -> Latency {
     const SMALL: u64 = 1_000;
-    const LARGE: u64 = 1_000_000;
     const SAMPLES: i64 = 1_000;
-    for (conn, rows, prefix) in [(&mut *small, SMALL, "small"), (&mut *large, LARGE, "large")] {
+    // The large database's rows are `macro_job`'s, keys `bench:<n>`: the replays' cold keys.
+    for (conn, rows, prefix, job) in [
+        (&mut *small, SMALL, "small", "fill"),
+        (&mut *large, large_rows, "bench", "macro_job"),
+    ] {
         idempotent_jobs::migrate(conn).expect("migrations");
-        conn.batch_execute(&C::fill_sql(rows, prefix, false))
+        conn.create_tables().expect("bench tables");
+        conn.before_fill().expect("the fill's functions");
+        conn.batch_execute(&C::fill_sql(rows, prefix, job, false))
             .expect("claims already there");
         // The same starting point for both: nothing left dirty by the fill.
         conn.settle();
@@ -525,10 +683,88 @@ fn latency<C: BenchDb>(small: &mut C, large: &mut C) -> Latency {
     let (small_us, large_us) = (median(small_us), median(large_us));
     Latency {
         rows_small: SMALL,
-        rows_large: LARGE,
+        rows_large: large_rows,
         median_us_small: small_us,
         median_us_large: large_us,
         large_over_small: large_us / small_us,
+    }
+}
+
+/// Replays against one indexed read of the same key, on a database whose `done_jobs` holds `rows`
+/// claims of `macro_job` made long ago (cold keys, each used once, picked at random) and keys
+/// claimed just before (fresh). The kinds take turns call by call.
+fn replays<C: BenchDb>(conn: &mut C, rows: u64, samples: usize) -> Replays {
+    const FRESH: i64 = 5_000_000_000;
+    for job in FRESH..FRESH + samples as i64 {
+        macro_job(conn, job).expect("claiming the fresh keys");
+    }
+    let mut seed: u64 = 0xD1B5_4A32_D192_ED03;
+    let mut used = std::collections::HashSet::new();
+    let mut cold = || loop {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let n = i64::try_from(seed % rows).unwrap_or(0);
+        if used.insert(n) {
+            return n;
+        }
+    };
+    let read = |conn: &mut C, job: i64| {
+        let (_, digest) = hand_key("bench", job);
+        let row = conn.read_done(&digest).expect("a read");
+        assert!(row.is_some(), "bench:{job} is claimed");
+    };
+    let replay = |conn: &mut C, job: i64, redelivered: Option<bool>| {
+        let outcome = match redelivered {
+            Some(flag) => idempotent_jobs::redelivered(flag, || macro_job(conn, job)),
+            None => macro_job(conn, job),
+        };
+        outcome.expect("a replay");
+    };
+    let time = |f: &mut dyn FnMut()| {
+        let started = Instant::now();
+        f();
+        started.elapsed().as_secs_f64() * 1e6
+    };
+    let mut kinds: [Vec<f64>; 6] = Default::default();
+    let mut order = [0usize, 1, 2, 3, 4, 5];
+    let mut shuffle_seed: u64 = 0x2545_F491_4F6C_DD1D;
+    for sample in 0..samples {
+        shuffle(&mut order, &mut shuffle_seed);
+        for kind in order {
+            let fresh = FRESH + sample as i64;
+            let micros = match kind {
+                0 => time(&mut || read(conn, cold())),
+                1 => time(&mut || replay(conn, cold(), Some(true))),
+                2 => time(&mut || replay(conn, cold(), Some(false))),
+                3 => time(&mut || replay(conn, cold(), None)),
+                4 => time(&mut || read(conn, fresh)),
+                _ => time(&mut || replay(conn, fresh, Some(true))),
+            };
+            kinds[kind].push(micros);
+        }
+    }
+    let [
+        read_cold,
+        replay_cold,
+        claim_path,
+        storm,
+        read_fresh,
+        replay_fresh,
+    ] = kinds.map(median);
+    Replays {
+        rows,
+        samples,
+        read_cold_us: read_cold,
+        replay_cold_us: replay_cold,
+        claim_path_cold_us: claim_path,
+        storm_cold_us: storm,
+        read_fresh_us: read_fresh,
+        replay_fresh_us: replay_fresh,
+        replay_over_read_cold: replay_cold / read_cold,
+        replay_over_read_fresh: replay_fresh / read_fresh,
+        storm_over_read_cold: storm / read_cold,
+        claim_path_over_read_cold: claim_path / read_cold,
     }
 }
 
@@ -538,7 +774,8 @@ fn prune_throughput<C: BenchDb>(conn: &mut C) -> PruneFigures {
     const BATCH: u32 = 10_000;
     conn.batch_execute("DELETE FROM done_jobs")
         .expect("emptying done_jobs");
-    conn.batch_execute(&C::fill_sql(ROWS, "lapsed", true))
+    conn.before_fill().expect("the fill's functions");
+    conn.batch_execute(&C::fill_sql(ROWS, "lapsed", "fill", true))
         .expect("lapsed claims");
     let started = Instant::now();
     let report = idempotent_jobs::prune(conn, &Prune::default().batch_size(BATCH)).expect("prune");
@@ -553,37 +790,186 @@ fn prune_throughput<C: BenchDb>(conn: &mut C) -> PruneFigures {
     }
 }
 
-/// `macro` with 1, 2, 4 and 8 workers, each on its own connection, on fresh keys.
-fn concurrency(url: &str) -> Concurrency {
+/// `macro` with 1, 2, 4 and 8 workers, each on its own connection, on fresh keys, against the
+/// database's own benchmark tool sending the statements the library sends for the same job, with as
+/// many clients. Rounds alternate the two; the ratio is the median of the rounds' own ratios.
+fn workers<C: BenchDb>(
+    url: &str,
+    native: &dyn Fn(usize, u64) -> f64,
+    tool: &'static str,
+    quick: bool,
+) -> Workers {
     const JOBS_PER_WORKER: u64 = 300;
-    let mut figures = BTreeMap::new();
-    let mut base: i64 = 100_000_000;
+    let rounds = if quick { 1 } else { 9 };
+    let mut points = Vec::new();
+    let mut first: i64 = 100_000_000;
     for workers in [1usize, 2, 4, 8] {
-        let mut rounds = Vec::new();
-        for _ in 0..3 {
-            let started = Instant::now();
-            std::thread::scope(|scope| {
-                for worker in 0..workers {
-                    let first = base + (worker as i64) * JOBS_PER_WORKER as i64;
-                    scope.spawn(move || {
-                        let mut conn = PgConnection::establish(url).expect("PostgreSQL");
-                        for job in first..first + JOBS_PER_WORKER as i64 {
-                            macro_job(&mut conn, job).expect("a job");
-                        }
-                    });
-                }
-            });
-            rounds
-                .push((workers as u64 * JOBS_PER_WORKER) as f64 / started.elapsed().as_secs_f64());
-            base += 10_000_000;
+        let (mut library, mut tool_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let mut pair = [0.0; 2];
+            for side in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+                pair[side] = if side == 0 {
+                    let rate = library_rate::<C>(url, workers, JOBS_PER_WORKER, first);
+                    first += 10_000_000;
+                    rate
+                } else {
+                    native(workers, JOBS_PER_WORKER)
+                };
+            }
+            library.push(pair[0]);
+            tool_rates.push(pair[1]);
+            ratios.push(pair[1] / pair[0]);
         }
-        figures.insert(workers, median(rounds));
+        points.push(WorkerPoint {
+            workers,
+            library_jobs_per_second: median(library),
+            native_jobs_per_second: median(tool_rates),
+            library_over_native: median(ratios),
+        });
     }
-    Concurrency {
-        backend: "PostgreSQL",
+    Workers {
+        backend: C::NAME,
+        tool,
         jobs_per_worker: JOBS_PER_WORKER,
-        jobs_per_second: figures,
+        rounds,
+        points,
     }
+}
+
+/// Jobs per second of `macro` on `workers` connections, `jobs` each, timed from when all are
+/// connected.
+fn library_rate<C: BenchDb>(url: &str, workers: usize, jobs: u64, first: i64) -> f64 {
+    let barrier = std::sync::Barrier::new(workers + 1);
+    let elapsed = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|worker| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let mut conn = C::establish(url).expect("a worker's connection");
+                    barrier.wait();
+                    let start = first + worker as i64 * jobs as i64;
+                    for job in start..start + jobs as i64 {
+                        macro_job(&mut conn, job).expect("a job");
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let started = Instant::now();
+        for handle in handles {
+            handle.join().expect("a worker");
+        }
+        started.elapsed()
+    });
+    (workers as u64 * jobs) as f64 / elapsed.as_secs_f64()
+}
+
+/// What `macro_job` sends on PostgreSQL, as a pgbench script: `BEGIN`, the claim (the runtime's
+/// statement), the body's insert, `COMMIT`.
+const PGBENCH_SCRIPT: &str = "\\set n random(1, 9000000000000000)
+BEGIN;
+WITH inserted AS (INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (sha256(convert_to('native:' || CAST(:n AS text), 'UTF8')), 'native:' || CAST(:n AS text), 'native', NULL, :n, (clock_timestamp() AT TIME ZONE 'UTC')) ON CONFLICT DO NOTHING RETURNING 1) SELECT (SELECT COUNT(*) FROM inserted) AS inserted, d.job_name, d.result, d.fingerprint, CAST(EXTRACT(EPOCH FROM d.done_at) * 1000000 AS BIGINT) AS done_at_micros, (d.expires_at IS NOT NULL AND d.expires_at <= (clock_timestamp() AT TIME ZONE 'UTC')) AS lapsed FROM (VALUES (1)) AS one (one) LEFT JOIN done_jobs d ON d.key_digest = sha256(convert_to('native:' || CAST(:n AS text), 'UTF8'));
+INSERT INTO bench_effects (job) VALUES (:n);
+COMMIT;
+";
+
+/// Jobs per second of `pgbench` (prepared statements, `clients` connections, `jobs` each).
+fn pgbench(url: &str, script: &Path, clients: usize, jobs: u64) -> f64 {
+    let output = std::process::Command::new("pgbench")
+        .args(["--no-vacuum", "--protocol=prepared"])
+        .arg(format!("--client={clients}"))
+        .arg(format!("--jobs={clients}"))
+        .arg(format!("--transactions={jobs}"))
+        .arg(format!("--file={}", script.display()))
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("running pgbench: {e}; install PostgreSQL's client programs (Debian: apt-get install postgresql-client)")
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|tps| tps.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"))
+}
+
+/// What `macro_job` sends on MariaDB: `BEGIN`, the claim, the body's insert, the check for an
+/// implicit commit, `COMMIT`.
+const SLAP_QUERY: &str = "BEGIN;\
+INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (UNHEX(SHA2(UUID(), 256)), UUID(), 'native', NULL, UUID_SHORT() DIV 2, UTC_TIMESTAMP(6));\
+INSERT INTO bench_effects (job) VALUES (1);\
+SELECT @@in_transaction AS open;\
+COMMIT";
+
+/// A MySQL URL's parts, for command-line tools.
+struct MysqlServer {
+    host: String,
+    port: String,
+    user: String,
+    password: Option<String>,
+}
+
+impl MysqlServer {
+    fn parse(url: &str) -> Self {
+        let rest = url.strip_prefix("mysql://").unwrap_or(url);
+        let (credentials, address) = rest.rsplit_once('@').unwrap_or(("root", rest));
+        let address = address.split('/').next().unwrap_or(address);
+        let (user, password) = match credentials.split_once(':') {
+            Some((user, password)) => (user, Some(password.to_owned())),
+            None => (credentials, None),
+        };
+        let (host, port) = address.split_once(':').unwrap_or((address, "3306"));
+        Self {
+            host: host.to_owned(),
+            port: port.to_owned(),
+            user: user.to_owned(),
+            password,
+        }
+    }
+}
+
+/// Jobs per second of `mariadb-slap` (`clients` connections, `jobs` each) in `database`.
+fn mariadb_slap(server: &MysqlServer, database: &str, clients: usize, jobs: u64) -> f64 {
+    let mut command = std::process::Command::new("mariadb-slap");
+    command
+        .arg(format!("--host={}", server.host))
+        .arg(format!("--port={}", server.port))
+        .arg(format!("--user={}", server.user))
+        .arg(format!("--create-schema={database}"))
+        .args(["--no-drop", "--iterations=1", "--delimiter=;"])
+        .arg(format!("--concurrency={clients}"))
+        // The limit is on all clients together: `jobs` jobs of five statements each, per client.
+        .arg(format!("--number-of-queries={}", clients as u64 * jobs * 5))
+        .arg(format!("--query={SLAP_QUERY}"));
+    if let Some(password) = &server.password {
+        command.arg(format!("--password={password}"));
+    }
+    let output = command.output().unwrap_or_else(|e| {
+        panic!("running mariadb-slap: {e}; install MariaDB's client programs (Debian: apt-get install mariadb-client)")
+    });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "mariadb-slap failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seconds: f64 = stdout
+        .lines()
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("Average number of seconds to run all queries:")
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no time in mariadb-slap's output: {stdout}"));
+    (clients as u64 * jobs) as f64 / seconds
 }
 
 /// Rebuild time of a crate of 100 handlers with the attribute, and of the same without it.
@@ -652,77 +1038,132 @@ fn compile_time(workspace: &Path, out: &Path) -> Option<CompileTime> {
 
 fn print_table(report: &Report) {
     println!();
+    for backend in &report.backends {
+        println!("{:<12}{}", backend.backend, backend.settings);
+    }
+    println!();
     println!(
         "jobs per second (median of {ROUNDS} rounds of {JOBS_PER_ROUND} jobs, after a warm-up round)"
     );
     print!("{:<12}", "backend");
     for variant in VARIANTS {
-        print!("{:>13}", variant.name());
+        print!("{:>12}", variant.name());
     }
     println!();
     for backend in &report.backends {
         print!("{:<12}", backend.backend);
         for variant in VARIANTS {
-            print!("{:>13.0}", backend.jobs_per_second[variant.name()]);
+            print!("{:>12.0}", backend.jobs_per_second[variant.name()]);
         }
         println!();
     }
     println!();
     println!(
-        "{:<12}{:>16}{:>20}{:>18}{:>20}{:>16}",
+        "{:<12}{:>12}{:>24}{:>19}{:>17}{:>11}{:>18}",
         "backend",
         "macro/hand",
+        "macro_value/hand_value",
         "macro_empty/floor",
-        "replay/macro",
         "two_phase/macro",
-        "hand/bare"
+        "hand/bare",
+        "hand_value/hand"
     );
     for backend in &report.backends {
         let r = &backend.ratios;
         println!(
-            "{:<12}{:>15.3}x{:>19.3}x{:>17.2}x{:>19.2}x{:>15.2}x",
+            "{:<12}{:>11.3}x{:>23.3}x{:>18.3}x{:>16.2}x{:>10.2}x{:>17.2}x",
             backend.backend,
             r.macro_over_hand,
+            r.macro_value_over_hand_value,
             r.macro_empty_over_floor,
-            r.replay_over_macro,
             r.two_phase_over_macro,
-            r.hand_over_bare
+            r.hand_over_bare,
+            r.hand_value_over_hand
+        );
+    }
+    println!("(time per job)");
+    println!();
+    println!(
+        "replays on {} rows, median µs of {} calls each, against one indexed read of the key through the same client",
+        report.backends.first().map_or(0, |b| b.replays.rows),
+        report.backends.first().map_or(0, |b| b.replays.samples)
+    );
+    println!(
+        "{:<12}{:>10}{:>12}{:>8}{:>12}{:>12}{:>8}{:>16}{:>8}{:>10}{:>12}{:>8}",
+        "backend",
+        "read cold",
+        "replay cold",
+        "ratio",
+        "storm cold",
+        "",
+        "ratio",
+        "claim path cold",
+        "ratio",
+        "read new",
+        "replay new",
+        "ratio"
+    );
+    for backend in &report.backends {
+        let r = &backend.replays;
+        println!(
+            "{:<12}{:>10.0}{:>12.0}{:>7.2}x{:>12.0}{:>12}{:>7.2}x{:>16.0}{:>7.2}x{:>10.0}{:>12.0}{:>7.2}x",
+            backend.backend,
+            r.read_cold_us,
+            r.replay_cold_us,
+            r.replay_over_read_cold,
+            r.storm_cold_us,
+            "",
+            r.storm_over_read_cold,
+            r.claim_path_cold_us,
+            r.claim_path_over_read_cold,
+            r.read_fresh_us,
+            r.replay_fresh_us,
+            r.replay_over_read_fresh
         );
     }
     println!(
-        "(macro/hand, macro_empty/floor, two_phase/macro and hand/bare: time per job; replay/macro: throughput)"
+        "(replay: told it is a redelivery; storm: told nothing, in a run of replays; claim path: told it is a first delivery, i.e. a transaction and the claim)"
     );
     println!();
+    for w in &report.workers {
+        let line: Vec<String> = w
+            .points
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} workers: {:.0} vs {:.0} ({:.3}x)",
+                    p.workers,
+                    p.library_jobs_per_second,
+                    p.native_jobs_per_second,
+                    p.library_over_native
+                )
+            })
+            .collect();
+        println!(
+            "{:<12}macro against {}, jobs per second: {}",
+            w.backend,
+            w.tool,
+            line.join(", ")
+        );
+    }
+    println!();
     for backend in &report.backends {
-        if let Some(l) = &backend.latency {
-            println!(
-                "{:<12}claim latency: {:.0} µs at {} rows, {:.0} µs at {} rows ({:.2}x)",
-                backend.backend,
-                l.median_us_small,
-                l.rows_small,
-                l.median_us_large,
-                l.rows_large,
-                l.large_over_small
-            );
-        }
+        let l = &backend.latency;
+        println!(
+            "{:<12}claim latency: {:.0} µs at {} rows, {:.0} µs at {} rows ({:.2}x)",
+            backend.backend,
+            l.median_us_small,
+            l.rows_small,
+            l.median_us_large,
+            l.rows_large,
+            l.large_over_small
+        );
         if let Some(p) = &backend.prune {
             println!(
                 "{:<12}prune: {} lapsed rows in {} batches of {} in {:.2} s ({:.0} rows/s)",
                 backend.backend, p.rows, p.batches, p.batch_size, p.seconds, p.rows_per_second
             );
         }
-    }
-    if let Some(c) = &report.concurrency {
-        let line: Vec<String> = c
-            .jobs_per_second
-            .iter()
-            .map(|(w, j)| format!("{w} workers: {j:.0}"))
-            .collect();
-        println!(
-            "{:<12}macro, jobs per second by workers: {}",
-            c.backend,
-            line.join(", ")
-        );
     }
     if let Some(c) = &report.compile_time {
         println!(
@@ -735,13 +1176,13 @@ fn print_table(report: &Report) {
 /// Throughput by variant, one panel per backend (each with its own scale: SQLite's replays would
 /// flatten the servers' bars on a shared one), as SVG.
 fn chart(report: &Report) -> String {
-    const PANEL_WIDTH: f64 = 330.0;
+    const PANEL_WIDTH: f64 = 300.0;
     const HEIGHT: f64 = 380.0;
     const TOP: f64 = 60.0;
     const BOTTOM: f64 = 90.0;
     const LEFT: f64 = 56.0;
     let colors = [
-        "#9e9e9e", "#bab0ac", "#f58518", "#4c78a8", "#72b7b2", "#54a24b", "#e45756",
+        "#9e9e9e", "#bab0ac", "#f58518", "#4c78a8", "#72b7b2", "#eeca3b", "#54a24b", "#e45756",
     ];
     let width = PANEL_WIDTH * report.backends.len() as f64 + 40.0;
     let plot_height = HEIGHT - TOP - BOTTOM;
@@ -818,18 +1259,25 @@ fn main() {
     let names = ["main", "small", "large"]
         .map(|part| format!("idempotent_bench_{}_{part}", std::process::id()));
 
-    let sqlite_urls = names.clone().map(|name| {
-        let path = out.join(format!("{name}.db"));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
-        let url = path.to_string_lossy().into_owned();
-        SqliteConnection::establish(&url)
-            .expect("SQLite")
-            .batch_execute("PRAGMA journal_mode = WAL")
-            .expect("WAL");
-        url
-    });
+    // SQLite as the README has users run it (SQLite's defaults: a rollback journal, synchronous =
+    // FULL), and with the WAL setting the README recommends for throughput.
+    let sqlite_urls = |wal: bool| {
+        names.clone().map(|name| {
+            let path = out.join(format!("{name}{}.db", if wal { "_wal" } else { "" }));
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            let url = path.to_string_lossy().into_owned();
+            if wal {
+                SqliteConnection::establish(&url)
+                    .expect("SQLite")
+                    .batch_execute("PRAGMA journal_mode = WAL")
+                    .expect("WAL");
+            }
+            url
+        })
+    };
+    let (sqlite_default_urls, sqlite_wal_urls) = (sqlite_urls(false), sqlite_urls(true));
 
     let pg_base = std::env::var("IDEMPOTENT_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -861,35 +1309,55 @@ fn main() {
         format!("{my_server}/{name}")
     });
 
-    fn urls<'a, C>(connect: &'a [Box<dyn Fn() -> C + 'a>; 3], quick: bool) -> Urls<'a, C> {
+    fn urls<'a, C>(
+        name: &'static str,
+        connect: &'a [Box<dyn Fn() -> C + 'a>; 3],
+        quick: bool,
+    ) -> Urls<'a, C> {
         Urls {
+            name,
             main: &*connect[0],
-            latency: (!quick).then(|| {
-                (
-                    &*connect[1] as &dyn Fn() -> C,
-                    &*connect[2] as &dyn Fn() -> C,
-                )
-            }),
+            small: &*connect[1],
+            large: &*connect[2],
+            quick,
         }
     }
-    let sqlite: [Box<dyn Fn() -> SqliteConnection>; 3] = sqlite_urls.clone().map(|url| {
-        Box::new(move || SqliteConnection::establish(&url).expect("SQLite")) as Box<dyn Fn() -> _>
-    });
+    let sqlite = |urls: [String; 3]| -> [Box<dyn Fn() -> SqliteConnection>; 3] {
+        urls.map(|url| {
+            Box::new(move || SqliteConnection::establish(&url).expect("SQLite"))
+                as Box<dyn Fn() -> _>
+        })
+    };
+    let (sqlite_default, sqlite_wal) = (
+        sqlite(sqlite_default_urls.clone()),
+        sqlite(sqlite_wal_urls.clone()),
+    );
     let postgres: [Box<dyn Fn() -> PgConnection>; 3] = pg_urls.clone().map(|url| {
         Box::new(move || PgConnection::establish(&url).expect("PostgreSQL")) as Box<dyn Fn() -> _>
     });
-    let mariadb: [Box<dyn Fn() -> MysqlConnection>; 3] = my_urls.map(|url| {
+    let mariadb: [Box<dyn Fn() -> MysqlConnection>; 3] = my_urls.clone().map(|url| {
         Box::new(move || MysqlConnection::establish(&url).expect("MariaDB")) as Box<dyn Fn() -> _>
     });
 
-    eprintln!("SQLite...");
-    let sqlite = bench_backend(urls(&sqlite, quick));
+    eprintln!("SQLite (rollback journal, SQLite's default)...");
+    let sqlite_default = bench_backend(urls("SQLite", &sqlite_default, quick));
+    eprintln!("SQLite (WAL)...");
+    let sqlite_wal = bench_backend(urls("SQLite WAL", &sqlite_wal, quick));
     eprintln!("PostgreSQL...");
-    let postgres_report = bench_backend(urls(&postgres, quick));
+    let postgres_report = bench_backend(urls("PostgreSQL", &postgres, quick));
     eprintln!("MariaDB...");
-    let mariadb = bench_backend(urls(&mariadb, quick));
-    eprintln!("concurrency...");
-    let concurrency = concurrency(&pg_urls[0]);
+    let mariadb_report = bench_backend(urls("MariaDB", &mariadb, quick));
+
+    eprintln!("workers against pgbench and mariadb-slap...");
+    let script = out.join("pgbench-job.sql");
+    std::fs::write(&script, PGBENCH_SCRIPT).expect("the pgbench script");
+    let pg_native = |clients: usize, jobs: u64| pgbench(&pg_urls[0], &script, clients, jobs);
+    let pg_workers = workers::<PgConnection>(&pg_urls[0], &pg_native, "pgbench", quick);
+    let my_server_parts = MysqlServer::parse(&my_base);
+    let my_native =
+        |clients: usize, jobs: u64| mariadb_slap(&my_server_parts, &names[0], clients, jobs);
+    let my_workers = workers::<MysqlConnection>(&my_urls[0], &my_native, "mariadb-slap", quick);
+
     eprintln!("compile time...");
     let compile_time = if quick {
         None
@@ -901,16 +1369,16 @@ fn main() {
         let _ = pg_admin.batch_execute(&format!("DROP SCHEMA {name} CASCADE"));
         let _ = my_admin.batch_execute(&format!("DROP DATABASE {name}"));
     }
-    for url in &sqlite_urls {
-        for suffix in ["", "-wal", "-shm"] {
+    drop((sqlite_default_urls.clone(), postgres, mariadb));
+    for url in sqlite_default_urls.iter().chain(&sqlite_wal_urls) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
             let _ = std::fs::remove_file(format!("{url}{suffix}"));
         }
     }
-    drop(postgres);
 
     let report = Report {
-        backends: vec![sqlite, postgres_report, mariadb],
-        concurrency: Some(concurrency),
+        backends: vec![sqlite_default, sqlite_wal, postgres_report, mariadb_report],
+        workers: vec![pg_workers, my_workers],
         compile_time,
     };
     print_table(&report);

@@ -73,6 +73,7 @@ pub struct JobCall<'a> {
     pub(crate) fingerprint: Option<Result<Fingerprint, FingerprintError>>,
     pub(crate) retry_window: Option<std::time::Duration>,
     pub(crate) in_progress: Option<crate::job::WhileInProgress>,
+    pub(crate) redelivered: Option<bool>,
 }
 
 impl fmt::Debug for JobCall<'_> {
@@ -84,6 +85,7 @@ impl fmt::Debug for JobCall<'_> {
             .field("fingerprint", &self.fingerprint)
             .field("retry_window", &self.retry_window)
             .field("in_progress", &self.in_progress)
+            .field("redelivered", &self.redelivered)
             .finish()
     }
 }
@@ -97,7 +99,17 @@ impl<'a> JobCall<'a> {
             fingerprint: None,
             retry_window: None,
             in_progress: None,
+            redelivered: None,
         }
+    }
+
+    /// Tells the call whether its message is a redelivery (as the broker reports it), in place of
+    /// [`redelivered`](crate::redelivered)'s scope: a redelivery reads its key before opening a
+    /// transaction and replays a committed result at once; a first delivery never reads first.
+    /// See [`crate::redelivery`].
+    pub fn redelivered(mut self, redelivered: bool) -> Self {
+        self.redelivered = Some(redelivered);
+        self
     }
 
     /// What this call does while another run of its key is in progress, instead of the job's
@@ -168,6 +180,8 @@ pub(crate) struct Call {
     pub(crate) in_progress: Option<std::time::Duration>,
     /// What the body can ask about its job: its key, its outbox messages so far.
     pub(crate) context: Arc<JobContext>,
+    /// Read the key before claiming it: a redelivery, or a job whose calls mostly replay.
+    pub(crate) read_first: bool,
 }
 
 impl Call {
@@ -179,11 +193,12 @@ impl Call {
             fingerprint,
             retry_window,
             in_progress,
+            redelivered,
         } = job_call;
         let digest = key.digest();
         let key_text = shown_key(job, key);
         crate::identity::check(job)
-            .inspect_err(|_| stats::finished(job.name(), Ending::Error, Instant::now()))?;
+            .inspect_err(|_| stats::finished(job, Ending::Error, Instant::now()))?;
         let fingerprint = fingerprint
             .transpose()
             .map_err(|source| Error::Fingerprint {
@@ -211,6 +226,9 @@ impl Call {
             started: Instant::now(),
             retry_window: retry_window.unwrap_or(crate::retry::WINDOW),
             in_progress: in_progress.unwrap_or(job.in_progress()).bound(),
+            read_first: redelivered
+                .or_else(crate::redelivery::current)
+                .unwrap_or_else(|| job.counters.mostly_replays()),
         })
     }
 
@@ -277,7 +295,7 @@ impl Call {
 
     /// Records how the call ended.
     pub(crate) fn finished(&self, ending: Ending) {
-        stats::finished(self.job.name(), ending, self.started);
+        stats::finished(self.job, ending, self.started);
     }
 
     /// Records a call that ended in `error`, and passes the error on.

@@ -32,8 +32,9 @@ pub(crate) struct JobContext {
     /// The address of the connection the job's transaction is open on.
     pub(crate) connection: usize,
     /// This run's own id: outbox message ids derive from it, so a later run of the same key (after
-    /// its claim lapsed, or was forgotten) never reuses an earlier run's ids.
-    pub(crate) run: [u8; 16],
+    /// its claim lapsed, or was forgotten) never reuses an earlier run's ids. Made when first
+    /// needed: a replay from its read before the claim never needs it.
+    run: std::sync::OnceLock<[u8; 16]>,
     /// Outbox messages pushed so far, for their ids.
     pushes: AtomicU32,
 }
@@ -52,15 +53,20 @@ impl JobContext {
             job,
             key_text,
             connection,
-            run: crate::key::run_id(&digest),
+            run: std::sync::OnceLock::new(),
             pushes: AtomicU32::new(0),
         })
+    }
+
+    /// This run's own id; see the field.
+    pub(crate) fn run(&self) -> &[u8; 16] {
+        self.run.get_or_init(|| crate::key::run_id(&self.digest))
     }
 
     /// This run's mark on the `done_jobs` row it claims.
     pub(crate) fn claim_token(&self) -> i64 {
         let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(&self.run[..8]);
+        bytes.copy_from_slice(&self.run()[..8]);
         i64::from_be_bytes(bytes)
     }
 

@@ -32,6 +32,8 @@ pub struct Job {
     named_after_function: bool,
     /// This definition's identity has been checked against every other with its name.
     checked: AtomicBool,
+    /// How its calls ended, counted here, per job, with no lock on the job's path.
+    pub(crate) counters: crate::stats::JobCounters,
 }
 
 impl fmt::Debug for Job {
@@ -60,6 +62,7 @@ impl Job {
             in_progress: WhileInProgress::Wait,
             named_after_function: false,
             checked: AtomicBool::new(false),
+            counters: crate::stats::JobCounters::new(),
         }
     }
 

@@ -330,7 +330,6 @@ pub(crate) fn run_id(digest: &[u8; 32]) -> [u8; 16] {
         .map_or(0, |d| d.as_nanos());
     hasher.update(now.to_be_bytes());
     hasher.update(std::process::id().to_be_bytes());
-    hasher.update(format!("{:?}", std::thread::current().id()).as_bytes());
     let digest = hasher.finalize();
     let mut id = [0u8; 16];
     id.copy_from_slice(&digest[..16]);

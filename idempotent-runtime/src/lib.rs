@@ -52,6 +52,7 @@ mod migrations;
 pub mod outbox;
 mod outcome;
 pub mod prune;
+pub mod redelivery;
 pub mod registry;
 mod retry;
 pub mod schema;
@@ -69,6 +70,7 @@ pub use key::{JobKey, KeyBuilder, KeyError};
 pub use migrations::Migrate;
 pub use outcome::Outcome;
 pub use prune::{Prune, PruneReport, prune};
+pub use redelivery::{redelivered, redelivered_async};
 
 #[cfg(feature = "async")]
 pub use prune::prune_async;

@@ -128,6 +128,11 @@ where
     E: JobError,
     F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
 {
+    if call.read_first
+        && let Some(value) = replay_before_claim::<S, T>(reach(conn), call).await
+    {
+        return Ok(Outcome::Replayed(value));
+    }
     let (nesting, claimed) = begin_and_claim(reach(conn), call)
         .await
         .map_err(|e| call.failed(e))?;
@@ -215,7 +220,7 @@ where
                 .await
                 .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
             match first_done_micros {
-                Some(micros) => crate::stats::replayed(call.job.name(), call.started, micros),
+                Some(micros) => crate::stats::replayed(call.job, call.started, micros),
                 None => call.finished(Ending::Replayed),
             }
             Ok(Outcome::Replayed(value))
@@ -231,6 +236,38 @@ where
                 .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
             call.finished(Ending::Ran);
             Ok(Outcome::Ran(value))
+        }
+    }
+}
+
+/// A redelivery's read before any transaction (see [`crate::redelivery`]): the stored result of
+/// a committed, live row of this job with this fingerprint, replayed with no transaction and no
+/// lock. `None` sends the call down the usual path, whatever the reason (no row, lapsed, another
+/// job's, another fingerprint, a failed read, or a transaction of the caller's already open), and
+/// the claim decides there, under the key's lock.
+async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call) -> Option<T> {
+    if store.transaction_depth().ok()? != 0 {
+        return None;
+    }
+    let row = match S::Db::done_row(store, &call.digest).await {
+        Ok(Some(row)) if !row.lapsed => row,
+        Ok(_) => return None,
+        Err(error) => {
+            tracing::debug!(%error, "reading a redelivered key before claiming it failed; claiming");
+            return None;
+        }
+    };
+    let first_done_micros = row.done_at_micros;
+    match catch_unwind(AssertUnwindSafe(|| call.replay::<T>(row))) {
+        Ok(Ok(value)) => {
+            crate::stats::replayed(call.job, call.started, first_done_micros);
+            Some(value)
+        }
+        Ok(Err(_)) => None,
+        Err(panic) => {
+            // Nothing is open to roll back.
+            call.finished(Ending::Panicked);
+            resume_unwind(panic)
         }
     }
 }
@@ -262,7 +299,12 @@ async fn record<S: Store>(store: &mut S, call: &Call, json: Option<&str>) -> Res
 /// Polls `future` with the call's key current, on whichever thread polls it.
 async fn with_context<O>(call: &Call, future: impl Future<Output = O>) -> O {
     let mut future = pin!(future);
-    poll_fn(|cx| context::enter(&call.context, || future.as_mut().poll(cx))).await
+    poll_fn(|cx| {
+        context::enter(&call.context, || {
+            crate::redelivery::cleared(|| future.as_mut().poll(cx))
+        })
+    })
+    .await
 }
 
 /// Polls `future`, turning a panic in any poll into `Err` so the transaction can be rolled back
@@ -332,7 +374,7 @@ async fn begin_and_claim<S: Store>(
         };
         match retry.failed::<S::Db>(&error) {
             Some(_) => {
-                crate::stats::retried(call.job.name(), retry.attempts, &error);
+                crate::stats::retried(call.job, retry.attempts, &error);
                 retry.pause::<S>().await;
             }
             None if call.in_progress.is_some()

@@ -207,7 +207,7 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
         topic: topic.to_owned(),
         source,
     })?;
-    let id = message_id(&job.digest, &job.run, topic, job.next_push());
+    let id = message_id(&job.digest, job.run(), topic, job.next_push());
     S::Db::push(
         conn,
         &NewMessage {

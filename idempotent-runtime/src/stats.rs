@@ -21,9 +21,11 @@
 //! durations go to the histogram `idempotent_job_duration_seconds{job, outcome}`; transient-error
 //! retries count in `idempotent_claim_retries_total{job}`.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
+
+use crate::job::Job;
 
 /// How a job call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,20 +89,6 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, outcome: Ending) {
-        let slot = match outcome {
-            Ending::Ran => &mut self.ran,
-            Ending::Replayed => &mut self.replayed,
-            Ending::Failed => &mut self.failed,
-            Ending::Panicked => &mut self.panicked,
-            Ending::FingerprintMismatch => &mut self.fingerprint_mismatches,
-            Ending::KeyConflict => &mut self.key_conflicts,
-            Ending::Error => &mut self.errors,
-            Ending::InProgress => &mut self.in_progress,
-        };
-        *slot += 1;
-    }
-
     fn merge(&mut self, other: &Counts) {
         self.ran += other.ran;
         self.in_progress += other.in_progress;
@@ -114,56 +102,133 @@ impl Counts {
     }
 }
 
-static COUNTS: Mutex<Option<HashMap<&'static str, Counts>>> = Mutex::new(None);
-
-fn with_counts<R>(f: impl FnOnce(&mut HashMap<&'static str, Counts>) -> R) -> R {
-    // A panic elsewhere while holding this lock cannot leave the counts inconsistent.
-    let mut guard = COUNTS.lock().unwrap_or_else(PoisonError::into_inner);
-    f(guard.get_or_insert_with(HashMap::new))
+/// One job definition's counters: atomics in the job's own `static`, so that counting a call takes
+/// no lock shared with other jobs or threads (the list of jobs that have counted is locked once
+/// per job, at its first call).
+#[derive(Debug)]
+pub(crate) struct JobCounters {
+    /// By [`Ending`], in its declaration order.
+    endings: [AtomicU64; 8],
+    claim_retries: AtomicU64,
+    /// The last 32 calls that ran or replayed, newest in the lowest bit: 1 for a replay.
+    recent_replays: AtomicU32,
+    listed: AtomicBool,
 }
 
-/// The counts of one job, by its name.
+impl JobCounters {
+    pub(crate) const fn new() -> Self {
+        Self {
+            endings: [const { AtomicU64::new(0) }; 8],
+            claim_retries: AtomicU64::new(0),
+            recent_replays: AtomicU32::new(0),
+            listed: AtomicBool::new(false),
+        }
+    }
+
+    fn counts(&self) -> Counts {
+        let get = |ending: Ending| self.endings[ending as usize].load(Ordering::Relaxed);
+        Counts {
+            ran: get(Ending::Ran),
+            replayed: get(Ending::Replayed),
+            failed: get(Ending::Failed),
+            panicked: get(Ending::Panicked),
+            fingerprint_mismatches: get(Ending::FingerprintMismatch),
+            key_conflicts: get(Ending::KeyConflict),
+            errors: get(Ending::Error),
+            in_progress: get(Ending::InProgress),
+            claim_retries: self.claim_retries.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether 12 of the job's last 16 calls that ran or replayed were replays.
+    pub(crate) fn mostly_replays(&self) -> bool {
+        (self.recent_replays.load(Ordering::Relaxed) & 0xFFFF).count_ones() >= 12
+    }
+}
+
+/// Every job definition that has counted a call.
+static LISTED: Mutex<Vec<&'static Job>> = Mutex::new(Vec::new());
+
+fn counting(job: &'static Job) -> &'static JobCounters {
+    let counters = &job.counters;
+    if !counters.listed.load(Ordering::Acquire) && !counters.listed.swap(true, Ordering::AcqRel) {
+        LISTED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(job);
+    }
+    counters
+}
+
+fn listed() -> Vec<&'static Job> {
+    // A panic elsewhere while holding this lock cannot leave the list inconsistent.
+    LISTED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
+/// The counts of one job, by its name (a sync handler and its async twin with one name count
+/// together).
 pub fn counts_for(job: &str) -> Counts {
-    with_counts(|counts| counts.get(job).copied().unwrap_or_default())
+    let mut total = Counts::default();
+    for listed in listed().into_iter().filter(|j| j.name() == job) {
+        total.merge(&listed.counters.counts());
+    }
+    total
 }
 
 /// The counts of every job together.
 pub fn totals() -> Counts {
-    with_counts(|counts| {
-        let mut total = Counts::default();
-        for job in counts.values() {
-            total.merge(job);
-        }
-        total
-    })
+    let mut total = Counts::default();
+    for job in listed() {
+        total.merge(&job.counters.counts());
+    }
+    total
 }
 
 /// Every job's counts, by name.
 pub fn all() -> Vec<(&'static str, Counts)> {
-    let mut all: Vec<_> = with_counts(|counts| counts.iter().map(|(k, v)| (*k, *v)).collect());
-    all.sort_unstable_by_key(|(name, _)| *name);
-    all
+    let mut by_name: std::collections::BTreeMap<&'static str, Counts> = Default::default();
+    for job in listed() {
+        by_name
+            .entry(job.name())
+            .or_default()
+            .merge(&job.counters.counts());
+    }
+    by_name.into_iter().collect()
 }
 
 /// Records the end of a job call: counters, metrics, and the event.
-pub(crate) fn finished(job: &'static str, outcome: Ending, started: Instant) {
+pub(crate) fn finished(job: &'static Job, outcome: Ending, started: Instant) {
     finished_with(job, outcome, started, None);
 }
 
 /// [`finished`], for a replay: the event also says when the first run was done
 /// (`first_done_at`, RFC 3339 UTC, the database's clock).
-pub(crate) fn replayed(job: &'static str, started: Instant, first_done_micros: i64) {
+pub(crate) fn replayed(job: &'static Job, started: Instant, first_done_micros: i64) {
     finished_with(job, Ending::Replayed, started, Some(first_done_micros));
 }
 
 fn finished_with(
-    job: &'static str,
+    job: &'static Job,
     outcome: Ending,
     started: Instant,
     first_done_micros: Option<i64>,
 ) {
     let elapsed = started.elapsed();
-    with_counts(|counts| counts.entry(job).or_default().add(outcome));
+    let counters = counting(job);
+    counters.endings[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    if matches!(outcome, Ending::Ran | Ending::Replayed) {
+        let replay = u32::from(outcome == Ending::Replayed);
+        // Lost updates between racing threads only blur a heuristic.
+        let recent = counters.recent_replays.load(Ordering::Relaxed);
+        counters
+            .recent_replays
+            .store((recent << 1) | replay, Ordering::Relaxed);
+    }
+    #[cfg(feature = "metrics")]
+    let job = job.name();
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("idempotent_jobs_total", "job" => job, "outcome" => outcome.as_str())
@@ -190,11 +255,11 @@ fn finished_with(
     };
     match outcome {
         Ending::Ran | Ending::Replayed | Ending::Failed | Ending::InProgress => {
-            let first_done_at = first_done_micros.map(crate::time::rfc3339);
+            // The time is formatted only for a subscriber that takes the event.
             tracing::info!(
                 outcome = outcome.as_str(),
                 duration_us,
-                first_done_at,
+                first_done_at = first_done_micros.map(crate::time::rfc3339),
                 "{message}"
             );
         }
@@ -203,10 +268,10 @@ fn finished_with(
 }
 
 /// Records a transient error after which the claim is tried again.
-pub(crate) fn retried(job: &'static str, attempts: u32, error: &diesel::result::Error) {
-    with_counts(|counts| counts.entry(job).or_default().claim_retries += 1);
+pub(crate) fn retried(job: &'static Job, attempts: u32, error: &diesel::result::Error) {
+    counting(job).claim_retries.fetch_add(1, Ordering::Relaxed);
     #[cfg(feature = "metrics")]
-    metrics::counter!("idempotent_claim_retries_total", "job" => job).increment(1);
+    metrics::counter!("idempotent_claim_retries_total", "job" => job.name()).increment(1);
     tracing::debug!(attempts, %error, "transient error while claiming; retrying");
 }
 
@@ -262,6 +327,39 @@ mod tests {
 
     use crate::fingerprint::Fingerprint;
     use crate::{Error, Job, JobCall, JobKey};
+
+    /// Counters are atomics in each job's own `static`: threads counting at once lose nothing, and
+    /// two definitions sharing a name count together.
+    #[test]
+    fn counting_from_many_threads_loses_nothing() {
+        static FIRST: Job = Job::new("stats_many_threads", "m:<n>");
+        static TWIN: Job = Job::new("stats_many_threads", "m:<n>");
+        std::thread::scope(|scope| {
+            for thread in 0..8 {
+                scope.spawn(move || {
+                    let job = if thread % 2 == 0 { &FIRST } else { &TWIN };
+                    for call in 0..500 {
+                        let ending = if call % 5 == 0 {
+                            super::Ending::Replayed
+                        } else {
+                            super::Ending::Ran
+                        };
+                        super::finished(job, ending, std::time::Instant::now());
+                    }
+                });
+            }
+        });
+        let counts = super::counts_for("stats_many_threads");
+        assert_eq!((counts.ran, counts.replayed), (3_200, 800));
+        assert_eq!(
+            super::all()
+                .iter()
+                .filter(|(name, _)| *name == "stats_many_threads")
+                .count(),
+            1,
+            "one line per name"
+        );
+    }
 
     #[test]
     fn counts_follow_each_outcome() {

@@ -255,6 +255,13 @@ pub trait Database: Sized + Send + Sync + 'static {
         conn: &mut C,
     ) -> impl Future<Output = QueryResult<Vec<JobCountRow>>> + Send;
 
+    /// The key's row as committed (a statement of its own, no lock): what a replay needs.
+    #[doc(hidden)]
+    fn done_row<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send;
+
     /// Deletes the key's row if this run's claim (`token`) holds it; whether it did.
     #[doc(hidden)]
     fn take_back<C: Store<Db = Self>>(

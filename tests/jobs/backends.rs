@@ -66,6 +66,14 @@ pub trait Backend: Sized + 'static {
         amount: i64,
         mode: Mode,
     ) -> Result<Receipt, TestError>;
+    /// `charge`, told by [`idempotent_jobs::redelivered`] (`redelivered_async` for async) whether
+    /// its message is a redelivery.
+    fn charge_redelivered(
+        conn: &mut Self::Conn,
+        order_id: &str,
+        amount: i64,
+        redelivered: bool,
+    ) -> Result<Receipt, TestError>;
     fn refund(conn: &mut Self::Conn, order_id: &str) -> Result<(), TestError>;
     fn pair(conn: &mut Self::Conn, left: &str, right: &str) -> Result<(), TestError>;
     fn charge_v2(conn: &mut Self::Conn, order_id: &str) -> Result<Vec<u32>, TestError>;
@@ -255,6 +263,17 @@ macro_rules! sync_backend {
                 mode: Mode,
             ) -> Result<Receipt, TestError> {
                 handlers::charge(conn, order_id, amount, mode)
+            }
+
+            fn charge_redelivered(
+                conn: &mut Self::Conn,
+                order_id: &str,
+                amount: i64,
+                redelivered: bool,
+            ) -> Result<Receipt, TestError> {
+                idempotent_jobs::redelivered(redelivered, || {
+                    handlers::charge(conn, order_id, amount, Mode::Succeed)
+                })
             }
 
             fn refund(conn: &mut Self::Conn, order_id: &str) -> Result<(), TestError> {
@@ -613,6 +632,18 @@ macro_rules! async_backend {
             ) -> Result<Receipt, TestError> {
                 c.runtime
                     .block_on(handlers::charge_async(&mut c.conn, order_id, amount, mode))
+            }
+
+            fn charge_redelivered(
+                c: &mut Self::Conn,
+                order_id: &str,
+                amount: i64,
+                redelivered: bool,
+            ) -> Result<Receipt, TestError> {
+                c.runtime.block_on(idempotent_jobs::redelivered_async(
+                    redelivered,
+                    handlers::charge_async(&mut c.conn, order_id, amount, Mode::Succeed),
+                ))
             }
 
             fn refund(c: &mut Self::Conn, order_id: &str) -> Result<(), TestError> {

@@ -442,3 +442,44 @@ pub fn lost_commit_replies_leave_an_unknown_outcome<B: Backend>() {
     assert!(outcome.is_replayed(), "the retry replays the committed run");
     assert_eq!(B::count_charges(&mut direct, "order-1"), 1);
 }
+
+/// A session statement that makes the connection read-only (`on`) or writable again.
+fn read_only(server: harness::Server, on: bool) -> &'static str {
+    match (server, on) {
+        (harness::Server::Postgres, true) => "SET default_transaction_read_only = on",
+        (harness::Server::Postgres, false) => "SET default_transaction_read_only = off",
+        (harness::Server::Mysql, true) => "SET SESSION TRANSACTION READ ONLY",
+        (harness::Server::Mysql, false) => "SET SESSION TRANSACTION READ WRITE",
+        (_, true) => "PRAGMA query_only = 1",
+        (_, false) => "PRAGMA query_only = 0",
+    }
+}
+
+/// A redelivery reads its key before anything else: a committed run's result comes back from that
+/// one read, with no transaction and nothing written, so it replays even on a read-only session,
+/// where a first delivery (which claims) fails. A redelivery of a key that never ran runs once.
+pub fn redeliveries_replay_from_one_read<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let first = B::charge(&mut conn, "order-r", 4200, crate::handlers::Mode::Succeed)
+        .expect("the first run");
+    B::execute(&mut conn, read_only(B::SERVER, true));
+    let replayed = B::charge_redelivered(&mut conn, "order-r", 4200, true)
+        .expect("a redelivery replays from its read, on a read-only session too");
+    assert_eq!(replayed, first);
+    let error = B::charge_redelivered(&mut conn, "order-r", 4200, false)
+        .expect_err("a first delivery claims, which a read-only session refuses");
+    assert!(
+        error.to_string().to_ascii_lowercase().contains("read"),
+        "the claim failed for being read-only: {error}"
+    );
+    B::execute(&mut conn, read_only(B::SERVER, false));
+    assert_eq!(B::count_charges(&mut conn, "order-r"), 1);
+
+    let ran = B::charge_redelivered(&mut conn, "order-s", 100, true)
+        .expect("a redelivery of a key that never ran runs");
+    assert_eq!(B::count_charges(&mut conn, "order-s"), 1);
+    let again = B::charge_redelivered(&mut conn, "order-s", 100, true).expect("then replays");
+    assert_eq!(again, ran);
+    assert_eq!(B::count_charges(&mut conn, "order-s"), 1);
+}

@@ -42,6 +42,11 @@ macro_rules! backend_tests {
             use crate::{behaviour, holes, operate, schema, second_run};
 
             #[test]
+            fn redeliveries_replay_from_one_read() {
+                holes::redeliveries_replay_from_one_read::<$backend>();
+            }
+
+            #[test]
             fn in_progress_policies_bound_the_wait() {
                 holes::in_progress_policies_bound_the_wait::<$backend>();
             }
@@ -581,3 +586,47 @@ async_tests!(async_sqlite_only, crate::backends::AsyncSqlite);
 async_tests!(async_postgres_only, crate::backends::AsyncPostgres);
 #[cfg(feature = "async-mysql")]
 async_tests!(async_mysql_only, crate::backends::AsyncMysql);
+
+/// Diesel sends a sync MySQL connection's `BEGIN` and `COMMIT` as text batches, three round trips
+/// each (multi-statement mode on, the statement, off again); the runtime sends them as prepared
+/// statements. What the server counted for 20 jobs (10 run, 10 replayed) on one session.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_jobs_switch_no_multi_statement_mode() {
+    use crate::backends::{Backend as _, Mysql};
+    let db = harness::Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    let status = |conn: &mut <Mysql as backends::Backend>::Conn, name: &str| {
+        Mysql::query_i64(
+            conn,
+            &format!(
+                "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS n FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = '{name}'"
+            ),
+        )
+    };
+    // One job first: its statements are prepared once per connection.
+    Mysql::charge(&mut conn, "warm-up", 1, handlers::Mode::Succeed).expect("a job");
+    let (options, executes) = (
+        status(&mut conn, "COM_SET_OPTION"),
+        status(&mut conn, "COM_STMT_EXECUTE"),
+    );
+    for round in 0..2 {
+        for n in 0..10 {
+            Mysql::charge(
+                &mut conn,
+                &format!("order-{n}"),
+                100,
+                handlers::Mode::Succeed,
+            )
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
+    let options = status(&mut conn, "COM_SET_OPTION") - options;
+    // Less the status reads' own statements (prepared too; one after the first snapshot).
+    let executes = status(&mut conn, "COM_STMT_EXECUTE") - executes - 1;
+    figures::report(&format!(
+        "sync MySQL, 20 jobs (10 ran, 10 replayed): {options} multi-statement switches, {executes} prepared statement executions"
+    ));
+    assert_eq!(options, 0, "no job switched multi-statement mode");
+    assert_eq!(Mysql::count_charges(&mut conn, "order-3"), 1);
+}

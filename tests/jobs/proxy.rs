@@ -4,7 +4,7 @@
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// A proxy on loopback; see the module docs.
@@ -94,6 +94,14 @@ fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc
     // Set before the commit is forwarded: from then on nothing the server says reaches the client.
     let cutting = Arc::new(AtomicBool::new(false));
     let silenced = Arc::clone(&cutting);
+    // A MySQL client may send `COMMIT` as a prepared statement: the text goes once, in
+    // COM_STMT_PREPARE, and each commit is a COM_STMT_EXECUTE of the id the server answered with.
+    let (preparing_commit, commit_statement) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(u64::MAX)),
+    );
+    let (answering_commit, commit_statement_seen) =
+        (Arc::clone(&preparing_commit), Arc::clone(&commit_statement));
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
         while let Ok(read) = client_in.read(&mut buffer) {
@@ -101,7 +109,19 @@ fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc
                 break;
             }
             let chunk = &buffer[..read];
-            let is_commit = chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"));
+            let names_commit = chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"));
+            let is_commit = match mysql_command(chunk) {
+                Some((COM_STMT_PREPARE, _)) => {
+                    if names_commit {
+                        preparing_commit.store(true, Ordering::SeqCst);
+                    }
+                    false
+                }
+                Some((COM_STMT_EXECUTE, Some(id))) => {
+                    u64::from(id) == commit_statement.load(Ordering::SeqCst)
+                }
+                _ => names_commit,
+            };
             let cut = is_commit && armed.swap(false, Ordering::SeqCst);
             if cut {
                 cutting.store(true, Ordering::SeqCst);
@@ -128,9 +148,37 @@ fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc
             if read == 0 || silenced.load(Ordering::SeqCst) {
                 break;
             }
+            // COM_STMT_PREPARE_OK: status 0x00, then the statement id.
+            if answering_commit.swap(false, Ordering::SeqCst) && read >= 9 && buffer[4] == 0 {
+                let id = u32::from_le_bytes([buffer[5], buffer[6], buffer[7], buffer[8]]);
+                commit_statement_seen.store(u64::from(id), Ordering::SeqCst);
+            }
             if client_out.write_all(&buffer[..read]).is_err() {
                 break;
             }
         }
     });
+}
+
+const COM_STMT_PREPARE: u8 = 0x16;
+const COM_STMT_EXECUTE: u8 = 0x17;
+
+/// The command of a MySQL client packet at the start of `chunk` (4 header bytes, then the
+/// command), and for COM_STMT_EXECUTE the statement id; `None` for what cannot be one (PostgreSQL
+/// messages start with a letter and a length that does not fit).
+fn mysql_command(chunk: &[u8]) -> Option<(u8, Option<u32>)> {
+    let length = usize::from(*chunk.first()?)
+        | usize::from(*chunk.get(1)?) << 8
+        | usize::from(*chunk.get(2)?) << 16;
+    let command = *chunk.get(4)?;
+    if length + 4 != chunk.len() || !matches!(command, COM_STMT_PREPARE | COM_STMT_EXECUTE | 0x03) {
+        return None;
+    }
+    let id = chunk
+        .get(5..9)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    Some((
+        command,
+        (command == COM_STMT_EXECUTE).then_some(id).flatten(),
+    ))
 }

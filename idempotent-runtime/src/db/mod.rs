@@ -30,6 +30,33 @@ where
     }
 }
 
+/// Opens a transaction the way Diesel does, with `sql` (one batch, sent as text).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn ansi_begin<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    begin_sync(conn, sql)
+}
+
+/// Commits the innermost transaction the way Diesel does.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn ansi_commit<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    <AnsiTransactionManager as TransactionManager<C>>::commit_transaction(conn)
+}
+
+/// Rolls the innermost transaction back the way Diesel does.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn ansi_rollback<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    <AnsiTransactionManager as TransactionManager<C>>::rollback_transaction(conn)
+}
+
 /// Puts back the wait a bounded `BEGIN` set, when the `BEGIN` failed before it could.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn after_failed_bounded_begin<D, C>(conn: &mut C)
@@ -117,11 +144,14 @@ pub(crate) fn backticked(name: &str) -> String {
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 macro_rules! sync_store {
     ($conn:ty, $db:ty, begin: $begin:expr) => {
+        sync_store!($conn, $db, begin: $begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback);
+    };
+    ($conn:ty, $db:ty, begin: $begin:expr, transactions: $open:path, $close:path, $undo:path) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
 
             async fn begin(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
-                $crate::db::begin_sync(self, $begin)
+                $open(self, $begin)
             }
 
             async fn begin_bounded(
@@ -136,23 +166,21 @@ macro_rules! sync_store {
                         }
                         begun
                     }
-                    None => $crate::db::begin_sync(self, $begin),
+                    None => $open(self, $begin),
                 }
             }
 
             async fn commit(&mut self) -> diesel::QueryResult<()> {
-                <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::commit_transaction(self)
+                $close(self)
             }
 
             async fn rollback(&mut self) -> diesel::QueryResult<()> {
-                <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::rollback_transaction(self)
+                $undo(self)
             }
 
             fn abandon(&mut self, unfinished: $crate::store::Unfinished) {
                 let cleaned = match unfinished {
-                    $crate::store::Unfinished::Transaction => {
-                        <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::rollback_transaction(self)
-                    }
+                    $crate::store::Unfinished::Transaction => $undo(self),
                     $crate::store::Unfinished::SessionLock(release) => {
                         diesel::connection::SimpleConnection::batch_execute(self, release)
                     }
@@ -334,6 +362,12 @@ macro_rules! shared_statements {
     () => {
         sql! {
             Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
+            // A replay's read before any transaction: no lock, no `LIMIT` (the digest is the key).
+            DoneRead = concat!(
+                "SELECT job_name, result, fingerprint, ", micros!("done_at"), " AS done_at_micros, \
+                   (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
+                 FROM done_jobs WHERE key_digest = ?"
+            );
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
             LookupKey = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
@@ -377,6 +411,18 @@ macro_rules! shared_methods {
                 ),)))
                 .await?;
             Ok(deleted == 1)
+        }
+
+        async fn done_row<C: Store<Db = Self>>(
+            conn: &mut C,
+            digest: &[u8; 32],
+        ) -> QueryResult<Option<crate::store::DoneRow>> {
+            let rows: Vec<crate::store::DoneRow> = conn
+                .load(Statement::<DoneRead, _>::new((bind::<Binary, _>(
+                    &digest[..],
+                ),)))
+                .await?;
+            Ok(rows.into_iter().next())
         }
 
         async fn take_back<C: Store<Db = Self>>(

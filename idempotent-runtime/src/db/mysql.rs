@@ -378,6 +378,10 @@ impl Database for MysqlDb {
                 if super::message(&error)
                     .is_some_and(|m| m.contains("Unknown system variable")) =>
             {
+                // MySQL. Its servers refuse a prepared `BEGIN`, so this transaction began with the
+                // savepoint; should one ever take it, the next transactions begin with it anyway.
+                #[cfg(feature = "mysql")]
+                prepared::text_only();
                 if nesting == Nesting::Savepoint {
                     return Ok(false);
                 }
@@ -898,7 +902,121 @@ impl<S: Store> Drop for SessionLock<'_, S> {
 const BEGIN: &str = "BEGIN; SAVEPOINT idempotent_job";
 
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: BEGIN);
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: BEGIN, transactions: prepared::begin, prepared::commit, prepared::rollback);
+
+/// `BEGIN`, `COMMIT` and `ROLLBACK` on the sync `MysqlConnection` as cached prepared statements:
+/// one round trip each. Diesel sends them as a text batch, which for MySQL is three (multi-statement
+/// mode switched on, the statement, switched off again).
+///
+/// MariaDB prepares all three. MySQL (up to 9) prepares `COMMIT` and `ROLLBACK` but refuses
+/// `BEGIN` (`ER_UNSUPPORTED_PS`, 1295): the first refusal switches this process back to Diesel's
+/// way, with the savepoint MySQL needs to notice an implicit commit (see `transaction_ended_early`).
+/// A savepoint inside the caller's transaction always goes Diesel's way.
+#[cfg(feature = "mysql")]
+pub(crate) mod prepared {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use diesel::MysqlConnection;
+    use diesel::connection::{
+        AnsiTransactionManager, TransactionDepthChange, TransactionManager,
+        TransactionManagerStatus,
+    };
+    use diesel::result::{Error as DieselError, QueryResult};
+
+    use crate::sql::Statement;
+    use crate::store::Nesting;
+
+    sql! {
+        Begin = "BEGIN";
+        Commit = "COMMIT";
+        Rollback = "ROLLBACK";
+    }
+
+    /// Set once a server refused a prepared `BEGIN`, or turned out to have no `@@in_transaction`.
+    static TEXT_ONLY: AtomicBool = AtomicBool::new(false);
+
+    /// From now on, begin Diesel's way (with the savepoint MySQL needs).
+    pub(crate) fn text_only() {
+        TEXT_ONLY.store(true, Ordering::Relaxed);
+    }
+
+    fn prepared_top_level(conn: &mut MysqlConnection) -> QueryResult<bool> {
+        Ok(!TEXT_ONLY.load(Ordering::Relaxed) && crate::db::depth_sync(conn)? == 1)
+    }
+
+    fn change_depth(conn: &mut MysqlConnection, change: TransactionDepthChange) -> QueryResult<()> {
+        match <AnsiTransactionManager as TransactionManager<MysqlConnection>>::transaction_manager_status_mut(conn) {
+            TransactionManagerStatus::Valid(valid) => match valid.change_transaction_depth(change) {
+                // The connection may have noticed the end of the transaction itself.
+                Ok(()) | Err(DieselError::NotInTransaction) => Ok(()),
+                Err(error) => Err(error),
+            },
+            TransactionManagerStatus::InError => Err(DieselError::BrokenTransactionManager),
+        }
+    }
+
+    fn set_in_error(conn: &mut MysqlConnection) {
+        <AnsiTransactionManager as TransactionManager<MysqlConnection>>::transaction_manager_status_mut(conn)
+            .set_in_error();
+    }
+
+    /// Opens a transaction, or a savepoint inside the caller's.
+    pub(crate) fn begin(conn: &mut MysqlConnection, text: &str) -> QueryResult<Nesting> {
+        if TEXT_ONLY.load(Ordering::Relaxed) || crate::db::depth_sync(conn)? > 0 {
+            return crate::db::begin_sync(conn, text);
+        }
+        match diesel::RunQueryDsl::execute(Statement::<Begin, _>::new(()), conn) {
+            Ok(_) => {
+                change_depth(conn, TransactionDepthChange::IncreaseDepth)?;
+                Ok(Nesting::Outermost)
+            }
+            Err(error)
+                if crate::db::message(&error)
+                    .is_some_and(|m| m.contains("prepared statement protocol")) =>
+            {
+                text_only();
+                crate::db::begin_sync(conn, text)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Commits the innermost transaction. As Diesel does, a failed top-level `COMMIT` is rolled
+    /// back, and a connection that cannot roll back is marked broken.
+    pub(crate) fn commit(conn: &mut MysqlConnection) -> QueryResult<()> {
+        if !prepared_top_level(conn)? {
+            return <AnsiTransactionManager as TransactionManager<MysqlConnection>>::commit_transaction(conn);
+        }
+        match diesel::RunQueryDsl::execute(Statement::<Commit, _>::new(()), conn) {
+            Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
+            Err(commit_error) => match rollback(conn) {
+                Ok(()) => Err(commit_error),
+                Err(rollback_error) => {
+                    set_in_error(conn);
+                    Err(DieselError::RollbackErrorOnCommit {
+                        rollback_error: Box::new(rollback_error),
+                        commit_error: Box::new(commit_error),
+                    })
+                }
+            },
+        }
+    }
+
+    /// Rolls the innermost transaction back; a connection that cannot is marked broken, so that
+    /// nothing later commits into what is left of the transaction.
+    pub(crate) fn rollback(conn: &mut MysqlConnection) -> QueryResult<()> {
+        if !prepared_top_level(conn)? {
+            return <AnsiTransactionManager as TransactionManager<MysqlConnection>>::rollback_transaction(conn);
+        }
+        match diesel::RunQueryDsl::execute(Statement::<Rollback, _>::new(()), conn) {
+            Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
+            Err(error) => {
+                set_in_error(conn);
+                Err(error)
+            }
+        }
+    }
+}
 
 #[cfg(feature = "async-mysql")]
 async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: BEGIN);
