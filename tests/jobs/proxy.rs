@@ -19,6 +19,7 @@ impl CommitCutter {
     /// A proxy to the server a database `locator` (a URL) names.
     pub fn start(locator: &str) -> Self {
         let upstream = host_port(locator);
+        let mysql = locator.starts_with("mysql");
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let address = listener.local_addr().expect("its address").to_string();
         let (armed, cuts) = (
@@ -36,7 +37,7 @@ impl CommitCutter {
                     Arc::clone(&armed_for_clients),
                     Arc::clone(&cuts_for_clients),
                 );
-                relay(client, server, armed, cuts);
+                relay(client, server, mysql, armed, cuts);
             }
         });
         CommitCutter {
@@ -81,7 +82,13 @@ fn host_port(locator: &str) -> String {
         .to_owned()
 }
 
-fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc<AtomicUsize>) {
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    mysql: bool,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+) {
     let (mut client_in, mut server_out) = (
         client.try_clone().expect("a client handle"),
         server.try_clone().expect("a server handle"),
@@ -109,18 +116,27 @@ fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc
                 break;
             }
             let chunk = &buffer[..read];
-            let names_commit = chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"));
-            let is_commit = match mysql_command(chunk) {
-                Some((COM_STMT_PREPARE, _)) => {
-                    if names_commit {
-                        preparing_commit.store(true, Ordering::SeqCst);
-                    }
-                    false
-                }
-                Some((COM_STMT_EXECUTE, Some(id))) => {
-                    u64::from(id) == commit_statement.load(Ordering::SeqCst)
-                }
-                _ => names_commit,
+            let is_commit = if mysql {
+                // One write may hold several packets (a statement's close goes out with the next
+                // command).
+                mysql_packets(chunk)
+                    .iter()
+                    .any(|(command, body)| match *command {
+                        COM_STMT_PREPARE => {
+                            if names_commit(body) {
+                                preparing_commit.store(true, Ordering::SeqCst);
+                            }
+                            false
+                        }
+                        COM_STMT_EXECUTE => body.get(..4).is_some_and(|id| {
+                            u64::from(u32::from_le_bytes([id[0], id[1], id[2], id[3]]))
+                                == commit_statement.load(Ordering::SeqCst)
+                        }),
+                        COM_QUERY => names_commit(body),
+                        _ => false,
+                    })
+            } else {
+                names_commit(chunk)
             };
             let cut = is_commit && armed.swap(false, Ordering::SeqCst);
             if cut {
@@ -160,25 +176,29 @@ fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cuts: Arc
     });
 }
 
+const COM_QUERY: u8 = 0x03;
 const COM_STMT_PREPARE: u8 = 0x16;
 const COM_STMT_EXECUTE: u8 = 0x17;
 
-/// The command of a MySQL client packet at the start of `chunk` (4 header bytes, then the
-/// command), and for COM_STMT_EXECUTE the statement id; `None` for what cannot be one (PostgreSQL
-/// messages start with a letter and a length that does not fit).
-fn mysql_command(chunk: &[u8]) -> Option<(u8, Option<u32>)> {
-    let length = usize::from(*chunk.first()?)
-        | usize::from(*chunk.get(1)?) << 8
-        | usize::from(*chunk.get(2)?) << 16;
-    let command = *chunk.get(4)?;
-    if length + 4 != chunk.len() || !matches!(command, COM_STMT_PREPARE | COM_STMT_EXECUTE | 0x03) {
-        return None;
+fn names_commit(bytes: &[u8]) -> bool {
+    bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"))
+}
+
+/// The MySQL client packets in `chunk` (3 length bytes, a sequence byte, then the command and its
+/// body), as `(command, body)`; a packet cut off at the end of the chunk is left out.
+fn mysql_packets(chunk: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut packets = Vec::new();
+    let mut at = 0;
+    while let Some(header) = chunk.get(at..at + 4) {
+        let length =
+            usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
+        let Some(payload) = chunk.get(at + 4..at + 4 + length) else {
+            break;
+        };
+        if let Some((command, body)) = payload.split_first() {
+            packets.push((*command, body));
+        }
+        at += 4 + length;
     }
-    let id = chunk
-        .get(5..9)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    Some((
-        command,
-        (command == COM_STMT_EXECUTE).then_some(id).flatten(),
-    ))
+    packets
 }
