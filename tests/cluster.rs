@@ -261,6 +261,33 @@ fn pgbouncer_transaction_pooling() {
         tally.replays, RACED,
         "every second copy of a raced job replayed"
     );
+
+    // Redeliveries through the pooler, sync and async: a read before the claim runs outside a
+    // transaction, which transaction pooling cannot serve (its prepare and execute may reach two
+    // server connections). Either the read works or the runtime turns reading first off and
+    // claims; every redelivery replays, and nothing runs twice.
+    use cluster_workers::WorkerConn as _;
+    let mut sync_conn = PgConnection::connect(&bouncer.url(), &options)
+        .expect("a sync connection through PgBouncer");
+    let mut async_conn = cluster_workers::Async::<diesel_async::AsyncPgConnection>::connect(
+        &bouncer.url(),
+        &options,
+    )
+    .expect("an async connection through PgBouncer");
+    for (n, (job, _)) in jobs.iter().take(60).enumerate() {
+        let attempt = if n % 2 == 0 {
+            idempotent_jobs::redelivered(true, || sync_conn.apply(job, 99, &|_: &str| {}))
+        } else {
+            idempotent_jobs::redelivered(true, || async_conn.apply(job, 99, &|_: &str| {}))
+        }
+        .unwrap_or_else(|e| panic!("{job} redelivered through PgBouncer: {e}"));
+        assert_ne!(
+            attempt, 99,
+            "{job} replayed its first run, it did not run again"
+        );
+    }
+    let counts = cluster_workers::counts_postgres(&direct);
+    assert_exactly_once("redelivered through PgBouncer", &counts, &jobs);
 }
 
 // ---- MariaDB Galera --------------------------------------------------------------------------------

@@ -226,9 +226,10 @@ impl Call {
             started: Instant::now(),
             retry_window: retry_window.unwrap_or(crate::retry::WINDOW),
             in_progress: in_progress.unwrap_or(job.in_progress()).bound(),
-            read_first: redelivered
-                .or_else(crate::redelivery::current)
-                .unwrap_or_else(|| job.counters.mostly_replays()),
+            read_first: crate::redelivery::read_first_allowed()
+                && redelivered
+                    .or_else(crate::redelivery::current)
+                    .unwrap_or_else(|| job.counters.mostly_replays()),
         })
     }
 

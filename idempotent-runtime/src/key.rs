@@ -315,8 +315,8 @@ impl fmt::Write for EscapingWriter<'_> {
     }
 }
 
-/// An id no other run shares: 16 bytes of SHA-256 over the key's digest, the time, the process,
-/// the thread and a counter, and the process's random hasher seed.
+/// An id no other run shares: 16 bytes of SHA-256 over the key's digest, the time, the process, a
+/// process-wide counter, and a random hasher seed.
 pub(crate) fn run_id(digest: &[u8; 32]) -> [u8; 16] {
     use std::hash::{BuildHasher as _, Hasher as _};
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -253,7 +253,7 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
         Ok(Some(row)) if !row.lapsed => row,
         Ok(_) => return None,
         Err(error) => {
-            tracing::debug!(%error, "reading a redelivered key before claiming it failed; claiming");
+            crate::redelivery::read_failed(&error);
             return None;
         }
     };

@@ -32,6 +32,40 @@
 use std::cell::Cell;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether calls may read their key before claiming it; see [`allow_read_first`].
+static READ_FIRST: AtomicBool = AtomicBool::new(true);
+
+/// Allows (the default) or forbids, for the whole process, reading a key before the claim.
+///
+/// The read runs outside any transaction. Behind a pooler in transaction mode (PgBouncer with
+/// `pool_mode = transaction`), a statement outside a transaction may reach another server
+/// connection than the one it was prepared on, so turn it off there at start-up: every call then
+/// claims first, as a first delivery does, and every statement of a job runs inside its
+/// transaction. Should such a read fail for a prepared statement the server does not have, the
+/// runtime turns it off by itself, with a `WARN` event, and the call claims as usual.
+pub fn allow_read_first(allowed: bool) {
+    READ_FIRST.store(allowed, Ordering::Relaxed);
+}
+
+pub(crate) fn read_first_allowed() -> bool {
+    READ_FIRST.load(Ordering::Relaxed)
+}
+
+/// A read before the claim failed (the call goes on to claim): a prepared statement that the
+/// server does not have is a transaction pooler's doing, and turns reading first off.
+pub(crate) fn read_failed(error: &diesel::result::Error) {
+    let pooled = crate::db::message(error).is_some_and(|m| m.contains("prepared statement"));
+    if pooled && READ_FIRST.swap(false, Ordering::Relaxed) {
+        tracing::warn!(
+            %error,
+            "reading a key before its claim failed as it does behind a transaction pooler (PgBouncer in transaction mode); reads before the claim are off for this process, and calls claim first"
+        );
+    } else {
+        tracing::debug!(%error, "reading a key before its claim failed; claiming");
+    }
+}
 
 thread_local! {
     static REDELIVERED: Cell<Option<bool>> = const { Cell::new(None) };

@@ -483,3 +483,27 @@ pub fn redeliveries_replay_from_one_read<B: Backend>() {
     assert_eq!(again, ran);
     assert_eq!(B::count_charges(&mut conn, "order-s"), 1);
 }
+
+/// MySQL with `autocommit = 0`: the session sits in a transaction Diesel does not know of, whose
+/// snapshot may still hold a key forgotten since. A redelivery's read before the claim must not
+/// replay from that snapshot: the forgotten key runs again, as the claim path would have it.
+pub fn redeliveries_never_read_an_old_snapshot<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::charge(&mut conn, "order-f", 4200, crate::handlers::Mode::Succeed).expect("the first run");
+    B::execute(&mut conn, "SET autocommit = 0");
+    // A read opens the implicit transaction, and its snapshot.
+    assert_eq!(B::count_charges(&mut conn, "order-f"), 1);
+    let mut operator = db.connect();
+    assert!(
+        B::keys_forget(&mut operator, &JobKey::new("charge:order-f")).expect("forgets"),
+        "the key was there"
+    );
+    B::charge_redelivered(&mut conn, "order-f", 4200, true).expect("runs again");
+    B::execute(&mut conn, "SET autocommit = 1");
+    assert_eq!(
+        B::count_charges(&mut operator, "order-f"),
+        2,
+        "the forgotten key ran again instead of replaying from the old snapshot"
+    );
+}

@@ -574,6 +574,16 @@ backend_tests!(sqlite, crate::backends::Sqlite);
 backend_tests!(postgres, crate::backends::Postgres);
 #[cfg(feature = "mysql")]
 backend_tests!(mysql, crate::backends::Mysql);
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_redeliveries_never_read_an_old_snapshot() {
+    holes::redeliveries_never_read_an_old_snapshot::<crate::backends::Mysql>();
+}
+#[cfg(feature = "async-mysql")]
+#[test]
+fn async_mysql_redeliveries_never_read_an_old_snapshot() {
+    holes::redeliveries_never_read_an_old_snapshot::<crate::backends::AsyncMysql>();
+}
 #[cfg(feature = "async-sqlite")]
 backend_tests!(async_sqlite, crate::backends::AsyncSqlite);
 #[cfg(feature = "async-postgres")]

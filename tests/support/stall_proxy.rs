@@ -2,7 +2,8 @@
 //! reply byte for `stall`. MariaDB 10.11 under Galera can leave a session it brute-force aborted
 //! without a reply (its thread shows `Killed` in the process list and never finishes), and the
 //! client then waits for ever; through this proxy it gets a lost connection instead, and the test
-//! counts the hang and delivers the job again on a new connection.
+//! counts the hang and delivers the job again on a new connection. A legitimate wait longer than
+//! `stall` (a lock wait, say) would be cut too: the test using it has none.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -63,13 +64,17 @@ fn relay(client: TcpStream, server: TcpStream, stall: Duration, cuts: Arc<Atomic
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
         while let Ok(read) = client_in.read(&mut buffer) {
-            if read == 0 || server_out.write_all(&buffer[..read]).is_err() {
+            if read == 0 {
                 break;
             }
+            // Marked before it goes out, so that a quick reply always clears the mark.
             let now = u64::try_from(epoch.elapsed().as_millis())
                 .unwrap_or(u64::MAX)
                 .max(1);
             let _ = sent.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+            if server_out.write_all(&buffer[..read]).is_err() {
+                break;
+            }
         }
         closed_in.store(true, Ordering::SeqCst);
         let _ = server_out.shutdown(Shutdown::Both);

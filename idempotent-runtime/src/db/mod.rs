@@ -353,7 +353,8 @@ pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
 /// The statements whose text is the same on every database (forgetting and taking back a claim,
 /// [`crate::keys`], [`crate::outbox::unsent`]): each database module
 /// invokes this beside its own `now!()` (the database's clock), `micros!(column)` (a timestamp
-/// as microseconds since the Unix epoch) and `message_columns!()`, and `shared_methods!()` inside
+/// as microseconds since the Unix epoch), `message_columns!()` and `read_guard!()` (a condition
+/// under which a read outside the runtime's transactions sees the latest commit), and `shared_methods!()` inside
 /// its `Database` impl.
 ///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
@@ -363,10 +364,11 @@ macro_rules! shared_statements {
         sql! {
             Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
             // A replay's read before any transaction: no lock, no `LIMIT` (the digest is the key).
+            // `read_guard!()` is what the database needs for the read to see the latest commit.
             DoneRead = concat!(
                 "SELECT job_name, result, fingerprint, ", micros!("done_at"), " AS done_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
-                 FROM done_jobs WHERE key_digest = ?"
+                 FROM done_jobs WHERE key_digest = ?", read_guard!()
             );
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
             LookupKey = concat!(

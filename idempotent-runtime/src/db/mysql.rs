@@ -200,6 +200,16 @@ sql! {
          WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position";
 }
 
+/// A read outside the runtime's transactions sees the latest commit only in autocommit mode: with
+/// `autocommit = 0` the session sits in a transaction Diesel does not know of, whose REPEATABLE READ
+/// snapshot may still hold a key forgotten since. Then the read finds nothing, and the claim
+/// decides.
+macro_rules! read_guard {
+    () => {
+        " AND @@autocommit = 1"
+    };
+}
+
 shared_statements!();
 
 sql! {

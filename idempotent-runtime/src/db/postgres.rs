@@ -214,6 +214,13 @@ sql! {
          ORDER BY 1";
 }
 
+/// Every statement outside a transaction block is its own transaction, with a fresh snapshot.
+macro_rules! read_guard {
+    () => {
+        ""
+    };
+}
+
 shared_statements!();
 
 sql! {

@@ -171,6 +171,13 @@ sql! {
          AND (SELECT name FROM pragma_index_info(l.name)) = ?";
 }
 
+/// Every statement outside a transaction is its own, and reads the latest commit.
+macro_rules! read_guard {
+    () => {
+        ""
+    };
+}
+
 shared_statements!();
 
 /// The steps that build the schema, oldest first; the files are what teams with their own
