@@ -1,5 +1,5 @@
-//! A TCP proxy that cuts a connection whose server stopped answering: a request forwarded and no
-//! reply byte for `stall`. MariaDB 10.11 under Galera can leave a session it brute-force aborted
+//! A TCP proxy that cuts a connection that fell silent for `stall`: for a connection the test keeps
+//! busy, a server that stopped answering. MariaDB 10.11 under Galera can leave a session it brute-force aborted
 //! without a reply (its thread shows `Killed` in the process list and never finishes), and the
 //! client then waits for ever; through this proxy it gets a lost connection instead, and the test
 //! counts the hang and delivers the job again on a new connection. A legitimate wait longer than
@@ -48,8 +48,11 @@ impl StallProxy {
 
 fn relay(client: TcpStream, server: TcpStream, stall: Duration, cuts: Arc<AtomicUsize>) {
     let epoch = Instant::now();
-    // Milliseconds since `epoch` when a request went out with no reply since; 0: none pending.
-    let waiting_since = Arc::new(AtomicU64::new(0));
+    let millis = move || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+    // When a byte last went either way. The test keeps the connection busy from its first statement
+    // to its last, so a silence of `stall` means a server that stopped mid-reply (it may have sent
+    // part of a result, so "no reply at all" would not catch it).
+    let last_traffic = Arc::new(AtomicU64::new(millis()));
     let closed = Arc::new(AtomicBool::new(false));
     let (mut client_in, mut server_out) = (
         client.try_clone().expect("a client handle"),
@@ -59,20 +62,13 @@ fn relay(client: TcpStream, server: TcpStream, stall: Duration, cuts: Arc<Atomic
         server.try_clone().expect("a server handle"),
         client.try_clone().expect("a client handle"),
     );
-    let (sent, answered) = (Arc::clone(&waiting_since), Arc::clone(&waiting_since));
+    let (sent, answered) = (Arc::clone(&last_traffic), Arc::clone(&last_traffic));
     let (closed_in, closed_out) = (Arc::clone(&closed), Arc::clone(&closed));
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
         while let Ok(read) = client_in.read(&mut buffer) {
-            if read == 0 {
-                break;
-            }
-            // Marked before it goes out, so that a quick reply always clears the mark.
-            let now = u64::try_from(epoch.elapsed().as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1);
-            let _ = sent.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
-            if server_out.write_all(&buffer[..read]).is_err() {
+            sent.store(millis(), Ordering::SeqCst);
+            if read == 0 || server_out.write_all(&buffer[..read]).is_err() {
                 break;
             }
         }
@@ -82,7 +78,7 @@ fn relay(client: TcpStream, server: TcpStream, stall: Duration, cuts: Arc<Atomic
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
         while let Ok(read) = server_in.read(&mut buffer) {
-            answered.store(0, Ordering::SeqCst);
+            answered.store(millis(), Ordering::SeqCst);
             if read == 0 || client_out.write_all(&buffer[..read]).is_err() {
                 break;
             }
@@ -93,9 +89,8 @@ fn relay(client: TcpStream, server: TcpStream, stall: Duration, cuts: Arc<Atomic
     std::thread::spawn(move || {
         while !closed.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(200));
-            let since = waiting_since.load(Ordering::SeqCst);
-            let now = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-            if since != 0 && now.saturating_sub(since) > stall.as_millis() as u64 {
+            let silent = millis().saturating_sub(last_traffic.load(Ordering::SeqCst));
+            if silent > u64::try_from(stall.as_millis()).unwrap_or(u64::MAX) {
                 cuts.fetch_add(1, Ordering::SeqCst);
                 let _ = client.shutdown(Shutdown::Both);
                 let _ = server.shutdown(Shutdown::Both);
