@@ -105,8 +105,9 @@ impl<'a> JobCall<'a> {
 
     /// Tells the call whether its message is a redelivery (as the broker reports it), in place of
     /// [`redelivered`](crate::redelivered)'s scope: a redelivery reads its key before opening a
-    /// transaction and replays a committed result at once; a first delivery never reads first.
-    /// See [`crate::redelivery`].
+    /// transaction and replays a committed result at once (unless reading first is off, see
+    /// [`allow_read_first`](crate::redelivery::allow_read_first), or the caller's transaction is
+    /// open); a first delivery never reads first. See [`crate::redelivery`].
     pub fn redelivered(mut self, redelivered: bool) -> Self {
         self.redelivered = Some(redelivered);
         self

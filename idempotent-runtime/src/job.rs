@@ -33,7 +33,7 @@ pub struct Job {
     /// This definition's identity has been checked against every other with its name.
     checked: AtomicBool,
     /// How its calls ended, counted here, per job, with no lock on the job's path.
-    pub(crate) counters: crate::stats::JobCounters,
+    pub(crate) counters: crate::counters::JobCounters,
 }
 
 impl fmt::Debug for Job {
@@ -62,7 +62,7 @@ impl Job {
             in_progress: WhileInProgress::Wait,
             named_after_function: false,
             checked: AtomicBool::new(false),
-            counters: crate::stats::JobCounters::new(),
+            counters: crate::counters::JobCounters::new(),
         }
     }
 

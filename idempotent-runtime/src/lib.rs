@@ -39,6 +39,7 @@ mod sql;
 
 mod call;
 mod context;
+mod counters;
 mod db;
 mod drive;
 mod error;

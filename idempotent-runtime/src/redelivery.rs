@@ -10,8 +10,10 @@
 //!   is replayed at once, with no transaction and no lock (what a replay under the claim would
 //!   have returned);
 //! * anything else (no row, a run still in progress, a lapsed row, another job's row, a different
-//!   fingerprint, a failed read): the call takes the usual path, claim first, which decides under
-//!   the key's lock. The read only ever short-cuts to the answer the claim would give.
+//!   fingerprint, a failed read; on MySQL/MariaDB a session with `autocommit = 0`): the call takes
+//!   the usual path, claim first, which decides under the key's lock. The read only ever
+//!   short-cuts to the answer the claim would give. A call inside a transaction of the caller's
+//!   does not read first, nor does any call once [`allow_read_first`]`(false)` was called.
 //!
 //! First deliveries (`redelivered(false, ..)`) skip the read, so they pay nothing for it. A call
 //! told nothing reads first when 12 of its job's last 16 calls that ran or replayed were replays

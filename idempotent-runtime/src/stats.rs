@@ -21,7 +21,6 @@
 //! durations go to the histogram `idempotent_job_duration_seconds{job, outcome}`; transient-error
 //! retries count in `idempotent_claim_retries_total{job}`.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -102,62 +101,34 @@ impl Counts {
     }
 }
 
-/// One job definition's counters: atomics in the job's own `static`, so that counting a call takes
-/// no lock shared with other jobs or threads (the list of jobs that have counted is locked once
-/// per job, at its first call).
-#[derive(Debug)]
-pub(crate) struct JobCounters {
-    /// By [`Ending`], in its declaration order.
-    endings: [AtomicU64; 8],
-    claim_retries: AtomicU64,
-    /// The last 32 calls that ran or replayed, newest in the lowest bit: 1 for a replay.
-    recent_replays: AtomicU32,
-    listed: AtomicBool,
-}
-
-impl JobCounters {
-    pub(crate) const fn new() -> Self {
-        Self {
-            endings: [const { AtomicU64::new(0) }; 8],
-            claim_retries: AtomicU64::new(0),
-            recent_replays: AtomicU32::new(0),
-            listed: AtomicBool::new(false),
-        }
-    }
-
-    fn counts(&self) -> Counts {
-        let get = |ending: Ending| self.endings[ending as usize].load(Ordering::Relaxed);
-        Counts {
-            ran: get(Ending::Ran),
-            replayed: get(Ending::Replayed),
-            failed: get(Ending::Failed),
-            panicked: get(Ending::Panicked),
-            fingerprint_mismatches: get(Ending::FingerprintMismatch),
-            key_conflicts: get(Ending::KeyConflict),
-            errors: get(Ending::Error),
-            in_progress: get(Ending::InProgress),
-            claim_retries: self.claim_retries.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Whether 12 of the job's last 16 calls that ran or replayed were replays.
-    pub(crate) fn mostly_replays(&self) -> bool {
-        (self.recent_replays.load(Ordering::Relaxed) & 0xFFFF).count_ones() >= 12
+/// A job's counts, read from its counters.
+fn counts_of(job: &Job) -> Counts {
+    let get = |ending: Ending| job.counters.ended(ending as usize);
+    Counts {
+        ran: get(Ending::Ran),
+        replayed: get(Ending::Replayed),
+        failed: get(Ending::Failed),
+        panicked: get(Ending::Panicked),
+        fingerprint_mismatches: get(Ending::FingerprintMismatch),
+        key_conflicts: get(Ending::KeyConflict),
+        errors: get(Ending::Error),
+        in_progress: get(Ending::InProgress),
+        claim_retries: job.counters.retries(),
     }
 }
 
 /// Every job definition that has counted a call.
 static LISTED: Mutex<Vec<&'static Job>> = Mutex::new(Vec::new());
 
-fn counting(job: &'static Job) -> &'static JobCounters {
-    let counters = &job.counters;
-    if !counters.listed.load(Ordering::Acquire) && !counters.listed.swap(true, Ordering::AcqRel) {
+/// The job's counters, listing the job at its first count (the one time a lock is taken).
+fn counting(job: &'static Job) -> &'static crate::counters::JobCounters {
+    if job.counters.first_listing() {
         LISTED
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(job);
     }
-    counters
+    &job.counters
 }
 
 fn listed() -> Vec<&'static Job> {
@@ -173,7 +144,7 @@ fn listed() -> Vec<&'static Job> {
 pub fn counts_for(job: &str) -> Counts {
     let mut total = Counts::default();
     for listed in listed().into_iter().filter(|j| j.name() == job) {
-        total.merge(&listed.counters.counts());
+        total.merge(&counts_of(listed));
     }
     total
 }
@@ -182,7 +153,7 @@ pub fn counts_for(job: &str) -> Counts {
 pub fn totals() -> Counts {
     let mut total = Counts::default();
     for job in listed() {
-        total.merge(&job.counters.counts());
+        total.merge(&counts_of(job));
     }
     total
 }
@@ -194,7 +165,7 @@ pub fn all() -> Vec<(&'static str, Counts)> {
         by_name
             .entry(job.name())
             .or_default()
-            .merge(&job.counters.counts());
+            .merge(&counts_of(job));
     }
     by_name.into_iter().collect()
 }
@@ -217,16 +188,12 @@ fn finished_with(
     first_done_micros: Option<i64>,
 ) {
     let elapsed = started.elapsed();
-    let counters = counting(job);
-    counters.endings[outcome as usize].fetch_add(1, Ordering::Relaxed);
-    if matches!(outcome, Ending::Ran | Ending::Replayed) {
-        let replay = u32::from(outcome == Ending::Replayed);
-        // Lost updates between racing threads only blur a heuristic.
-        let recent = counters.recent_replays.load(Ordering::Relaxed);
-        counters
-            .recent_replays
-            .store((recent << 1) | replay, Ordering::Relaxed);
-    }
+    let ran_or_replayed = match outcome {
+        Ending::Ran => Some(false),
+        Ending::Replayed => Some(true),
+        _ => None,
+    };
+    counting(job).count(outcome as usize, ran_or_replayed);
     #[cfg(feature = "metrics")]
     let job = job.name();
     #[cfg(feature = "metrics")]
@@ -269,7 +236,7 @@ fn finished_with(
 
 /// Records a transient error after which the claim is tried again.
 pub(crate) fn retried(job: &'static Job, attempts: u32, error: &diesel::result::Error) {
-    counting(job).claim_retries.fetch_add(1, Ordering::Relaxed);
+    counting(job).count_retry();
     #[cfg(feature = "metrics")]
     metrics::counter!("idempotent_claim_retries_total", "job" => job.name()).increment(1);
     tracing::debug!(attempts, %error, "transient error while claiming; retrying");
