@@ -154,12 +154,15 @@ impl JobCount {
 }
 
 /// The record of `key`, or `None` when no run holds it.
-pub fn lookup<C: crate::JobStore>(conn: &mut C, key: &JobKey) -> Result<Option<KeyRecord>, Error> {
+pub fn lookup<C: crate::connection::JobStore>(
+    conn: &mut C,
+    key: &JobKey,
+) -> Result<Option<KeyRecord>, Error> {
     lookup_digest(conn, &key.digest())
 }
 
 /// [`lookup`] by the key's digest.
-pub fn lookup_digest<C: crate::JobStore>(
+pub fn lookup_digest<C: crate::connection::JobStore>(
     conn: &mut C,
     digest: &[u8; 32],
 ) -> Result<Option<KeyRecord>, Error> {
@@ -168,12 +171,16 @@ pub fn lookup_digest<C: crate::JobStore>(
 
 /// Deletes the record of `key`, so that the next delivery runs the job again; `reason` goes into
 /// the event that records it. Returns whether there was one.
-pub fn forget<C: crate::JobStore>(conn: &mut C, key: &JobKey, reason: &str) -> Result<bool, Error> {
+pub fn forget<C: crate::connection::JobStore>(
+    conn: &mut C,
+    key: &JobKey,
+    reason: &str,
+) -> Result<bool, Error> {
     forget_digest(conn, &key.digest(), reason)
 }
 
 /// [`forget`] by the key's digest.
-pub fn forget_digest<C: crate::JobStore>(
+pub fn forget_digest<C: crate::connection::JobStore>(
     conn: &mut C,
     digest: &[u8; 32],
     reason: &str,
@@ -182,19 +189,22 @@ pub fn forget_digest<C: crate::JobStore>(
 }
 
 /// The keys `query` selects, newest first.
-pub fn list<C: crate::JobStore>(conn: &mut C, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
+pub fn list<C: crate::connection::JobStore>(
+    conn: &mut C,
+    query: &KeyQuery,
+) -> Result<Vec<KeyRecord>, Error> {
     crate::drive::block_on(list_on(conn.idempotent_store(), query))
 }
 
 /// How many keys each job holds, by job name.
-pub fn job_counts<C: crate::JobStore>(conn: &mut C) -> Result<Vec<JobCount>, Error> {
+pub fn job_counts<C: crate::connection::JobStore>(conn: &mut C) -> Result<Vec<JobCount>, Error> {
     crate::drive::block_on(job_counts_on(conn.idempotent_store()))
 }
 
 /// [`lookup`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn lookup_async<C: crate::AsyncJobStore>(
+pub async fn lookup_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     key: &JobKey,
 ) -> Result<Option<KeyRecord>, Error> {
@@ -204,7 +214,7 @@ pub async fn lookup_async<C: crate::AsyncJobStore>(
 /// [`lookup_digest`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn lookup_digest_async<C: crate::AsyncJobStore>(
+pub async fn lookup_digest_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     digest: &[u8; 32],
 ) -> Result<Option<KeyRecord>, Error> {
@@ -214,7 +224,7 @@ pub async fn lookup_digest_async<C: crate::AsyncJobStore>(
 /// [`forget`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn forget_async<C: crate::AsyncJobStore>(
+pub async fn forget_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     key: &JobKey,
     reason: &str,
@@ -225,7 +235,7 @@ pub async fn forget_async<C: crate::AsyncJobStore>(
 /// [`forget_digest`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn forget_digest_async<C: crate::AsyncJobStore>(
+pub async fn forget_digest_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     digest: &[u8; 32],
     reason: &str,
@@ -236,7 +246,7 @@ pub async fn forget_digest_async<C: crate::AsyncJobStore>(
 /// [`list`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn list_async<C: crate::AsyncJobStore>(
+pub async fn list_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     query: &KeyQuery,
 ) -> Result<Vec<KeyRecord>, Error> {
@@ -246,7 +256,7 @@ pub async fn list_async<C: crate::AsyncJobStore>(
 /// [`job_counts`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn job_counts_async<C: crate::AsyncJobStore>(
+pub async fn job_counts_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
 ) -> Result<Vec<JobCount>, Error> {
     job_counts_on(conn.idempotent_store()).await

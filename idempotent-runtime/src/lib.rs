@@ -38,6 +38,7 @@ compile_error!(
 mod sql;
 
 mod call;
+mod connection;
 mod context;
 mod counters;
 mod db;
@@ -76,55 +77,9 @@ pub use redelivery::{redelivered, redelivered_async};
 #[cfg(feature = "async")]
 pub use prune::prune_async;
 
-/// A sync Diesel connection a job can run on: `SqliteConnection`, `PgConnection` or
-/// `MysqlConnection` (each behind its feature). Pooled connections (r2d2) reach theirs through
-/// `Deref`.
-///
-/// Sealed: the runtime implements it for Diesel's connection types; its methods are internal.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a database connection `idempotent-jobs` can claim jobs on",
-    label = "a job needs a Diesel connection here",
-    note = "use `SqliteConnection`, `PgConnection` or `MysqlConnection` (each behind its cargo feature), or a pooled connection that derefs to one"
-)]
-pub trait JobStore: diesel::Connection + sealed::Sealed + 'static {
-    /// The runtime's view of the connection: itself.
-    #[doc(hidden)]
-    type Runtime: store::Store;
-
-    /// Reaches the runtime's view of the connection. Its methods stay internal: they are on a
-    /// trait users cannot name, reached only through this associated type.
-    #[doc(hidden)]
-    fn idempotent_store(&mut self) -> &mut Self::Runtime;
-}
-
-mod sealed {
-    /// Implemented only by the runtime, for the connection types it supports.
-    pub trait Sealed {}
-}
-
-/// An async diesel-async connection a job can run on: `AsyncPgConnection`,
-/// `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` (features `async-postgres`,
-/// `async-mysql`, `async-sqlite`). Pooled connections (deadpool, bb8) reach theirs through `Deref`;
-/// a handler whose connection parameter is deadpool's `Object` itself (feature `deadpool`) also
-/// takes that connection out of the pool when a job on it is cancelled.
-///
-/// Sealed: the runtime implements it for diesel-async's connection types.
 #[cfg(feature = "async")]
-#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not an async database connection `idempotent-jobs` can claim jobs on",
-    label = "an async job needs a diesel-async connection here",
-    note = "use `AsyncPgConnection`, `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` (features `async-postgres`, `async-mysql`, `async-sqlite`), or a pooled connection that derefs to one"
-)]
-pub trait AsyncJobStore: diesel_async::AsyncConnection + sealed::Sealed + 'static {
-    /// The runtime's view of the connection: itself.
-    #[doc(hidden)]
-    type Runtime: store::Store;
-
-    /// Reaches the runtime's view of the connection; see [`JobStore::idempotent_store`].
-    #[doc(hidden)]
-    fn idempotent_store(&mut self) -> &mut Self::Runtime;
-}
+pub use connection::AsyncJobStore;
+pub use connection::JobStore;
 
 /// Runs `body` once per key: claims `key` for `job` in a new transaction, runs the body in it,
 /// stores the body's `Ok` value and commits. When the key is already claimed, the body does not run
@@ -260,166 +215,8 @@ pub async fn verify_async<C: AsyncJobStore>(conn: &mut C) -> Result<()> {
 /// carries this crate's version, and the facade pins the macro crate to the same version, so
 /// generated code from another release fails to compile here with a message naming this module.
 #[doc(hidden)]
-pub mod __private_0_1_0 {
-    pub use crate::call::JobCall;
-    pub use crate::fingerprint::FingerprintBuilder;
-    pub use crate::job::{Job, WhileInProgress};
-    pub use crate::key::{JobKey, KeyWriter};
-    pub use crate::outcome::Outcome;
-    pub use crate::registry::{Part, RegisteredJob};
-    pub use inventory;
-
-    /// The `T` and `E` of a handler's return type, however it is spelled (an alias such as
-    /// `anyhow::Result<T>` included): the companion's `outcome` returns `Result<Outcome<T>, E>`.
-    pub trait JobResult {
-        /// The handler's `Ok` type.
-        type Ok;
-        /// The handler's `Err` type.
-        type Err;
-    }
-
-    impl<T, E> JobResult for Result<T, E> {
-        type Ok = T;
-        type Err = E;
-    }
-
-    use crate::{JobError, JobOutput};
-
-    /// [`run`](crate::run) for a connection reached through `reach`, such as a pooled connection
-    /// that derefs to a Diesel connection: the body gets the caller's own connection value back.
-    pub fn run_with<Conn, C, T, E, F>(
-        conn: &mut Conn,
-        reach: impl Fn(&mut Conn) -> &mut C,
-        job_call: JobCall<'_>,
-        body: F,
-    ) -> Result<Outcome<T>, E>
-    where
-        Conn: ?Sized,
-        C: crate::JobStore,
-        T: JobOutput,
-        E: JobError,
-        F: FnOnce(&mut Conn) -> Result<T, E>,
-    {
-        crate::lifecycle::run_sync(conn, then_store(reach), job_call, body)
-    }
-
-    /// `reach`, then the runtime's view of what it reached.
-    fn then_store<Conn: ?Sized, C: crate::JobStore>(
-        reach: impl Fn(&mut Conn) -> &mut C,
-    ) -> impl Fn(&mut Conn) -> &mut C::Runtime {
-        move |conn| reach(conn).idempotent_store()
-    }
-
-    /// [`then_store`] for async connections.
-    #[cfg(feature = "async")]
-    fn then_async_store<Conn: ?Sized, C: AsyncJobRuntime>(
-        reach: impl Fn(&mut Conn) -> &mut C,
-    ) -> impl Fn(&mut Conn) -> &mut C::Runtime {
-        move |conn| reach(conn).job_runtime()
-    }
-
-    /// What a generated async wrapper runs a job on: an [`AsyncJobStore`](crate::AsyncJobStore),
-    /// or (feature `deadpool`) deadpool's pooled `Object`, which also leaves its pool when a job
-    /// on it is cancelled.
-    #[cfg(feature = "async")]
-    pub trait AsyncJobRuntime: 'static {
-        /// The runtime's view of the connection.
-        #[doc(hidden)]
-        type Runtime: crate::store::Store;
-
-        /// Reaches it.
-        #[doc(hidden)]
-        fn job_runtime(&mut self) -> &mut Self::Runtime;
-    }
-
-    #[cfg(feature = "async")]
-    impl<C: crate::AsyncJobStore> AsyncJobRuntime for C {
-        type Runtime = C::Runtime;
-
-        fn job_runtime(&mut self) -> &mut C::Runtime {
-            self.idempotent_store()
-        }
-    }
-
-    /// [`run_async`](crate::run_async) for a connection reached through `reach`.
-    #[cfg(feature = "async")]
-    pub async fn run_async_with<Conn, C, T, E, F>(
-        conn: &mut Conn,
-        reach: impl Fn(&mut Conn) -> &mut C,
-        job_call: JobCall<'_>,
-        body: F,
-    ) -> Result<Outcome<T>, E>
-    where
-        Conn: ?Sized,
-        C: AsyncJobRuntime,
-        T: JobOutput,
-        E: JobError,
-        F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
-    {
-        crate::lifecycle::run(conn, then_async_store(reach), job_call, body).await
-    }
-
-    /// Reaches the Diesel connection behind a handler's connection parameter. Called with method
-    /// syntax, so auto-deref finds the connection inside an r2d2 pooled connection or a `Box`.
-    pub trait JobConnection {
-        /// The connection itself.
-        fn job_connection(&mut self) -> &mut Self;
-    }
-
-    impl<C: crate::JobStore> JobConnection for C {
-        fn job_connection(&mut self) -> &mut Self {
-            self
-        }
-    }
-
-    /// [`JobConnection`] for async connections.
-    #[cfg(feature = "async")]
-    pub trait AsyncJobConnection {
-        /// The connection itself.
-        fn async_job_connection(&mut self) -> &mut Self;
-    }
-
-    #[cfg(feature = "async")]
-    impl<C: crate::AsyncJobStore> AsyncJobConnection for C {
-        fn async_job_connection(&mut self) -> &mut Self {
-            self
-        }
-    }
-
-    /// A fingerprint input: anything `Serialize`.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be a fingerprint input: it does not implement `Serialize`",
-        label = "this parameter is a fingerprint input, so its value must implement `serde::Serialize`",
-        note = "derive `serde::Serialize` for it, or name a field that implements it: `fingerprint(param.field)`"
-    )]
-    pub trait FingerprintInput {
-        /// Adds the value to the fingerprint under `name`.
-        fn add_to(&self, name: &str, builder: FingerprintBuilder) -> FingerprintBuilder;
-    }
-
-    impl<T: serde::Serialize + ?Sized> FingerprintInput for T {
-        fn add_to(&self, name: &str, builder: FingerprintBuilder) -> FingerprintBuilder {
-            builder.input(name, self)
-        }
-    }
-
-    /// A placeholder's value: anything `Display`, written into the key escaped.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be used in a job key: it does not implement `Display`",
-        label = "this parameter is a key placeholder, so its value must implement `std::fmt::Display`",
-        note = "implement `Display` for it, or name a field that does: `<param.field>`"
-    )]
-    pub trait KeyValue {
-        /// Writes the value into the key.
-        fn write_key(&self, writer: &mut KeyWriter);
-    }
-
-    impl<T: std::fmt::Display + ?Sized> KeyValue for T {
-        fn write_key(&self, writer: &mut KeyWriter) {
-            writer.value(self);
-        }
-    }
-}
+#[path = "private.rs"]
+pub mod __private_0_1_0;
 
 #[cfg(test)]
 mod tests {
@@ -431,7 +228,7 @@ mod tests {
         );
         let source = include_str!("lib.rs");
         assert!(
-            source.contains(&format!("pub mod {expected} {{")),
+            source.contains(&format!("pub mod {expected};")),
             "rename the private module to `{expected}` (the macro crate generates that path)"
         );
     }

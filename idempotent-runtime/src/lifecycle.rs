@@ -39,7 +39,7 @@ impl JobCall<'_> {
     /// Runs the call on a sync connection; see [`run`](crate::run).
     pub fn run<C, T, E, F>(self, conn: &mut C, body: F) -> Result<Outcome<T>, E>
     where
-        C: crate::JobStore,
+        C: crate::connection::JobStore,
         T: JobOutput,
         E: JobError,
         F: FnOnce(&mut C) -> Result<T, E>,
@@ -52,7 +52,7 @@ impl JobCall<'_> {
     #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
     pub async fn run_async<C, T, E, F>(self, conn: &mut C, body: F) -> Result<Outcome<T>, E>
     where
-        C: crate::AsyncJobStore,
+        C: crate::connection::AsyncJobStore,
         T: JobOutput,
         E: JobError,
         F: AsyncFnOnce(&mut C) -> Result<T, E>,

@@ -109,14 +109,17 @@ impl Migrate {
     }
 
     /// Creates or upgrades the tables through a sync connection; see [`migrate`](crate::migrate).
-    pub fn run<C: crate::JobStore>(&self, conn: &mut C) -> Result<(), Error> {
+    pub fn run<C: crate::connection::JobStore>(&self, conn: &mut C) -> Result<(), Error> {
         crate::drive::block_on(run(conn.idempotent_store(), self.lock_timeout))
     }
 
     /// Creates or upgrades the tables through an async connection.
     #[cfg(feature = "async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-    pub async fn run_async<C: crate::AsyncJobStore>(&self, conn: &mut C) -> Result<(), Error> {
+    pub async fn run_async<C: crate::connection::AsyncJobStore>(
+        &self,
+        conn: &mut C,
+    ) -> Result<(), Error> {
         run(conn.idempotent_store(), self.lock_timeout).await
     }
 }

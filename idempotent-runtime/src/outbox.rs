@@ -170,7 +170,7 @@ fn message_id(digest: &[u8; 32], run: &[u8; 16], topic: &str, position: u32) -> 
 /// ([`Error::OutboxOnAnotherConnection`]).
 pub fn push<C, T>(conn: &mut C, topic: &str, payload: &T) -> Result<String, Error>
 where
-    C: crate::JobStore,
+    C: crate::connection::JobStore,
     T: Serialize + ?Sized,
 {
     crate::drive::block_on(push_on(conn.idempotent_store(), topic, payload))
@@ -181,7 +181,7 @@ where
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub async fn push_async<C, T>(conn: &mut C, topic: &str, payload: &T) -> Result<String, Error>
 where
-    C: crate::AsyncJobStore,
+    C: crate::connection::AsyncJobStore,
     T: Serialize + ?Sized,
 {
     push_on(conn.idempotent_store(), topic, payload).await
@@ -225,14 +225,17 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
 /// Messages not yet delivered and not parked (waiting, being delivered, or backing off after a
 /// failed attempt), oldest first, at most `limit`: what an operator looks at when messages seem
 /// stuck.
-pub fn unsent<C: crate::JobStore>(conn: &mut C, limit: u32) -> Result<Vec<OutboxMessage>, Error> {
+pub fn unsent<C: crate::connection::JobStore>(
+    conn: &mut C,
+    limit: u32,
+) -> Result<Vec<OutboxMessage>, Error> {
     crate::drive::block_on(unsent_on(conn.idempotent_store(), limit))
 }
 
 /// [`unsent`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn unsent_async<C: crate::AsyncJobStore>(
+pub async fn unsent_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     limit: u32,
 ) -> Result<Vec<OutboxMessage>, Error> {
@@ -248,14 +251,14 @@ async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessa
 }
 
 /// Messages parked after too many failed attempts, oldest first.
-pub fn parked<C: crate::JobStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
+pub fn parked<C: crate::connection::JobStore>(conn: &mut C) -> Result<Vec<OutboxMessage>, Error> {
     crate::drive::block_on(parked_on(conn.idempotent_store()))
 }
 
 /// [`parked`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn parked_async<C: crate::AsyncJobStore>(
+pub async fn parked_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
 ) -> Result<Vec<OutboxMessage>, Error> {
     parked_on(conn.idempotent_store()).await
@@ -269,7 +272,7 @@ async fn parked_on<S: Store>(conn: &mut S) -> Result<Vec<OutboxMessage>, Error> 
 }
 
 /// Sends parked messages again: all of them, or the one with `message_id`. Returns how many.
-pub fn retry_parked<C: crate::JobStore>(
+pub fn retry_parked<C: crate::connection::JobStore>(
     conn: &mut C,
     message_id: Option<&str>,
 ) -> Result<usize, Error> {
@@ -279,7 +282,7 @@ pub fn retry_parked<C: crate::JobStore>(
 /// [`retry_parked`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn retry_parked_async<C: crate::AsyncJobStore>(
+pub async fn retry_parked_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     message_id: Option<&str>,
 ) -> Result<usize, Error> {
@@ -294,7 +297,7 @@ async fn retry_parked_on<S: Store>(conn: &mut S, message_id: Option<&str>) -> Re
 
 /// Deletes messages delivered more than `older_than` ago, in batches as `options` says (as
 /// [`prune`](crate::prune::prune()) does for lapsed claims).
-pub fn prune_delivered<C: crate::JobStore>(
+pub fn prune_delivered<C: crate::connection::JobStore>(
     conn: &mut C,
     older_than: Duration,
     options: &Prune,
@@ -309,7 +312,7 @@ pub fn prune_delivered<C: crate::JobStore>(
 /// [`prune_delivered`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn prune_delivered_async<C: crate::AsyncJobStore>(
+pub async fn prune_delivered_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     older_than: Duration,
     options: &Prune,
@@ -333,14 +336,16 @@ async fn prune_delivered_on<S: Store>(
 
 /// How many messages are pending, leased, delivered and parked, in one query; with the `metrics`
 /// feature also set as the gauges `idempotent_outbox_messages{state}`.
-pub fn counts<C: crate::JobStore>(conn: &mut C) -> Result<OutboxCounts, Error> {
+pub fn counts<C: crate::connection::JobStore>(conn: &mut C) -> Result<OutboxCounts, Error> {
     crate::drive::block_on(counts_on(conn.idempotent_store()))
 }
 
 /// [`counts`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn counts_async<C: crate::AsyncJobStore>(conn: &mut C) -> Result<OutboxCounts, Error> {
+pub async fn counts_async<C: crate::connection::AsyncJobStore>(
+    conn: &mut C,
+) -> Result<OutboxCounts, Error> {
     counts_on(conn.idempotent_store()).await
 }
 
@@ -500,7 +505,7 @@ impl Relay {
     /// would hold its row locks until that transaction ends.
     pub fn run_once<C, E, F>(&self, conn: &mut C, mut deliver: F) -> Result<RelayReport, Error>
     where
-        C: crate::JobStore,
+        C: crate::connection::JobStore,
         E: fmt::Display,
         F: FnMut(&OutboxMessage) -> Result<(), E>,
     {
@@ -514,7 +519,7 @@ impl Relay {
     /// Runs batches until none is left that can be sent now.
     pub fn drain<C, E, F>(&self, conn: &mut C, mut deliver: F) -> Result<RelayReport, Error>
     where
-        C: crate::JobStore,
+        C: crate::connection::JobStore,
         E: fmt::Display,
         F: FnMut(&OutboxMessage) -> Result<(), E>,
     {
@@ -534,7 +539,7 @@ impl Relay {
         mut deliver: F,
     ) -> Result<RelayReport, Error>
     where
-        C: crate::AsyncJobStore,
+        C: crate::connection::AsyncJobStore,
         E: fmt::Display,
         F: AsyncFnMut(&OutboxMessage) -> Result<(), E>,
     {
@@ -550,7 +555,7 @@ impl Relay {
         mut deliver: F,
     ) -> Result<RelayReport, Error>
     where
-        C: crate::AsyncJobStore,
+        C: crate::connection::AsyncJobStore,
         E: fmt::Display,
         F: AsyncFnMut(&OutboxMessage) -> Result<(), E>,
     {

@@ -71,14 +71,17 @@ pub struct PruneReport {
 }
 
 /// Deletes lapsed claims in batches; see the [module docs](self).
-pub fn prune<C: crate::JobStore>(conn: &mut C, options: &Prune) -> Result<PruneReport, Error> {
+pub fn prune<C: crate::connection::JobStore>(
+    conn: &mut C,
+    options: &Prune,
+) -> Result<PruneReport, Error> {
     crate::drive::block_on(prune_lapsed(conn.idempotent_store(), options))
 }
 
 /// [`prune`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub async fn prune_async<C: crate::AsyncJobStore>(
+pub async fn prune_async<C: crate::connection::AsyncJobStore>(
     conn: &mut C,
     options: &Prune,
 ) -> Result<PruneReport, Error> {

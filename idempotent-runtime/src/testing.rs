@@ -50,14 +50,16 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads every table through a sync connection.
-    pub fn take<C: crate::JobStore>(conn: &mut C) -> QueryResult<Snapshot> {
+    pub fn take<C: crate::connection::JobStore>(conn: &mut C) -> QueryResult<Snapshot> {
         crate::drive::block_on(snapshot(conn.idempotent_store()))
     }
 
     /// Reads every table through an async connection.
     #[cfg(feature = "async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-    pub async fn take_async<C: crate::AsyncJobStore>(conn: &mut C) -> QueryResult<Snapshot> {
+    pub async fn take_async<C: crate::connection::AsyncJobStore>(
+        conn: &mut C,
+    ) -> QueryResult<Snapshot> {
         snapshot(conn.idempotent_store()).await
     }
 
@@ -198,7 +200,7 @@ fn shorten(row: &str) -> String {
 #[track_caller]
 pub fn assert_idempotent<C, T, E>(conn: &mut C, mut job: impl FnMut(&mut C) -> Result<T, E>) -> T
 where
-    C: crate::JobStore,
+    C: crate::connection::JobStore,
     E: fmt::Debug,
 {
     let first = first_run(job(conn));
@@ -224,7 +226,7 @@ pub fn assert_rerun_after_crash<C, T, E>(
     mut job: impl FnMut(&mut C) -> Result<T, E>,
 ) -> T
 where
-    C: crate::JobStore,
+    C: crate::connection::JobStore,
     E: fmt::Debug,
 {
     let first = {
@@ -254,7 +256,7 @@ pub async fn assert_idempotent_async<C, T, E>(
     mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
 ) -> T
 where
-    C: crate::AsyncJobStore,
+    C: crate::connection::AsyncJobStore,
     E: fmt::Debug,
 {
     let first = first_run(job(conn).await);
@@ -274,7 +276,7 @@ pub async fn assert_rerun_after_crash_async<C, T, E>(
     mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
 ) -> T
 where
-    C: crate::AsyncJobStore,
+    C: crate::connection::AsyncJobStore,
     E: fmt::Debug,
 {
     let first = {

@@ -236,9 +236,9 @@ macro_rules! sync_store {
             }
         }
 
-        impl $crate::sealed::Sealed for $conn {}
+        impl $crate::connection::Sealed for $conn {}
 
-        impl $crate::JobStore for $conn {
+        impl $crate::connection::JobStore for $conn {
             type Runtime = Self;
 
             fn idempotent_store(&mut self) -> &mut Self {
@@ -325,9 +325,9 @@ macro_rules! async_store {
             }
         }
 
-        impl $crate::sealed::Sealed for $conn {}
+        impl $crate::connection::Sealed for $conn {}
 
-        impl $crate::AsyncJobStore for $conn {
+        impl $crate::connection::AsyncJobStore for $conn {
             type Runtime = Self;
 
             fn idempotent_store(&mut self) -> &mut Self {
@@ -511,20 +511,20 @@ mod pooled {
     use crate::store::{Database, Nesting, Store, Unfinished};
 
     /// The runtime's view of the pooled connection.
-    type Inner<M> = <<M as Manager>::Type as crate::AsyncJobStore>::Runtime;
+    type Inner<M> = <<M as Manager>::Type as crate::connection::AsyncJobStore>::Runtime;
 
     fn inner<M>(object: &mut Object<M>) -> &mut Inner<M>
     where
         M: Manager + 'static,
-        M::Type: crate::AsyncJobStore,
+        M::Type: crate::connection::AsyncJobStore,
     {
-        crate::AsyncJobStore::idempotent_store(&mut **object)
+        crate::connection::AsyncJobStore::idempotent_store(&mut **object)
     }
 
     impl<M> crate::__private_0_1_0::AsyncJobRuntime for Object<M>
     where
         M: Manager + 'static,
-        M::Type: crate::AsyncJobStore,
+        M::Type: crate::connection::AsyncJobStore,
     {
         type Runtime = Self;
 
@@ -537,7 +537,7 @@ mod pooled {
     impl<M> crate::__private_0_1_0::AsyncJobConnection for Object<M>
     where
         M: Manager + 'static,
-        M::Type: crate::AsyncJobStore,
+        M::Type: crate::connection::AsyncJobStore,
     {
         fn async_job_connection(&mut self) -> &mut Self {
             self
@@ -547,7 +547,7 @@ mod pooled {
     impl<M> Store for Object<M>
     where
         M: Manager + 'static,
-        M::Type: crate::AsyncJobStore,
+        M::Type: crate::connection::AsyncJobStore,
     {
         type Db = <Inner<M> as Store>::Db;
 

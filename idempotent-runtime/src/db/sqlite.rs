@@ -673,9 +673,9 @@ mod wrapper {
         }
     }
 
-    impl crate::sealed::Sealed for Wrapper {}
+    impl crate::connection::Sealed for Wrapper {}
 
-    impl crate::AsyncJobStore for Wrapper {
+    impl crate::connection::AsyncJobStore for Wrapper {
         type Runtime = Self;
 
         fn idempotent_store(&mut self) -> &mut Self {
