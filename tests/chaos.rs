@@ -1090,12 +1090,11 @@ fn sigterm_while_starting_exits_cleanly() {
     let mut workers = Workers::new(&db, &unique("idempotent_starting"), &[]);
     workers.db_url = "postgres://postgres@127.0.0.1:1/test".to_owned();
     let id = workers.start();
-    let started = Instant::now();
+    // The worker retries an unreachable database for as long as it takes (it never gives up), so
+    // an exit 0 that says it stopped before taking any work, with no READY, can only come from
+    // the signal: no duration to measure (stop_all fails the test if it is still running a
+    // minute after SIGTERM).
     assert_eq!(workers.stop_all(), 1);
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "it stopped at once, not after giving up on the database"
-    );
     // Its last lines may still be on their way from the pipe's reader thread.
     let mut figures = Figures::default();
     workers.until(

@@ -122,9 +122,21 @@ fn pgbouncer_with_statement_cache(bouncer: &PgBouncer, runs: usize) -> Vec<Strin
     errors
 }
 
-/// Terminates the server connection of a job paused inside its transaction (idle in it for a
-/// while, unlike a running job's): PgBouncer then closes the client's connection.
-fn terminate_paused_transactions(server_port: u16) -> usize {
+/// Terminates the server connection of a job held inside its transaction (idle in it for a
+/// second or more, where a running job's connection is idle in its transaction only between two
+/// statements): PgBouncer then closes the client's connection. Waits up to a minute for one.
+fn terminate_held_transaction(server_port: u16) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let terminated = terminate_idle_transactions(server_port);
+        if terminated > 0 || Instant::now() >= deadline {
+            return terminated;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn terminate_idle_transactions(server_port: u16) -> usize {
     #[derive(QueryableByName)]
     struct Terminated {
         #[diesel(sql_type = diesel::sql_types::Bool)]
@@ -135,7 +147,7 @@ fn terminate_paused_transactions(server_port: u16) -> usize {
     let rows: Vec<Terminated> = diesel::sql_query(
         "SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity \
          WHERE datname = 'test' AND state = 'idle in transaction' \
-         AND state_change < clock_timestamp() - INTERVAL '150 milliseconds'",
+         AND state_change < clock_timestamp() - INTERVAL '1 second'",
     )
     .load(&mut conn)
     .expect("pg_terminate_backend");
@@ -178,7 +190,7 @@ fn pgbouncer_transaction_pooling() {
     let paused: Vec<String> = (0..TERMINATIONS)
         .map(|k| format!("bouncer-{}", RACED + 40 + k * 40))
         .collect();
-    let hook = cluster_workers::pause_once(&broker, &paused, Duration::from_millis(600));
+    let hook = cluster_workers::hold_once(&broker, &paused);
     let options = ConnOptions {
         statement_cache: false,
         session: None,
@@ -202,11 +214,14 @@ fn pgbouncer_transaction_pooling() {
             Duration::from_secs(60),
             |s| Broker::paused(s) >= k,
         );
-        std::thread::sleep(Duration::from_millis(250));
         broker.event(Event::Fault(format!(
             "terminating the server connection under paused job {k}"
         )));
-        terminated += terminate_paused_transactions(pg.primary.port);
+        terminated += terminate_held_transaction(pg.primary.port);
+        let held = Broker::held(&broker.state(), k)
+            .expect("the job held")
+            .to_owned();
+        broker.release(&held);
     }
     broker.wait_all_acked(Duration::from_secs(120));
     cluster_workers::stop(&broker, workers);
@@ -714,9 +729,14 @@ fn failover(replication: Replication) {
     // after those (short: without a synchronous standby the workers go on at a job a millisecond).
     std::thread::sleep(Duration::from_millis(20));
     let behind_from = broker.acked();
-    // Up to 40 acknowledgements or two seconds, whichever comes first: with a synchronous standby
-    // no commit returns while it is cut off.
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // Up to 40 acknowledgements: an asynchronous standby does not hold the primary back, so they
+    // come (a minute is a deadline, not a measurement); a synchronous standby holds every commit
+    // back while it is cut off, and two seconds without one is the window that shows it.
+    let window = match replication {
+        Replication::Synchronous => Duration::from_secs(2),
+        Replication::Asynchronous => Duration::from_secs(60),
+    };
+    let deadline = Instant::now() + window;
     while Instant::now() < deadline && broker.acked() < behind_from + 40 {
         std::thread::sleep(Duration::from_millis(20));
     }

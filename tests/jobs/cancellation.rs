@@ -165,7 +165,11 @@ where
             let mut conn = pool.get().await.expect("a pooled connection");
             handlers::charge_async(&mut *conn, "order-dropped", 4200, Mode::Succeed).await
         };
-        let outcome = tokio::time::timeout(Duration::from_secs(10), redelivery).await;
+        // A deadline, not a measurement: without the eviction the dropped job's transaction, and
+        // the key's lock with it, stays open for as long as the pool keeps the connection idle
+        // (forever here). The eviction looks for the connection every 20 ms for 5 s; a minute
+        // leaves a loaded machine all the room it needs and still fails a redelivery held for good.
+        let outcome = tokio::time::timeout(Duration::from_secs(60), redelivery).await;
         (outcome, started.elapsed(), pool.status().size)
     });
     let receipt = outcome

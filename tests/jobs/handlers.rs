@@ -349,6 +349,7 @@ pub fn held_job<C: TestConn>(conn: &mut C, id: &str, hold_ms: u64) -> Result<(),
     conn.insert_message("held", id)?;
     crate::signals::notify(id);
     std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+    crate::signals::notify(&crate::signals::body_done(id));
     Ok(())
 }
 
@@ -642,6 +643,7 @@ mod asynchronous {
         conn.insert_message("held", id).await?;
         crate::signals::notify(id);
         std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+        crate::signals::notify(&crate::signals::body_done(id));
         Ok(())
     }
 

@@ -210,18 +210,33 @@ pub fn a_held_migration_lock_times_out_clearly<B: Backend>(hold: &str, release: 
     let mut holder = db.connect();
     B::execute(&mut holder, hold);
     let mut conn = db.connect();
-    let started = std::time::Instant::now();
-    let error =
-        B::migrate_waiting(&mut conn, Duration::from_secs(1)).expect_err("the lock is held");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
+    // By events, not a duration: the holder lets go of the lock only once `migrate` has returned,
+    // or, if `migrate` waits as if there were no timeout, after a minute; then `migrate` gets the
+    // lock and succeeds, and the test fails saying so instead of hanging.
+    let (returned, migrate_returned) = std::sync::mpsc::channel::<()>();
+    let error = std::thread::scope(|scope| {
+        let holder = &mut holder;
+        let letting_go = scope.spawn(move || {
+            let returned_first = migrate_returned
+                .recv_timeout(Duration::from_secs(60))
+                .is_ok();
+            B::execute(holder, release);
+            returned_first
+        });
+        let migrated = B::migrate_waiting(&mut conn, Duration::from_secs(1));
+        let _ = returned.send(());
+        let error = migrated.expect_err(
+            "migrate waited for the migration lock until its holder let go, a minute later, instead of giving up after its 1 s timeout",
+        );
+        assert!(
+            letting_go.join().expect("the holder"),
+            "the holder let go before migrate returned"
+        );
+        error
+    });
     assert!(error.to_string().contains("held"), "{error}");
     assert!(error.to_string().contains("nothing was changed"), "{error}");
     assert!(B::snapshot(&mut conn).table_names().next().is_none());
-    B::execute(&mut holder, release);
     B::migrate_waiting(&mut conn, Duration::from_secs(1)).expect("the lock is free");
 }
 

@@ -29,6 +29,18 @@ impl Signal {
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("{what} did not happen within 30 s (signal `{}`)", self.1));
     }
+
+    /// Whether the body's signal has come already, without waiting: an order of events a test
+    /// can assert instead of a duration.
+    pub fn happened(&self) -> bool {
+        self.0.try_recv().is_ok()
+    }
+}
+
+/// The signal a body that holds its key (`held_job`) sends when it has finished working, just
+/// before it returns and its run commits.
+pub fn body_done(id: &str) -> String {
+    format!("{id}-body-done")
 }
 
 /// Prepares the signal `name` for a test to wait on.

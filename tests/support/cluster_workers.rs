@@ -43,9 +43,11 @@ pub fn no_hook() -> Hook {
     Arc::new(|_, _| {})
 }
 
-/// A hook that pauses each of `jobs` once, for `pause`, inside its transaction, after telling the
-/// queue: the test injects its fault while the job holds its transaction open.
-pub fn pause_once(broker: &Arc<Broker>, jobs: &[String], pause: Duration) -> Hook {
+/// A hook that holds each of `jobs` once inside its transaction, after telling the queue, until
+/// the test lets it go ([`Broker::release`]): the test injects its fault while the job holds its
+/// transaction open, for as long as that takes on a busy machine. A job not let go within two
+/// minutes goes on by itself, so a test that forgets fails on its counts instead of hanging.
+pub fn hold_once(broker: &Arc<Broker>, jobs: &[String]) -> Hook {
     let broker = Arc::clone(broker);
     let pending = Mutex::new(
         jobs.iter()
@@ -62,7 +64,7 @@ pub fn pause_once(broker: &Arc<Broker>, jobs: &[String], pause: Duration) -> Hoo
                 worker,
                 job: job.to_owned(),
             });
-            std::thread::sleep(pause);
+            broker.until_released(job, Duration::from_secs(120));
         }
     })
 }
@@ -322,6 +324,8 @@ pub struct State {
     pub published: usize,
     pub events: Vec<Event>,
     pub gave_up: Vec<String>,
+    /// Jobs held by [`hold_once`] that the test has let go.
+    released: std::collections::BTreeSet<String>,
     stop: bool,
 }
 
@@ -336,6 +340,11 @@ impl Broker {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         })
+    }
+
+    /// The queue's state, for a test to read.
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.lock()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -408,6 +417,41 @@ impl Broker {
     pub fn event(&self, event: Event) {
         self.lock().events.push(event);
         self.changed.notify_all();
+    }
+
+    /// Lets a job held by [`hold_once`] go on.
+    pub fn release(&self, job: &str) {
+        self.lock().released.insert(job.to_owned());
+        self.changed.notify_all();
+    }
+
+    /// Waits until the test lets `job` go, or `limit` has passed.
+    fn until_released(&self, job: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut state = self.lock();
+        while !state.released.contains(job) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The job the `n`-th hold (counted from 1) held, once it has.
+    pub fn held(state: &State, n: usize) -> Option<&str> {
+        state
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Paused { job, .. } => Some(job.as_str()),
+                _ => None,
+            })
+            .nth(n - 1)
     }
 
     fn give_up(&self, why: String) {
