@@ -101,6 +101,8 @@ fn relay(
     // Set before the commit is forwarded: from then on nothing the server says reaches the client.
     let cutting = Arc::new(AtomicBool::new(false));
     let silenced = Arc::clone(&cutting);
+    // The server's first reply after that (to the COMMIT): it has committed, and the cut follows.
+    let (answered, commit_answered) = std::sync::mpsc::channel::<()>();
     // A MySQL client may send `COMMIT` as a prepared statement: the text goes once, in
     // COM_STMT_PREPARE, and each commit is a COM_STMT_EXECUTE of the id the server answered with.
     let (preparing_commit, commit_statement) = (
@@ -146,11 +148,12 @@ fn relay(
                 break;
             }
             if cut {
-                // Long enough for the server to commit; then neither side hears from the other.
-                // Counted before the cut: the client sees its error as soon as the socket closes,
-                // and the test reads the count right after (counting after the shutdown lost that race
-                // in CI, 0 cuts seen for 1 made).
-                std::thread::sleep(Duration::from_millis(300));
+                // Once the server has answered the COMMIT (it committed: an event, not a guess at
+                // how long that takes; a minute is only a deadline), neither side hears from the
+                // other. Counted before the cut: the client sees its error as soon as the socket
+                // closes, and the test reads the count right after (counting after the shutdown
+                // lost that race in CI, 0 cuts seen for 1 made).
+                let _ = commit_answered.recv_timeout(Duration::from_secs(60));
                 cuts.fetch_add(1, Ordering::SeqCst);
                 let _ = client_for_cut.shutdown(Shutdown::Both);
                 let _ = server_for_cut.shutdown(Shutdown::Both);
@@ -161,7 +164,12 @@ fn relay(
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
         while let Ok(read) = server_in.read(&mut buffer) {
-            if read == 0 || silenced.load(Ordering::SeqCst) {
+            if read == 0 {
+                break;
+            }
+            if silenced.load(Ordering::SeqCst) {
+                // The reply to the COMMIT: kept from the client.
+                let _ = answered.send(());
                 break;
             }
             // COM_STMT_PREPARE_OK: status 0x00, then the statement id.
