@@ -1,7 +1,9 @@
-//! MySQL refuses to prepare `BEGIN` (`ER_UNSUPPORTED_PS`, 1295), where MariaDB takes it. A proxy in
-//! front of MariaDB answers a COM_STMT_PREPARE of `BEGIN` with that error, as MySQL does, and the
-//! runtime must fall back to Diesel's text `BEGIN` (with the savepoint MySQL needs) and lose
-//! nothing. Its own test binary: the fall-back is process-wide.
+//! MySQL refuses to prepare `BEGIN` and the savepoint statements (`ER_UNSUPPORTED_PS`, 1295), where
+//! MariaDB takes them. A proxy in front of MariaDB answers a COM_STMT_PREPARE of any of them with
+//! that error, as MySQL does, and the runtime must fall back to text (`BEGIN` with the job's
+//! savepoint, its release with the `COMMIT`) and lose nothing: jobs run once and replay, a failing
+//! job leaves nothing, and a body whose DDL commits the transaction is still caught. Its own test
+//! binary: the fall-back is process-wide.
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
@@ -35,6 +37,41 @@ fn charge(conn: &mut MysqlConnection, order_id: &str) -> Result<u32, TestError> 
     Ok(7)
 }
 
+/// Writes its effect, then runs `then` (DDL commits the transaction on MySQL), then fails or not.
+#[idempotent_job(key = "refusal-then:<order_id>")]
+fn charge_then(
+    conn: &mut MysqlConnection,
+    order_id: &str,
+    then: &str,
+    fail: bool,
+) -> Result<u32, TestError> {
+    diesel::insert_into(refusal_effects::table)
+        .values(refusal_effects::order_id.eq(order_id))
+        .execute(conn)?;
+    if !then.is_empty() {
+        conn.batch_execute(then)?;
+    }
+    if fail {
+        return Err(diesel::result::Error::RollbackTransaction.into());
+    }
+    Ok(8)
+}
+
+/// What MySQL refuses to prepare.
+fn refused(statement: &[u8]) -> bool {
+    let statement = String::from_utf8_lossy(statement).to_ascii_uppercase();
+    let statement = statement.trim_start();
+    [
+        "BEGIN",
+        "START TRANSACTION",
+        "SAVEPOINT",
+        "RELEASE SAVEPOINT",
+        "ROLLBACK TO",
+    ]
+    .iter()
+    .any(|refused| statement.starts_with(refused))
+}
+
 const COM_STMT_PREPARE: u8 = 0x16;
 
 /// An ERR packet with sequence number 1 (the reply to a command), as MySQL sends for a statement
@@ -53,7 +90,7 @@ fn unsupported_ps() -> Vec<u8> {
     packet
 }
 
-/// A proxy to `upstream` that refuses to prepare `BEGIN`; counts the refusals.
+/// A proxy to `upstream` that refuses to prepare what MySQL refuses; counts the refusals.
 fn start_proxy(upstream: String, refusals: Arc<AtomicUsize>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
     let port = listener.local_addr().expect("its address").port();
@@ -85,9 +122,7 @@ fn start_proxy(upstream: String, refusals: Arc<AtomicUsize>) -> u16 {
                             | usize::from(header[2]) << 16;
                         let end = (at + 4 + length).min(chunk.len());
                         let packet = &chunk[at..end];
-                        if packet.get(4) == Some(&COM_STMT_PREPARE)
-                            && packet[5..].eq_ignore_ascii_case(b"BEGIN")
-                        {
+                        if packet.get(4) == Some(&COM_STMT_PREPARE) && refused(&packet[5..]) {
                             refuse = true;
                         } else {
                             forward.extend_from_slice(packet);
@@ -175,6 +210,33 @@ fn a_server_that_refuses_a_prepared_begin_gets_a_text_begin() {
         .count()
         .get_result(&mut conn)
         .expect("a count");
+    // A failing job leaves nothing; its retry runs once.
+    charge_then(&mut conn, "d", "", true).expect_err("fails");
+    assert_eq!(charge_then(&mut conn, "d", "", false).expect("runs"), 8);
+    assert_eq!(charge_then(&mut conn, "d", "", false).expect("replays"), 8);
+    // DDL in the body commits the job's transaction: caught, the claim taken back, a retry runs.
+    let error = charge_then(
+        &mut conn,
+        "e",
+        "CREATE TABLE IF NOT EXISTS refusal_probe (id INT)",
+        false,
+    )
+    .expect_err("the transaction ended in the body");
+    assert!(
+        matches!(
+            error,
+            TestError::Idempotent(idempotent_jobs::Error::TransactionEndedInBody { .. })
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        charge_then(&mut conn, "e", "", false).expect("a retry runs"),
+        8
+    );
+    let effects_after: i64 = refusal_effects::table
+        .count()
+        .get_result(&mut conn)
+        .expect("a count");
     let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
     assert_eq!(
         refusals.load(Ordering::SeqCst),
@@ -182,6 +244,11 @@ fn a_server_that_refuses_a_prepared_begin_gets_a_text_begin() {
         "refused once, then not asked again"
     );
     assert_eq!(effects, 3, "each job ran once, and replayed once");
+    assert_eq!(
+        effects_after - effects,
+        3,
+        "d ran once (its failed run left nothing); e's run before the DDL committed its effect, as the error says, and its retry ran once more"
+    );
     assert!(
         switches >= 6 * 4,
         "every job's BEGIN and COMMIT went as text batches: {switches} multi-statement switches"

@@ -238,13 +238,16 @@ impl Call {
         tracing::info_span!("idempotent.job", job = self.job.name(), key = %self.key_text)
     }
 
-    pub(crate) fn claim(&self) -> Claim<'_> {
+    /// What the claim writes; `stores_result`: the run records a result, and the row reads as
+    /// unfinished until it does.
+    pub(crate) fn claim(&self, stores_result: bool) -> Claim<'_> {
         Claim {
             digest: &self.digest,
             token: self.context.claim_token(),
             key: &self.key_text,
             job: self.job.name(),
             fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+            result: stores_result.then_some(crate::store::UNFINISHED),
         }
     }
 

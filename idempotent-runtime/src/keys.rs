@@ -52,6 +52,10 @@ pub struct KeyRecord {
     pub lapsed: bool,
     /// Whether a result is stored, which a replay returns (`()` stores none).
     pub has_result: bool,
+    /// Whether the run that committed the key never recorded its result: a statement of its body
+    /// ended the job's transaction early and the worker died before it could take its claim back.
+    /// The next delivery takes the key over and runs the job to completion.
+    pub unfinished: bool,
     /// Whether an input fingerprint is stored, which a replay's inputs must match.
     pub has_fingerprint: bool,
 }
@@ -74,6 +78,7 @@ impl KeyRecord {
             expires_at: row.expires_at_micros.map(from_micros),
             lapsed: row.lapsed,
             has_result: row.has_result,
+            unfinished: row.unfinished,
             has_fingerprint: row.has_fingerprint,
         }
     }

@@ -32,7 +32,7 @@ use crate::error::{Error, Step};
 use crate::outcome::Outcome;
 use crate::retry::Retry;
 use crate::stats::Ending;
-use crate::store::{ClaimAttempt, Database, DoneRow, Nesting, Store};
+use crate::store::{ClaimAttempt, Database, DoneRow, Finish, Nesting, Store};
 use crate::transaction::{Transaction, itself};
 
 impl JobCall<'_> {
@@ -133,7 +133,10 @@ where
     {
         return Ok(Outcome::Replayed(value));
     }
-    let (nesting, claimed) = begin_and_claim(reach(conn), call)
+    // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
+    // result is recorded by every run, and the claim marks the row unfinished until then.
+    let stores_result = std::mem::size_of::<T>() != 0;
+    let (nesting, claimed) = begin_and_claim(reach(conn), call, stores_result)
         .await
         .map_err(|e| call.failed(e))?;
     // No `.await` between the claim's guard handing over and this one taking charge.
@@ -158,67 +161,35 @@ where
     })
     .await;
 
-    if let Ok(Produced::Ran(..) | Produced::Failed(_)) = &produced {
-        // A statement of the body may have committed the transaction behind our back (MySQL's
-        // implicit commits): then nothing below would be atomic with the work.
-        match S::Db::transaction_ended_early(transaction.store(), nesting).await {
-            Ok(false) => {}
-            Ok(true) => {
-                transaction.rollback().await;
-                // Either a statement of the body committed the transaction, claim included, or
-                // the database rolled it back (a caught deadlock; on Galera, a write certified on
-                // another node), and the key's row, if any, is another run's. Only this run's own
-                // claim is taken back, so that the key is not "done" for a run that did not
-                // finish in one transaction; another run's is never touched.
-                let token = call.context.claim_token();
-                let error = match S::Db::take_back(transaction.store(), &call.digest, token).await {
-                    Ok(false) => Error::TransactionRolledBackInBody {
-                        job: call.job.name(),
-                        key: call.key_text.clone(),
-                    },
-                    Ok(true) => Error::TransactionEndedInBody {
-                        job: call.job.name(),
-                        key: call.key_text.clone(),
-                    },
-                    Err(error) => {
-                        tracing::error!(%error, "taking back the claim of a job whose transaction ended early failed");
-                        Error::TransactionEndedInBody {
-                            job: call.job.name(),
-                            key: call.key_text.clone(),
-                        }
-                    }
-                };
-                return Err(call.failed(error).into());
-            }
-            Err(error) => {
-                transaction.rollback().await;
-                return Err(call
-                    .failed(call.database::<S::Db>(Step::Record, error))
-                    .into());
-            }
-        }
-    }
-
     match produced {
         Err(panic) => {
-            transaction.rollback().await;
+            end_unfinished(&mut transaction, call, nesting).await;
             call.finished(Ending::Panicked);
             resume_unwind(panic)
         }
         Ok(Produced::Failed(error)) => {
-            transaction.rollback().await;
+            if end_unfinished(&mut transaction, call, nesting).await {
+                return Err(call.failed(ended_in_body(call)).into());
+            }
             call.finished(Ending::Failed);
             Err(error)
         }
-        Ok(Produced::Replayed(Err(error)) | Produced::Ran(_, Err(error))) => {
+        Ok(Produced::Ran(_, Err(error))) => {
+            let error = match end_unfinished(&mut transaction, call, nesting).await {
+                true => ended_in_body(call),
+                false => error,
+            };
+            Err(call.failed(error).into())
+        }
+        Ok(Produced::Replayed(Err(error))) => {
             transaction.rollback().await;
             Err(call.failed(error).into())
         }
         Ok(Produced::Replayed(Ok(value))) => {
             transaction
-                .commit()
+                .finish_job(nesting)
                 .await
-                .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
+                .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
             match first_done_micros {
                 Some(micros) => crate::stats::replayed(call.job, call.started, micros),
                 None => call.finished(Ending::Replayed),
@@ -226,16 +197,124 @@ where
             Ok(Outcome::Replayed(value))
         }
         Ok(Produced::Ran(value, Ok(json))) => {
-            if let Err(error) = record(transaction.store(), call, json.as_deref()).await {
-                transaction.rollback().await;
+            if let Err(error) =
+                record(transaction.store(), call, json.as_deref(), stores_result).await
+            {
+                let error = match end_unfinished(&mut transaction, call, nesting).await {
+                    true => ended_in_body(call),
+                    false => error,
+                };
                 return Err(call.failed(error).into());
             }
-            transaction
-                .commit()
-                .await
-                .map_err(|e| call.failed(call.database::<S::Db>(Step::Commit, e)))?;
+            if let Err(finish) = transaction.finish_job(nesting).await {
+                let error = match finish {
+                    Finish::NotOwn(_) => not_own_at_commit(&mut transaction, call, nesting).await,
+                    finish => finish_failed::<S>(call, finish),
+                };
+                return Err(call.failed(error).into());
+            }
             call.finished(Ending::Ran);
             Ok(Outcome::Ran(value))
+        }
+    }
+}
+
+/// Ends a job's transaction that will not commit (its body failed or panicked, or a step after the
+/// body did): rolls it back when it is still the job's own; when it is not (a statement of the body
+/// ended or replaced it), ends whatever is open and takes back this run's claim, in case the body
+/// committed it. Whether the body had committed it (and so its work before that statement).
+async fn end_unfinished<Conn, S, R>(
+    transaction: &mut Transaction<'_, Conn, S, R>,
+    call: &Call,
+    nesting: Nesting,
+) -> bool
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+{
+    if transaction.still_own(nesting).await {
+        transaction.rollback().await;
+        return false;
+    }
+    transaction.abort_job(nesting).await;
+    take_back_claim(transaction.store(), call).await
+}
+
+/// The job's transaction turned out not to be its own at the commit: nothing the runtime did was
+/// committed; the body may have committed the claim (then taken back here) or not.
+async fn not_own_at_commit<Conn, S, R>(
+    transaction: &mut Transaction<'_, Conn, S, R>,
+    call: &Call,
+    nesting: Nesting,
+) -> Error
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+{
+    transaction.abort_job(nesting).await;
+    if take_back_claim(transaction.store(), call).await {
+        ended_in_body(call)
+    } else {
+        Error::TransactionRolledBackInBody {
+            job: call.job.name(),
+            key: call.key_text.clone(),
+        }
+    }
+}
+
+/// Deletes this run's claim if it was committed (by a statement of the body), in a transaction of
+/// its own; whether there was one. Only this run's own claim (by its token): another run's is never
+/// touched. A failure is logged: the row, if committed, still reads as unfinished, and the next
+/// delivery runs the job.
+async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> bool {
+    match take_back_in_own_transaction(store, &call.digest, call.context.claim_token()).await {
+        Ok(taken) => taken,
+        Err(error) => {
+            tracing::error!(%error, "taking back the claim of a job whose transaction ended in its body failed; a committed claim reads as unfinished, and the next delivery runs the job");
+            false
+        }
+    }
+}
+
+/// [`Database::take_back`] in a short transaction of its own (a session with `autocommit = 0`
+/// would otherwise never commit it).
+async fn take_back_in_own_transaction<S: Store>(
+    store: &mut S,
+    digest: &[u8; 32],
+    token: i64,
+) -> diesel::QueryResult<bool> {
+    let (mut transaction, _) = Transaction::begin(store, itself::<S>).await?;
+    match S::Db::take_back(transaction.store(), digest, token).await {
+        Ok(taken) => transaction.commit().await.map(|()| taken),
+        Err(error) => {
+            transaction.rollback().await;
+            Err(error)
+        }
+    }
+}
+
+fn ended_in_body(call: &Call) -> Error {
+    Error::TransactionEndedInBody {
+        job: call.job.name(),
+        key: call.key_text.clone(),
+    }
+}
+
+/// The error for a failed [`finish_job`](crate::transaction::finish_job) other than
+/// [`Finish::NotOwn`].
+fn finish_failed<S: Store>(call: &Call, finish: Finish) -> Error {
+    match finish {
+        Finish::BeforeCommit(source) => Error::Database {
+            job: call.job.name(),
+            key: call.key_text.clone(),
+            step: Step::Commit,
+            retryable: true,
+            source,
+        },
+        Finish::Commit(source) | Finish::NotOwn(source) => {
+            call.database::<S::Db>(Step::Commit, source)
         }
     }
 }
@@ -250,7 +329,7 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
         return None;
     }
     let row = match S::Db::done_row(store, &call.digest).await {
-        Ok(Some(row)) if !row.lapsed => row,
+        Ok(Some(row)) if !row.lapsed && !row.unfinished() => row,
         Ok(_) => return None,
         Err(error) => {
             crate::redelivery::read_failed(&error);
@@ -272,10 +351,16 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
     }
 }
 
-/// Stores the result and starts `keep`, when there is either; refuses a result larger than the
-/// database takes in one statement before sending it.
-async fn record<S: Store>(store: &mut S, call: &Call, json: Option<&str>) -> Result<(), Error> {
-    if json.is_none() && call.keep_micros.is_none() {
+/// Stores the result and starts `keep`, unless the job stores no result (zero-sized) and keeps
+/// its key for ever; refuses a result larger than the database takes in one statement before
+/// sending it.
+async fn record<S: Store>(
+    store: &mut S,
+    call: &Call,
+    json: Option<&str>,
+    stores_result: bool,
+) -> Result<(), Error> {
+    if !stores_result && json.is_none() && call.keep_micros.is_none() {
         return Ok(());
     }
     if let Some(json) = json {
@@ -328,8 +413,9 @@ async fn catch_panic<O>(
 async fn begin_and_claim<S: Store>(
     store: &mut S,
     call: &Call,
+    stores_result: bool,
 ) -> Result<(Nesting, Option<DoneRow>), Error> {
-    let claim = call.claim();
+    let claim = call.claim(stores_result);
     // Where the claim waits at BEGIN for the database's write lock (SQLite), the in-progress bound
     // bounds those retries; elsewhere the database's lock timeout bounds the claim's own wait.
     let window = match call.in_progress {
@@ -338,7 +424,7 @@ async fn begin_and_claim<S: Store>(
     };
     let mut retry = Retry::within(window);
     loop {
-        let begun = Transaction::begin_bounded(&mut *store, itself::<S>, call.in_progress).await;
+        let begun = Transaction::begin_job(&mut *store, itself::<S>, call.in_progress).await;
         let (step, error) = match begun {
             Err(error) => (Step::Begin, error),
             Ok((mut transaction, nesting)) => {
@@ -439,8 +525,15 @@ async fn claim_key<S: Store>(
     for _ in 0..3 {
         match S::Db::claim(store, claim).await? {
             ClaimAttempt::Inserted => return Ok(None),
-            ClaimAttempt::Found(row) if !row.lapsed => return Ok(Some(row)),
-            ClaimAttempt::Found(_) if S::Db::renew(store, claim).await? => return Ok(None),
+            ClaimAttempt::Found(row) if !row.lapsed && !row.unfinished() => return Ok(Some(row)),
+            ClaimAttempt::Found(row) if S::Db::renew(store, claim).await? => {
+                if row.unfinished() {
+                    tracing::warn!(
+                        "the key was committed by a run that never recorded its result (a statement of its body ended the job's transaction, and its worker died before it could take the claim back); this run takes the key over and runs the job"
+                    );
+                }
+                return Ok(None);
+            }
             // Renewed by another worker first, pruned, or committed after this statement began.
             ClaimAttempt::Found(_) | ClaimAttempt::Missing => {}
         }

@@ -88,6 +88,34 @@ pub trait Store: Send + Sized {
         self.begin()
     }
 
+    /// Opens a job's own transaction: as [`begin_bounded`](Self::begin_bounded) (or
+    /// [`begin`](Self::begin) without a bound) and, when it is the outermost, the savepoint
+    /// `idempotent_job` right after `BEGIN`, in the same round trip where the connection allows.
+    /// A statement of the body that ends the transaction (`COMMIT`, `ROLLBACK`, an implicit
+    /// commit) or replaces it (`BEGIN` again) takes that savepoint with it: that is how
+    /// [`finish_job`](crate::transaction::finish_job) tells that the transaction is no longer the job's.
+    #[doc(hidden)]
+    fn begin_job(
+        &mut self,
+        bound: Option<Duration>,
+    ) -> impl Future<Output = QueryResult<Nesting>> + Send;
+
+    /// Whether one text batch of several statements is one round trip on this connection, so that
+    /// releasing the job's savepoint can go out with the `COMMIT` (PostgreSQL; diesel-async's
+    /// MySQL). Where it is not (Diesel's sync MySQL switches multi-statement mode on and off around
+    /// a batch; SQLite has no round trips), the two go as prepared statements one after the other,
+    /// which also tells a missing savepoint from a failed commit without looking at the error.
+    #[doc(hidden)]
+    fn finish_in_one_batch(&mut self) -> bool {
+        false
+    }
+
+    /// Tells Diesel's transaction manager that no transaction is open on this connection, after
+    /// the runtime ended the outermost one with statements of its own (or found it ended by the
+    /// body); `broken`: the connection may be in any state, and must not be used for another job.
+    #[doc(hidden)]
+    fn forget_transaction(&mut self, broken: bool);
+
     /// Commits the innermost transaction (releases the savepoint).
     #[doc(hidden)]
     fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
@@ -172,18 +200,6 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
-    /// Whether a statement of the body ended the job's transaction behind the runtime's back (MySQL
-    /// commits implicitly before DDL, `LOCK TABLES`, ...). Checked after the body, before anything
-    /// is recorded or committed.
-    #[doc(hidden)]
-    fn transaction_ended_early<C: Store<Db = Self>>(
-        conn: &mut C,
-        nesting: Nesting,
-    ) -> impl Future<Output = QueryResult<bool>> + Send {
-        let _ = (conn, nesting);
-        async { Ok(false) }
-    }
-
     /// The most the database takes in one statement, if a result of `bytes` could exceed it; `None`
     /// when it fits.
     #[doc(hidden)]
@@ -262,6 +278,19 @@ pub trait Database: Sized + Send + Sync + 'static {
         digest: &[u8; 32],
     ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send;
 
+    /// Releases the job's savepoint (`idempotent_job`): fails when the transaction is no longer
+    /// the job's own.
+    #[doc(hidden)]
+    fn release_job<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move {
+            conn.execute(Statement::<crate::db::ReleaseJob, _>::new(()))
+                .await
+                .map(drop)
+        }
+    }
+
     /// Deletes the key's row if this run's claim (`token`) holds it; whether it did.
     #[doc(hidden)]
     fn take_back<C: Store<Db = Self>>(
@@ -279,7 +308,8 @@ pub trait Database: Sized + Send + Sync + 'static {
         claim: &Claim<'_>,
     ) -> impl Future<Output = QueryResult<ClaimAttempt>> + Send;
 
-    /// Takes over a claim that has lapsed: `true` if this transaction now holds it.
+    /// Takes over a claim that has lapsed, or a committed one whose run never recorded its result
+    /// ([`UNFINISHED`]): `true` if this transaction now holds it.
     #[doc(hidden)]
     fn renew<C: Store<Db = Self>>(
         conn: &mut C,
@@ -422,7 +452,18 @@ pub struct Claim<'a> {
     pub key: &'a str,
     pub job: &'a str,
     pub fingerprint: Option<&'a [u8]>,
+    /// What the claimed row's `result` holds until the run records its own: [`UNFINISHED`] for a
+    /// job that stores a result (so a row committed without one, by a body that ended the
+    /// transaction early, reads as a run that did not finish); `None` for a job whose result is
+    /// zero-sized (`()`), which has nothing to store and whose claim is the whole record.
+    pub result: Option<&'a str>,
 }
+
+/// `done_jobs.result` of a row whose run claimed the key and has not recorded its result: never
+/// valid JSON, so never replayed. A committed row that still holds it was committed early (a
+/// statement of the body ended the job's transaction, and the worker died before it could take
+/// its claim back); the next delivery takes the key over and runs the job.
+pub const UNFINISHED: &str = "";
 
 /// A `done_jobs` row as a claim reads it back.
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
@@ -440,6 +481,26 @@ pub struct DoneRow {
     /// Whether `expires_at` has passed, by the database's clock.
     #[diesel(sql_type = diesel::sql_types::Bool)]
     pub lapsed: bool,
+}
+
+impl DoneRow {
+    /// Whether the run that committed this row never recorded its result ([`UNFINISHED`]).
+    pub fn unfinished(&self) -> bool {
+        self.result.as_deref() == Some(UNFINISHED)
+    }
+}
+
+/// How finishing a job's transaction failed; see [`crate::transaction::finish_job`].
+#[derive(Debug)]
+pub enum Finish {
+    /// The transaction was no longer the job's own: a statement of the body ended it, replaced it
+    /// with another, or (PostgreSQL) a failed statement aborted it. Nothing was committed by the
+    /// runtime; whether the body committed the claim is for the caller to find out.
+    NotOwn(DieselError),
+    /// The connection failed before the `COMMIT` was sent: nothing was committed.
+    BeforeCommit(DieselError),
+    /// The `COMMIT` failed (rolled back), or its connection did (outcome unknown).
+    Commit(DieselError),
 }
 
 /// What one attempt at claiming found.
@@ -537,6 +598,9 @@ pub struct KeyRow {
     pub claim_token: Option<i64>,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     pub has_result: bool,
+    /// The run that committed the row never recorded its result ([`UNFINISHED`]).
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub unfinished: bool,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     pub has_fingerprint: bool,
     #[diesel(sql_type = diesel::sql_types::BigInt)]

@@ -5,7 +5,7 @@
 //! `drop`, it marks the connection broken so that no later job commits into what was left open.
 
 use crate::retry::Retry;
-use crate::store::{Nesting, Store, Unfinished};
+use crate::store::{Database, Finish, Nesting, Store, Unfinished};
 
 /// A transaction the runtime opened: committed or rolled back explicitly, cleaned up by
 /// [`Store::abandon`] when dropped open.
@@ -54,6 +54,43 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
                 Err(error)
             }
         }
+    }
+
+    /// Opens a job's own transaction ([`Store::begin_job`]), guarded from before `BEGIN` is sent.
+    pub(crate) async fn begin_job(
+        conn: &'a mut Conn,
+        reach: R,
+        bound: Option<std::time::Duration>,
+    ) -> diesel::QueryResult<(Self, Nesting)> {
+        let mut transaction = Self::opened(conn, reach);
+        match transaction.store().begin_job(bound).await {
+            Ok(nesting) => Ok((transaction, nesting)),
+            Err(error) => {
+                transaction.open = false;
+                Err(error)
+            }
+        }
+    }
+
+    /// Commits a job's transaction, if it is still the job's own; see [`finish_job`].
+    pub(crate) async fn finish_job(&mut self, nesting: Nesting) -> Result<(), Finish> {
+        let finished = finish_job(self.store(), nesting).await;
+        self.open = false;
+        finished
+    }
+
+    /// Whether the job's transaction is still its own (its savepoint is there, and released
+    /// now): a statement of the body did not end or replace it. Inside a caller's transaction the
+    /// job's savepoint is Diesel's, which only the rollback can test.
+    pub(crate) async fn still_own(&mut self, nesting: Nesting) -> bool {
+        nesting == Nesting::Savepoint || S::Db::release_job(self.store()).await.is_ok()
+    }
+
+    /// Ends whatever transaction the connection is in, once the job's own turned out to be gone;
+    /// see [`abort_job`].
+    pub(crate) async fn abort_job(&mut self, nesting: Nesting) {
+        abort_job(self.store(), nesting).await;
+        self.open = false;
     }
 
     /// The connection as the caller knows it (what a body gets).
@@ -128,4 +165,66 @@ pub(crate) async fn in_transaction<S: Store, T>(
             result => return result,
         }
     }
+}
+
+/// Commits a job's transaction, proving first that it is still the job's own: its savepoint
+/// ([`Store::begin_job`]) is released, and only then is `COMMIT` sent, in one text batch where that
+/// is one round trip (the `COMMIT` does not run when the release fails) and one after the other
+/// elsewhere. Inside a caller's transaction it releases Diesel's savepoint.
+///
+/// A transaction that is no longer the job's own ([`Finish::NotOwn`]) was ended, replaced or
+/// aborted by a statement of the body; the connection is left for [`abort_job`].
+pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Result<(), Finish> {
+    if nesting == Nesting::Savepoint {
+        return store.commit().await.map_err(Finish::NotOwn);
+    }
+    if store.finish_in_one_batch() {
+        return match store.batch(crate::db::RELEASE_AND_COMMIT).await {
+            Ok(()) => {
+                store.forget_transaction(false);
+                Ok(())
+            }
+            Err(error) if S::Db::connection_lost(&error) => {
+                store.forget_transaction(true);
+                Err(Finish::Commit(error))
+            }
+            // The release's errors (no such savepoint, no transaction, an aborted transaction) are
+            // none of the kinds Diesel names; a failing `COMMIT` (a serialization failure, a
+            // deferred constraint) names its kind, and has ended the transaction.
+            Err(
+                error @ diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::Unknown,
+                    _,
+                ),
+            ) => Err(Finish::NotOwn(error)),
+            Err(error) => {
+                abort_job(store, nesting).await;
+                Err(Finish::Commit(error))
+            }
+        };
+    }
+    if let Err(error) = S::Db::release_job(store).await {
+        return Err(if S::Db::connection_lost(&error) {
+            store.forget_transaction(true);
+            Finish::BeforeCommit(error)
+        } else {
+            Finish::NotOwn(error)
+        });
+    }
+    store.commit().await.map_err(Finish::Commit)
+}
+
+/// Ends whatever transaction the connection is in with `ROLLBACK` (when the body ended the job's
+/// own, it may have begun another), and tells Diesel that none is open; inside a caller's
+/// transaction, rolls back to Diesel's savepoint.
+pub(crate) async fn abort_job<S: Store>(store: &mut S, nesting: Nesting) {
+    if nesting == Nesting::Savepoint {
+        if let Err(error) = store.rollback().await {
+            tracing::error!(%error, "rolling back a job's savepoint failed; the connection is marked broken");
+        }
+        return;
+    }
+    let rolled_back = store.batch("ROLLBACK").await;
+    // "No transaction is active" is what some databases answer; only a lost connection is broken.
+    store.forget_transaction(matches!(&rolled_back, Err(error) if S::Db::connection_lost(error)));
 }

@@ -128,6 +128,13 @@ pub trait Backend: Sized + 'static {
         hand_over: bool,
     ) -> Result<(), TestError>;
     fn big_result(conn: &mut Self::Conn, id: &str, bytes: usize) -> Result<usize, TestError>;
+    /// `statements_in_body`: runs `statements` (`;;`-separated) in its body, catching failures.
+    fn statements_in_body(
+        conn: &mut Self::Conn,
+        id: &str,
+        statements: &str,
+        fail: bool,
+    ) -> Result<Receipt, TestError>;
     fn write_skew(
         conn: &mut Self::Conn,
         barrier: &str,
@@ -422,6 +429,15 @@ macro_rules! sync_backend {
                 hand_over: bool,
             ) -> Result<(), TestError> {
                 handlers::rolled_back_in_body(conn, id, hand_over)
+            }
+
+            fn statements_in_body(
+                conn: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+                fail: bool,
+            ) -> Result<Receipt, TestError> {
+                handlers::statements_in_body(conn, id, statements, fail)
             }
 
             fn big_result(
@@ -841,6 +857,20 @@ macro_rules! async_backend {
                     &mut c.conn,
                     id,
                     hand_over,
+                ))
+            }
+
+            fn statements_in_body(
+                c: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+                fail: bool,
+            ) -> Result<Receipt, TestError> {
+                c.runtime.block_on(handlers::statements_in_body_async(
+                    &mut c.conn,
+                    id,
+                    statements,
+                    fail,
                 ))
             }
 

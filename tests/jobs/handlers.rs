@@ -391,6 +391,35 @@ pub fn rolled_back_in_body<C: TestConn>(
     Ok(())
 }
 
+/// Runs the statements of `statements` (separated by `;;`) in its body between two effects,
+/// catching each one's failure and going on, as bodies that "try and ignore" do; then returns a
+/// stored result, or fails when `fail`. The statement `EXIT` ends the process there (a worker that
+/// dies). Whatever the statements do to the job's transaction, what the call reports must be what
+/// the database holds.
+#[idempotent_job(key = "in-body:<id>", name = "statements_in_body")]
+pub fn statements_in_body<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    statements: &str,
+    fail: bool,
+) -> Result<Receipt, TestError> {
+    conn.insert_message(&format!("before:{id}"), id)?;
+    for statement in statements.split(";;").filter(|s| !s.is_empty()) {
+        if statement == "EXIT" {
+            std::process::exit(3);
+        }
+        let _caught = conn.execute_sql(statement);
+    }
+    conn.insert_message(&format!("after:{id}"), id)?;
+    if fail {
+        return Err(TestError::Declined);
+    }
+    Ok(Receipt {
+        charge_ref: format!("in-body-{id}"),
+        amount: 1,
+    })
+}
+
 /// A job whose result is `bytes` long.
 #[idempotent_job(key = "big:<id>", name = "big_result")]
 pub fn big_result<C: TestConn>(conn: &mut C, id: &str, bytes: usize) -> Result<String, TestError> {
@@ -683,6 +712,30 @@ mod asynchronous {
         } else {
             Ok(())
         }
+    }
+
+    #[idempotent_job(key = "in-body:<id>", name = "statements_in_body")]
+    pub async fn statements_in_body_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        statements: &str,
+        fail: bool,
+    ) -> Result<Receipt, TestError> {
+        conn.insert_message(&format!("before:{id}"), id).await?;
+        for statement in statements.split(";;").filter(|s| !s.is_empty()) {
+            if statement == "EXIT" {
+                std::process::exit(3);
+            }
+            let _caught = conn.execute_sql(statement).await;
+        }
+        conn.insert_message(&format!("after:{id}"), id).await?;
+        if fail {
+            return Err(TestError::Declined);
+        }
+        Ok(Receipt {
+            charge_ref: format!("in-body-{id}"),
+            amount: 1,
+        })
     }
 
     #[idempotent_job(key = "big:<id>", name = "big_result")]

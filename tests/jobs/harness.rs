@@ -262,6 +262,27 @@ pub fn kill(mut child: std::process::Child) {
     );
 }
 
+/// Waits for a child that ends itself (a worker that dies) to exit with `code`.
+pub fn exits_with(mut child: std::process::Child, code: i32) {
+    drop(child.stdin.take());
+    let deadline = std::time::Instant::now() + CHILD_DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            assert_eq!(
+                status.code(),
+                Some(code),
+                "the child process ended with {status}"
+            );
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the child process did not exit within {CHILD_DEADLINE:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Waits for a child that has done its part to exit, and checks that it succeeded.
 pub fn finish(mut child: std::process::Child) {
     drop(child.stdin.take());

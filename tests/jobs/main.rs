@@ -34,6 +34,7 @@ mod second_run;
 #[cfg(feature = "postgres")]
 mod security;
 mod signals;
+mod truth;
 
 /// One module of tests per connection type, each test one line.
 macro_rules! backend_tests {
@@ -69,6 +70,21 @@ macro_rules! backend_tests {
             #[test]
             fn keys_without_tables_fail_clearly() {
                 operate::keys_without_tables_fail_clearly::<$backend>();
+            }
+
+            #[test]
+            fn statements_in_the_body_never_make_a_call_lie() {
+                crate::truth::statements_in_the_body_never_make_a_call_lie::<$backend>();
+            }
+
+            #[test]
+            fn a_claim_committed_without_its_result_is_finished_by_the_next_delivery() {
+                crate::truth::a_claim_committed_without_its_result_is_finished_by_the_next_delivery::<
+                    $backend,
+                >(concat!(
+                    stringify!($module),
+                    "::a_claim_committed_without_its_result_is_finished_by_the_next_delivery"
+                ));
             }
 
             #[test]

@@ -14,6 +14,17 @@ use diesel::result::QueryResult;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::store::Nesting;
 
+sql! {
+    /// Proves a job's transaction is still its own; see `Store::begin_job`.
+    ReleaseJob = "RELEASE SAVEPOINT idempotent_job";
+}
+
+/// Sets the savepoint a job's own transaction begins with (`idempotent_job`; see `Store::begin_job`).
+pub(crate) const SET_JOB_SAVEPOINT: &str = "SAVEPOINT idempotent_job";
+
+/// Releases it and commits, in one text batch: the `COMMIT` does not run when the release fails.
+pub(crate) const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT idempotent_job; COMMIT";
+
 /// Opens a transaction with `sql` on a sync connection, or a savepoint inside the caller's.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn begin_sync<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
@@ -143,15 +154,39 @@ pub(crate) fn backticked(name: &str) -> String {
 /// `$begin`.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 macro_rules! sync_store {
-    ($conn:ty, $db:ty, begin: $begin:expr) => {
-        sync_store!($conn, $db, begin: $begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback);
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, one_batch: $one_batch:expr)?) => {
+        sync_store!($conn, $db, begin: $begin, job: $job_begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback $(, one_batch: $one_batch)?);
     };
-    ($conn:ty, $db:ty, begin: $begin:expr, transactions: $open:path, $close:path, $undo:path) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, one_batch: $one_batch:expr)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
+            $(fn finish_in_one_batch(&mut self) -> bool {
+                $one_batch
+            })?
 
             async fn begin(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
                 $open(self, $begin)
+            }
+
+            async fn begin_job(
+                &mut self,
+                bound: Option<std::time::Duration>,
+            ) -> diesel::QueryResult<$crate::store::Nesting> {
+                let bounded = bound.and_then(<$db as $crate::store::Database>::bounded_begin_sql);
+                match bounded {
+                    Some(sql) => {
+                        let begun = $crate::db::begin_sync(self, &format!("{sql}; {}", $crate::db::SET_JOB_SAVEPOINT));
+                        if begun.is_err() {
+                            $crate::db::after_failed_bounded_begin::<$db, _>(self);
+                        }
+                        begun
+                    }
+                    None => $open_job(self, $job_begin),
+                }
+            }
+
+            fn forget_transaction(&mut self, broken: bool) {
+                $crate::db::forget_sync(self, broken);
             }
 
             async fn begin_bounded(
@@ -252,20 +287,26 @@ macro_rules! sync_store {
 /// `AnsiTransactionManager`, whose transactions begin with `$begin`.
 #[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
 macro_rules! async_store {
-    ($conn:ty, $db:ty, begin: $begin:expr) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
+            fn finish_in_one_batch(&mut self) -> bool {
+                true
+            }
 
             async fn begin(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
-                use diesel_async::{AnsiTransactionManager, TransactionManager};
-                match AnsiTransactionManager::begin_transaction_sql(self, $begin).await {
-                    Ok(()) => Ok($crate::store::Nesting::Outermost),
-                    Err(diesel::result::Error::AlreadyInTransaction) => {
-                        AnsiTransactionManager::begin_transaction(self).await?;
-                        Ok($crate::store::Nesting::Savepoint)
-                    }
-                    Err(error) => Err(error),
-                }
+                $crate::db::begin_async(self, $begin).await
+            }
+
+            async fn begin_job(
+                &mut self,
+                _bound: Option<std::time::Duration>,
+            ) -> diesel::QueryResult<$crate::store::Nesting> {
+                $crate::db::begin_async(self, $job_begin).await
+            }
+
+            fn forget_transaction(&mut self, broken: bool) {
+                $crate::db::forget_async(self, broken);
             }
 
             async fn commit(&mut self) -> diesel::QueryResult<()> {
@@ -337,6 +378,58 @@ macro_rules! async_store {
     };
 }
 
+/// Opens a transaction with `sql` on a diesel-async connection, or a savepoint inside the caller's.
+#[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
+pub(crate) async fn begin_async<C>(
+    conn: &mut C,
+    sql: &str,
+) -> diesel::QueryResult<crate::store::Nesting>
+where
+    C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
+{
+    use diesel_async::{AnsiTransactionManager, TransactionManager};
+    match AnsiTransactionManager::begin_transaction_sql(conn, sql).await {
+        Ok(()) => Ok(crate::store::Nesting::Outermost),
+        Err(DieselError::AlreadyInTransaction) => {
+            AnsiTransactionManager::begin_transaction(conn).await?;
+            Ok(crate::store::Nesting::Savepoint)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// What [`Store::forget_transaction`](crate::store::Store::forget_transaction) does to a
+/// transaction manager's status: no transaction open, or broken.
+fn forgotten(status: &mut diesel::connection::TransactionManagerStatus, broken: bool) {
+    if broken {
+        status.set_in_error();
+    } else {
+        *status = diesel::connection::TransactionManagerStatus::Valid(Default::default());
+    }
+}
+
+/// [`forgotten`] for a sync connection.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn forget_sync<C>(conn: &mut C, broken: bool)
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    forgotten(
+        <AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(conn),
+        broken,
+    );
+}
+
+/// [`forgotten`] for a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn forget_async<C: diesel_async::AsyncConnection>(conn: &mut C, broken: bool) {
+    use diesel_async::TransactionManager as _;
+    forgotten(
+        C::TransactionManager::transaction_manager_status_mut(conn),
+        broken,
+    );
+}
+
 /// Marks an async connection's transaction manager broken: the one thing `drop` can do for a
 /// transaction or session lock left open, since no statement can run there. Pools discard such a
 /// connection, and a job on it fails instead of committing into what was left open.
@@ -371,16 +464,23 @@ macro_rules! shared_statements {
                  FROM done_jobs WHERE key_digest = ?", read_guard!()
             );
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
+            // Takes over a lapsed claim, or a committed one whose run never recorded its result.
+            Renew = concat!(
+                "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = ?, done_at = ",
+                now!(),
+                ", expires_at = NULL WHERE key_digest = ? AND (expires_at <= ", now!(), " OR result = '')"
+            );
+
             LookupKey = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
-                   (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
+                   (result IS NOT NULL AND result <> '') AS has_result, (result IS NOT NULL AND result = '') AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
                  FROM done_jobs WHERE key_digest = ?"
             );
             ListKeys = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
-                   (result IS NOT NULL) AS has_result, (fingerprint IS NOT NULL) AS has_fingerprint, ",
+                   (result IS NOT NULL AND result <> '') AS has_result, (result IS NOT NULL AND result = '') AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
                  FROM done_jobs \
@@ -425,6 +525,20 @@ macro_rules! shared_methods {
                 ),)))
                 .await?;
             Ok(rows.into_iter().next())
+        }
+
+        async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
+            let renewed = conn
+                .execute(Statement::<Renew, _>::new((
+                    bind::<Text, _>(claim.key),
+                    bind::<Text, _>(claim.job),
+                    bind::<Nullable<Binary>, _>(claim.fingerprint),
+                    bind::<BigInt, _>(claim.token),
+                    bind::<Nullable<Text>, _>(claim.result),
+                    bind::<Binary, _>(&claim.digest[..]),
+                )))
+                .await?;
+            Ok(renewed == 1)
         }
 
         async fn take_back<C: Store<Db = Self>>(
@@ -560,6 +674,21 @@ mod pooled {
             limit: Duration,
         ) -> impl Future<Output = QueryResult<Nesting>> + Send {
             inner(self).begin_bounded(limit)
+        }
+
+        fn begin_job(
+            &mut self,
+            bound: Option<Duration>,
+        ) -> impl Future<Output = QueryResult<Nesting>> + Send {
+            inner(self).begin_job(bound)
+        }
+
+        fn finish_in_one_batch(&mut self) -> bool {
+            inner(self).finish_in_one_batch()
+        }
+
+        fn forget_transaction(&mut self, broken: bool) {
+            inner(self).forget_transaction(broken);
         }
 
         fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {

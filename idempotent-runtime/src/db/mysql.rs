@@ -31,7 +31,7 @@ use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 use crate::migrations::{Step, TableCount, Version};
 use crate::sql::{Statement, bind};
 use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, Nesting, NewMessage,
+    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
     OutboxCounts, Store, Unfinished,
 };
 
@@ -102,10 +102,9 @@ macro_rules! micros {
 }
 
 sql! {
-    InTransactionNow = "SELECT @@in_transaction AS open";
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
     ClaimInsert = concat!(
-        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (?, ?, ?, ?, ?, ",
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
         ")"
     );
@@ -114,12 +113,6 @@ sql! {
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', done_at) AS done_at_micros, \
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ? FOR UPDATE"
-    );
-    Renew = concat!(
-        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = NULL, done_at = ",
-        now!(),
-        ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
-        now!()
     );
     Record = concat!(
         "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
@@ -285,12 +278,6 @@ const STEPS: &[Step] = &[
 const VERSION_TABLE: &str = include_str!("../../sql/mysql/000_idempotent_schema.sql");
 
 #[derive(diesel::QueryableByName)]
-struct InTransaction {
-    #[diesel(sql_type = BigInt)]
-    open: i64,
-}
-
-#[derive(diesel::QueryableByName)]
 struct MaxPacket {
     #[diesel(sql_type = BigInt)]
     limit: i64,
@@ -373,40 +360,20 @@ impl Database for MysqlDb {
         )
     }
 
-    async fn transaction_ended_early<C: Store<Db = Self>>(
-        conn: &mut C,
-        nesting: Nesting,
-    ) -> QueryResult<bool> {
-        // MariaDB says so directly. MySQL has no such variable; there the savepoint `BEGIN` set is
-        // gone once an implicit commit ended the transaction (only for a transaction of our own:
-        // inside a caller's, no savepoint of ours was set).
+    async fn release_job<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+        // MySQL (unlike MariaDB) refuses savepoint statements in the prepared protocol.
+        if savepoints_as_text() {
+            return conn.batch(RELEASE_JOB).await;
+        }
         match conn
-            .load::<_, _, InTransaction>(Statement::<InTransactionNow, _>::new(()))
+            .execute(Statement::<crate::db::ReleaseJob, _>::new(()))
             .await
         {
-            Ok(rows) => Ok(rows.first().is_some_and(|r| r.open == 0)),
-            Err(error)
-                if super::message(&error)
-                    .is_some_and(|m| m.contains("Unknown system variable")) =>
-            {
-                // MySQL. Its servers refuse a prepared `BEGIN`, so this transaction began with the
-                // savepoint; should one ever take it, the next transactions begin with it anyway.
-                #[cfg(feature = "mysql")]
-                prepared::text_only();
-                if nesting == Nesting::Savepoint {
-                    return Ok(false);
-                }
-                match conn.batch("RELEASE SAVEPOINT idempotent_job").await {
-                    Ok(()) => Ok(false),
-                    Err(error)
-                        if super::message(&error).is_some_and(|m| m.contains("does not exist")) =>
-                    {
-                        Ok(true)
-                    }
-                    Err(error) => Err(error),
-                }
+            Err(error) if refuses_prepared(&error) => {
+                use_text_for_transactions();
+                conn.batch(RELEASE_JOB).await
             }
-            Err(error) => Err(error),
+            released => released.map(drop),
         }
     }
 
@@ -438,6 +405,7 @@ impl Database for MysqlDb {
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
                 bind::<BigInt, _>(claim.token),
+                bind::<Nullable<Text>, _>(claim.result),
             )))
             .await;
         match inserted {
@@ -454,19 +422,6 @@ impl Database for MysqlDb {
             .into_iter()
             .next()
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
-    }
-
-    async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
-        let renewed = conn
-            .execute(Statement::<Renew, _>::new((
-                bind::<Text, _>(claim.key),
-                bind::<Text, _>(claim.job),
-                bind::<Nullable<Binary>, _>(claim.fingerprint),
-                bind::<BigInt, _>(claim.token),
-                bind::<Binary, _>(&claim.digest[..]),
-            )))
-            .await?;
-        Ok(renewed == 1)
     }
 
     async fn record<C: Store<Db = Self>>(
@@ -918,12 +873,33 @@ impl<S: Store> Drop for SessionLock<'_, S> {
     }
 }
 
-/// How a transaction begins: with a savepoint that an implicit commit (DDL in the body) removes,
-/// which is how MySQL, unlike MariaDB, can tell afterwards; see `transaction_ended_early`.
-const BEGIN: &str = "BEGIN; SAVEPOINT idempotent_job";
+/// How a job's own transaction begins: with the job's savepoint, which every statement that ends
+/// or replaces the transaction (an implicit commit, `START TRANSACTION`, ...) removes; see
+/// `Store::begin_job`.
+const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+const RELEASE_JOB: &str = "RELEASE SAVEPOINT idempotent_job";
+
+/// Set once a server refused a prepared `BEGIN` or savepoint statement (MySQL, up to 9, refuses
+/// them with `ER_UNSUPPORTED_PS`; MariaDB prepares them): from then on this process sends them as
+/// text.
+static TEXT_TRANSACTIONS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn savepoints_as_text() -> bool {
+    TEXT_TRANSACTIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn use_text_for_transactions() {
+    TEXT_TRANSACTIONS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the server refused to prepare a statement (`ER_UNSUPPORTED_PS`, 1295), which Diesel
+/// reports by its message only.
+fn refuses_prepared(error: &DieselError) -> bool {
+    super::message(error).is_some_and(|m| m.contains("prepared statement protocol"))
+}
 
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: BEGIN, transactions: prepared::begin, prepared::commit, prepared::rollback);
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text());
 
 /// `BEGIN`, `COMMIT` and `ROLLBACK` on the sync `MysqlConnection` as cached prepared statements:
 /// one round trip each. Diesel sends them as a text batch, which for MySQL is three (multi-statement
@@ -935,8 +911,6 @@ sync_store!(diesel::MysqlConnection, MysqlDb, begin: BEGIN, transactions: prepar
 /// A savepoint inside the caller's transaction always goes Diesel's way.
 #[cfg(feature = "mysql")]
 pub(crate) mod prepared {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use diesel::MysqlConnection;
     use diesel::connection::{
         AnsiTransactionManager, TransactionDepthChange, TransactionManager,
@@ -949,20 +923,13 @@ pub(crate) mod prepared {
 
     sql! {
         Begin = "BEGIN";
+        SetJobSavepoint = "SAVEPOINT idempotent_job";
         Commit = "COMMIT";
         Rollback = "ROLLBACK";
     }
 
-    /// Set once a server refused a prepared `BEGIN`, or turned out to have no `@@in_transaction`.
-    static TEXT_ONLY: AtomicBool = AtomicBool::new(false);
-
-    /// From now on, begin Diesel's way (with the savepoint MySQL needs).
-    pub(crate) fn text_only() {
-        TEXT_ONLY.store(true, Ordering::Relaxed);
-    }
-
     fn prepared_top_level(conn: &mut MysqlConnection) -> QueryResult<bool> {
-        Ok(!TEXT_ONLY.load(Ordering::Relaxed) && crate::db::depth_sync(conn)? == 1)
+        Ok(!super::savepoints_as_text() && crate::db::depth_sync(conn)? == 1)
     }
 
     fn change_depth(conn: &mut MysqlConnection, change: TransactionDepthChange) -> QueryResult<()> {
@@ -983,7 +950,7 @@ pub(crate) mod prepared {
 
     /// Opens a transaction, or a savepoint inside the caller's.
     pub(crate) fn begin(conn: &mut MysqlConnection, text: &str) -> QueryResult<Nesting> {
-        if TEXT_ONLY.load(Ordering::Relaxed) || crate::db::depth_sync(conn)? > 0 {
+        if super::savepoints_as_text() || crate::db::depth_sync(conn)? > 0 {
             return crate::db::begin_sync(conn, text);
         }
         match diesel::RunQueryDsl::execute(Statement::<Begin, _>::new(()), conn) {
@@ -991,14 +958,34 @@ pub(crate) mod prepared {
                 change_depth(conn, TransactionDepthChange::IncreaseDepth)?;
                 Ok(Nesting::Outermost)
             }
-            Err(error)
-                if crate::db::message(&error)
-                    .is_some_and(|m| m.contains("prepared statement protocol")) =>
-            {
-                text_only();
+            Err(error) if super::refuses_prepared(&error) => {
+                super::use_text_for_transactions();
                 crate::db::begin_sync(conn, text)
             }
             Err(error) => Err(error),
+        }
+    }
+
+    /// Opens a job's own transaction (`text` as a fallback: `BEGIN` and the job's savepoint), or a
+    /// savepoint inside the caller's: two prepared statements, one round trip each, where a text
+    /// batch takes three (multi-statement mode on, the batch, off).
+    pub(crate) fn begin_job(conn: &mut MysqlConnection, text: &str) -> QueryResult<Nesting> {
+        let nesting = begin(conn, text)?;
+        if nesting == Nesting::Savepoint || super::savepoints_as_text() {
+            // A savepoint of Diesel's, or the text batch that set the job's savepoint too.
+            return Ok(nesting);
+        }
+        match diesel::RunQueryDsl::execute(Statement::<SetJobSavepoint, _>::new(()), conn) {
+            Ok(_) => Ok(nesting),
+            Err(error) => {
+                if super::refuses_prepared(&error) {
+                    super::use_text_for_transactions();
+                }
+                if let Err(rollback_error) = rollback(conn) {
+                    tracing::error!(%rollback_error, "rolling back a transaction whose savepoint failed");
+                }
+                Err(error)
+            }
         }
     }
 
@@ -1040,4 +1027,4 @@ pub(crate) mod prepared {
 }
 
 #[cfg(feature = "async-mysql")]
-async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: BEGIN);
+async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB);

@@ -101,14 +101,8 @@ sql! {
     // job more than the second statement costs a replay through the claim (redeliveries read
     // their key first, see `crate::redelivery`).
     ClaimInsert = concat!(
-        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) \
-         VALUES (?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING"
-    );
-    Renew = concat!(
-        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = NULL, done_at = ",
-        now!(),
-        ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
-        now!()
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING"
     );
     Record = concat!(
         "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
@@ -348,6 +342,7 @@ impl Database for PostgresDb {
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
                 bind::<BigInt, _>(claim.token),
+                bind::<Nullable<Text>, _>(claim.result),
             )))
             .await?;
         if inserted == 1 {
@@ -358,19 +353,6 @@ impl Database for PostgresDb {
         Ok(Self::done_row(conn, claim.digest)
             .await?
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
-    }
-
-    async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
-        let renewed = conn
-            .execute(Statement::<Renew, _>::new((
-                bind::<Text, _>(claim.key),
-                bind::<Text, _>(claim.job),
-                bind::<Nullable<Binary>, _>(claim.fingerprint),
-                bind::<BigInt, _>(claim.token),
-                bind::<Binary, _>(&claim.digest[..]),
-            )))
-            .await?;
-        Ok(renewed == 1)
     }
 
     async fn record<C: Store<Db = Self>>(
@@ -711,8 +693,11 @@ async fn record_version<C: Store<Db = PostgresDb>>(
     .map_err(crate::migrations::failed("idempotent_schema"))
 }
 
+/// A job's own transaction: `BEGIN` and the job's savepoint, one round trip.
+const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+
 #[cfg(feature = "postgres")]
-sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN");
+sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
 
 #[cfg(feature = "async-postgres")]
-async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN");
+async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB);

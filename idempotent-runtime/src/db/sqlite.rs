@@ -86,7 +86,7 @@ macro_rules! micros {
 
 sql! {
     ClaimInsert = concat!(
-        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (?, ?, ?, ?, ?, ",
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
         ") ON CONFLICT DO NOTHING"
     );
@@ -95,12 +95,6 @@ sql! {
          CAST(ROUND((julianday(done_at) - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS done_at_micros, \
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ?"
-    );
-    Renew = concat!(
-        "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = NULL, done_at = ",
-        now!(),
-        ", expires_at = NULL WHERE key_digest = ? AND expires_at <= ",
-        now!()
     );
     Record = concat!(
         "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
@@ -270,6 +264,7 @@ impl Database for SqliteDb {
                 bind::<Text, _>(claim.job),
                 bind::<Nullable<Binary>, _>(claim.fingerprint),
                 bind::<BigInt, _>(claim.token),
+                bind::<Nullable<Text>, _>(claim.result),
             )))
             .await?;
         if inserted == 1 {
@@ -284,19 +279,6 @@ impl Database for SqliteDb {
             .into_iter()
             .next()
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
-    }
-
-    async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {
-        let renewed = conn
-            .execute(Statement::<Renew, _>::new((
-                bind::<Text, _>(claim.key),
-                bind::<Text, _>(claim.job),
-                bind::<Nullable<Binary>, _>(claim.fingerprint),
-                bind::<BigInt, _>(claim.token),
-                bind::<Binary, _>(&claim.digest[..]),
-            )))
-            .await?;
-        Ok(renewed == 1)
     }
 
     async fn record<C: Store<Db = Self>>(
@@ -577,10 +559,12 @@ async fn record_version<C: Store<Db = SqliteDb>>(
 /// How long `BEGIN` waits for another writer, and `COMMIT` for readers, by default.
 const BUSY_TIMEOUT_MS: u32 = 5000;
 const BEGIN: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE";
+/// A job's own transaction: the same, then the job's savepoint.
+const BEGIN_JOB: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE; SAVEPOINT idempotent_job";
 /// After a bounded `BEGIN` that did not get the lock: the usual wait again.
 const BEGIN_FAILED: &str = "PRAGMA busy_timeout = 5000";
 
-sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN);
+sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN_JOB);
 
 /// diesel-async's SQLite runs the sync connection on a blocking thread; statements go through
 /// its own `RunQueryDsl`, transactions through its wrapper of Diesel's transaction manager.
@@ -617,6 +601,28 @@ mod wrapper {
                 begun
             })
             .await
+        }
+
+        async fn begin_job(
+            &mut self,
+            bound: Option<std::time::Duration>,
+        ) -> diesel::QueryResult<Nesting> {
+            let sql = match bound.and_then(<super::SqliteDb as Database>::bounded_begin_sql) {
+                Some(sql) => format!("{sql}; {}", crate::db::SET_JOB_SAVEPOINT),
+                None => super::BEGIN_JOB.to_owned(),
+            };
+            self.spawn_blocking(move |conn| {
+                let begun = crate::db::begin_sync(conn, &sql);
+                if begun.is_err() {
+                    crate::db::after_failed_bounded_begin::<super::SqliteDb, _>(conn);
+                }
+                begun
+            })
+            .await
+        }
+
+        fn forget_transaction(&mut self, broken: bool) {
+            crate::db::forget_async(self, broken);
         }
 
         async fn commit(&mut self) -> diesel::QueryResult<()> {

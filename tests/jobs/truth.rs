@@ -1,0 +1,215 @@
+//! What a call reports is what the database holds (issue 24): a body that runs a statement which
+//! ends, replaces, or aborts the job's transaction, or catches a failed statement and goes on, must
+//! never get `Ok` for work that is not committed, nor an error saying "nothing was committed" for
+//! work that is, and must never leave its key in a state no later delivery can finish.
+//!
+//! Each case runs `statements_in_body` (one effect, then the case's statements, each one's failure
+//! caught) once returning `Ok` and once returning `Err`, then compares what the call said with the
+//! rows a second connection sees, and delivers the key again with a clean body: that delivery must
+//! complete, and a third must replay it.
+
+use idempotent_jobs::{Error, JobKey};
+
+use crate::backends::Backend;
+use crate::handlers::TestError;
+use crate::harness::{self, Db, Server};
+
+/// The statements tried in a body, per database: every way we know of to end, replace or abort a
+/// transaction from inside it, and a few that are harmless.
+fn cases(server: Server) -> Vec<&'static str> {
+    let mut cases = vec![
+        // Harmless: the job runs and commits.
+        "",
+        "SELECT 1",
+        // A failed statement the body catches and goes past ("try the insert, ignore the
+        // duplicate"): on PostgreSQL it aborts the whole transaction.
+        "SELECT * FROM no_such_table",
+        "COMMIT",
+        "COMMIT;;SELECT 1",
+        "ROLLBACK",
+        "ROLLBACK;;SELECT 1",
+    ];
+    cases.extend(match server {
+        Server::Postgres => [
+            "END",
+            "ABORT",
+            "COMMIT;;BEGIN",
+            "ROLLBACK;;BEGIN",
+            "COMMIT AND CHAIN",
+            "ROLLBACK AND CHAIN",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "PREPARE TRANSACTION 'idempotent_probe'",
+            "SAVEPOINT user_sp;;SELECT * FROM no_such_table;;ROLLBACK TO SAVEPOINT user_sp",
+            "SAVEPOINT user_sp;;SELECT * FROM no_such_table",
+        ]
+        .as_slice(),
+        Server::Mysql => [
+            "START TRANSACTION",
+            "BEGIN",
+            "BEGIN WORK",
+            "COMMIT;;BEGIN",
+            "ROLLBACK;;BEGIN",
+            "COMMIT AND CHAIN",
+            "ROLLBACK AND CHAIN",
+            "SET autocommit = 1",
+            "CREATE TABLE IF NOT EXISTS ddl_probe (id INTEGER)",
+            "LOCK TABLES test_outbox WRITE;;UNLOCK TABLES",
+            "XA START 'idempotent_probe'",
+            "SAVEPOINT user_sp;;ROLLBACK TO SAVEPOINT user_sp",
+        ]
+        .as_slice(),
+        Server::Sqlite => [
+            "END",
+            "BEGIN",
+            "COMMIT;;BEGIN",
+            "ROLLBACK;;BEGIN",
+            "SAVEPOINT user_sp;;RELEASE user_sp",
+            "SAVEPOINT user_sp;;ROLLBACK TO user_sp",
+            "VACUUM",
+        ]
+        .as_slice(),
+    });
+    cases
+}
+
+/// What one call said, checked against what the database holds; `Err` says how they differ.
+fn check<B: Backend>(
+    db: &Db<B>,
+    id: &str,
+    result: &Result<crate::handlers::Receipt, TestError>,
+) -> Result<(), String> {
+    let mut checker = db.connect();
+    let before = B::count_topic(&mut checker, &format!("before:{id}"));
+    let key = JobKey::builder()
+        .text("in-body:")
+        .value(id)
+        .build()
+        .expect("one value");
+    let claim = B::keys_lookup(&mut checker, &key).map_err(|e| format!("lookup: {e}"))?;
+    let claimed = claim.is_some();
+    let (said, holds) = match result {
+        Ok(_) => (
+            "Ok (ran: work and claim committed)",
+            before == 1 && claim.as_ref().is_some_and(|c| c.has_result),
+        ),
+        Err(TestError::Idempotent(Error::TransactionEndedInBody { .. })) => (
+            "TransactionEndedInBody (the work before the statement committed, the claim taken back)",
+            before == 1 && !claimed,
+        ),
+        Err(TestError::Idempotent(Error::CommitOutcomeUnknown { .. })) => ("unknown", true),
+        Err(TestError::Idempotent(error)) if error.to_string().contains("committed") => (
+            "an error of the runtime saying nothing of the job was committed",
+            before == 0 && !claimed,
+        ),
+        Err(TestError::Idempotent(error)) => {
+            return Err(format!(
+                "an error that does not say what was committed: {error}"
+            ));
+        }
+        // The handler's own error, or a statement of its own that failed: rolled back whole.
+        Err(_) => (
+            "the handler's own error (rolled back whole)",
+            before == 0 && !claimed,
+        ),
+    };
+    if holds {
+        Ok(())
+    } else {
+        Err(format!(
+            "the call said {said}: {result:?}; the database holds: effect {before}, claim {claim:?}"
+        ))
+    }
+}
+
+/// A clean delivery of the key after the case: it must complete (run or replay), and a third must
+/// replay what it returned.
+fn redeliver<B: Backend>(db: &Db<B>, id: &str) -> Result<(), String> {
+    let mut conn = db.connect();
+    let second = B::statements_in_body(&mut conn, id, "", false)
+        .map_err(|e| format!("a later delivery could not finish the key: {e}"))?;
+    let effects = B::count_topic(&mut conn, &format!("before:{id}"));
+    let third = B::statements_in_body(&mut conn, id, "", false)
+        .map_err(|e| format!("the delivery after it failed: {e}"))?;
+    if third != second {
+        return Err(format!("a replay returned {third:?}, not {second:?}"));
+    }
+    if B::count_topic(&mut conn, &format!("before:{id}")) != effects {
+        return Err("a replay ran the body".to_owned());
+    }
+    Ok(())
+}
+
+pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut wrong = Vec::new();
+    let mut tried = 0;
+    for statements in cases(B::SERVER) {
+        for fail in [false, true] {
+            tried += 1;
+            let id = harness::unique_name("truth");
+            let result = {
+                let mut conn = db.connect();
+                B::statements_in_body(&mut conn, &id, statements, fail)
+            };
+            let ending = if fail { "Err" } else { "Ok" };
+            if let Err(why) = check(&db, &id, &result) {
+                wrong.push(format!("`{statements}` then {ending}: {why}"));
+            }
+            if let Err(why) = redeliver(&db, &id) {
+                wrong.push(format!("`{statements}` then {ending}: {why}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {tried} calls ({}) reported something the database does not hold:\n{}",
+        wrong.len(),
+        B::NAME,
+        wrong.join("\n")
+    );
+}
+
+/// A worker that dies right after its body committed the job's transaction (the runtime never
+/// gets to take the claim back): the key's row is committed without the job's result. The next
+/// delivery must run the job to completion, not replay a result that was never stored (or fail
+/// for good decoding it).
+pub fn a_claim_committed_without_its_result_is_finished_by_the_next_delivery<B: Backend>(
+    test_path: &str,
+) {
+    const CHILD: &str = "IDEMPOTENT_TEST_EARLY_COMMIT_CHILD";
+    const RUNNING: &str = "IDEMPOTENT-TEST: the child runs the job";
+    if let Ok(target) = std::env::var(CHILD) {
+        let (locator, id) = target.split_once('|').expect("locator|id");
+        let db = Db::<B>::attach(locator);
+        let mut conn = db.connect();
+        println!("{RUNNING}");
+        let _ = B::statements_in_body(&mut conn, id, "COMMIT;;EXIT", false);
+        unreachable!("the body exits the process");
+    }
+    let db = Db::<B>::fresh();
+    let id = harness::unique_name("early");
+    let child = harness::spawn_child_until(
+        test_path,
+        &[(CHILD, &format!("{}|{id}", db.locator()))],
+        RUNNING,
+    );
+    harness::exits_with(child, 3);
+    let mut conn = db.connect();
+    assert_eq!(
+        B::count_topic(&mut conn, &format!("before:{id}")),
+        1,
+        "the dead worker's body committed its effect"
+    );
+    let receipt = B::statements_in_body(&mut conn, &id, "", false)
+        .expect("the next delivery finishes the key");
+    assert_eq!(receipt.charge_ref, format!("in-body-{id}"));
+    assert_eq!(
+        B::statements_in_body(&mut conn, &id, "", false).expect("a replay"),
+        receipt
+    );
+    assert_eq!(
+        B::count_topic(&mut conn, &format!("before:{id}")),
+        2,
+        "the next delivery ran the job (the first run's effect was committed outside its claim)"
+    );
+}
