@@ -96,7 +96,7 @@ pub enum Error {
     /// The handler's result is too large for the database to take in one statement; nothing was
     /// committed, and the same result will not fit next time either.
     #[error(
-        "job `{job}` (key `{key}`): its result is {bytes} bytes of JSON, more than the {limit} bytes the database accepts in one statement (MySQL's max_allowed_packet); the job was rolled back. Return less (an id to look the rest up by), or raise max_allowed_packet"
+        "job `{job}` (key `{key}`): its result is {bytes} bytes of JSON, more than the {limit} bytes this server takes: its max_allowed_packet of {packet} bytes, less 64 KiB kept for the statement that records the result; the job was rolled back. Return less (an id to look the rest up by), or raise max_allowed_packet"
     )]
     ResultTooLarge {
         /// The job's name.
@@ -105,8 +105,11 @@ pub enum Error {
         key: String,
         /// The result's size as JSON.
         bytes: usize,
-        /// What the database accepts.
+        /// The largest result the database takes, in bytes of JSON.
         limit: u64,
+        /// The server's limit that comes from (MySQL's `max_allowed_packet`): 64 KiB more, kept
+        /// for the statement around the result.
+        packet: u64,
     },
 
     /// The handler's `Ok` value could not be stored as JSON that reads back as its type.
@@ -280,11 +283,14 @@ pub enum Error {
         retryable: bool,
     },
 
-    /// A [`keys`](crate::keys) function was called inside a transaction the caller holds open.
+    /// An operation that runs in a transaction of its own ([`keys`](crate::keys), pruning, the
+    /// outbox's inspection, [`verify`](crate::verify)) was called inside a transaction the caller
+    /// holds: one Diesel opened, or one the session holds that Diesel does not know of (MySQL with
+    /// `autocommit = 0` and statements pending; a `BEGIN` sent as text that has written).
     #[error(
-        "could not {what}: the connection is inside an open transaction, where a job's own uncommitted claim would be seen (and forgotten). Use a connection outside any transaction; nothing was changed"
+        "could not {what}: the connection is inside a transaction of its own (opened through Diesel, or held by the session: autocommit = 0 with statements pending, or a BEGIN sent as text), whose uncommitted rows this would see and change, and with which it would commit or roll back. Use a connection outside any transaction; nothing was changed"
     )]
-    KeysInsideTransaction {
+    InsideTransaction {
         /// What was asked.
         what: &'static str,
     },
@@ -309,6 +315,17 @@ pub enum Error {
     #[error("the outbox failed in the database: {0}")]
     Outbox(#[source] diesel::result::Error),
 
+    /// A table of the runtime's is missing where the connection finds its tables: `migrate` has
+    /// not run on this database (or, on PostgreSQL, not into a schema on this connection's
+    /// `search_path`). Nothing was changed; a retry meets the same until the tables are there.
+    #[error(
+        "the runtime's table `{table}` does not exist on this connection (PostgreSQL: in no schema of its search_path): run `idempotent_jobs::migrate(&mut conn)` once before the first job (or `idempotent-jobs migrate` with the CLI); nothing was changed"
+    )]
+    NotMigrated {
+        /// The missing table.
+        table: &'static str,
+    },
+
     /// [`verify`](crate::verify) found the runtime's tables missing, out of date, or not usable by
     /// this connection's role. Nothing was changed.
     #[error(
@@ -319,6 +336,11 @@ pub enum Error {
         /// Each problem, saying what to do about it.
         problems: Vec<String>,
     },
+
+    /// [`verify`](crate::verify) could not read what it checks (the catalog, the schema version).
+    /// It changes nothing.
+    #[error("verifying the runtime's tables failed: {0}; nothing was changed")]
+    Verify(#[source] diesel::result::Error),
 
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
     /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again

@@ -31,8 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::Error;
 use crate::key::JobKey;
-use crate::retry::retrying;
 use crate::store::{Database, JobCountRow, KeyFilter, KeyRow, Store};
+use crate::transaction::{Outside, outside_transactions};
 
 /// What `done_jobs` holds for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,34 +281,37 @@ pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
 }
 
 async fn lookup_on<S: Store>(conn: &mut S, digest: &[u8; 32]) -> Result<Option<KeyRecord>, Error> {
-    outside_transaction(conn, "look up a key").await?;
-    let row = retrying::<S, _>(async || S::Db::lookup_key(conn, digest).await)
-        .await
-        .map_err(keys_error::<S>("looking up a key"))?;
+    let row = keys_operation(
+        conn,
+        ("look up a key", "looking up a key"),
+        async |conn: &mut S| S::Db::lookup_key(conn, digest).await,
+    )
+    .await?;
     Ok(row.map(KeyRecord::from_row))
 }
 
 async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> Result<bool, Error> {
-    outside_transaction(conn, "forget a key").await?;
-    let error = keys_error::<S>("forgetting a key");
     // Read first: which run's row this is. Only that row is deleted: a run that holds the key
     // uncommitted right now (not visible yet), or renews a lapsed row, is never undone by a
-    // delete that waited for its lock (MySQL's DELETE reads the latest committed row).
-    let record = retrying::<S, _>(async || S::Db::lookup_key(conn, digest).await)
-        .await
-        .map_err(error)?;
-    let deleted = match &record {
-        None => false,
-        Some(row) => match row.claim_token {
-            Some(token) => retrying::<S, _>(async || S::Db::take_back(conn, digest, token).await)
-                .await
-                .map_err(error)?,
-            // A row of a schema before claim tokens: by its digest.
-            None => retrying::<S, _>(async || S::Db::forget(conn, digest).await)
-                .await
-                .map_err(error)?,
+    // delete that waited for its lock (MySQL's DELETE reads the latest committed row). Both in one
+    // transaction, committed before this returns.
+    let (record, deleted) = keys_operation(
+        conn,
+        ("forget a key", "forgetting a key"),
+        async |conn: &mut S| {
+            let record = S::Db::lookup_key(conn, digest).await?;
+            let deleted = match &record {
+                None => false,
+                Some(row) => match row.claim_token {
+                    Some(token) => S::Db::take_back(conn, digest, token).await?,
+                    // A row of a schema before claim tokens: by its digest.
+                    None => S::Db::forget(conn, digest).await?,
+                },
+            };
+            Ok((record, deleted))
         },
-    };
+    )
+    .await?;
     let (job, key) = record
         .as_ref()
         .map_or(("", ""), |r| (r.job_name.as_str(), r.job_key.as_str()));
@@ -344,45 +347,55 @@ async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> R
 }
 
 async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
-    outside_transaction(conn, "list keys").await?;
     let filter = KeyFilter {
         job: query.job.as_deref(),
         done_from_micros: query.done_from.map(to_micros),
         done_before_micros: query.done_before.map(to_micros),
         limit: i64::from(query.limit),
     };
-    let rows = retrying::<S, _>(async || S::Db::list_keys(conn, &filter).await)
-        .await
-        .map_err(keys_error::<S>("listing keys"))?;
+    let rows = keys_operation(conn, ("list keys", "listing keys"), async |conn: &mut S| {
+        S::Db::list_keys(conn, &filter).await
+    })
+    .await?;
     Ok(rows.into_iter().map(KeyRecord::from_row).collect())
 }
 
 async fn job_counts_on<S: Store>(conn: &mut S) -> Result<Vec<JobCount>, Error> {
-    outside_transaction(conn, "count keys").await?;
-    let rows = retrying::<S, _>(async || S::Db::job_counts(conn).await)
-        .await
-        .map_err(keys_error::<S>("counting keys per job"))?;
+    let rows = keys_operation(
+        conn,
+        ("count keys", "counting keys per job"),
+        async |conn: &mut S| S::Db::job_counts(conn).await,
+    )
+    .await?;
     Ok(rows.into_iter().map(JobCount::from_row).collect())
 }
 
-/// These run outside the caller's transactions: inside a job they would see (and forget) its
-/// own uncommitted claim.
-async fn outside_transaction<S: Store>(conn: &mut S, what: &'static str) -> Result<(), Error> {
-    match conn.transaction_depth() {
-        Ok(0) => Ok(()),
-        Ok(_) => Err(Error::KeysInsideTransaction { what }),
-        Err(source) => Err(keys_error::<S>(
-            "reading the connection's transaction state",
-        )(source)),
-    }
+/// Runs a keys operation in a transaction of its own; `names` are what it is (for a refusal inside
+/// a transaction) and what it was doing (for a failure).
+async fn keys_operation<S: Store, T>(
+    conn: &mut S,
+    (what, action): (&'static str, &'static str),
+    statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
+) -> Result<T, Error> {
+    outside_transactions(conn, "done_jobs", statements)
+        .await
+        .map_err(keys_error::<S>(what, action))
 }
 
-/// An [`Error::Keys`] for `action`, saying whether the database's failure passes.
-fn keys_error<S: Store>(action: &'static str) -> impl Fn(diesel::result::Error) -> Error + Copy {
-    move |source| Error::Keys {
-        action,
-        retryable: S::Db::classify(&source).is_transient() || S::Db::connection_lost(&source),
-        source,
+/// An error of the keys API for `what` (refused inside a transaction) or `action` (a failure of
+/// the database), saying whether the failure passes.
+fn keys_error<S: Store>(
+    what: &'static str,
+    action: &'static str,
+) -> impl Fn(Outside) -> Error + Copy {
+    move |outside| match outside {
+        Outside::InsideTransaction => Error::InsideTransaction { what },
+        Outside::NotMigrated(table) => Error::NotMigrated { table },
+        Outside::Failed(source) => Error::Keys {
+            action,
+            retryable: S::Db::classify(&source).is_transient() || S::Db::connection_lost(&source),
+            source,
+        },
     }
 }
 
@@ -429,10 +442,12 @@ mod tests {
     fn keys_errors_say_whether_a_retry_helps() {
         use diesel::result::{DatabaseErrorKind, Error as DieselError};
         let error = |message: &str| {
-            keys_error::<diesel::SqliteConnection>("forgetting a key")(DieselError::DatabaseError(
-                DatabaseErrorKind::Unknown,
-                Box::new(message.to_owned()),
-            ))
+            keys_error::<diesel::SqliteConnection>("forget a key", "forgetting a key")(
+                Outside::Failed(DieselError::DatabaseError(
+                    DatabaseErrorKind::Unknown,
+                    Box::new(message.to_owned()),
+                )),
+            )
         };
         assert!(error("database is locked").is_retryable());
         assert!(!error("no such table: done_jobs").is_retryable());

@@ -129,14 +129,16 @@ where
     F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
 {
     if call.read_first
+        && !S::Db::READ_FIRST_IN_TRANSACTION
         && let Some(value) = replay_before_claim::<S, T>(reach(conn), call).await
     {
         return Ok(Outcome::Replayed(value));
     }
+    let read_inside = call.read_first && S::Db::READ_FIRST_IN_TRANSACTION;
     // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
     // result is recorded by every run, and the claim marks the row unfinished until then.
     let stores_result = std::mem::size_of::<T>() != 0;
-    let (nesting, claimed) = begin_and_claim(reach(conn), call, stores_result)
+    let (nesting, claimed) = begin_and_claim(reach(conn), call, stores_result, read_inside)
         .await
         .map_err(|e| call.failed(e))?;
     // No `.await` between the claim's guard handing over and this one taking charge.
@@ -351,6 +353,13 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
     }
 }
 
+/// The key's committed row, when it is live and finished: what a claim would replay.
+async fn live_row<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<Option<DoneRow>> {
+    Ok(S::Db::done_row(store, &call.digest)
+        .await?
+        .filter(|row| !row.lapsed && !row.unfinished()))
+}
+
 /// Stores the result and starts `keep`, unless the job stores no result (zero-sized) and keeps
 /// its key for ever; refuses a result larger than the database takes in one statement before
 /// sending it.
@@ -372,7 +381,8 @@ async fn record<S: Store>(
                 job: call.job.name(),
                 key: call.key_text.clone(),
                 bytes: json.len(),
-                limit,
+                limit: limit.largest,
+                packet: limit.packet,
             });
         }
     }
@@ -410,10 +420,15 @@ async fn catch_panic<O>(
 
 /// Opens the transaction and claims the key (`None`: claimed now; `Some(row)`: it was already),
 /// retrying the whole transaction on transient errors within the retry window.
+///
+/// `read_inside`: a redelivery on a database whose read-first runs inside the transaction
+/// ([`Database::READ_FIRST_IN_TRANSACTION`]) reads the key's committed row first, and replays a live
+/// one without claiming.
 async fn begin_and_claim<S: Store>(
     store: &mut S,
     call: &Call,
     stores_result: bool,
+    read_inside: bool,
 ) -> Result<(Nesting, Option<DoneRow>), Error> {
     let claim = call.claim(stores_result);
     // Where the claim waits at BEGIN for the database's write lock (SQLite), the in-progress bound
@@ -424,11 +439,23 @@ async fn begin_and_claim<S: Store>(
     };
     let mut retry = Retry::within(window);
     loop {
-        let begun = Transaction::begin_job(&mut *store, itself::<S>, call.in_progress).await;
-        let (step, error) = match begun {
+        let (step, error) = match Transaction::begin_job(&mut *store, itself::<S>, call.in_progress)
+            .await
+        {
             Err(error) => (Step::Begin, error),
             Ok((mut transaction, nesting)) => {
-                match bounded_claim_key(transaction.store(), &claim, call.in_progress).await {
+                let read_inside = read_inside && nesting == Nesting::Outermost;
+                let claimed = match read_inside {
+                    true => match live_row(transaction.store(), call).await {
+                        Ok(Some(row)) => Ok(Some(row)),
+                        Ok(None) => {
+                            bounded_claim_key(transaction.store(), &claim, call.in_progress).await
+                        }
+                        Err(error) => Err((error, None)),
+                    },
+                    false => bounded_claim_key(transaction.store(), &claim, call.in_progress).await,
+                };
+                match claimed {
                     Ok(state) => {
                         transaction.hand_over();
                         return Ok((nesting, state));
@@ -478,7 +505,12 @@ async fn begin_and_claim<S: Store>(
                     source: error,
                 });
             }
-            None => return Err(call.database::<S::Db>(step, error)),
+            None => {
+                if let Some(missing) = crate::migrations::not_migrated(store, "done_jobs").await {
+                    return Err(missing);
+                }
+                return Err(call.database::<S::Db>(step, error));
+            }
         }
     }
 }

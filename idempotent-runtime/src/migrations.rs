@@ -190,36 +190,143 @@ pub(crate) async fn run<S: Store>(
     S::Db::migrate(conn, lock_timeout).await
 }
 
-/// Checks, reading only, that the tables are there at this release's version, with their columns,
-/// unique indexes and the privileges a worker needs; see [`verify`](crate::verify).
-pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
-    let mut problems = Vec::new();
-    match crate::retry::retrying::<S, _>(async || S::Db::schema_version(conn).await)
-        .await
-        .map_err(failed("idempotent_schema"))?
-    {
-        None => problems.push(
-            "the table `idempotent_schema` is missing (or not on this connection's search path): run migrate as the schema's owner"
-                .to_owned(),
-        ),
-        Some(version) if version < LATEST => problems.push(format!(
-            "the schema is at version {version}, this release needs {LATEST}: run migrate as the schema's owner"
-        )),
-        Some(version) if version > LATEST => problems.push(format!(
-            "the schema is at version {version}, made by a newer release than this one (which knows up to {LATEST}): upgrade this worker"
-        )),
-        Some(_) => {}
+/// One thing [`verify`](crate::verify) found wrong with the runtime's tables, and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaProblem {
+    /// A table is not where the connection looks for it (`searched` says where that is).
+    MissingTable {
+        table: &'static str,
+        searched: String,
+    },
+    /// A table lacks a column the runtime's statements use.
+    MissingColumn {
+        table: &'static str,
+        column: &'static str,
+    },
+    /// The connection's role or user lacks a privilege a worker needs; `grant` gives it.
+    MissingPrivilege {
+        privilege: &'static str,
+        object: String,
+        grant: String,
+    },
+    /// A column the claims rely on being unique has no unique index.
+    NoUniqueIndex {
+        table: &'static str,
+        column: &'static str,
+    },
+    /// The schema is older than this release needs.
+    Older { found: i32 },
+    /// The schema was made by a newer release.
+    Newer { found: i32 },
+}
+
+impl SchemaProblem {
+    /// Whether the problem keeps `idempotent_schema` from being read.
+    fn hides_the_version(&self) -> bool {
+        match self {
+            SchemaProblem::MissingTable { table, .. } => *table == "idempotent_schema",
+            SchemaProblem::MissingPrivilege { object, .. } => object.contains("idempotent_schema"),
+            _ => false,
+        }
     }
-    problems.extend(
-        crate::retry::retrying::<S, _>(async || S::Db::verify(conn).await)
-            .await
-            .map_err(failed("idempotent_schema"))?,
-    );
+}
+
+impl std::fmt::Display for SchemaProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SchemaProblem::MissingTable { table, searched } => write!(
+                f,
+                "the table `{table}` is missing from {searched}: run migrate as the schema's owner"
+            ),
+            SchemaProblem::MissingColumn { table, column } => {
+                write!(
+                    f,
+                    "the table `{table}` has no column `{column}`: run migrate as the schema's owner"
+                )
+            }
+            SchemaProblem::MissingPrivilege {
+                privilege,
+                object,
+                grant,
+            } => write!(f, "this connection lacks {privilege} on {object}: {grant}"),
+            SchemaProblem::NoUniqueIndex { table, column } => write!(
+                f,
+                "`{table}.{column}` has no unique index: two workers could both claim"
+            ),
+            SchemaProblem::Older { found } => write!(
+                f,
+                "the schema is at version {found}, this release needs {LATEST}: run migrate as the schema's owner"
+            ),
+            SchemaProblem::Newer { found } => write!(
+                f,
+                "the schema is at version {found}, made by a newer release than this one (which knows up to {LATEST}): upgrade this worker"
+            ),
+        }
+    }
+}
+
+/// Checks, reading only, that the tables are there at this release's version, with their columns,
+/// unique indexes and the privileges a worker needs; see [`verify`](crate::verify). One pass for
+/// every database, in a transaction of its own; each database says only how to look.
+pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
+    let problems = crate::transaction::outside_transactions(
+        conn,
+        "idempotent_schema",
+        async |conn: &mut S| problems_of(conn).await,
+    )
+    .await
+    .map_err(|outside| match outside {
+        crate::transaction::Outside::InsideTransaction => Error::InsideTransaction {
+            what: "verify the runtime's tables",
+        },
+        crate::transaction::Outside::NotMigrated(table) => Error::NotMigrated { table },
+        crate::transaction::Outside::Failed(source) => Error::Verify(source),
+    })?;
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(Error::SchemaNotReady { problems })
+        Err(Error::SchemaNotReady {
+            problems: problems.iter().map(ToString::to_string).collect(),
+        })
     }
+}
+
+/// What is wrong with the tables as this connection sees them, each problem once.
+async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
+    let mut problems = Vec::new();
+    let mut present = Vec::new();
+    for (table, expected) in TABLES {
+        if !S::Db::table_exists(conn, table).await? {
+            problems.push(SchemaProblem::MissingTable {
+                table,
+                searched: S::Db::where_tables_are(conn).await?,
+            });
+            continue;
+        }
+        present.push(*table);
+        let columns = S::Db::table_columns(conn, table).await?;
+        for column in *expected {
+            if !columns.iter().any(|c| c == column) {
+                problems.push(SchemaProblem::MissingColumn { table, column });
+            }
+        }
+    }
+    problems.extend(S::Db::missing_privileges(conn, &present).await?);
+    if present.contains(&"idempotent_schema")
+        && !problems.iter().any(SchemaProblem::hides_the_version)
+    {
+        match S::Db::schema_version(conn).await? {
+            Some(found) if found < LATEST => problems.push(SchemaProblem::Older { found }),
+            Some(found) if found > LATEST => problems.push(SchemaProblem::Newer { found }),
+            _ => {}
+        }
+    }
+    for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
+        if present.contains(&table) && !S::Db::has_unique_index(conn, table, column).await? {
+            problems.push(SchemaProblem::NoUniqueIndex { table, column });
+        }
+    }
+    Ok(problems)
 }
 
 /// Runs `steps` in one transaction, all or nothing (SQLite and PostgreSQL, whose DDL is
@@ -262,5 +369,14 @@ pub(crate) async fn in_transaction<S: Store>(
                 return Err(error);
             }
         }
+    }
+}
+
+/// After a statement on `table` failed for a reason that does not pass: [`Error::NotMigrated`] when
+/// the table is not there (the usual first mistake), `None` when it is, or when looking fails too.
+pub(crate) async fn not_migrated<S: Store>(conn: &mut S, table: &'static str) -> Option<Error> {
+    match S::Db::table_exists(conn, table).await {
+        Ok(false) => Some(Error::NotMigrated { table }),
+        Ok(true) | Err(_) => None,
     }
 }

@@ -65,8 +65,8 @@ use sha2::{Digest as _, Sha256};
 use crate::context;
 use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
-use crate::retry::retrying;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
+use crate::transaction::{Outside, outside_transactions};
 
 pub use crate::store::OutboxCounts;
 
@@ -244,9 +244,11 @@ pub async fn unsent_async<C: crate::connection::AsyncJobStore>(
 
 async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessage>, Error> {
     let limit = i64::from(limit.max(1));
-    let rows = retrying::<S, _>(async || S::Db::unsent(conn, limit).await)
-        .await
-        .map_err(Error::Outbox)?;
+    let rows = outside_transactions(conn, "outbox", async |conn: &mut S| {
+        S::Db::unsent(conn, limit).await
+    })
+    .await
+    .map_err(outbox_error("list unsent outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
@@ -265,9 +267,11 @@ pub async fn parked_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn parked_on<S: Store>(conn: &mut S) -> Result<Vec<OutboxMessage>, Error> {
-    let rows = retrying::<S, _>(async || S::Db::parked(conn).await)
-        .await
-        .map_err(Error::Outbox)?;
+    let rows = outside_transactions(conn, "outbox", async |conn: &mut S| {
+        S::Db::parked(conn).await
+    })
+    .await
+    .map_err(outbox_error("list parked outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
@@ -290,9 +294,11 @@ pub async fn retry_parked_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn retry_parked_on<S: Store>(conn: &mut S, message_id: Option<&str>) -> Result<usize, Error> {
-    retrying::<S, _>(async || S::Db::retry_parked(conn, message_id).await)
-        .await
-        .map_err(Error::Outbox)
+    outside_transactions(conn, "outbox", async |conn: &mut S| {
+        S::Db::retry_parked(conn, message_id).await
+    })
+    .await
+    .map_err(outbox_error("retry parked outbox messages"))
 }
 
 /// Deletes messages delivered more than `older_than` ago, in batches as `options` says (as
@@ -327,9 +333,11 @@ async fn prune_delivered_on<S: Store>(
 ) -> Result<PruneReport, Error> {
     let older_than = crate::time::micros(older_than, "prune_delivered's `older_than`")?;
     crate::prune::in_batches::<S>(options, "delivered outbox messages", async |limit| {
-        retrying::<S, _>(async || S::Db::prune_delivered(conn, older_than, limit).await)
-            .await
-            .map_err(Error::Outbox)
+        outside_transactions(conn, "outbox", async |conn: &mut S| {
+            S::Db::prune_delivered(conn, older_than, limit).await
+        })
+        .await
+        .map_err(outbox_error("prune delivered outbox messages"))
     })
     .await
 }
@@ -350,9 +358,11 @@ pub async fn counts_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn counts_on<S: Store>(conn: &mut S) -> Result<OutboxCounts, Error> {
-    let counts = retrying::<S, _>(async || S::Db::outbox_counts(conn).await)
-        .await
-        .map_err(Error::Outbox)?;
+    let counts = outside_transactions(conn, "outbox", async |conn: &mut S| {
+        S::Db::outbox_counts(conn).await
+    })
+    .await
+    .map_err(outbox_error("count outbox messages"))?;
     crate::stats::outbox_counts(&counts);
     Ok(counts)
 }
@@ -583,9 +593,6 @@ impl Relay {
         conn: &mut S,
         deliver: &mut impl AsyncFnMut(&OutboxMessage) -> Result<(), E>,
     ) -> Result<RelayReport, Error> {
-        if conn.transaction_depth().map_err(Error::Outbox)? > 0 {
-            return Err(Error::RelayInsideTransaction);
-        }
         let lease_micros = crate::time::micros(self.lease, "the relay's lease")?;
         // A token per lease: a message whose lease lapsed and was taken by another round (of
         // another relay, or of this one) is never marked by the round that lost it.
@@ -596,10 +603,11 @@ impl Relay {
             limit: i64::from(self.batch_size),
             max_attempts: i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
         };
-        let rows =
-            crate::transaction::in_transaction(conn, async |conn| S::Db::lease(conn, &lease).await)
-                .await
-                .map_err(Error::Outbox)?;
+        let rows = outside_transactions(conn, "outbox", async |conn: &mut S| {
+            S::Db::lease(conn, &lease).await
+        })
+        .await
+        .map_err(relay_error)?;
         let mut report = RelayReport {
             leased: rows.len() as u64,
             ..RelayReport::default()
@@ -618,11 +626,11 @@ impl Relay {
             let delay = message.age + started.elapsed();
             match delivery {
                 Delivery::Delivered => {
-                    let held = retrying::<S, _>(async || {
+                    let held = outside_transactions(conn, "outbox", async |conn: &mut S| {
                         S::Db::mark_delivered(conn, message.id, &owner).await
                     })
                     .await
-                    .map_err(Error::Outbox)?;
+                    .map_err(relay_error)?;
                     if held {
                         report.delivered += 1;
                         crate::stats::delivery(
@@ -659,9 +667,11 @@ impl Relay {
                         error: &error,
                         retry_after_micros,
                     };
-                    retrying::<S, _>(async || S::Db::mark_failed(conn, &failure).await)
-                        .await
-                        .map_err(Error::Outbox)?;
+                    outside_transactions(conn, "outbox", async |conn: &mut S| {
+                        S::Db::mark_failed(conn, &failure).await
+                    })
+                    .await
+                    .map_err(relay_error)?;
                     if park {
                         report.parked += 1;
                         crate::stats::delivery(
@@ -719,6 +729,24 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The error of an outbox operation that runs in a transaction of its own, for `what`.
+fn outbox_error(what: &'static str) -> impl Fn(Outside) -> Error + Copy {
+    move |outside| match outside {
+        Outside::InsideTransaction => Error::InsideTransaction { what },
+        Outside::NotMigrated(table) => Error::NotMigrated { table },
+        Outside::Failed(source) => Error::Outbox(source),
+    }
+}
+
+/// The error of a relay's statement.
+fn relay_error(outside: Outside) -> Error {
+    match outside {
+        Outside::InsideTransaction => Error::RelayInsideTransaction,
+        Outside::NotMigrated(table) => Error::NotMigrated { table },
+        Outside::Failed(source) => Error::Outbox(source),
+    }
 }
 
 #[cfg(test)]

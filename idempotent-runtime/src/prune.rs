@@ -90,9 +90,17 @@ pub async fn prune_async<C: crate::connection::AsyncJobStore>(
 
 async fn prune_lapsed<S: Store>(conn: &mut S, options: &Prune) -> Result<PruneReport, Error> {
     in_batches::<S>(options, "lapsed claims", async |limit| {
-        crate::retry::retrying::<S, _>(async || S::Db::prune_lapsed(conn, limit).await)
-            .await
-            .map_err(Error::Prune)
+        crate::transaction::outside_transactions(conn, "done_jobs", async |conn: &mut S| {
+            S::Db::prune_lapsed(conn, limit).await
+        })
+        .await
+        .map_err(|outside| match outside {
+            crate::transaction::Outside::InsideTransaction => Error::InsideTransaction {
+                what: "prune lapsed claims",
+            },
+            crate::transaction::Outside::NotMigrated(table) => Error::NotMigrated { table },
+            crate::transaction::Outside::Failed(source) => Error::Prune(source),
+        })
     })
     .await
 }

@@ -9,11 +9,21 @@
 //! * a committed row of the same job, with the same fingerprint, that has not lapsed: its result
 //!   is replayed at once, with no transaction and no lock (what a replay under the claim would
 //!   have returned);
-//! * anything else (no row, a run still in progress, a lapsed row, another job's row, a different
-//!   fingerprint, a failed read; on MySQL/MariaDB a session with `autocommit = 0`): the call takes
-//!   the usual path, claim first, which decides under the key's lock. The read only ever
+//! * anything else (no row, a run still in progress, a lapsed row, a row whose run never finished,
+//!   another job's row, a different fingerprint, a failed read): the call takes the usual path,
+//!   claim first, which decides under the key's lock. So does a read that could see an old
+//!   snapshot: on a PostgreSQL hot standby (it finds nothing there, and the claim, which writes, is
+//!   refused), on MySQL/MariaDB in a session with `autocommit = 0`, and on a Galera node whose
+//!   session does not read causally (`wsrep_sync_wait` without bit 1). The read only ever
 //!   short-cuts to the answer the claim would give. A call inside a transaction of the caller's
 //!   does not read first, nor does any call once [`allow_read_first`]`(false)` was called.
+//!
+//! On PostgreSQL the read runs inside the job's transaction, just before the claim (a replay then
+//! commits a transaction that wrote nothing): behind a transaction pooler (PgBouncer with
+//! `pool_mode = transaction`) a statement outside a transaction may be prepared on one server
+//! connection and executed on another, where another client's statement may carry its name; within
+//! a transaction both happen on one. On MySQL/MariaDB and SQLite it is a statement of its own,
+//! before any transaction.
 //!
 //! First deliveries (`redelivered(false, ..)`) skip the read, so they pay nothing for it. A call
 //! told nothing reads first when 12 of its job's last 16 calls that ran or replayed were replays
@@ -39,14 +49,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Whether calls may read their key before claiming it; see [`allow_read_first`].
 static READ_FIRST: AtomicBool = AtomicBool::new(true);
 
-/// Allows (the default) or forbids, for the whole process, reading a key before the claim.
-///
-/// The read runs outside any transaction. Behind a pooler in transaction mode (PgBouncer with
-/// `pool_mode = transaction`), a statement outside a transaction may reach another server
-/// connection than the one it was prepared on, so turn it off there at start-up: every call then
-/// claims first, as a first delivery does, and every statement of a job runs inside its
-/// transaction. Should such a read fail for a prepared statement the server does not have, the
-/// runtime turns it off by itself, with a `WARN` event, and the call claims as usual.
+/// Allows (the default) or forbids, for the whole process, reading a key before the claim: with
+/// `false`, every call claims first, as a first delivery does.
 pub fn allow_read_first(allowed: bool) {
     READ_FIRST.store(allowed, Ordering::Relaxed);
 }
@@ -55,18 +59,9 @@ pub(crate) fn read_first_allowed() -> bool {
     READ_FIRST.load(Ordering::Relaxed)
 }
 
-/// A read before the claim failed (the call goes on to claim): a prepared statement that the
-/// server does not have is a transaction pooler's doing, and turns reading first off.
+/// A read before the claim failed: the call goes on to claim, which decides.
 pub(crate) fn read_failed(error: &diesel::result::Error) {
-    let pooled = crate::db::message(error).is_some_and(|m| m.contains("prepared statement"));
-    if pooled && READ_FIRST.swap(false, Ordering::Relaxed) {
-        tracing::warn!(
-            %error,
-            "reading a key before its claim failed as it does behind a transaction pooler (PgBouncer in transaction mode); reads before the claim are off for this process, and calls claim first"
-        );
-    } else {
-        tracing::debug!(%error, "reading a key before its claim failed; claiming");
-    }
+    tracing::debug!(%error, "reading a key before its claim failed; claiming");
 }
 
 thread_local! {

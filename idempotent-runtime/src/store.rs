@@ -88,6 +88,14 @@ pub trait Store: Send + Sized {
         self.begin()
     }
 
+    /// Opens a transaction that takes no lock until it needs one (SQLite's `BEGIN DEFERRED`; a
+    /// plain `BEGIN` elsewhere, which is that already): for the operations that are not jobs, so
+    /// that a look-up never waits for a job in progress.
+    #[doc(hidden)]
+    fn begin_deferred(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
+        self.begin()
+    }
+
     /// Opens a job's own transaction: as [`begin_bounded`](Self::begin_bounded) (or
     /// [`begin`](Self::begin) without a bound) and, when it is the outermost, the savepoint
     /// `idempotent_job` right after `BEGIN`, in the same round trip where the connection allows.
@@ -183,6 +191,14 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const NAME: &'static str;
 
+    /// Whether a redelivery reads its key inside the job's transaction, before the claim, rather
+    /// than in a statement of its own before it (PostgreSQL: behind a transaction pooler a
+    /// statement outside a transaction may be prepared on one server connection and executed on
+    /// another, where a statement of another client may have its name; inside one, both are on the
+    /// same connection). See [`crate::redelivery`].
+    #[doc(hidden)]
+    const READ_FIRST_IN_TRANSACTION: bool = false;
+
     /// Whether a transaction that writes takes the whole database's write lock at `BEGIN`
     /// (SQLite): then a claim waits there, not for the key's row.
     #[doc(hidden)]
@@ -200,13 +216,13 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
-    /// The most the database takes in one statement, if a result of `bytes` could exceed it; `None`
-    /// when it fits.
+    /// The largest result the database takes, and the limit that comes from, when a result of
+    /// `bytes` is larger; `None` when it fits.
     #[doc(hidden)]
     fn result_too_large<C: Store<Db = Self>>(
         conn: &mut C,
         bytes: usize,
-    ) -> impl Future<Output = QueryResult<Option<u64>>> + Send {
+    ) -> impl Future<Output = QueryResult<Option<ResultLimit>>> + Send {
         let _ = (conn, bytes);
         async { Ok(None) }
     }
@@ -277,6 +293,27 @@ pub trait Database: Sized + Send + Sync + 'static {
         conn: &mut C,
         digest: &[u8; 32],
     ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send;
+
+    /// Whether the session holds a transaction that Diesel does not know of, before a transaction
+    /// of the runtime's own begins (MySQL with `autocommit = 0` and statements pending: a `BEGIN`
+    /// would commit them).
+    #[doc(hidden)]
+    fn session_in_transaction<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        async { Ok(false) }
+    }
+
+    /// Whether the transaction just begun is in fact a transaction of the caller's that had
+    /// written already (PostgreSQL answers a `BEGIN` inside a transaction with a warning only).
+    #[doc(hidden)]
+    fn begun_inside_another<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        async { Ok(false) }
+    }
 
     /// Releases the job's savepoint (`idempotent_job`): fails when the transaction is no longer
     /// the job's own.
@@ -412,12 +449,44 @@ pub trait Database: Sized + Send + Sync + 'static {
         lock_timeout: std::time::Duration,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send;
 
-    /// Reading only: what is wrong with the tables' columns, unique indexes and this role's
-    /// privileges, each problem in words.
+    /// Where the connection looks for the runtime's tables, for a message saying one is missing.
     #[doc(hidden)]
-    fn verify<C: Store<Db = Self>>(
+    fn where_tables_are<C: Store<Db = Self>>(
         conn: &mut C,
+    ) -> impl Future<Output = QueryResult<String>> + Send;
+
+    /// The columns of `table`, as the connection finds it.
+    #[doc(hidden)]
+    fn table_columns<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
     ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// Whether `table.column` has a unique index of its own.
+    #[doc(hidden)]
+    fn has_unique_index<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+        column: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// The privileges a worker needs on the `present` tables that this connection lacks.
+    #[doc(hidden)]
+    fn missing_privileges<C: Store<Db = Self>>(
+        conn: &mut C,
+        present: &[&'static str],
+    ) -> impl Future<Output = QueryResult<Vec<crate::migrations::SchemaProblem>>> + Send {
+        let _ = (conn, present);
+        async { Ok(Vec::new()) }
+    }
+
+    /// Whether `table` exists where the job statements find their tables (the connection's
+    /// database; PostgreSQL: its `search_path`).
+    #[doc(hidden)]
+    fn table_exists<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
     /// does not exist (as seen through the connection's own name resolution).
@@ -488,6 +557,15 @@ impl DoneRow {
     pub fn unfinished(&self) -> bool {
         self.result.as_deref() == Some(UNFINISHED)
     }
+}
+
+/// The largest result a database takes in the statement that records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultLimit {
+    /// The largest result, in bytes of JSON.
+    pub largest: u64,
+    /// The server's own limit on one statement it comes from (MySQL's `max_allowed_packet`).
+    pub packet: u64,
 }
 
 /// How finishing a job's transaction failed; see [`crate::transaction::finish_job`].

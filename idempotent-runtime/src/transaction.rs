@@ -56,6 +56,21 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         }
     }
 
+    /// Opens a transaction that takes no lock until it needs one ([`Store::begin_deferred`]).
+    pub(crate) async fn begin_deferred(
+        conn: &'a mut Conn,
+        reach: R,
+    ) -> diesel::QueryResult<(Self, Nesting)> {
+        let mut transaction = Self::opened(conn, reach);
+        match transaction.store().begin_deferred().await {
+            Ok(nesting) => Ok((transaction, nesting)),
+            Err(error) => {
+                transaction.open = false;
+                Err(error)
+            }
+        }
+    }
+
     /// Opens a job's own transaction ([`Store::begin_job`]), guarded from before `BEGIN` is sent.
     pub(crate) async fn begin_job(
         conn: &'a mut Conn,
@@ -140,6 +155,93 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Drop for Transaction<'_
 /// The store itself, for transactions on a bare connection.
 pub(crate) fn itself<S>(conn: &mut S) -> &mut S {
     conn
+}
+
+/// Why work that must run in a transaction of its own ([`outside_transactions`]) did not run.
+#[derive(Debug)]
+pub(crate) enum Outside {
+    /// The connection is inside a transaction of the caller's: one Diesel opened, or one the
+    /// session holds that Diesel does not know of (`autocommit = 0` with statements pending on
+    /// MySQL, a `BEGIN` sent as text that has written on PostgreSQL). Nothing was run.
+    InsideTransaction,
+    /// The database refused a statement; the transaction was rolled back.
+    Failed(diesel::result::Error),
+    /// The table the statements work on is not there: `migrate` has not run
+    /// ([`Error::NotMigrated`](crate::Error::NotMigrated)).
+    NotMigrated(&'static str),
+}
+
+impl From<diesel::result::Error> for Outside {
+    fn from(error: diesel::result::Error) -> Self {
+        Outside::Failed(error)
+    }
+}
+
+/// Runs `statements` in a short transaction of their own, committed before this returns, and
+/// refuses to run inside the caller's: what every operation that is not a job runs in (looking up,
+/// listing and forgetting keys, pruning, inspecting the outbox and relaying it, verifying the
+/// schema). In a transaction of the caller's it would see and change the caller's uncommitted
+/// rows, and commit or roll back with them; a session that holds a transaction Diesel does not
+/// know of (`autocommit = 0`) would never commit it; and behind a transaction pooler (PgBouncer in
+/// transaction mode) only a transaction keeps a statement's prepare and its execution on one
+/// server connection. Retried from `BEGIN` while the database is busy.
+pub(crate) async fn outside_transactions<S: Store, T>(
+    conn: &mut S,
+    table: &'static str,
+    statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
+) -> Result<T, Outside> {
+    match in_own_transaction(conn, statements).await {
+        // The usual first mistake, named: a failure that does not pass, on a table not there.
+        Err(Outside::Failed(error))
+            if !S::Db::classify(&error).is_transient()
+                && !S::Db::connection_lost(&error)
+                && matches!(S::Db::table_exists(conn, table).await, Ok(false)) =>
+        {
+            Err(Outside::NotMigrated(table))
+        }
+        result => result,
+    }
+}
+
+async fn in_own_transaction<S: Store, T>(
+    conn: &mut S,
+    mut statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
+) -> Result<T, Outside> {
+    if conn.transaction_depth()? > 0 || S::Db::session_in_transaction(conn).await? {
+        return Err(Outside::InsideTransaction);
+    }
+    let mut retry = Retry::new();
+    loop {
+        let attempt = async {
+            let (mut transaction, _) = Transaction::begin_deferred(&mut *conn, itself::<S>).await?;
+            match S::Db::begun_inside_another(transaction.store()).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    // The `BEGIN` did nothing: the transaction is the caller's, and stays open.
+                    transaction.store().forget_transaction(false);
+                    transaction.hand_over();
+                    return Err(Outside::InsideTransaction);
+                }
+                Err(error) => {
+                    transaction.rollback().await;
+                    return Err(Outside::Failed(error));
+                }
+            }
+            match statements(transaction.store()).await {
+                Ok(value) => Ok(transaction.commit().await.map(|()| value)?),
+                Err(error) => {
+                    transaction.rollback().await;
+                    Err(Outside::Failed(error))
+                }
+            }
+        };
+        match attempt.await {
+            Err(Outside::Failed(error)) if retry.failed::<S::Db>(&error).is_some() => {
+                retry.pause::<S>().await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Runs `statements` in a short transaction of their own (a savepoint inside the caller's),

@@ -229,9 +229,45 @@ pub fn results_too_large_are_refused<B: Backend>() {
         }
         other => panic!("expected ResultTooLarge, got {other}"),
     }
+    // The bound the error names is the real one: a result of exactly that many bytes of JSON is
+    // stored, one byte more is refused, and the message says where the number comes from.
+    let packet = u64::try_from(B::query_i64(
+        &mut conn,
+        "SELECT CAST(@@max_allowed_packet AS SIGNED) AS n",
+    ))
+    .expect("a size");
+    let largest = packet - 64 * 1024;
+    // A string's JSON is its characters and two quotes.
+    let fits = usize::try_from(largest).expect("a size") - 2;
+    assert_eq!(
+        B::big_result(&mut conn, "at-the-limit", fits).expect("a result the error's bound allows"),
+        fits
+    );
+    let error = runtime_error(B::big_result(&mut conn, "over-the-limit", fits + 1));
+    match &error {
+        Error::ResultTooLarge {
+            limit,
+            packet: named,
+            ..
+        } => {
+            assert_eq!((*limit, *named), (largest, packet), "{error}");
+        }
+        other => panic!("expected ResultTooLarge, got {other}"),
+    }
+    let message = error.to_string();
+    assert!(
+        message.contains(&largest.to_string())
+            && message.contains(&packet.to_string())
+            && message.contains("max_allowed_packet"),
+        "{message}"
+    );
     assert!(!error.is_retryable());
-    assert_eq!(B::count_done(&mut conn), 0);
-    assert_eq!(B::count_topic(&mut conn, "big"), 0, "nothing committed");
+    assert_eq!(B::count_done(&mut conn), 1, "only the result at the limit");
+    assert_eq!(
+        B::count_topic(&mut conn, "big"),
+        1,
+        "nothing else committed"
+    );
     assert_eq!(
         B::big_result(&mut conn, "2", 1000).expect("a small result"),
         1000

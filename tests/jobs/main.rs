@@ -88,6 +88,18 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn operations_commit_or_refuse_in_a_session_holding_a_transaction() {
+                crate::truth::operations_commit_or_refuse_in_a_session_holding_a_transaction::<
+                    $backend,
+                >();
+            }
+
+            #[test]
+            fn without_tables_every_operation_says_to_migrate() {
+                crate::truth::without_tables_every_operation_says_to_migrate::<$backend>();
+            }
+
+            #[test]
             fn keep_counts_from_the_commit() {
                 holes::keep_counts_from_the_commit::<$backend>();
             }

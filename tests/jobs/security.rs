@@ -257,6 +257,53 @@ fn verify_names_a_missing_grant() {
     });
 }
 
+/// `verify` as a role that may not read `idempotent_schema`, or may not use the tables' schema at
+/// all: a read-only check that names each missing grant and the `GRANT` that gives it (it used to
+/// fail reading the schema version and say "creating or upgrading the runtime's table
+/// idempotent_schema failed ... Calling migrate again resumes").
+#[test]
+fn verify_names_grants_it_cannot_read_past() {
+    let (base, mut admin) = admin();
+    let (jobs, role) = (unique_name("jobs"), unique_name("noread"));
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {jobs}; CREATE ROLE {role} LOGIN; SET search_path TO {jobs};"
+        ))
+        .expect("schema and role");
+    idempotent_jobs::migrate(&mut admin).expect("the runtime's tables");
+    admin
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {jobs} TO {role};
+             GRANT SELECT, INSERT, UPDATE ON {jobs}.done_jobs TO {role};
+             GRANT SELECT, INSERT, UPDATE ON {jobs}.outbox TO {role};
+             GRANT USAGE ON SEQUENCE {jobs}.outbox_id_seq TO {role};"
+        ))
+        .expect("every grant but SELECT on idempotent_schema");
+    let url = url_as(&base, &role, &jobs);
+    let cleanup = format!("DROP SCHEMA {jobs} CASCADE; DROP OWNED BY {role}; DROP ROLE {role};");
+    with_cleanup(&mut admin, &cleanup, || {
+        let mut conn = PgConnection::establish(&url).expect("connecting as the role");
+        let error = idempotent_jobs::verify(&mut conn).expect_err("a grant is missing");
+        let idempotent_jobs::Error::SchemaNotReady { problems } = &error else {
+            panic!("expected SchemaNotReady, got {error}");
+        };
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0].contains("GRANT SELECT ON idempotent_schema"),
+            "{problems:#?}"
+        );
+        let mut owner = PgConnection::establish(&base).expect("connecting as the owner");
+        owner
+            .batch_execute(&format!("REVOKE USAGE ON SCHEMA {jobs} FROM {role}"))
+            .expect("no use of the schema");
+        let error = idempotent_jobs::verify(&mut conn).expect_err("the schema is out of reach");
+        assert!(
+            matches!(&error, idempotent_jobs::Error::SchemaNotReady { problems } if problems.iter().any(|p| p.contains(&format!("GRANT USAGE ON SCHEMA {jobs}")))),
+            "{error}"
+        );
+    });
+}
+
 /// MySQL: a user holding only the README's rights migrates (nothing pending, so no DDL, which it
 /// could not do) and verifies, sync and async; `verify` names a missing right; jobs run once.
 #[test]

@@ -213,3 +213,129 @@ pub fn a_claim_committed_without_its_result_is_finished_by_the_next_delivery<B: 
         "the next delivery ran the job (the first run's effect was committed outside its claim)"
     );
 }
+
+/// Whether `error` is the refusal to run inside a transaction of the caller's.
+fn refused_inside(error: &Error) -> bool {
+    matches!(error, Error::InsideTransaction { .. })
+}
+
+/// Operations that are not jobs (here the keys API, and a prune) run in a transaction of their own
+/// that commits before they return, or refuse, on a session that holds a transaction Diesel does
+/// not know of: MySQL with `autocommit = 0` (a forget that returned `true` used to stay
+/// uncommitted, and to be undone when the session closed), a `BEGIN` sent as text (PostgreSQL,
+/// SQLite). What they report is what other connections see.
+pub fn operations_commit_or_refuse_in_a_session_holding_a_transaction<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let mut other = db.connect();
+    for order in ["order-1", "order-2", "order-3"] {
+        B::charge(&mut conn, order, 1, crate::handlers::Mode::Succeed).expect("a charge");
+    }
+    let key = |order: &str| crate::handlers::charge_key(order);
+    match B::SERVER {
+        Server::Mysql => {
+            // Nothing pending: the forget runs in a transaction of its own, committed.
+            B::execute(&mut conn, "SET autocommit = 0");
+            assert!(B::keys_forget(&mut conn, &key("order-1")).expect("a forget"));
+            assert!(
+                B::keys_lookup(&mut other, &key("order-1"))
+                    .expect("a lookup")
+                    .is_none(),
+                "another connection sees the key forgotten"
+            );
+            // A write pending in the session's own transaction: refused, and left pending.
+            B::execute(
+                &mut conn,
+                "INSERT INTO test_outbox (topic, payload) VALUES ('pending', 'x')",
+            );
+            let error = B::keys_forget(&mut conn, &key("order-2")).expect_err("refused");
+            assert!(refused_inside(&error), "{error}");
+            assert_eq!(
+                B::count_topic(&mut other, "pending"),
+                0,
+                "the session's write was not committed by the refusal"
+            );
+            B::execute(&mut conn, "ROLLBACK");
+            B::execute(&mut conn, "SET autocommit = 1");
+        }
+        Server::Postgres => {
+            B::execute(
+                &mut conn,
+                "BEGIN; INSERT INTO test_outbox (topic, payload) VALUES ('pending', 'x')",
+            );
+            let error = B::keys_forget(&mut conn, &key("order-2")).expect_err("refused");
+            assert!(refused_inside(&error), "{error}");
+            assert_eq!(B::count_topic(&mut other, "pending"), 0);
+            B::execute(&mut conn, "ROLLBACK");
+            assert_eq!(
+                B::count_topic(&mut conn, "pending"),
+                0,
+                "the caller's transaction was still the caller's to roll back"
+            );
+            assert!(B::keys_forget(&mut conn, &key("order-1")).expect("a forget"));
+        }
+        Server::Sqlite => {
+            B::execute(&mut conn, "BEGIN");
+            let error = B::keys_forget(&mut conn, &key("order-2")).expect_err("refused");
+            assert!(error.to_string().contains("nothing was changed"), "{error}");
+            B::execute(&mut conn, "ROLLBACK");
+            assert!(B::keys_forget(&mut conn, &key("order-1")).expect("a forget"));
+        }
+    }
+    assert!(
+        B::keys_lookup(&mut other, &key("order-2"))
+            .expect("a lookup")
+            .is_some(),
+        "a refused forget forgot nothing"
+    );
+    assert!(
+        B::keys_lookup(&mut other, &key("order-1"))
+            .expect("a lookup")
+            .is_none()
+    );
+    // A forget committed elsewhere is seen at once by the session (no old snapshot).
+    assert!(B::keys_forget(&mut other, &key("order-3")).expect("a forget elsewhere"));
+    assert!(
+        B::keys_lookup(&mut conn, &key("order-3"))
+            .expect("a lookup")
+            .is_none()
+    );
+}
+
+/// Without the runtime's tables, a job, the keys API, the relay and a prune each say to run
+/// `migrate` (they used to say only `relation "done_jobs" does not exist`, or its kin).
+pub fn without_tables_every_operation_says_to_migrate<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    for sql in crate::handlers::test_tables(B::SERVER) {
+        B::execute(&mut conn, &sql);
+    }
+    let says_migrate = |what: &str, error: &Error| {
+        assert!(
+            matches!(error, Error::NotMigrated { .. }),
+            "{what}: {error}"
+        );
+        assert!(
+            error.to_string().contains("idempotent_jobs::migrate"),
+            "{what}: {error}"
+        );
+        assert!(
+            error.to_string().contains("nothing was changed"),
+            "{what}: {error}"
+        );
+        assert!(!error.is_retryable(), "{what}: {error}");
+    };
+    match B::charge(&mut conn, "order-1", 1, crate::handlers::Mode::Succeed) {
+        Err(TestError::Idempotent(error)) => says_migrate("a job", &error),
+        other => panic!("a job without tables: {other:?}"),
+    }
+    says_migrate(
+        "a lookup",
+        &B::keys_lookup(&mut conn, &crate::handlers::charge_key("order-1")).expect_err("no table"),
+    );
+    says_migrate(
+        "a forget",
+        &B::keys_forget(&mut conn, &crate::handlers::charge_key("order-1")).expect_err("no table"),
+    );
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 0, "nothing ran");
+}

@@ -154,14 +154,18 @@ pub(crate) fn backticked(name: &str) -> String {
 /// `$begin`.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 macro_rules! sync_store {
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, one_batch: $one_batch:expr)?) => {
-        sync_store!($conn, $db, begin: $begin, job: $job_begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback $(, one_batch: $one_batch)?);
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)?) => {
+        sync_store!($conn, $db, begin: $begin, job: $job_begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback $(, deferred: $deferred)? $(, one_batch: $one_batch)?);
     };
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, one_batch: $one_batch:expr)?) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
             $(fn finish_in_one_batch(&mut self) -> bool {
                 $one_batch
+            })?
+
+            $(async fn begin_deferred(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
+                $open(self, $deferred)
             })?
 
             async fn begin(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
@@ -515,6 +519,23 @@ macro_rules! shared_methods {
             Ok(deleted == 1)
         }
 
+        async fn table_exists<C: Store<Db = Self>>(conn: &mut C, table: &str) -> QueryResult<bool> {
+            let rows: Vec<crate::migrations::TableCount> = conn
+                .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
+                .await?;
+            Ok(rows.first().is_some_and(|r| r.n > 0))
+        }
+
+        async fn table_columns<C: Store<Db = Self>>(
+            conn: &mut C,
+            table: &str,
+        ) -> QueryResult<Vec<String>> {
+            let columns: Vec<super::Name> = conn
+                .load(Statement::<TableColumns, _>::new((bind::<Text, _>(table),)))
+                .await?;
+            Ok(columns.into_iter().map(|c| c.name).collect())
+        }
+
         async fn done_row<C: Store<Db = Self>>(
             conn: &mut C,
             digest: &[u8; 32],
@@ -681,6 +702,10 @@ mod pooled {
             bound: Option<Duration>,
         ) -> impl Future<Output = QueryResult<Nesting>> + Send {
             inner(self).begin_job(bound)
+        }
+
+        fn begin_deferred(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
+            inner(self).begin_deferred()
         }
 
         fn finish_in_one_batch(&mut self) -> bool {

@@ -28,11 +28,11 @@ use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
-use crate::migrations::{Step, TableCount, Version};
+use crate::migrations::{SchemaProblem, Step, TableCount, Version};
 use crate::sql::{Statement, bind};
 use crate::store::{
     Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
-    OutboxCounts, Store, Unfinished,
+    OutboxCounts, ResultLimit, Store, Unfinished,
 };
 
 /// MySQL and MariaDB (features `mysql`, `async-mysql`).
@@ -197,20 +197,33 @@ sql! {
 /// `autocommit = 0` the session sits in a transaction Diesel does not know of, whose REPEATABLE READ
 /// snapshot may still hold a key forgotten since. Then the read finds nothing, and the claim
 /// decides.
+/// On a Galera node the read must also be causal: a node applies other nodes' commits a moment
+/// after they return, so without `wsrep_sync_wait` (bit 1, reads) it may still hold a key forgotten
+/// on another node. MariaDB runs the `/*M! ... */` part; MySQL, which has no Galera variables, takes
+/// it for a comment.
 macro_rules! read_guard {
     () => {
-        " AND @@autocommit = 1"
+        " AND @@autocommit = 1 /*M! AND (@@wsrep_on = 0 OR @@wsrep_sync_wait & 1 = 1) */"
     };
 }
 
 shared_statements!();
 
 sql! {
+    // A transaction the session holds that Diesel does not know of. MariaDB says so
+    // (`@@in_transaction`); MySQL does not, and there a session with `autocommit = 0` may hold
+    // one at any time. The `/*M! ... */` parts are MariaDB's only (MySQL reads them as comments):
+    // MariaDB reads `@@in_transaction = 1 OR (FALSE AND @@autocommit = 0)`, MySQL `@@autocommit = 0`.
+    SessionInTransaction = "SELECT CAST(/*M! @@in_transaction = 1 OR (FALSE AND */ @@autocommit = 0 /*M! ) */ AS SIGNED) AS n";
     LockWaitTimeout = "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous";
     // Prepared, like every other statement: one round trip, where a text batch takes three on the
     // sync connection.
     SetLockWaitTimeout = "SET SESSION innodb_lock_wait_timeout = ?";
 }
+
+/// What `max_allowed_packet` must hold beside a result: the statement that records it, the key's
+/// digest and the keep (a few hundred bytes), with room to spare for the protocol's framing.
+const STATEMENT_ROOM: u64 = 64 * 1024;
 
 /// Statements whose `EXPLAIN` needs the privileges a worker needs, by privilege and table.
 const PRIVILEGE_PROBES: &[(&str, &str, &str)] = &[
@@ -360,6 +373,13 @@ impl Database for MysqlDb {
         )
     }
 
+    async fn session_in_transaction<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+        let rows: Vec<TableCount> = conn
+            .load(Statement::<SessionInTransaction, _>::new(()))
+            .await?;
+        Ok(rows.first().is_some_and(|r| r.n > 0))
+    }
+
     async fn release_job<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
         // MySQL (unlike MariaDB) refuses savepoint statements in the prepared protocol.
         if savepoints_as_text() {
@@ -380,18 +400,17 @@ impl Database for MysqlDb {
     async fn result_too_large<C: Store<Db = Self>>(
         conn: &mut C,
         bytes: usize,
-    ) -> QueryResult<Option<u64>> {
+    ) -> QueryResult<Option<ResultLimit>> {
         // Every server accepts at least 1 MiB; only a larger result costs the look-up.
         if bytes < 1 << 20 {
             return Ok(None);
         }
         let rows: Vec<MaxPacket> = conn.load(Statement::<MaxAllowedPacket, _>::new(())).await?;
-        let limit = rows
+        let packet = rows
             .first()
             .map_or(0, |r| u64::try_from(r.limit).unwrap_or(0));
-        // The statement around the result, the key and its digest take some room too.
-        let needed = bytes as u64 + 64 * 1024;
-        Ok((needed > limit).then_some(limit))
+        let largest = packet.saturating_sub(STATEMENT_ROOM);
+        Ok((bytes as u64 > largest).then_some(ResultLimit { largest, packet }))
     }
 
     async fn claim<C: Store<Db = Self>>(
@@ -552,7 +571,7 @@ impl Database for MysqlDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        if !table_exists(conn, "idempotent_schema").await? {
+        if !MysqlDb::table_exists(conn, "idempotent_schema").await? {
             return Ok(None);
         }
         let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
@@ -594,55 +613,47 @@ impl Database for MysqlDb {
         .await
     }
 
-    async fn verify<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
-        let mut problems = Vec::new();
-        for (table, expected) in crate::migrations::TABLES {
-            if !table_exists(conn, table).await? {
-                problems.push(format!(
-                    "the table `{table}` is missing from this connection's database, or this user holds no privilege on it: run migrate as the schema's owner, or grant what the README's Security section lists"
-                ));
+    async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
+        Ok("this connection's database (or this user holds no privilege on it)".to_owned())
+    }
+
+    async fn has_unique_index<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+        column: &str,
+    ) -> QueryResult<bool> {
+        let unique: Vec<TableCount> = conn
+            .load(Statement::<UniqueIndexOn, _>::new((
+                bind::<Text, _>(table),
+                bind::<Text, _>(column),
+            )))
+            .await?;
+        Ok(unique.first().is_some_and(|r| r.n > 0))
+    }
+
+    /// MySQL checks the privileges of a statement when it explains it, without running it.
+    async fn missing_privileges<C: Store<Db = Self>>(
+        conn: &mut C,
+        present: &[&'static str],
+    ) -> QueryResult<Vec<SchemaProblem>> {
+        let mut missing = Vec::new();
+        for (privilege, table, probe) in PRIVILEGE_PROBES {
+            if !present.contains(table) {
                 continue;
             }
-            let columns: Vec<Column> = conn
-                .load(Statement::<TableColumns, _>::new(
-                    (bind::<Text, _>(*table),),
-                ))
-                .await?;
-            for column in *expected {
-                if !columns.iter().any(|c| c.name == *column) {
-                    problems.push(format!("the table `{table}` has no column `{column}`"));
-                }
-            }
-        }
-        if !problems.is_empty() {
-            return Ok(problems);
-        }
-        for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
-            let unique: Vec<TableCount> = conn
-                .load(Statement::<UniqueIndexOn, _>::new((
-                    bind::<Text, _>(table),
-                    bind::<Text, _>(column),
-                )))
-                .await?;
-            if unique.first().is_none_or(|r| r.n == 0) {
-                problems.push(format!(
-                    "`{table}.{column}` has no unique index: two workers could both claim"
-                ));
-            }
-        }
-        // MySQL checks the privileges of a statement when it explains it, without running it.
-        for (privilege, table, probe) in PRIVILEGE_PROBES {
             if let Err(error) = conn.batch(probe).await {
                 if super::message(&error).is_some_and(|m| m.contains("command denied")) {
-                    problems.push(format!(
-                        "this user lacks {privilege} on `{table}`: GRANT {privilege} ON {table} TO <the worker's user>"
-                    ));
+                    missing.push(SchemaProblem::MissingPrivilege {
+                        privilege,
+                        object: format!("`{table}`"),
+                        grant: format!("GRANT {privilege} ON {table} TO <the worker's user>"),
+                    });
                 } else {
                     return Err(error);
                 }
             }
         }
-        Ok(problems)
+        Ok(missing)
     }
 
     async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
@@ -706,13 +717,6 @@ async fn take_migration_lock<C: Store<Db = MysqlDb>>(
     }
 }
 
-async fn table_exists<C: Store<Db = MysqlDb>>(conn: &mut C, table: &str) -> QueryResult<bool> {
-    let rows: Vec<TableCount> = conn
-        .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
-        .await?;
-    Ok(rows.first().is_some_and(|r| r.n > 0))
-}
-
 /// One pass over the steps not yet recorded; see `MysqlDb::migrate`.
 async fn migration_pass<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(), crate::Error> {
     use crate::migrations::failed;
@@ -724,7 +728,7 @@ async fn migration_pass<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(), crat
         Some(version) => version,
         None => {
             create(conn, "idempotent_schema", VERSION_TABLE, None).await?;
-            if table_exists(conn, "__diesel_schema_migrations")
+            if MysqlDb::table_exists(conn, "__diesel_schema_migrations")
                 .await
                 .map_err(failed("__diesel_schema_migrations"))?
             {
@@ -764,7 +768,7 @@ async fn create<C: Store<Db = MysqlDb>>(
         .is_some_and(|m| m.contains("already exists") || m.contains("Duplicate column"))
         && match step {
             Some(step) => step_made(conn, step).await,
-            None => table_exists(conn, table).await,
+            None => MysqlDb::table_exists(conn, table).await,
         }
         .map_err(crate::migrations::failed(table))?;
     if !made_meanwhile {
@@ -780,7 +784,7 @@ async fn create<C: Store<Db = MysqlDb>>(
 /// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
 /// stopped before it recorded the step.
 async fn step_made<C: Store<Db = MysqlDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
-    if !table_exists(conn, step.table).await? {
+    if !MysqlDb::table_exists(conn, step.table).await? {
         return Ok(false);
     }
     let Some(column) = step.column else {

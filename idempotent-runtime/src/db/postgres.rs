@@ -31,7 +31,7 @@ use diesel::pg::Pg;
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
-use crate::migrations::{Step, TableCount, Version};
+use crate::migrations::{SchemaProblem, Step, TableCount, Version};
 use crate::sql::{Statement, bind};
 use crate::store::{
     Claim, ClaimAttempt, Database, Failure, Fault, Lease, LeasedRow, NewMessage, OutboxCounts,
@@ -171,9 +171,19 @@ sql! {
     SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
     TableColumns = "SELECT attname::text AS name FROM pg_attribute \
          WHERE attrelid = to_regclass(?) AND attnum > 0 AND NOT attisdropped";
-    TablePrivileges = "SELECT has_table_privilege(c, 'SELECT') AS select, \
-         has_table_privilege(c, 'INSERT') AS insert, has_table_privilege(c, 'UPDATE') AS update \
-         FROM (SELECT to_regclass(?) AS c) AS t WHERE c IS NOT NULL";
+    TablePrivileges = "SELECT has_table_privilege(c.oid, 'SELECT') AS select, \
+         has_table_privilege(c.oid, 'INSERT') AS insert, has_table_privilege(c.oid, 'UPDATE') AS update, \
+         has_schema_privilege(n.oid, 'USAGE') AS schema_usage, quote_ident(n.nspname) AS schema \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname = ? AND c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false)) \
+         ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1";
+    // Schemas of the search_path that hold a runtime table this role may not use: the tables are
+    // there, out of its reach (`current_schemas` leaves such schemas out).
+    UnusableSchemas = "SELECT DISTINCT quote_ident(n.nspname) AS name FROM pg_class c \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname IN ('idempotent_schema', 'done_jobs', 'outbox') \
+         AND NOT has_schema_privilege(n.oid, 'USAGE') \
+         AND n.nspname = ANY (string_to_array(replace(replace(current_setting('search_path'), '\"', ''), ' ', ''), ','))";
     OutboxSequence = "SELECT has_sequence_privilege(pg_get_serial_sequence('outbox', 'id'), 'USAGE') AS usage";
     UniqueIndexOn = "SELECT COUNT(*) AS n FROM pg_index i WHERE i.indrelid = to_regclass(?) \
          AND i.indisunique AND i.indnatts = 1 AND i.indkey[0] = \
@@ -208,16 +218,21 @@ sql! {
          ORDER BY 1";
 }
 
-/// Every statement outside a transaction block is its own transaction, with a fresh snapshot.
+/// Every statement outside a transaction block is its own transaction, with a fresh snapshot; a
+/// hot standby's snapshot may lag the primary, so there the read finds nothing (and the claim,
+/// which writes, decides: on a standby it is refused).
 macro_rules! read_guard {
     () => {
-        ""
+        " AND NOT pg_is_in_recovery()"
     };
 }
 
 shared_statements!();
 
 sql! {
+    // Whether this transaction has written: a `BEGIN` inside a transaction of the caller's is
+    // only a warning, and the transaction would then be the caller's.
+    WrittenAlready = "SELECT CAST(CASE WHEN txid_current_if_assigned() IS NULL THEN 0 ELSE 1 END AS BIGINT) AS n";
     // `set_config(.., true)`: for this transaction only, whatever happens to it.
     BoundLockWait = "SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', ?, true) AS applied";
     RestoreLockWait = "SELECT set_config('lock_timeout', ?, true) AS previous";
@@ -254,6 +269,10 @@ struct Privileges {
     insert: bool,
     #[diesel(sql_type = Bool)]
     update: bool,
+    #[diesel(sql_type = Bool)]
+    schema_usage: bool,
+    #[diesel(sql_type = Text)]
+    schema: String,
 }
 
 #[derive(diesel::QueryableByName)]
@@ -296,8 +315,14 @@ impl Database for PostgresDb {
         Ok(())
     }
 
+    async fn begun_inside_another<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+        let rows: Vec<TableCount> = conn.load(Statement::<WrittenAlready, _>::new(())).await?;
+        Ok(rows.first().is_some_and(|r| r.n > 0))
+    }
+
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
+    const READ_FIRST_IN_TRANSACTION: bool = true;
 
     fn classify(error: &DieselError) -> Fault {
         match error {
@@ -485,7 +510,7 @@ impl Database for PostgresDb {
         // ("prepared statement \"s3\" does not exist"). This is the one read that runs before
         // any transaction, when every worker migrates at start.
         crate::transaction::in_transaction(conn, async |conn| {
-            if !table_exists(conn, "idempotent_schema").await? {
+            if !PostgresDb::table_exists(conn, "idempotent_schema").await? {
                 return Ok(None);
             }
             let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
@@ -540,7 +565,7 @@ impl Database for PostgresDb {
                 pending.push((step, step_made(conn, step).await.map_err(failed(step.table))?));
             }
             if version.is_none()
-                && table_exists(conn, "__diesel_schema_migrations").await.map_err(failed("__diesel_schema_migrations"))?
+                && PostgresDb::table_exists(conn, "__diesel_schema_migrations").await.map_err(failed("__diesel_schema_migrations"))?
             {
                 // An earlier release kept its versions in the application's own Diesel
                 // migration table: take those rows back out.
@@ -568,26 +593,46 @@ impl Database for PostgresDb {
         .await
     }
 
-    async fn verify<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
-        let mut problems = Vec::new();
-        for (table, expected) in crate::migrations::TABLES {
-            if !table_exists(conn, table).await? {
-                problems.push(format!(
-                    "the table `{table}` is missing from the connection's search_path ({}): run migrate, or add its schema to the search_path",
-                    search_path(conn).await?
-                ));
-                continue;
-            }
-            let columns: Vec<super::Name> = conn
-                .load(Statement::<TableColumns, _>::new(
-                    (bind::<Text, _>(*table),),
-                ))
-                .await?;
-            for column in *expected {
-                if !columns.iter().any(|c| c.name == *column) {
-                    problems.push(format!("the table `{table}` has no column `{column}`"));
-                }
-            }
+    async fn where_tables_are<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<String> {
+        Ok(format!(
+            "the schemas of the connection's search_path that this role may use ({})",
+            search_path(conn).await?
+        ))
+    }
+
+    async fn has_unique_index<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+        column: &str,
+    ) -> QueryResult<bool> {
+        let unique: Vec<TableCount> = conn
+            .load(Statement::<UniqueIndexOn, _>::new((
+                bind::<Text, _>(table),
+                bind::<Text, _>(table),
+                bind::<Text, _>(column),
+            )))
+            .await?;
+        Ok(unique.first().is_some_and(|r| r.n > 0))
+    }
+
+    async fn missing_privileges<C: Store<Db = Self>>(
+        conn: &mut C,
+        present: &[&'static str],
+    ) -> QueryResult<Vec<SchemaProblem>> {
+        let unusable: Vec<super::Name> =
+            conn.load(Statement::<UnusableSchemas, _>::new(())).await?;
+        let mut missing: Vec<SchemaProblem> = unusable
+            .into_iter()
+            .map(|schema| SchemaProblem::MissingPrivilege {
+                privilege: "USAGE",
+                object: format!("the schema {} that holds the runtime's tables", schema.name),
+                grant: format!(
+                    "GRANT USAGE ON SCHEMA {} TO <the worker's role>",
+                    schema.name
+                ),
+            })
+            .collect();
+        for table in present {
             let privileges: Vec<Privileges> = conn
                 .load(Statement::<TablePrivileges, _>::new((bind::<Text, _>(
                     *table,
@@ -596,6 +641,16 @@ impl Database for PostgresDb {
             let Some(privileges) = privileges.into_iter().next() else {
                 continue;
             };
+            if !privileges.schema_usage {
+                missing.push(SchemaProblem::MissingPrivilege {
+                    privilege: "USAGE",
+                    object: format!("the schema of `{table}` ({})", privileges.schema),
+                    grant: format!(
+                        "GRANT USAGE ON SCHEMA {} TO <the worker's role>",
+                        privileges.schema
+                    ),
+                });
+            }
             let needed: &[(&str, bool)] = if *table == "idempotent_schema" {
                 &[("SELECT", privileges.select)]
             } else {
@@ -607,38 +662,27 @@ impl Database for PostgresDb {
             };
             for (privilege, held) in needed {
                 if !held {
-                    problems.push(format!(
-                        "this role lacks {privilege} on `{table}`: GRANT {privilege} ON {table} TO <the worker's role>"
-                    ));
+                    missing.push(SchemaProblem::MissingPrivilege {
+                        privilege,
+                        object: format!("`{table}`"),
+                        grant: format!("GRANT {privilege} ON {table} TO <the worker's role>"),
+                    });
                 }
             }
         }
-        // Checked whenever the tables are there, so one run lists every missing grant.
-        if table_exists(conn, "done_jobs").await? && table_exists(conn, "outbox").await? {
+        if present.contains(&"outbox") {
             let sequence: Vec<SequenceUsage> =
                 conn.load(Statement::<OutboxSequence, _>::new(())).await?;
             if sequence.first().is_some_and(|s| !s.usage) {
-                problems.push(
-                    "this role lacks USAGE on the outbox's id sequence: GRANT USAGE ON SEQUENCE outbox_id_seq TO <the worker's role>"
+                missing.push(SchemaProblem::MissingPrivilege {
+                    privilege: "USAGE",
+                    object: "the outbox's id sequence".to_owned(),
+                    grant: "GRANT USAGE ON SEQUENCE outbox_id_seq TO <the worker's role>"
                         .to_owned(),
-                );
-            }
-            for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
-                let unique: Vec<TableCount> = conn
-                    .load(Statement::<UniqueIndexOn, _>::new((
-                        bind::<Text, _>(table),
-                        bind::<Text, _>(table),
-                        bind::<Text, _>(column),
-                    )))
-                    .await?;
-                if unique.first().is_none_or(|r| r.n == 0) {
-                    problems.push(format!(
-                        "`{table}.{column}` has no unique index: two workers could both claim"
-                    ));
-                }
+                });
             }
         }
-        Ok(problems)
+        Ok(missing)
     }
 
     async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
@@ -656,17 +700,10 @@ impl Database for PostgresDb {
     }
 }
 
-async fn table_exists<C: Store<Db = PostgresDb>>(conn: &mut C, table: &str) -> QueryResult<bool> {
-    let rows: Vec<TableCount> = conn
-        .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
-        .await?;
-    Ok(rows.first().is_some_and(|r| r.n > 0))
-}
-
 /// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
 /// stopped before it recorded the step.
 async fn step_made<C: Store<Db = PostgresDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
-    if !table_exists(conn, step.table).await? {
+    if !PostgresDb::table_exists(conn, step.table).await? {
         return Ok(false);
     }
     let Some(column) = step.column else {

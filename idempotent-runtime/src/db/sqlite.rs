@@ -407,7 +407,7 @@ impl Database for SqliteDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        if !table_exists(conn, "idempotent_schema").await? {
+        if !SqliteDb::table_exists(conn, "idempotent_schema").await? {
             return Ok(None);
         }
         let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
@@ -435,7 +435,7 @@ impl Database for SqliteDb {
                         .map_err(failed("idempotent_schema"))?;
                     // An earlier release kept its versions in the application's own Diesel
                     // migration table: take those rows back out.
-                    if table_exists(conn, "__diesel_schema_migrations")
+                    if SqliteDb::table_exists(conn, "__diesel_schema_migrations")
                         .await
                         .map_err(failed("__diesel_schema_migrations"))?
                     {
@@ -459,38 +459,22 @@ impl Database for SqliteDb {
         .await
     }
 
-    async fn verify<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
-        let mut problems = Vec::new();
-        for (table, expected) in crate::migrations::TABLES {
-            let columns: Vec<super::Name> = conn
-                .load(Statement::<TableColumns, _>::new(
-                    (bind::<Text, _>(*table),),
-                ))
-                .await?;
-            if columns.is_empty() {
-                problems.push(format!("the table `{table}` is missing: run migrate"));
-                continue;
-            }
-            for column in *expected {
-                if !columns.iter().any(|c| c.name == *column) {
-                    problems.push(format!("the table `{table}` has no column `{column}`"));
-                }
-            }
-        }
-        for (table, column) in [("done_jobs", "key_digest"), ("outbox", "message_id")] {
-            let unique: Vec<TableCount> = conn
-                .load(Statement::<UniqueIndexOn, _>::new((
-                    bind::<Text, _>(table),
-                    bind::<Text, _>(column),
-                )))
-                .await?;
-            if unique.first().is_none_or(|r| r.n == 0) {
-                problems.push(format!(
-                    "`{table}.{column}` has no unique index: two workers could both claim"
-                ));
-            }
-        }
-        Ok(problems)
+    async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
+        Ok("this database file".to_owned())
+    }
+
+    async fn has_unique_index<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+        column: &str,
+    ) -> QueryResult<bool> {
+        let unique: Vec<TableCount> = conn
+            .load(Statement::<UniqueIndexOn, _>::new((
+                bind::<Text, _>(table),
+                bind::<Text, _>(column),
+            )))
+            .await?;
+        Ok(unique.first().is_some_and(|r| r.n > 0))
     }
 
     async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
@@ -518,17 +502,10 @@ impl Database for SqliteDb {
     }
 }
 
-async fn table_exists<C: Store<Db = SqliteDb>>(conn: &mut C, table: &str) -> QueryResult<bool> {
-    let rows: Vec<TableCount> = conn
-        .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
-        .await?;
-    Ok(rows.first().is_some_and(|r| r.n > 0))
-}
-
 /// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
 /// stopped before it recorded the step.
 async fn step_made<C: Store<Db = SqliteDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
-    if !table_exists(conn, step.table).await? {
+    if !SqliteDb::table_exists(conn, step.table).await? {
         return Ok(false);
     }
     let Some(column) = step.column else {
@@ -559,12 +536,14 @@ async fn record_version<C: Store<Db = SqliteDb>>(
 /// How long `BEGIN` waits for another writer, and `COMMIT` for readers, by default.
 const BUSY_TIMEOUT_MS: u32 = 5000;
 const BEGIN: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE";
+/// What is not a job: no lock until one is needed (a look-up never waits for a job in progress).
+const BEGIN_DEFERRED: &str = "PRAGMA busy_timeout = 5000; BEGIN DEFERRED";
 /// A job's own transaction: the same, then the job's savepoint.
 const BEGIN_JOB: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE; SAVEPOINT idempotent_job";
 /// After a bounded `BEGIN` that did not get the lock: the usual wait again.
 const BEGIN_FAILED: &str = "PRAGMA busy_timeout = 5000";
 
-sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN_JOB);
+sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN_JOB, deferred: BEGIN_DEFERRED);
 
 /// diesel-async's SQLite runs the sync connection on a blocking thread; statements go through
 /// its own `RunQueryDsl`, transactions through its wrapper of Diesel's transaction manager.
@@ -619,6 +598,11 @@ mod wrapper {
                 begun
             })
             .await
+        }
+
+        async fn begin_deferred(&mut self) -> diesel::QueryResult<Nesting> {
+            self.spawn_blocking(|conn| crate::db::begin_sync(conn, super::BEGIN_DEFERRED))
+                .await
         }
 
         fn forget_transaction(&mut self, broken: bool) {
