@@ -7,14 +7,15 @@ use clap::{Args, Parser, Subcommand};
 use crate::time::parse_time_arg;
 
 /// What `--help` says before the commands.
-const LONG_ABOUT: &str = "\
+pub const LONG_ABOUT: &str = "\
 Operate idempotent-jobs in production: look up, list and forget job keys, inspect and retry the
 outbox, prune lapsed keys and verify the runtime's tables, on SQLite, PostgreSQL and MySQL/MariaDB.
 
-The database comes from --database-url or DATABASE_URL: postgres:// or postgresql:// (PostgreSQL),
-mysql:// (MySQL, MariaDB), anything else is a SQLite file (a path, sqlite://path or a file: URI),
-which must exist. Prefer DATABASE_URL: arguments are visible to other users in the process list.
-Passwords are never printed.
+The database comes from -D/--database-url or DATABASE_URL (also read from a .env file in this
+directory or a parent): postgres:// or postgresql:// URLs and libpq key=value strings (PostgreSQL),
+mysql:// or mariadb:// (MySQL, MariaDB), sqlite://path, a file: URI or a file path (SQLite, the
+file must exist). Another scheme is refused. Prefer DATABASE_URL or .env: arguments are visible to
+other users in the process list. Passwords are never printed.
 
 Exit codes:
   0  success
@@ -33,8 +34,9 @@ Exit codes:
     long_about = LONG_ABOUT
 )]
 pub struct Cli {
-    /// The database: postgres://..., mysql://..., or a SQLite file path [env: DATABASE_URL]
+    /// The database: postgres://..., mysql://..., mariadb://..., sqlite://... or a SQLite file path [env: DATABASE_URL]
     #[arg(
+        short = 'D',
         long,
         env = "DATABASE_URL",
         hide_env = true,
@@ -75,7 +77,21 @@ pub enum Command {
     },
     /// Check, reading only, that the runtime's tables are present, current and usable
     Verify,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions {
+        /// The shell
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
+
+/// How to install the completions, in `completions --help`.
+const COMPLETIONS_HELP: &str = "\
+Install, for example:
+  bash:  idempotent-jobs completions bash > ~/.local/share/bash-completion/completions/idempotent-jobs
+  zsh:   idempotent-jobs completions zsh > ~/.zfunc/_idempotent-jobs   (with fpath+=~/.zfunc)
+  fish:  idempotent-jobs completions fish > ~/.config/fish/completions/idempotent-jobs.fish";
 
 /// `keys ...`
 #[derive(Debug, Subcommand)]

@@ -45,6 +45,8 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
             batch_size,
         } => prune(conn, cx, *dry_run, *batch_size),
         Command::Verify => verify(conn, cx),
+        // Needs no database: main prints it before connecting.
+        Command::Completions { .. } => Ok(()),
     }
 }
 

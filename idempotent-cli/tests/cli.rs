@@ -7,287 +7,17 @@
 //! `IDEMPOTENT_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that cannot be
 //! reached fails its tests with a message saying how to start it.
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+mod common;
 
-use diesel::connection::SimpleConnection;
-use diesel::{Connection, MysqlConnection, PgConnection, SqliteConnection};
-use idempotent_runtime::keys::{self, KeyQuery};
+use std::collections::BTreeMap;
+
+use diesel::{MysqlConnection, PgConnection, SqliteConnection};
+use idempotent_runtime::keys;
 use idempotent_runtime::outbox::{self, Relay};
-use idempotent_runtime::{Error, Job, JobKey, JobStore, Outcome};
+use idempotent_runtime::{Error, JobKey, Outcome};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_idempotent-jobs");
-
-static CHARGE: Job = Job::new("charge", "charge:<order>");
-static HOOK: Job = Job::new("hook", "hook:<order>");
-/// Keys that lapse the moment their run commits: what `prune` deletes.
-static DIGEST: Job = Job::new("digest", "digest:<user>").keep_for(Duration::ZERO);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
-    Sqlite,
-    Postgres,
-    Mysql,
-}
-
-impl Server {
-    fn base_url(self) -> String {
-        match self {
-            Server::Sqlite => String::new(),
-            Server::Postgres => std::env::var("IDEMPOTENT_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-            Server::Mysql => std::env::var("IDEMPOTENT_MYSQL_URL")
-                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
-        }
-    }
-
-    fn unreachable(self, url: &str, error: &dyn std::fmt::Display) -> String {
-        match self {
-            Server::Sqlite => format!("opening the SQLite database {url} failed: {error}"),
-            Server::Postgres => format!(
-                "PostgreSQL is not reachable at {url}: {error}\n\
-                 Start it with `pg_ctlcluster --skip-systemctl-redirect 15 main start` \
-                 (scripts/test does this), or point IDEMPOTENT_POSTGRES_URL at a server."
-            ),
-            Server::Mysql => format!(
-                "MariaDB/MySQL is not reachable at {url}: {error}\n\
-                 Start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
-                 (scripts/test does this), or point IDEMPOTENT_MYSQL_URL at a server."
-            ),
-        }
-    }
-}
-
-/// A sync connection type the tests set data up with.
-trait Backend: JobStore + Connection {
-    const SERVER: Server;
-
-    fn open(url: &str) -> Self {
-        Self::establish(url).unwrap_or_else(|e| panic!("{}", Self::SERVER.unreachable(url, &e)))
-    }
-}
-
-impl Backend for SqliteConnection {
-    const SERVER: Server = Server::Sqlite;
-}
-
-impl Backend for PgConnection {
-    const SERVER: Server = Server::Postgres;
-}
-
-impl Backend for MysqlConnection {
-    const SERVER: Server = Server::Mysql;
-}
-
-fn unique_name() -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "idempotent_cli_{}_{}_{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// An empty database of one test's own, dropped at the end.
-struct TestDb {
-    url: String,
-    server: Server,
-    cleanup: Cleanup,
-}
-
-enum Cleanup {
-    File(std::path::PathBuf),
-    Sql { admin_url: String, sql: String },
-}
-
-/// What one run of the binary did.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn ok(self) -> Self {
-        assert_eq!(self.code, 0, "expected success: {self:#?}");
-        self
-    }
-
-    fn exit(self, code: i32) -> Self {
-        assert_eq!(self.code, code, "expected exit code {code}: {self:#?}");
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {self:#?}"))
-    }
-}
-
-impl TestDb {
-    fn empty<C: Backend>() -> Self {
-        let server = C::SERVER;
-        let name = unique_name();
-        match server {
-            Server::Sqlite => {
-                let path = std::env::temp_dir().join(format!("{name}.db"));
-                let url = path.to_string_lossy().into_owned();
-                // Create the file: the CLI refuses a SQLite path that does not exist.
-                drop(C::open(&url));
-                TestDb {
-                    url,
-                    server,
-                    cleanup: Cleanup::File(path),
-                }
-            }
-            Server::Postgres => {
-                let base = server.base_url();
-                C::open(&base)
-                    .batch_execute(&format!("CREATE SCHEMA {name}"))
-                    .expect("creating a schema");
-                let separator = if base.contains('?') { '&' } else { '?' };
-                TestDb {
-                    url: format!("{base}{separator}options=-csearch_path%3D{name}"),
-                    server,
-                    cleanup: Cleanup::Sql {
-                        admin_url: base,
-                        sql: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
-                    },
-                }
-            }
-            Server::Mysql => {
-                let base = server.base_url();
-                C::open(&base)
-                    .batch_execute(&format!(
-                        "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-                    ))
-                    .expect("creating a database");
-                let after_scheme = base.find("://").map_or(0, |i| i + 3);
-                let server_part = match base[after_scheme..].find('/') {
-                    Some(slash) => &base[..after_scheme + slash],
-                    None => &base,
-                };
-                TestDb {
-                    url: format!("{server_part}/{name}"),
-                    server,
-                    cleanup: Cleanup::Sql {
-                        admin_url: base.clone(),
-                        sql: format!("DROP DATABASE IF EXISTS {name}"),
-                    },
-                }
-            }
-        }
-    }
-
-    fn connect<C: Backend>(&self) -> C {
-        C::open(&self.url)
-    }
-
-    /// Runs the binary with `args`, `DATABASE_URL` pointing here and stdin not a terminal.
-    fn cli(&self, args: &[&str]) -> Run {
-        run_cli(&self.url, args)
-    }
-
-    /// Runs the binary on a pseudo-terminal (through util-linux `script`), typing `input`;
-    /// stdout and stderr come back together in `stdout`.
-    fn cli_on_terminal(&self, args: &str, input: &str) -> Run {
-        let mut child = Command::new("script")
-            .args(["-qec", &format!("{BIN} {args}"), "/dev/null"])
-            .env("DATABASE_URL", &self.url)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running `script` (util-linux) to give the CLI a terminal");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("typing the answer");
-        let output = child.wait_with_output().expect("waiting for `script`");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        match &self.cleanup {
-            Cleanup::File(path) => {
-                let path = path.to_string_lossy();
-                for suffix in ["", "-wal", "-shm", "-journal"] {
-                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
-                }
-            }
-            // Nothing here may panic: this also runs while a failed test unwinds.
-            Cleanup::Sql { admin_url, sql } => match self.server {
-                Server::Postgres => {
-                    if let Ok(mut admin) = PgConnection::establish(admin_url) {
-                        let _ = admin.batch_execute(sql);
-                    }
-                }
-                Server::Mysql => {
-                    if let Ok(mut admin) = MysqlConnection::establish(admin_url) {
-                        let _ = admin.batch_execute(sql);
-                    }
-                }
-                Server::Sqlite => {}
-            },
-        }
-    }
-}
-
-fn run_cli(url: &str, args: &[&str]) -> Run {
-    let output = Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", url)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running the idempotent-jobs binary");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-fn hex(digest: &[u8; 32]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn key_count<C: Backend>(conn: &mut C) -> usize {
-    keys::list(conn, &KeyQuery::default().limit(1_000))
-        .expect("listing keys")
-        .len()
-}
-
-fn charge<C: Backend>(conn: &mut C, order: u32) -> (Outcome<u32>, bool) {
-    let mut ran = false;
-    let outcome = idempotent_runtime::run(
-        conn,
-        &CHARGE,
-        &JobKey::new(format!("charge:order-{order}")),
-        |conn| {
-            ran = true;
-            outbox::push(conn, "receipt", &serde_json::json!({ "order": order }))?;
-            Ok::<_, Error>(42)
-        },
-    )
-    .expect("running the charge job");
-    (outcome, ran)
-}
+use common::*;
 
 /// Every command on a database the runtime migrated and ran jobs on; and on one without tables.
 fn operate<C: Backend>() {
@@ -697,12 +427,8 @@ fn mysql_cannot_connect() {
 
 #[test]
 fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
-    let output = Command::new(BIN)
-        .arg("--help")
-        .env_remove("DATABASE_URL")
-        .output()
-        .expect("running the binary");
-    let help = String::from_utf8_lossy(&output.stdout);
+    let run = Cli::new().run(&["--help"]).ok();
+    let help = &run.stdout;
     for line in [
         "0  success",
         "1  not found",
@@ -713,11 +439,6 @@ fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
     ] {
         assert!(help.contains(line), "{line}: {help}");
     }
-    let output = Command::new(BIN)
-        .args(["keys", "list"])
-        .env_remove("DATABASE_URL")
-        .output()
-        .expect("running the binary");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("DATABASE_URL"));
+    let run = Cli::new().run(&["keys", "list"]).exit(2);
+    assert!(run.stderr.contains("DATABASE_URL"), "{run:#?}");
 }
