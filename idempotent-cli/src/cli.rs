@@ -131,15 +131,30 @@ pub enum KeysCommand {
     },
 }
 
-/// A key, by its text or by its digest.
+/// A key: by its text, its digest, or a handler's template and inputs.
+#[derive(Debug, Args)]
+pub struct KeyArg {
+    /// Which key.
+    #[command(flatten)]
+    pub which: KeyWhich,
+    /// A value for the next placeholder of --template, in order (once per placeholder)
+    #[arg(long = "value", value_name = "VALUE")]
+    pub values: Vec<String>,
+}
+
+/// The ways to name a key; exactly one.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
-pub struct KeyArg {
+pub struct KeyWhich {
     /// The key exactly as stored, as `keys list` prints it (e.g. invoice:2026-10:cust_481)
     pub key: Option<String>,
     /// The key's SHA-256 digest, 64 hex digits (for keys stored as `redacted:...`)
     #[arg(long, value_name = "HEX", value_parser = parse_digest_arg)]
     pub digest: Option<[u8; 32]>,
+    /// The handler's key template, with one --value per placeholder: the key is built as the
+    /// handler builds it, values escaped (e.g. --template 'invoice:<month>:<customer_id>' --value 2026-10 --value cust_481)
+    #[arg(long, value_name = "TEMPLATE")]
+    pub template: Option<String>,
 }
 
 /// `outbox ...`

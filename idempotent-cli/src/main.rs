@@ -16,6 +16,8 @@ mod commands;
 mod connect;
 mod dotenv;
 mod failure;
+mod keyform;
+mod nearest;
 mod secret;
 mod table;
 mod time;

@@ -395,6 +395,225 @@ fn cannot_connect<C: Backend>() {
     }
 }
 
+static INVOICE: idempotent_runtime::Job =
+    idempotent_runtime::Job::new("invoice", "invoice:<month>:<customer_id>");
+static WELCOME: idempotent_runtime::Job = idempotent_runtime::Job::new("welcome", "welcome:<name>");
+
+/// A key of `invoice:<month>:<customer_id>`, escaped as the handler's companion escapes it.
+fn invoice_key(month: &str, customer: &str) -> JobKey {
+    JobKey::builder()
+        .text("invoice:")
+        .value(month)
+        .text(":")
+        .value(customer)
+        .build()
+        .expect("a valid template")
+}
+
+/// A key typed from a handler's values by hand, not found: the message shows the form looked
+/// for, how values are escaped, and the stored keys of the same job nearest to it; the same key
+/// built from the template and values is found.
+fn escaped_keys<C: Backend>() {
+    let db = TestDb::empty::<C>();
+    let mut conn: C = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    for (month, customer) in [
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("2026-10", "cust_481"),
+        ("2026-11", "x"),
+    ] {
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &INVOICE, &invoice_key(month, customer), |_| {
+                Ok::<_, Error>(())
+            })
+            .expect("running the invoice job");
+    }
+    assert!(charge(&mut conn, 1).1);
+    assert_eq!(invoice_key("a:b", "c").as_str(), "invoice:a%3Ab:c");
+
+    let run = db.cli(&["keys", "show", "invoice:a:b:c"]).exit(1);
+    let hint = &run.stderr;
+    for expected in [
+        "no key `invoice:a:b:c` in done_jobs",
+        "looked for: invoice:a:b:c (digest ",
+        "%3A",
+        "--template",
+        "nearest keys of job `invoice`:",
+        "    invoice:a%3Ab:c  (reads invoice:a:b:c decoded: the key looked for, escaped)",
+        "    invoice:a:b%3Ac  (reads invoice:a:b:c decoded: the key looked for, escaped)",
+    ] {
+        assert!(hint.contains(expected), "{expected}: {run:#?}");
+    }
+    assert!(
+        !hint.contains("charge:"),
+        "only the keys of the same job: {run:#?}"
+    );
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    let run = db
+        .cli(&["keys", "forget", "invoice:2026-10:cust_482", "--yes"])
+        .exit(1);
+    assert!(
+        run.stderr.contains("nothing was changed")
+            && run.stderr.contains("    invoice:2026-10:cust_481"),
+        "{run:#?}"
+    );
+
+    // Built from the template and the values, as the handler builds it: found.
+    let template = "invoice:<month>:<customer_id>";
+    let run = db
+        .cli(&[
+            "--json",
+            "keys",
+            "show",
+            "--template",
+            template,
+            "--value",
+            "a:b",
+            "--value",
+            "c",
+        ])
+        .ok();
+    assert_eq!(run.json()["key"], "invoice:a%3Ab:c", "{run:#?}");
+    let run = db
+        .cli(&["keys", "show", "--template", template, "--value", "a"])
+        .exit(2);
+    assert!(run.stderr.contains("<month>, <customer_id>"), "{run:#?}");
+    db.cli(&["keys", "show", "x", "--value", "a"]).exit(2);
+    let run = db
+        .cli(&[
+            "keys",
+            "forget",
+            "--template",
+            template,
+            "--value",
+            "a",
+            "--value",
+            "b:c",
+            "--yes",
+        ])
+        .ok();
+    assert!(
+        run.stdout.contains("forgot key `invoice:a:b%3Ac`"),
+        "{run:#?}"
+    );
+
+    // Wide characters: the columns after KEY start at one terminal column on every line.
+    for name in ["東京", "🎉🎉", "plain"] {
+        let _: Outcome<()> = idempotent_runtime::run(
+            &mut conn,
+            &WELCOME,
+            &JobKey::builder()
+                .text("welcome:")
+                .value(name)
+                .build()
+                .expect("a key"),
+            |_| Ok::<_, Error>(()),
+        )
+        .expect("running the welcome job");
+    }
+    let run = db.cli(&["keys", "list", "--job", "welcome"]).ok();
+    let starts: Vec<usize> = run
+        .stdout
+        .lines()
+        .map(|line| {
+            let at = line
+                .find("20")
+                .unwrap_or_else(|| line.find("DONE").unwrap_or(0));
+            unicode_width::UnicodeWidthStr::width(&line[..at])
+        })
+        .collect();
+    assert_eq!(starts.len(), 4, "{run:#?}");
+    assert!(
+        starts.iter().all(|s| *s == starts[0]),
+        "{starts:?}: {}",
+        run.stdout
+    );
+}
+
+#[test]
+fn sqlite_escaped_keys() {
+    escaped_keys::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_escaped_keys() {
+    escaped_keys::<PgConnection>();
+}
+
+#[test]
+fn mysql_escaped_keys() {
+    escaped_keys::<MysqlConnection>();
+}
+
+#[test]
+fn completions_need_no_database() {
+    for (shell, expected) in [
+        ("bash", "complete -F _idempotent__jobs"),
+        ("zsh", "#compdef idempotent-jobs"),
+        ("fish", "complete -c idempotent-jobs"),
+    ] {
+        let run = Cli::new().run(&["completions", shell]).ok();
+        assert!(
+            run.stdout.contains(expected) && run.stdout.contains("forget"),
+            "{shell}: {run:#?}"
+        );
+    }
+    Cli::new().run(&["completions", "tcsh"]).exit(2);
+}
+
+#[test]
+fn the_url_comes_from_d_then_the_environment_then_dotenv() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    assert!(charge(&mut conn, 1).1);
+    let missing = std::env::temp_dir().join(format!("{}-missing.db", unique_name()));
+    let missing = missing.to_string_lossy().into_owned();
+
+    // .env in a parent of the working directory.
+    let dir = fresh_dir();
+    let below = dir.join("service").join("src");
+    std::fs::create_dir_all(&below).expect("creating directories");
+    std::fs::write(
+        dir.join(".env"),
+        format!("# settings\nRUST_LOG=info\nDATABASE_URL=\"{}\"\n", db.url),
+    )
+    .expect("writing .env");
+    let run = Cli::new().dir(&below).run(&["keys", "list"]).ok();
+    assert!(
+        run.stdout.contains("charge:order-1"),
+        "read from .env: {run:#?}"
+    );
+    // The environment wins over .env, and -D over both.
+    let run = Cli::new()
+        .dir(&below)
+        .env("DATABASE_URL", &missing)
+        .run(&["keys", "list"])
+        .exit(3);
+    assert!(run.stderr.contains("does not exist"), "{run:#?}");
+    let run = Cli::new()
+        .dir(&below)
+        .env("DATABASE_URL", &missing)
+        .run(&["-D", &db.url, "keys", "list"])
+        .ok();
+    assert!(run.stdout.contains("charge:order-1"), "{run:#?}");
+    // A .env that does not parse is ignored whole, with a warning naming the file.
+    std::fs::write(
+        dir.join(".env"),
+        format!("DATABASE_URL={}\nNOT A PAIR\n", db.url),
+    )
+    .expect("writing .env");
+    let run = Cli::new().dir(&below).run(&["keys", "list"]).exit(2);
+    assert!(
+        run.stderr.contains("warning: ignored ")
+            && run.stderr.contains(".env")
+            && run.stderr.contains("entry 2"),
+        "{run:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sqlite_operate() {
     operate::<SqliteConnection>();

@@ -296,10 +296,11 @@ impl Cli {
     }
 }
 
-/// An empty directory of this test process's own, to run the binary in.
+/// An empty directory the tests run the binary in (none writes to it).
 pub fn empty_dir() -> std::path::PathBuf {
-    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(fresh_dir).clone()
+    let dir = std::env::temp_dir().join("idempotent-cli-tests-empty-dir");
+    std::fs::create_dir_all(&dir).expect("creating a temporary directory");
+    dir
 }
 
 /// A new empty directory under the system's temporary directory.
