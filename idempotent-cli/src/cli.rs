@@ -77,6 +77,10 @@ pub enum Command {
     },
     /// Check, reading only, that the runtime's tables are present, current and usable
     Verify,
+    /// Serve the operator's dashboard over HTTP (read-only unless --allow-writes)
+    #[cfg(feature = "serve")]
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout
     #[command(after_help = COMPLETIONS_HELP)]
     Completions {
@@ -84,6 +88,33 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+/// What `serve --help` adds.
+#[cfg(feature = "serve")]
+const SERVE_HELP: &str = "\
+The access token comes from IDEMPOTENT_DASHBOARD_TOKEN (in the environment or .env) or
+--token-file; it is never printed. Log in with it in the browser, or send it as
+`Authorization: Bearer TOKEN`. Example:
+  export IDEMPOTENT_DASHBOARD_TOKEN=$(openssl rand -hex 32)
+  idempotent-jobs serve --allow-writes        # http://127.0.0.1:8080/";
+
+/// `serve`'s options.
+#[cfg(feature = "serve")]
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on; 127.0.0.1 keeps it on this machine (port 0: any free port)
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
+    pub bind: std::net::SocketAddr,
+    /// Allow forgetting keys and retrying parked messages (each written to the audit log)
+    #[arg(long)]
+    pub allow_writes: bool,
+    /// Read the access token from this file instead of IDEMPOTENT_DASHBOARD_TOKEN
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Also answer requests for this Host (NAME:PORT), e.g. behind a reverse proxy
+    #[arg(long = "allowed-host", value_name = "NAME:PORT")]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// How to install the completions, in `completions --help`.

@@ -49,6 +49,9 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
         Command::Verify => verify(conn, cx),
         // Needs no database: main prints it before connecting.
         Command::Completions { .. } => Ok(()),
+        // Main runs the server instead.
+        #[cfg(feature = "serve")]
+        Command::Serve(_) => Ok(()),
     }
 }
 

@@ -19,6 +19,8 @@ mod failure;
 mod keyform;
 mod nearest;
 mod secret;
+#[cfg(feature = "serve")]
+mod serve;
 mod table;
 mod time;
 
@@ -92,6 +94,10 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         )
     })?;
     let target = Target::parse(url)?;
+    #[cfg(feature = "serve")]
+    if let Command::Serve(args) = &cli.command {
+        return serve::serve(target, args);
+    }
     let cx = Context {
         target: &target,
         json: cli.json,
