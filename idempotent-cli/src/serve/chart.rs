@@ -59,7 +59,7 @@ pub fn chart(caption: &str, unit: &str, series: &Series) -> String {
     for (i, name) in series.counts.keys().enumerate() {
         let _ = write!(
             out,
-            "<li><svg class=\"swatch\" viewBox=\"0 0 1 1\" aria-hidden=\"true\"><rect width=\"1\" height=\"1\" fill=\"{}\"/></svg>{} ({} {})</li>",
+            "<li><svg class=\"swatch\" viewBox=\"0 0 1 1\" aria-hidden=\"true\"><rect width=\"1\" height=\"1\" fill=\"{}\"/></svg>{}: {} {}</li>",
             COLOURS[i % COLOURS.len()],
             esc(name),
             series.total(name),
@@ -163,7 +163,7 @@ mod tests {
         );
         assert_eq!(series.total("charge"), 3, "30 hours ago is outside a day");
         let html = chart("Keys done per hour", "keys done", &series);
-        assert!(html.contains("<svg") && html.contains("charge (3 keys done)"));
+        assert!(html.contains("<svg") && html.contains("charge: 3 keys done"));
         assert!(html.contains("<td>hook</td><td>5</td><td class=\"num\">1</td>"));
         assert!(chart("x", "keys done", &Series::new(&[], 24)).contains("No keys done"));
     }

@@ -250,6 +250,12 @@ impl Browser {
 
     /// One WebDriver command: its `value`, or a panic with the driver's error.
     fn call(&self, method: &str, path: &str, body: &Value) -> Value {
+        self.try_call(method, path, body)
+            .unwrap_or_else(|error| panic!("WebDriver {method} {path} failed: {error}"))
+    }
+
+    /// One WebDriver command: its `value`, or the driver's error.
+    fn try_call(&self, method: &str, path: &str, body: &Value) -> Result<Value, Value> {
         let text = if body.is_null() {
             String::new()
         } else {
@@ -266,9 +272,25 @@ impl Browser {
             panic!("chromedriver's answer to {method} {path} is not JSON ({e}): {response:?}")
         });
         if response.status >= 400 {
-            panic!("WebDriver {method} {path} failed: {}", value["value"]);
+            return Err(value["value"].clone());
         }
-        value["value"].clone()
+        Ok(value["value"].clone())
+    }
+
+    /// Waits until the page that a click or a redirect started has loaded.
+    fn settle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let state = self.try_call(
+                "POST",
+                &format!("/session/{}/execute/sync", self.session),
+                &json!({"script": "return document.readyState;", "args": []}),
+            );
+            if state.is_ok_and(|s| s == "complete") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
     }
 
     /// A command on this session.
@@ -279,6 +301,7 @@ impl Browser {
     /// Loads a page.
     pub fn goto(&self, url: &str) {
         self.session_call("POST", "/url", &json!({ "url": url }));
+        self.settle();
     }
 
     /// The page's URL.
@@ -331,19 +354,30 @@ impl Browser {
         );
     }
 
-    /// Clicks an element (a button submits its form and waits for the next page).
+    /// Clicks an element (a button submits its form), and waits for the next page to load.
     pub fn click(&self, css: &str) {
         let id = self.find(css);
         self.session_call("POST", &format!("/element/{id}/click"), &json!({}));
+        self.settle();
     }
 
-    /// An element's visible text.
+    /// An element's visible text; found again when the page changed under it.
     pub fn text(&self, css: &str) -> String {
-        let id = self.find(css);
-        self.session_call("GET", &format!("/element/{id}/text"), &Value::Null)
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        for _ in 0..100 {
+            let id = self.find(css);
+            match self.try_call(
+                "GET",
+                &format!("/session/{}/element/{id}/text", self.session),
+                &Value::Null,
+            ) {
+                Ok(text) => return text.as_str().unwrap_or_default().to_owned(),
+                Err(error) if error["error"] == "stale element reference" => {
+                    self.settle();
+                }
+                Err(error) => panic!("reading the text of {css}: {error}"),
+            }
+        }
+        panic!("{css} kept going stale on {}", self.url());
     }
 
     /// The visible text of the page.
