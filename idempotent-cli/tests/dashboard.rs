@@ -501,6 +501,32 @@ fn read_only(url: &str) {
         "{}",
         server.log()
     );
+    // Pages may run no script and be framed by no one; the session cookie is for this site only.
+    let csp = response
+        .header("content-security-policy")
+        .unwrap_or_default();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    let origin = server.base();
+    let login = [
+        ("Origin", origin.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+    let response = http(
+        "POST",
+        &server.addr,
+        "/login",
+        &login,
+        &format!("token={TOKEN}"),
+    );
+    assert_eq!(response.status, 303, "{response:?}");
+    let cookie = response.header("set-cookie").unwrap_or_default();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     // A request for another Host (DNS rebinding) is not answered.
     let response = http(
         "GET",

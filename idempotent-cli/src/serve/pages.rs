@@ -72,7 +72,7 @@ pub fn failed(app: &App, auth: &Auth, failure: &Failure) -> Response {
     };
     let text = app.target.scrub(&failure.message);
     super::audit(&format!("error: {text}"));
-    let body = format!("{}", notice(&text, true));
+    let body = notice(&text, true);
     respond(
         status,
         &frame(app, Some(auth), "Error", Section::Overview),
