@@ -235,6 +235,41 @@ fn clap_messages_print_no_password() {
 }
 
 #[test]
+fn serve_prints_no_password() {
+    // The server's errors before it serves: no token, a database it cannot reach, an address it
+    // cannot listen on (192.0.2.1 is documentation's: on no interface here).
+    let down = format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test");
+    let up = with_password(&Server::Postgres.base_url(), PASSWORD);
+    for (url, token, args, code) in [
+        (&down, "", &["serve"][..], 2),
+        (&down, "a-token-of-twenty-characters", &["serve"][..], 3),
+        (
+            &up,
+            "a-token-of-twenty-characters",
+            &["serve", "--bind", "192.0.2.1:8080"][..],
+            2,
+        ),
+        (
+            &up,
+            "a-token-of-twenty-characters",
+            &["serve", "--token-file", "/no/such/token"][..],
+            2,
+        ),
+    ] {
+        let run = Cli::new()
+            .env("DATABASE_URL", url)
+            .env("IDEMPOTENT_DASHBOARD_TOKEN", token)
+            .run(args);
+        assert_hidden(&run, &format!("{args:?}"));
+        assert!(
+            !run.stderr.contains("a-token-of-twenty"),
+            "the token was printed: {run:#?}"
+        );
+        assert_eq!(run.code, code, "{args:?}: {run:#?}");
+    }
+}
+
+#[test]
 fn dotenv_files_print_no_password() {
     let dir = fresh_dir();
     // A .env naming a URL the CLI cannot use: read, and not printed.
