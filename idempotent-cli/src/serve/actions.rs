@@ -229,10 +229,9 @@ pub fn retry_all_form(app: &App, auth: &Auth, parked: usize) -> String {
     if !app.writes {
         return "<p class=\"hint\">Read-only: start the dashboard with --allow-writes to retry messages.</p>".to_owned();
     }
-    let s = if parked == 1 { "" } else { "s" };
     format!(
         "<form method=\"post\" action=\"/outbox/retry\">{}<input type=\"hidden\" name=\"all\" value=\"yes\">\
-<button type=\"submit\" id=\"retry-all\">Retry all {parked} parked message{s}</button></form>",
+<button type=\"submit\" id=\"retry-all\">Retry all parked messages ({parked})</button></form>",
         csrf_of(auth)
     )
 }

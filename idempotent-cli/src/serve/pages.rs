@@ -598,7 +598,7 @@ pub async fn outbox(
         Err(failure) => return failed(&app, &auth, &failure),
     };
     let mut body = super::actions::retry_notice(&form);
-    body.push_str(&outbox_summary(&counts));
+    body.push_str(&outbox_summary(&counts).replacen("<h2>Outbox</h2>", "<h2>Counts</h2>", 1));
     body.push_str("<h2 id=\"parked\">Parked messages</h2>");
     if parked.is_empty() {
         body.push_str("<p id=\"no-parked\">No parked messages.</p>");
