@@ -7,14 +7,15 @@ use clap::{Args, Parser, Subcommand};
 use crate::time::parse_time_arg;
 
 /// What `--help` says before the commands.
-const LONG_ABOUT: &str = "\
+pub const LONG_ABOUT: &str = "\
 Operate idempotent-jobs in production: look up, list and forget job keys, inspect and retry the
 outbox, prune lapsed keys and verify the runtime's tables, on SQLite, PostgreSQL and MySQL/MariaDB.
 
-The database comes from --database-url or DATABASE_URL: postgres:// or postgresql:// (PostgreSQL),
-mysql:// (MySQL, MariaDB), anything else is a SQLite file (a path, sqlite://path or a file: URI),
-which must exist. Prefer DATABASE_URL: arguments are visible to other users in the process list.
-Passwords are never printed.
+The database comes from -D/--database-url or DATABASE_URL (also read from a .env file in this
+directory or a parent): postgres:// or postgresql:// URLs and libpq key=value strings (PostgreSQL),
+mysql:// or mariadb:// (MySQL, MariaDB), sqlite://path, a file: URI or a file path (SQLite, the
+file must exist). Another scheme is refused. Prefer DATABASE_URL or .env: arguments are visible to
+other users in the process list. Passwords are never printed.
 
 Exit codes:
   0  success
@@ -33,8 +34,9 @@ Exit codes:
     long_about = LONG_ABOUT
 )]
 pub struct Cli {
-    /// The database: postgres://..., mysql://..., or a SQLite file path [env: DATABASE_URL]
+    /// The database: postgres://..., mysql://..., mariadb://..., sqlite://... or a SQLite file path [env: DATABASE_URL]
     #[arg(
+        short = 'D',
         long,
         env = "DATABASE_URL",
         hide_env = true,
@@ -75,7 +77,52 @@ pub enum Command {
     },
     /// Check, reading only, that the runtime's tables are present, current and usable
     Verify,
+    /// Serve the operator's dashboard over HTTP (read-only unless --allow-writes)
+    #[cfg(feature = "serve")]
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions {
+        /// The shell
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
+
+/// What `serve --help` adds.
+#[cfg(feature = "serve")]
+const SERVE_HELP: &str = "\
+The access token comes from IDEMPOTENT_DASHBOARD_TOKEN (in the environment or .env) or
+--token-file; it is never printed. Log in with it in the browser, or send it as
+`Authorization: Bearer TOKEN`. Example:
+  export IDEMPOTENT_DASHBOARD_TOKEN=$(openssl rand -hex 32)
+  idempotent-jobs serve --allow-writes        # http://127.0.0.1:8080/";
+
+/// `serve`'s options.
+#[cfg(feature = "serve")]
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on; 127.0.0.1 keeps it on this machine (port 0: any free port)
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
+    pub bind: std::net::SocketAddr,
+    /// Allow forgetting keys and retrying parked messages (each written to the audit log)
+    #[arg(long)]
+    pub allow_writes: bool,
+    /// Read the access token from this file instead of IDEMPOTENT_DASHBOARD_TOKEN
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Also answer requests for this Host (NAME:PORT), e.g. behind a reverse proxy
+    #[arg(long = "allowed-host", value_name = "NAME:PORT")]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// How to install the completions, in `completions --help`.
+const COMPLETIONS_HELP: &str = "\
+Install, for example:
+  bash:  idempotent-jobs completions bash > ~/.local/share/bash-completion/completions/idempotent-jobs
+  zsh:   idempotent-jobs completions zsh > ~/.zfunc/_idempotent-jobs   (with fpath+=~/.zfunc)
+  fish:  idempotent-jobs completions fish > ~/.config/fish/completions/idempotent-jobs.fish";
 
 /// `keys ...`
 #[derive(Debug, Subcommand)]
@@ -115,15 +162,30 @@ pub enum KeysCommand {
     },
 }
 
-/// A key, by its text or by its digest.
+/// A key: by its text, its digest, or a handler's template and inputs.
+#[derive(Debug, Args)]
+pub struct KeyArg {
+    /// Which key.
+    #[command(flatten)]
+    pub which: KeyWhich,
+    /// A value for the next placeholder of --template, in order (once per placeholder)
+    #[arg(long = "value", value_name = "VALUE")]
+    pub values: Vec<String>,
+}
+
+/// The ways to name a key; exactly one.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
-pub struct KeyArg {
+pub struct KeyWhich {
     /// The key exactly as stored, as `keys list` prints it (e.g. invoice:2026-10:cust_481)
     pub key: Option<String>,
     /// The key's SHA-256 digest, 64 hex digits (for keys stored as `redacted:...`)
     #[arg(long, value_name = "HEX", value_parser = parse_digest_arg)]
     pub digest: Option<[u8; 32]>,
+    /// The handler's key template, with one --value per placeholder: the key is built as the
+    /// handler builds it, values escaped (e.g. --template 'invoice:<month>:<customer_id>' --value 2026-10 --value cust_481)
+    #[arg(long, value_name = "TEMPLATE")]
+    pub template: Option<String>,
 }
 
 /// `outbox ...`

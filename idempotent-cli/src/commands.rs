@@ -11,6 +11,8 @@ use serde::Serialize;
 use crate::cli::{Command, KeyArg, KeysCommand, OutboxCommand, RetryTarget};
 use crate::connect::Target;
 use crate::failure::{Code, Failure};
+use crate::keyform::key_from_template;
+use crate::nearest;
 use crate::table::{Align, Table, printable, truncate};
 use crate::time::{format_age, format_micros, format_seconds};
 
@@ -45,6 +47,11 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
             batch_size,
         } => prune(conn, cx, *dry_run, *batch_size),
         Command::Verify => verify(conn, cx),
+        // Needs no database: main prints it before connecting.
+        Command::Completions { .. } => Ok(()),
+        // Main runs the server instead.
+        #[cfg(feature = "serve")]
+        Command::Serve(_) => Ok(()),
     }
 }
 
@@ -116,16 +123,50 @@ fn record_text(record: &KeyRecord) -> String {
         .collect()
 }
 
-/// Which key the arguments name: its digest, and how to name it in messages.
-fn resolve(key: &KeyArg) -> ([u8; 32], String) {
-    match (&key.key, &key.digest) {
-        (_, Some(digest)) => (*digest, format!("with digest {}", hex(digest))),
-        (Some(text), None) => (
-            JobKey::new(text.as_str()).digest(),
-            format!("`{}`", printable(text)),
-        ),
-        (None, None) => unreachable!("clap requires a key or --digest"),
+/// A key the arguments name.
+struct Wanted {
+    /// Its digest.
+    digest: [u8; 32],
+    /// How messages name it.
+    named: String,
+    /// The key's text, when it was given as text or built from a template.
+    text: Option<String>,
+}
+
+/// Which key the arguments name; a template that does not fit its values is bad usage.
+fn resolve(key: &KeyArg) -> Result<Wanted, Failure> {
+    let which = &key.which;
+    // Clap drops `requires` when the required argument conflicts with one given: checked here.
+    if which.template.is_none() && !key.values.is_empty() {
+        return Err(Failure::new(
+            Code::Usage,
+            "--value goes with --template: it fills the template's next placeholder",
+        ));
     }
+    if let Some(digest) = &which.digest {
+        return Ok(Wanted {
+            digest: *digest,
+            named: format!("with digest {}", hex(digest)),
+            text: None,
+        });
+    }
+    let job_key = match (&which.key, &which.template) {
+        (Some(text), _) => JobKey::new(text.as_str()),
+        (None, Some(template)) => key_from_template(template, &key.values)
+            .map_err(|why| Failure::new(Code::Usage, printable(&why)))?,
+        (None, None) => {
+            return Err(Failure::new(
+                Code::Usage,
+                "name a key: KEY, --digest HEX, or --template TEMPLATE with --value VALUE",
+            ));
+        }
+    };
+    let text = job_key.readable().into_owned();
+    Ok(Wanted {
+        digest: job_key.digest(),
+        named: format!("`{}`", printable(&text)),
+        text: Some(text),
+    })
 }
 
 /// A digest in lowercase hexadecimal.
@@ -133,27 +174,61 @@ fn hex(digest: &[u8; 32]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The failure for a key no run holds, with a hint for keys stored redacted.
-fn not_found(key: &KeyArg, named: &str) -> Failure {
-    let mut message = format!("no key {named} in done_jobs: no run holds it");
-    if key
-        .key
-        .as_deref()
-        .is_some_and(|k| k.starts_with("redacted:"))
-    {
+/// The failure for a key no run holds: the form looked for, how values are escaped, and the
+/// nearest stored keys of the job it most likely belongs to.
+fn not_found<C: JobStore>(conn: &mut C, wanted: &Wanted) -> Failure {
+    let mut message = format!("no key {} in done_jobs: no run holds it", wanted.named);
+    let Some(text) = &wanted.text else {
+        return Failure::new(Code::NotFound, message);
+    };
+    if text.starts_with("redacted:") {
         message.push_str(
             ". Keys shown as `redacted:...` are found by digest: `keys show --digest HEX`, with the digest from `keys list --json`",
         );
+        return Failure::new(Code::NotFound, message);
+    }
+    message.push_str(&format!(
+        "\n  looked for: {} (digest {})\n  values are escaped in keys: `%` as %25, a control character as %XX, and inside a value the character that separates it from the next value as %XX (`:` as %3A in invoice:<month>:<customer_id>). Give the key as stored, or build it from the handler's inputs: --template 'invoice:<month>:<customer_id>' --value 2026-10 --value cust_481",
+        printable(text),
+        hex(&wanted.digest)
+    ));
+    // A hint only: a failure to find one leaves the message as it is.
+    if let Ok(Some(near)) = nearest::nearest(conn, text, 5) {
+        message.push_str(&near_text(&near));
     }
     Failure::new(Code::NotFound, message)
 }
 
+/// The nearest keys, one per line.
+fn near_text(near: &nearest::Nearest) -> String {
+    let scope = if near.more {
+        " (of its 1,000 newest)"
+    } else {
+        ""
+    };
+    let mut text = format!("\n  nearest keys of job `{}`{scope}:", printable(&near.job));
+    for candidate in &near.keys {
+        text.push_str(&format!("\n    {}", printable(&candidate.key)));
+        if let Some(decoded) = &candidate.decoded {
+            let same = if candidate.distance == 0 {
+                ": the key looked for, escaped"
+            } else {
+                ""
+            };
+            text.push_str(&format!("  (reads {} decoded{same})", printable(decoded)));
+        }
+    }
+    text
+}
+
 /// `keys show`: one record.
 fn keys_show<C: JobStore>(conn: &mut C, cx: &Context<'_>, key: &KeyArg) -> Result<(), Failure> {
-    let (digest, named) = resolve(key);
-    let record = keys::lookup_digest(conn, &digest)
-        .map_err(|e| db_failure(conn, cx.target, e))?
-        .ok_or_else(|| not_found(key, &named))?;
+    let wanted = resolve(key)?;
+    let Some(record) =
+        keys::lookup_digest(conn, &wanted.digest).map_err(|e| db_failure(conn, cx.target, e))?
+    else {
+        return Err(not_found(conn, &wanted));
+    };
     if cx.json {
         emit_json(&KeyJson::from(&record));
     } else {
@@ -239,14 +314,19 @@ fn keys_forget<C: JobStore>(
     reason: Option<&str>,
     yes: bool,
 ) -> Result<(), Failure> {
-    let (digest, named) = resolve(key);
-    let record = keys::lookup_digest(conn, &digest)
-        .map_err(|e| db_failure(conn, cx.target, e))?
-        .ok_or_else(|| {
-            let mut failure = not_found(key, &named);
-            failure.message.push_str("; nothing was changed");
-            failure
-        })?;
+    let wanted = resolve(key)?;
+    let (digest, named) = (wanted.digest, wanted.named.clone());
+    let Some(record) =
+        keys::lookup_digest(conn, &digest).map_err(|e| db_failure(conn, cx.target, e))?
+    else {
+        let mut failure = not_found(conn, &wanted);
+        failure.message = failure.message.replacen(
+            ": no run holds it",
+            ": no run holds it; nothing was changed",
+            1,
+        );
+        return Err(failure);
+    };
     if !yes {
         if !std::io::stdin().is_terminal() {
             return Err(Failure::new(

@@ -1,26 +1,97 @@
 //! Which database a URL names, how to show it without its password, and connecting to it.
 
+#[cfg(feature = "sqlite")]
 use std::path::PathBuf;
 
+use diesel::Connection;
+#[cfg(feature = "sqlite")]
 use diesel::connection::SimpleConnection;
-use diesel::{Connection, MysqlConnection, PgConnection, SqliteConnection};
 
 use crate::failure::{Code, Failure};
+use crate::secret::{Redacted, redact_conninfo, redact_url, scrub_text};
 use crate::table::printable;
 
 /// How long libpq may take to connect, unless the URL says otherwise: a CLI should not hang for
 /// the operating system's TCP timeout on an address that does not answer.
+#[cfg(feature = "postgres")]
 const PG_CONNECT_TIMEOUT_SECONDS: u32 = 10;
 
 /// The kind of database a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// `postgres://` or `postgresql://`.
+    /// `postgres://`, `postgresql://`, or a libpq key=value string.
     Postgres,
-    /// `mysql://` (MySQL and MariaDB).
+    /// `mysql://` or `mariadb://`.
     Mysql,
-    /// Anything else: a path, `sqlite://path` or a `file:` URI.
+    /// `sqlite://`, `sqlite:`, a `file:` URI, or a path.
     Sqlite,
+}
+
+impl Kind {
+    /// The database's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Postgres => "PostgreSQL",
+            Kind::Mysql => "MySQL/MariaDB",
+            Kind::Sqlite => "SQLite",
+        }
+    }
+
+    /// The cargo feature that builds this kind in.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Kind::Postgres => "postgres",
+            Kind::Mysql => "mysql",
+            Kind::Sqlite => "sqlite",
+        }
+    }
+
+    /// Whether this build of the CLI can connect to this kind.
+    pub fn built_in(self) -> bool {
+        match self {
+            Kind::Postgres => cfg!(feature = "postgres"),
+            Kind::Mysql => cfg!(feature = "mysql"),
+            Kind::Sqlite => cfg!(feature = "sqlite"),
+        }
+    }
+
+    /// How URLs of this kind are written.
+    fn forms(self) -> &'static str {
+        match self {
+            Kind::Postgres => {
+                "postgres:// and postgresql:// URLs and libpq key=value strings (host=... dbname=...) for PostgreSQL"
+            }
+            Kind::Mysql => "mysql:// and mariadb:// URLs for MySQL and MariaDB",
+            Kind::Sqlite => "sqlite:// URLs, file: URIs and file paths for SQLite",
+        }
+    }
+}
+
+/// What this build reads, and what it was built without: for messages and `--help`.
+pub fn known_forms() -> String {
+    let kinds = [Kind::Postgres, Kind::Mysql, Kind::Sqlite];
+    let known: Vec<&str> = kinds
+        .iter()
+        .filter(|k| k.built_in())
+        .map(|k| k.forms())
+        .collect();
+    let missing: Vec<&str> = kinds
+        .iter()
+        .filter(|k| !k.built_in())
+        .map(|k| k.name())
+        .collect();
+    let mut text = if known.is_empty() {
+        "no database at all".to_owned()
+    } else {
+        known.join("; ")
+    };
+    if !missing.is_empty() {
+        text.push_str(&format!(
+            " (this build has no {} support)",
+            missing.join(" and no ")
+        ));
+    }
+    text
 }
 
 /// A database URL, with what it takes to talk about it without leaking its password.
@@ -28,52 +99,46 @@ pub enum Kind {
 pub struct Target {
     /// The URL as given.
     url: String,
+    /// What the driver gets: the password encoded, `mariadb://` as `mysql://`, a timeout added.
+    driver: String,
     /// Which database it names.
     pub kind: Kind,
-    /// The URL with its password (and any `password=` parameter) replaced by `***`.
+    /// The URL with every secret replaced by `***`.
     pub shown: String,
-    /// Texts that must never be printed: the password, as written and percent-decoded.
+    /// Texts that must never be printed: the password, as written, decoded and encoded.
     secrets: Vec<String>,
 }
 
 impl Target {
-    /// Reads a database URL.
+    /// Reads a database URL. An unknown scheme, a connection string that does not parse and a
+    /// kind this build lacks are refused here, with messages that quote no secret.
     pub fn parse(url: &str) -> Result<Self, Failure> {
         let url = url.trim();
         if url.is_empty() {
             return Err(Failure::new(
                 Code::Usage,
-                "the database URL is empty: pass --database-url or set DATABASE_URL",
+                "the database URL is empty: pass --database-url (-D) or set DATABASE_URL",
             ));
         }
-        let lower = url.to_ascii_lowercase();
-        let kind = if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-            Kind::Postgres
-        } else if lower.starts_with("mysql://") {
-            Kind::Mysql
-        } else {
-            Kind::Sqlite
-        };
-        let (shown, secrets) = match kind {
-            Kind::Sqlite => (url.to_owned(), Vec::new()),
-            Kind::Postgres | Kind::Mysql => redact(url),
-        };
+        let (kind, redacted) = classify(url)?;
         Ok(Self {
             url: url.to_owned(),
+            driver: driver_text(kind, redacted.driver),
             kind,
-            shown,
-            secrets,
+            shown: scrub_text(&redacted.shown),
+            secrets: redacted.secrets,
         })
     }
 
     /// `text` with every secret of the URL replaced by `***`: for database errors, which may
     /// quote parts of the URL.
     pub fn scrub(&self, text: &str) -> String {
-        let mut text = text.replace(&self.url, &self.shown);
+        let mut text = text.replace(&self.driver, &self.shown);
+        text = text.replace(&self.url, &self.shown);
         for secret in &self.secrets {
             text = text.replace(secret.as_str(), "***");
         }
-        text
+        scrub_text(&text)
     }
 
     /// A connection failure, saying where and why.
@@ -91,69 +156,174 @@ impl Target {
         )
     }
 
+    /// The failure for a kind this build lacks, naming the feature that builds it in.
+    fn not_built_in(&self) -> Failure {
+        let kind = self.kind;
+        Failure::new(
+            Code::Connect,
+            format!(
+                "cannot connect to the database at {}: this idempotent-jobs was built without {} support (cargo feature `{}`); it reads {}. Install one that has it: cargo install idempotent-jobs-cli --locked --features {}",
+                self.shown,
+                kind.name(),
+                kind.feature(),
+                known_forms(),
+                kind.feature()
+            ),
+        )
+    }
+
     /// Opens a connection of the URL's kind.
     pub fn connect(&self) -> Result<Conn, Failure> {
+        if !self.kind.built_in() {
+            return Err(self.not_built_in());
+        }
         match self.kind {
-            Kind::Postgres => {
-                let url = with_pg_connect_timeout(&self.url);
-                PgConnection::establish(&url)
-                    .map(Conn::Postgres)
-                    .map_err(|e| self.cannot_connect(e))
-            }
-            Kind::Mysql => MysqlConnection::establish(&self.url)
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => diesel::PgConnection::establish(&self.driver)
+                .map(Conn::Postgres)
+                .map_err(|e| self.cannot_connect(e)),
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => diesel::MysqlConnection::establish(&self.driver)
                 .map(Conn::Mysql)
                 .map_err(|e| self.cannot_connect(e)),
-            Kind::Sqlite => {
-                let url = match sqlite_file(&self.url) {
-                    SqliteFile::Memory => self.url.clone(),
-                    SqliteFile::Path { path, url } => {
-                        match std::fs::metadata(&path) {
-                            Ok(meta) if meta.is_file() => {}
-                            Ok(_) => {
-                                return Err(self.cannot_connect(format_args!(
-                                    "{} is not a file",
-                                    path.display()
-                                )));
-                            }
-                            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                                return Err(self.cannot_connect(format_args!(
-                                    "the SQLite database file {} does not exist (SQLite would create an empty one; nothing was created). Check the path, or give a postgres:// or mysql:// URL",
-                                    path.display()
-                                )));
-                            }
-                            Err(error) => {
-                                return Err(self
-                                    .cannot_connect(format_args!("{}: {error}", path.display())));
-                            }
-                        }
-                        url
-                    }
-                };
-                let mut conn =
-                    SqliteConnection::establish(&url).map_err(|e| self.cannot_connect(e))?;
-                // Wait for a worker's write instead of failing at once; reading the schema also
-                // finds a file that is not a SQLite database.
-                conn.batch_execute(
-                    "PRAGMA busy_timeout = 5000; SELECT count(*) FROM sqlite_master;",
-                )
-                .map_err(|e| self.cannot_connect(e))?;
-                Ok(Conn::Sqlite(conn))
-            }
+            #[cfg(feature = "sqlite")]
+            Kind::Sqlite => self.connect_sqlite().map(Conn::Sqlite),
+            #[allow(unreachable_patterns)]
+            kind => Err(self.cannot_connect(format_args!("built without {} support", kind.name()))),
         }
+    }
+
+    /// Opens a SQLite file, which must exist.
+    #[cfg(feature = "sqlite")]
+    fn connect_sqlite(&self) -> Result<diesel::SqliteConnection, Failure> {
+        let url = match sqlite_file(&self.driver) {
+            SqliteFile::Memory => self.driver.clone(),
+            SqliteFile::Path { path, url } => {
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_file() => {}
+                    Ok(_) => {
+                        return Err(
+                            self.cannot_connect(format_args!("{} is not a file", path.display()))
+                        );
+                    }
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(self.cannot_connect(format_args!(
+                            "the SQLite database file {} does not exist (SQLite would create an empty one; nothing was created). Check the path, or give a postgres:// or mysql:// URL",
+                            path.display()
+                        )));
+                    }
+                    Err(error) => {
+                        return Err(
+                            self.cannot_connect(format_args!("{}: {error}", path.display()))
+                        );
+                    }
+                }
+                url
+            }
+        };
+        let mut conn =
+            diesel::SqliteConnection::establish(&url).map_err(|e| self.cannot_connect(e))?;
+        // Wait for a worker's write instead of failing at once; reading the schema also finds a
+        // file that is not a SQLite database.
+        conn.batch_execute("PRAGMA busy_timeout = 5000; SELECT count(*) FROM sqlite_master;")
+            .map_err(|e| self.cannot_connect(e))?;
+        Ok(conn)
+    }
+}
+
+/// Which kind a URL names, and its secrets; an unknown scheme or an unreadable connection
+/// string is refused (exit code 3), quoting it only with its secrets hidden.
+fn classify(url: &str) -> Result<(Kind, Redacted), Failure> {
+    let lower = url.to_ascii_lowercase();
+    if let Some(scheme_end) = lower.find("://")
+        && is_scheme(&lower[..scheme_end])
+    {
+        let kind = match &lower[..scheme_end] {
+            "postgres" | "postgresql" => Kind::Postgres,
+            "mysql" | "mariadb" => Kind::Mysql,
+            "sqlite" | "file" => Kind::Sqlite,
+            scheme => {
+                return Err(Failure::new(
+                    Code::Connect,
+                    format!(
+                        "cannot connect to the database at {}: unknown scheme `{}://`. This idempotent-jobs reads {}",
+                        redact_url(url).shown,
+                        printable(scheme),
+                        known_forms()
+                    ),
+                ));
+            }
+        };
+        return Ok((kind, redact_url(url)));
+    }
+    if is_conninfo(url) {
+        return redact_conninfo(url)
+            .map(|redacted| (Kind::Postgres, redacted))
+            .map_err(|why| {
+                Failure::new(
+                    Code::Connect,
+                    format!(
+                        "cannot connect: the libpq connection string (host=... dbname=...) does not parse: {}",
+                        why.0
+                    ),
+                )
+            });
+    }
+    let shown = scrub_text(url);
+    Ok((
+        Kind::Sqlite,
+        Redacted {
+            shown,
+            driver: url.to_owned(),
+            secrets: Vec::new(),
+        },
+    ))
+}
+
+/// Whether `text` is a URL scheme (a letter, then letters, digits, `+`, `-` or `.`).
+fn is_scheme(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// Whether `text` starts like a libpq connection string: a libpq keyword, then `=`.
+fn is_conninfo(text: &str) -> bool {
+    let Some((first, _)) = text.trim_start().split_once('=') else {
+        return false;
+    };
+    crate::secret::LIBPQ_KEYWORDS.contains(&first.trim_end())
+}
+
+/// What the driver of `kind` is given: `mariadb://` spelled `mysql://` (the MySQL client reads
+/// only that), a PostgreSQL connect timeout added.
+fn driver_text(kind: Kind, driver: String) -> String {
+    match kind {
+        Kind::Mysql => match driver.find("://") {
+            Some(end) => format!("mysql{}", &driver[end..]),
+            None => driver,
+        },
+        #[cfg(feature = "postgres")]
+        Kind::Postgres => with_pg_connect_timeout(&driver),
+        _ => driver,
     }
 }
 
 /// An open connection of one of the three kinds.
 pub enum Conn {
     /// PostgreSQL.
-    Postgres(PgConnection),
+    #[cfg(feature = "postgres")]
+    Postgres(diesel::PgConnection),
     /// MySQL or MariaDB.
-    Mysql(MysqlConnection),
+    #[cfg(feature = "mysql")]
+    Mysql(diesel::MysqlConnection),
     /// SQLite.
-    Sqlite(SqliteConnection),
+    #[cfg(feature = "sqlite")]
+    Sqlite(diesel::SqliteConnection),
 }
 
 /// Where a SQLite URL points.
+#[cfg(feature = "sqlite")]
 #[derive(Debug, PartialEq, Eq)]
 enum SqliteFile {
     /// An in-memory database: nothing to check.
@@ -169,6 +339,7 @@ enum SqliteFile {
 
 /// Finds the file a SQLite URL names: a plain path, `sqlite://path` (`sqlite:///abs/path`),
 /// `sqlite:path`, or a `file:` URI (`file:data.db?mode=ro`, `file:///abs/path`).
+#[cfg(feature = "sqlite")]
 fn sqlite_file(url: &str) -> SqliteFile {
     // Diesel reads `sqlite://x` as the URI `file:x`.
     let rest = if let Some(rest) = url.strip_prefix("sqlite://") {
@@ -202,12 +373,13 @@ fn sqlite_file(url: &str) -> SqliteFile {
         None => path,
     };
     SqliteFile::Path {
-        path: PathBuf::from(percent_decode(path)),
+        path: PathBuf::from(crate::secret::percent_decode(path)),
         url: format!("file:{rest}"),
     }
 }
 
 /// A plain SQLite path (or `:memory:`).
+#[cfg(feature = "sqlite")]
 fn plain(path: &str) -> SqliteFile {
     if path == ":memory:" || path.is_empty() {
         SqliteFile::Memory
@@ -219,81 +391,18 @@ fn plain(path: &str) -> SqliteFile {
     }
 }
 
-/// The URL as it may be shown, and the secrets it holds.
-fn redact(url: &str) -> (String, Vec<String>) {
-    let mut secrets = Vec::new();
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return (url.to_owned(), secrets);
-    };
-    let (scheme, rest) = url.split_at(scheme_end);
-    // The user info ends at the last `@`, so that a password holding an unescaped `@`, `/` or `?`
-    // is still hidden whole (an `@` in the query hides more than the password: safe).
-    let mut shown = match rest.rfind('@') {
-        Some(at) => {
-            let (userinfo, host_and_rest) = (&rest[..at], &rest[at..]);
-            match userinfo.split_once(':') {
-                Some((user, password)) => {
-                    if !password.is_empty() {
-                        secrets.push(password.to_owned());
-                        secrets.push(percent_decode(password));
-                    }
-                    format!("{scheme}{user}:***{host_and_rest}")
-                }
-                None => url.to_owned(),
-            }
-        }
-        None => url.to_owned(),
-    };
-    // A password given as a query parameter (`?password=...`, libpq and MySQL both read it).
-    if let Some(query_start) = shown.find('?') {
-        let (base, query) = shown.split_at(query_start + 1);
-        let query = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((name, value)) if name.eq_ignore_ascii_case("password") => {
-                    if !value.is_empty() {
-                        secrets.push(value.to_owned());
-                        secrets.push(percent_decode(value));
-                    }
-                    format!("{name}=***")
-                }
-                _ => pair.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join("&");
-        shown = format!("{base}{query}");
-    }
-    // Very short secrets would blank out ordinary words of an error message; they are not
-    // quoted by the drivers' messages anyway.
-    secrets.retain(|secret| secret.len() >= 4);
-    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
-    secrets.dedup();
-    (shown, secrets)
-}
-
-/// `%XX` sequences decoded (as UTF-8, lossily); anything else kept.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(byte) = text
-                .get(i + 1..i + 3)
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        {
-            out.push(byte);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The URL with `connect_timeout` added, unless it has one.
+/// The URL or connection string with `connect_timeout` added, unless it has one.
+#[cfg(feature = "postgres")]
 fn with_pg_connect_timeout(url: &str) -> String {
+    if !url.contains("://") {
+        let has_timeout = crate::secret::conninfo_pairs(url)
+            .is_ok_and(|pairs| pairs.iter().any(|p| p.keyword == "connect_timeout"));
+        return if has_timeout {
+            url.to_owned()
+        } else {
+            format!("{url} connect_timeout={PG_CONNECT_TIMEOUT_SECONDS}")
+        };
+    }
     let has_timeout = url.split_once('?').is_some_and(|(_, query)| {
         query
             .split('&')
@@ -319,7 +428,20 @@ mod tests {
         assert_eq!(kind("mysql://h/db"), Some(Kind::Mysql));
         assert_eq!(kind("/var/lib/app.db"), Some(Kind::Sqlite));
         assert_eq!(kind("sqlite://app.db"), Some(Kind::Sqlite));
+        assert_eq!(kind("MariaDB://h/db"), Some(Kind::Mysql));
+        assert_eq!(kind("host=db dbname=app"), Some(Kind::Postgres));
+        assert_eq!(kind(" dbname = app"), Some(Kind::Postgres));
+        assert_eq!(kind("file:app.db?mode=ro"), Some(Kind::Sqlite));
+        assert_eq!(kind("data=1.db"), Some(Kind::Sqlite));
         assert_eq!(kind("  "), None);
+        assert_eq!(kind("postgress://h/db"), None);
+        assert_eq!(kind("host=db password='x"), None);
+        let error = Target::parse("postgress://u:pw12345@h/db").expect_err("unknown");
+        assert_eq!(error.code, Code::Connect);
+        assert!(
+            error.message.contains("postgress://u:***@h/db") && !error.message.contains("pw12345"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -352,6 +474,41 @@ mod tests {
     }
 
     #[test]
+    fn a_build_without_a_backend_says_so() {
+        for (url, kind) in [
+            ("postgres://u:pw12345@h/db", Kind::Postgres),
+            ("mysql://h/db", Kind::Mysql),
+            ("app.db", Kind::Sqlite),
+        ] {
+            let target = Target::parse(url).expect("a URL");
+            assert_eq!(target.kind, kind);
+            if kind.built_in() {
+                continue;
+            }
+            let Err(error) = target.connect() else {
+                panic!("{url} connected without {} support", kind.name());
+            };
+            assert_eq!(error.code, Code::Connect);
+            for part in [kind.name(), &format!("--features {}", kind.feature())] {
+                assert!(error.message.contains(part), "{part}: {error}");
+            }
+            assert!(!error.message.contains("pw12345"), "{error}");
+            assert!(
+                known_forms().contains(&format!("no {}", kind.name()))
+                    || known_forms().contains(&format!("no {} support", kind.name()))
+            );
+        }
+    }
+
+    #[test]
+    fn drivers_get_mysql_urls_and_encoded_passwords() {
+        let target = Target::parse("mariadb://u:a/b@h/db").expect("a URL");
+        assert_eq!(target.driver, "mysql://u:a%2Fb@h/db");
+        assert_eq!(target.shown, "mariadb://u:***@h/db");
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
     fn sqlite_files() {
         let path = |p: &str| SqliteFile::Path {
             path: PathBuf::from(p),
@@ -381,8 +538,17 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn pg_timeout_is_added_once() {
+        assert_eq!(
+            with_pg_connect_timeout("host=h dbname=x"),
+            "host=h dbname=x connect_timeout=10"
+        );
+        assert_eq!(
+            with_pg_connect_timeout("host=h connect_timeout = 3"),
+            "host=h connect_timeout = 3"
+        );
         assert_eq!(
             with_pg_connect_timeout("postgres://h/db"),
             "postgres://h/db?connect_timeout=10"

@@ -5,52 +5,109 @@
 //! SQLite, PostgreSQL or MySQL/MariaDB. `idempotent-jobs --help` lists the commands and the exit
 //! codes; the crate's README shows each command's output.
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!(
+    "idempotent-jobs needs at least one backend: enable the feature sqlite, postgres or mysql"
+);
+
 mod audit;
 mod cli;
 mod commands;
 mod connect;
+mod dotenv;
 mod failure;
+mod keyform;
+mod nearest;
+mod secret;
+#[cfg(feature = "serve")]
+mod serve;
 mod table;
 mod time;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
-use crate::cli::Cli;
+use crate::cli::{Cli, Command};
 use crate::commands::Context;
 use crate::connect::{Conn, Target};
 use crate::failure::{Code, Failure};
+use crate::secret::scrub_text;
 
 fn main() -> ExitCode {
-    // Clap exits by itself: 2 for bad usage, 0 for --help and --version.
-    let cli = Cli::parse();
+    if let Some(warning) = dotenv::load() {
+        eprintln!("{warning}");
+    }
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     audit::install();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {failure}");
+            eprintln!("error: {}", scrub_text(&failure.message));
             ExitCode::from(failure.code as u8)
         }
     }
 }
 
+/// Reads the command line. Clap's own messages (which quote a mistyped argument, perhaps a URL
+/// with its password) are printed with secrets hidden: 2 for bad usage, 0 for --help and
+/// --version.
+fn parse() -> Result<Cli, ExitCode> {
+    let command =
+        Cli::command().after_long_help(format!("This build reads {}.", connect::known_forms()));
+    let error = match command
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+    {
+        Ok(cli) => return Ok(cli),
+        Err(error) => error,
+    };
+    let text = scrub_text(&error.render().to_string());
+    if error.use_stderr() {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+    Err(ExitCode::from(
+        u8::try_from(error.exit_code()).unwrap_or(Code::Usage as u8),
+    ))
+}
+
 /// Connects and runs the command.
 fn run(cli: &Cli) -> Result<(), Failure> {
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "idempotent-jobs",
+            &mut std::io::stdout(),
+        );
+        return Ok(());
+    }
     let url = cli.database_url.as_deref().ok_or_else(|| {
         Failure::new(
             Code::Usage,
-            "no database given: set DATABASE_URL, or pass --database-url URL",
+            "no database given: set DATABASE_URL (in the environment or a .env file), or pass -D/--database-url URL",
         )
     })?;
     let target = Target::parse(url)?;
+    #[cfg(feature = "serve")]
+    if let Command::Serve(args) = &cli.command {
+        return serve::serve(target, args);
+    }
     let cx = Context {
         target: &target,
         json: cli.json,
     };
     match target.connect()? {
+        #[cfg(feature = "postgres")]
         Conn::Postgres(mut conn) => commands::run(&mut conn, &cx, &cli.command),
+        #[cfg(feature = "mysql")]
         Conn::Mysql(mut conn) => commands::run(&mut conn, &cx, &cli.command),
+        #[cfg(feature = "sqlite")]
         Conn::Sqlite(mut conn) => commands::run(&mut conn, &cx, &cli.command),
     }
 }

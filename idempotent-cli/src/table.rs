@@ -1,4 +1,9 @@
 //! Aligned plain-text tables, with cells made safe to print on a terminal.
+//!
+//! Widths are terminal cells ([`UnicodeWidthStr`]): a CJK character or an emoji takes two, a
+//! combining accent none, so that columns line up whatever the keys hold.
+
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 /// How a column's cells line up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +44,7 @@ impl Table {
 
     /// The table as text, one line per row, each ending in a newline.
     pub fn render(&self) -> String {
-        let width = |text: &str| text.chars().count();
+        let width = |text: &str| text.width();
         let mut widths: Vec<usize> = self.columns.iter().map(|(h, _)| width(h)).collect();
         for row in &self.rows {
             for (i, cell) in row.iter().enumerate().take(widths.len()) {
@@ -90,15 +95,23 @@ pub fn printable(text: &str) -> String {
     out
 }
 
-/// `text` cut to at most `max` characters, with `…` at the end when cut.
+/// `text` cut to at most `max` terminal cells, with `…` at the end when cut.
 pub fn truncate(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_owned()
-    } else {
-        let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
-        cut.push('…');
-        cut
+    if text.width() <= max {
+        return text.to_owned();
     }
+    let mut cut = String::new();
+    let mut used = 0;
+    for c in text.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w > max.saturating_sub(1) {
+            break;
+        }
+        used += w;
+        cut.push(c);
+    }
+    cut.push('…');
+    cut
 }
 
 #[cfg(test)]
@@ -120,6 +133,27 @@ mod tests {
              charge          12  x\n\
              digest-email     3\n"
         );
+    }
+
+    #[test]
+    fn wide_characters_take_two_cells() {
+        let mut table = Table::new(&[("KEY", Align::Left), ("DONE", Align::Left)]);
+        table.row(["invoice:東京:42", "x"]);
+        table.row(["welcome:🎉", "y"]);
+        table.row(["plain", "z"]);
+        table.row(["e\u{301}", "w"]); // e and a combining accent: one cell
+        let text = table.render();
+        let columns: Vec<usize> = text
+            .lines()
+            .map(|line| {
+                let (before, _) = line.rsplit_once("  ").expect("two columns");
+                UnicodeWidthStr::width(before) + 2
+            })
+            .collect();
+        assert!(columns.iter().all(|c| *c == columns[0]), "{text}");
+        assert_eq!(columns[0], "invoice:東京:42".width() + 2, "{text}");
+        assert_eq!(truncate("東京東京", 5), "東京…");
+        assert!(truncate("東京東京", 5).width() <= 5);
     }
 
     #[test]

@@ -119,31 +119,33 @@ pub fn parse_rfc3339(text: &str) -> Result<SystemTime, String> {
         }
         at += 1 + digits;
     }
-    let offset_seconds = match &text[at..] {
-        "Z" | "z" => 0,
-        "" => {
-            return Err(bad(
-                "it has no time zone: add `Z` for UTC, or an offset like `+02:00`",
-            ));
-        }
-        offset => {
-            let sign = match offset.as_bytes()[0] {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return Err(bad("the time zone must be `Z` or an offset like `+02:00`")),
-            };
-            let hours = number(at + 1..at + 3);
-            let minutes = number(at + 4..at + 6);
-            match (hours, offset.as_bytes().get(3), minutes, offset.len()) {
-                (Some(h), Some(b':'), Some(m), 6) if h <= 23 && m <= 59 => {
-                    sign * (h * 3_600 + m * 60)
-                }
-                _ => return Err(bad("the time zone must be `Z` or an offset like `+02:00`")),
-            }
-        }
-    };
+    let offset_seconds = parse_offset(&text[at..]).map_err(bad)?;
     let seconds = date_seconds + hour * 3_600 + minute * 60 + second - offset_seconds;
     Ok(from_unix(seconds, micros))
+}
+
+/// The seconds east of UTC that an RFC 3339 zone (`Z`, `+02:00`, `-05:30`) says.
+fn parse_offset(offset: &str) -> Result<i64, &'static str> {
+    const BAD: &str = "the time zone must be `Z` or an offset like `+02:00`";
+    let sign = match offset.as_bytes().first() {
+        None => return Err("it has no time zone: add `Z` for UTC, or an offset like `+02:00`"),
+        Some(b'Z' | b'z') if offset.len() == 1 => return Ok(0),
+        Some(b'+') => 1,
+        Some(b'-') => -1,
+        Some(_) => return Err(BAD),
+    };
+    let two_digits = |range: std::ops::Range<usize>| {
+        offset
+            .get(range)
+            .filter(|d| d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse::<i64>().ok())
+    };
+    match (two_digits(1..3), offset.as_bytes().get(3), two_digits(4..6)) {
+        (Some(h), Some(b':'), Some(m)) if offset.len() == 6 && h <= 23 && m <= 59 => {
+            Ok(sign * (h * 3_600 + m * 60))
+        }
+        _ => Err(BAD),
+    }
 }
 
 /// `time` as RFC 3339 in UTC, to the second: `2026-11-30T10:00:00Z` (for tables).

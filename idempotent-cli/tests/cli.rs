@@ -7,287 +7,17 @@
 //! `IDEMPOTENT_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); a server that cannot be
 //! reached fails its tests with a message saying how to start it.
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+mod common;
 
-use diesel::connection::SimpleConnection;
-use diesel::{Connection, MysqlConnection, PgConnection, SqliteConnection};
-use idempotent_runtime::keys::{self, KeyQuery};
+use std::collections::BTreeMap;
+
+use diesel::{MysqlConnection, PgConnection, SqliteConnection};
+use idempotent_runtime::keys;
 use idempotent_runtime::outbox::{self, Relay};
-use idempotent_runtime::{Error, Job, JobKey, JobStore, Outcome};
+use idempotent_runtime::{Error, JobKey, Outcome};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_idempotent-jobs");
-
-static CHARGE: Job = Job::new("charge", "charge:<order>");
-static HOOK: Job = Job::new("hook", "hook:<order>");
-/// Keys that lapse the moment their run commits: what `prune` deletes.
-static DIGEST: Job = Job::new("digest", "digest:<user>").keep_for(Duration::ZERO);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
-    Sqlite,
-    Postgres,
-    Mysql,
-}
-
-impl Server {
-    fn base_url(self) -> String {
-        match self {
-            Server::Sqlite => String::new(),
-            Server::Postgres => std::env::var("IDEMPOTENT_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-            Server::Mysql => std::env::var("IDEMPOTENT_MYSQL_URL")
-                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
-        }
-    }
-
-    fn unreachable(self, url: &str, error: &dyn std::fmt::Display) -> String {
-        match self {
-            Server::Sqlite => format!("opening the SQLite database {url} failed: {error}"),
-            Server::Postgres => format!(
-                "PostgreSQL is not reachable at {url}: {error}\n\
-                 Start it with `pg_ctlcluster --skip-systemctl-redirect 15 main start` \
-                 (scripts/test does this), or point IDEMPOTENT_POSTGRES_URL at a server."
-            ),
-            Server::Mysql => format!(
-                "MariaDB/MySQL is not reachable at {url}: {error}\n\
-                 Start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
-                 (scripts/test does this), or point IDEMPOTENT_MYSQL_URL at a server."
-            ),
-        }
-    }
-}
-
-/// A sync connection type the tests set data up with.
-trait Backend: JobStore + Connection {
-    const SERVER: Server;
-
-    fn open(url: &str) -> Self {
-        Self::establish(url).unwrap_or_else(|e| panic!("{}", Self::SERVER.unreachable(url, &e)))
-    }
-}
-
-impl Backend for SqliteConnection {
-    const SERVER: Server = Server::Sqlite;
-}
-
-impl Backend for PgConnection {
-    const SERVER: Server = Server::Postgres;
-}
-
-impl Backend for MysqlConnection {
-    const SERVER: Server = Server::Mysql;
-}
-
-fn unique_name() -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "idempotent_cli_{}_{}_{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// An empty database of one test's own, dropped at the end.
-struct TestDb {
-    url: String,
-    server: Server,
-    cleanup: Cleanup,
-}
-
-enum Cleanup {
-    File(std::path::PathBuf),
-    Sql { admin_url: String, sql: String },
-}
-
-/// What one run of the binary did.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn ok(self) -> Self {
-        assert_eq!(self.code, 0, "expected success: {self:#?}");
-        self
-    }
-
-    fn exit(self, code: i32) -> Self {
-        assert_eq!(self.code, code, "expected exit code {code}: {self:#?}");
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {self:#?}"))
-    }
-}
-
-impl TestDb {
-    fn empty<C: Backend>() -> Self {
-        let server = C::SERVER;
-        let name = unique_name();
-        match server {
-            Server::Sqlite => {
-                let path = std::env::temp_dir().join(format!("{name}.db"));
-                let url = path.to_string_lossy().into_owned();
-                // Create the file: the CLI refuses a SQLite path that does not exist.
-                drop(C::open(&url));
-                TestDb {
-                    url,
-                    server,
-                    cleanup: Cleanup::File(path),
-                }
-            }
-            Server::Postgres => {
-                let base = server.base_url();
-                C::open(&base)
-                    .batch_execute(&format!("CREATE SCHEMA {name}"))
-                    .expect("creating a schema");
-                let separator = if base.contains('?') { '&' } else { '?' };
-                TestDb {
-                    url: format!("{base}{separator}options=-csearch_path%3D{name}"),
-                    server,
-                    cleanup: Cleanup::Sql {
-                        admin_url: base,
-                        sql: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
-                    },
-                }
-            }
-            Server::Mysql => {
-                let base = server.base_url();
-                C::open(&base)
-                    .batch_execute(&format!(
-                        "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-                    ))
-                    .expect("creating a database");
-                let after_scheme = base.find("://").map_or(0, |i| i + 3);
-                let server_part = match base[after_scheme..].find('/') {
-                    Some(slash) => &base[..after_scheme + slash],
-                    None => &base,
-                };
-                TestDb {
-                    url: format!("{server_part}/{name}"),
-                    server,
-                    cleanup: Cleanup::Sql {
-                        admin_url: base.clone(),
-                        sql: format!("DROP DATABASE IF EXISTS {name}"),
-                    },
-                }
-            }
-        }
-    }
-
-    fn connect<C: Backend>(&self) -> C {
-        C::open(&self.url)
-    }
-
-    /// Runs the binary with `args`, `DATABASE_URL` pointing here and stdin not a terminal.
-    fn cli(&self, args: &[&str]) -> Run {
-        run_cli(&self.url, args)
-    }
-
-    /// Runs the binary on a pseudo-terminal (through util-linux `script`), typing `input`;
-    /// stdout and stderr come back together in `stdout`.
-    fn cli_on_terminal(&self, args: &str, input: &str) -> Run {
-        let mut child = Command::new("script")
-            .args(["-qec", &format!("{BIN} {args}"), "/dev/null"])
-            .env("DATABASE_URL", &self.url)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running `script` (util-linux) to give the CLI a terminal");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("typing the answer");
-        let output = child.wait_with_output().expect("waiting for `script`");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        match &self.cleanup {
-            Cleanup::File(path) => {
-                let path = path.to_string_lossy();
-                for suffix in ["", "-wal", "-shm", "-journal"] {
-                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
-                }
-            }
-            // Nothing here may panic: this also runs while a failed test unwinds.
-            Cleanup::Sql { admin_url, sql } => match self.server {
-                Server::Postgres => {
-                    if let Ok(mut admin) = PgConnection::establish(admin_url) {
-                        let _ = admin.batch_execute(sql);
-                    }
-                }
-                Server::Mysql => {
-                    if let Ok(mut admin) = MysqlConnection::establish(admin_url) {
-                        let _ = admin.batch_execute(sql);
-                    }
-                }
-                Server::Sqlite => {}
-            },
-        }
-    }
-}
-
-fn run_cli(url: &str, args: &[&str]) -> Run {
-    let output = Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", url)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running the idempotent-jobs binary");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-fn hex(digest: &[u8; 32]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn key_count<C: Backend>(conn: &mut C) -> usize {
-    keys::list(conn, &KeyQuery::default().limit(1_000))
-        .expect("listing keys")
-        .len()
-}
-
-fn charge<C: Backend>(conn: &mut C, order: u32) -> (Outcome<u32>, bool) {
-    let mut ran = false;
-    let outcome = idempotent_runtime::run(
-        conn,
-        &CHARGE,
-        &JobKey::new(format!("charge:order-{order}")),
-        |conn| {
-            ran = true;
-            outbox::push(conn, "receipt", &serde_json::json!({ "order": order }))?;
-            Ok::<_, Error>(42)
-        },
-    )
-    .expect("running the charge job");
-    (outcome, ran)
-}
+use common::*;
 
 /// Every command on a database the runtime migrated and ran jobs on; and on one without tables.
 fn operate<C: Backend>() {
@@ -665,6 +395,225 @@ fn cannot_connect<C: Backend>() {
     }
 }
 
+static INVOICE: idempotent_runtime::Job =
+    idempotent_runtime::Job::new("invoice", "invoice:<month>:<customer_id>");
+static WELCOME: idempotent_runtime::Job = idempotent_runtime::Job::new("welcome", "welcome:<name>");
+
+/// A key of `invoice:<month>:<customer_id>`, escaped as the handler's companion escapes it.
+fn invoice_key(month: &str, customer: &str) -> JobKey {
+    JobKey::builder()
+        .text("invoice:")
+        .value(month)
+        .text(":")
+        .value(customer)
+        .build()
+        .expect("a valid template")
+}
+
+/// A key typed from a handler's values by hand, not found: the message shows the form looked
+/// for, how values are escaped, and the stored keys of the same job nearest to it; the same key
+/// built from the template and values is found.
+fn escaped_keys<C: Backend>() {
+    let db = TestDb::empty::<C>();
+    let mut conn: C = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    for (month, customer) in [
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("2026-10", "cust_481"),
+        ("2026-11", "x"),
+    ] {
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &INVOICE, &invoice_key(month, customer), |_| {
+                Ok::<_, Error>(())
+            })
+            .expect("running the invoice job");
+    }
+    assert!(charge(&mut conn, 1).1);
+    assert_eq!(invoice_key("a:b", "c").as_str(), "invoice:a%3Ab:c");
+
+    let run = db.cli(&["keys", "show", "invoice:a:b:c"]).exit(1);
+    let hint = &run.stderr;
+    for expected in [
+        "no key `invoice:a:b:c` in done_jobs",
+        "looked for: invoice:a:b:c (digest ",
+        "%3A",
+        "--template",
+        "nearest keys of job `invoice`:",
+        "    invoice:a%3Ab:c  (reads invoice:a:b:c decoded: the key looked for, escaped)",
+        "    invoice:a:b%3Ac  (reads invoice:a:b:c decoded: the key looked for, escaped)",
+    ] {
+        assert!(hint.contains(expected), "{expected}: {run:#?}");
+    }
+    assert!(
+        !hint.contains("charge:"),
+        "only the keys of the same job: {run:#?}"
+    );
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    let run = db
+        .cli(&["keys", "forget", "invoice:2026-10:cust_482", "--yes"])
+        .exit(1);
+    assert!(
+        run.stderr.contains("nothing was changed")
+            && run.stderr.contains("    invoice:2026-10:cust_481"),
+        "{run:#?}"
+    );
+
+    // Built from the template and the values, as the handler builds it: found.
+    let template = "invoice:<month>:<customer_id>";
+    let run = db
+        .cli(&[
+            "--json",
+            "keys",
+            "show",
+            "--template",
+            template,
+            "--value",
+            "a:b",
+            "--value",
+            "c",
+        ])
+        .ok();
+    assert_eq!(run.json()["key"], "invoice:a%3Ab:c", "{run:#?}");
+    let run = db
+        .cli(&["keys", "show", "--template", template, "--value", "a"])
+        .exit(2);
+    assert!(run.stderr.contains("<month>, <customer_id>"), "{run:#?}");
+    db.cli(&["keys", "show", "x", "--value", "a"]).exit(2);
+    let run = db
+        .cli(&[
+            "keys",
+            "forget",
+            "--template",
+            template,
+            "--value",
+            "a",
+            "--value",
+            "b:c",
+            "--yes",
+        ])
+        .ok();
+    assert!(
+        run.stdout.contains("forgot key `invoice:a:b%3Ac`"),
+        "{run:#?}"
+    );
+
+    // Wide characters: the columns after KEY start at one terminal column on every line.
+    for name in ["東京", "🎉🎉", "plain"] {
+        let _: Outcome<()> = idempotent_runtime::run(
+            &mut conn,
+            &WELCOME,
+            &JobKey::builder()
+                .text("welcome:")
+                .value(name)
+                .build()
+                .expect("a key"),
+            |_| Ok::<_, Error>(()),
+        )
+        .expect("running the welcome job");
+    }
+    let run = db.cli(&["keys", "list", "--job", "welcome"]).ok();
+    let starts: Vec<usize> = run
+        .stdout
+        .lines()
+        .map(|line| {
+            let at = line
+                .find("20")
+                .unwrap_or_else(|| line.find("DONE").unwrap_or(0));
+            unicode_width::UnicodeWidthStr::width(&line[..at])
+        })
+        .collect();
+    assert_eq!(starts.len(), 4, "{run:#?}");
+    assert!(
+        starts.iter().all(|s| *s == starts[0]),
+        "{starts:?}: {}",
+        run.stdout
+    );
+}
+
+#[test]
+fn sqlite_escaped_keys() {
+    escaped_keys::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_escaped_keys() {
+    escaped_keys::<PgConnection>();
+}
+
+#[test]
+fn mysql_escaped_keys() {
+    escaped_keys::<MysqlConnection>();
+}
+
+#[test]
+fn completions_need_no_database() {
+    for (shell, expected) in [
+        ("bash", "complete -F _idempotent__jobs"),
+        ("zsh", "#compdef idempotent-jobs"),
+        ("fish", "complete -c idempotent-jobs"),
+    ] {
+        let run = Cli::new().run(&["completions", shell]).ok();
+        assert!(
+            run.stdout.contains(expected) && run.stdout.contains("forget"),
+            "{shell}: {run:#?}"
+        );
+    }
+    Cli::new().run(&["completions", "tcsh"]).exit(2);
+}
+
+#[test]
+fn the_url_comes_from_d_then_the_environment_then_dotenv() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    assert!(charge(&mut conn, 1).1);
+    let missing = std::env::temp_dir().join(format!("{}-missing.db", unique_name()));
+    let missing = missing.to_string_lossy().into_owned();
+
+    // .env in a parent of the working directory.
+    let dir = fresh_dir();
+    let below = dir.join("service").join("src");
+    std::fs::create_dir_all(&below).expect("creating directories");
+    std::fs::write(
+        dir.join(".env"),
+        format!("# settings\nRUST_LOG=info\nDATABASE_URL=\"{}\"\n", db.url),
+    )
+    .expect("writing .env");
+    let run = Cli::new().dir(&below).run(&["keys", "list"]).ok();
+    assert!(
+        run.stdout.contains("charge:order-1"),
+        "read from .env: {run:#?}"
+    );
+    // The environment wins over .env, and -D over both.
+    let run = Cli::new()
+        .dir(&below)
+        .env("DATABASE_URL", &missing)
+        .run(&["keys", "list"])
+        .exit(3);
+    assert!(run.stderr.contains("does not exist"), "{run:#?}");
+    let run = Cli::new()
+        .dir(&below)
+        .env("DATABASE_URL", &missing)
+        .run(&["-D", &db.url, "keys", "list"])
+        .ok();
+    assert!(run.stdout.contains("charge:order-1"), "{run:#?}");
+    // A .env that does not parse is ignored whole, with a warning naming the file.
+    std::fs::write(
+        dir.join(".env"),
+        format!("DATABASE_URL={}\nNOT A PAIR\n", db.url),
+    )
+    .expect("writing .env");
+    let run = Cli::new().dir(&below).run(&["keys", "list"]).exit(2);
+    assert!(
+        run.stderr.contains("warning: ignored ")
+            && run.stderr.contains(".env")
+            && run.stderr.contains("entry 2"),
+        "{run:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sqlite_operate() {
     operate::<SqliteConnection>();
@@ -697,12 +646,8 @@ fn mysql_cannot_connect() {
 
 #[test]
 fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
-    let output = Command::new(BIN)
-        .arg("--help")
-        .env_remove("DATABASE_URL")
-        .output()
-        .expect("running the binary");
-    let help = String::from_utf8_lossy(&output.stdout);
+    let run = Cli::new().run(&["--help"]).ok();
+    let help = &run.stdout;
     for line in [
         "0  success",
         "1  not found",
@@ -713,11 +658,6 @@ fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
     ] {
         assert!(help.contains(line), "{line}: {help}");
     }
-    let output = Command::new(BIN)
-        .args(["keys", "list"])
-        .env_remove("DATABASE_URL")
-        .output()
-        .expect("running the binary");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("DATABASE_URL"));
+    let run = Cli::new().run(&["keys", "list"]).exit(2);
+    assert!(run.stderr.contains("DATABASE_URL"), "{run:#?}");
 }

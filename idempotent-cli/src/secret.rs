@@ -1,0 +1,511 @@
+//! Finding the secrets in a database URL or a libpq connection string, and hiding them.
+//!
+//! Three forms hold a password: the user info of a URL (`postgres://app:PASSWORD@db/main`), a
+//! query parameter (`?password=PASSWORD`, also `sslpassword`), and a `password=` pair of a libpq
+//! key=value string (`host=db password='PASSWORD'`). [`redact_url`] and [`redact_conninfo`] read
+//! those forms exactly, for the URL the CLI was given; [`scrub_text`] finds them in any text (a
+//! clap message quoting a mistyped argument, a driver's error), as a last line of defence for
+//! everything the CLI prints on stderr.
+
+/// What a URL or connection string holds, read apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redacted {
+    /// The text to show: every secret replaced by `***`.
+    pub shown: String,
+    /// The text to give the driver: the password percent-encoded where it was not, so that the
+    /// driver reads it whole (and never quotes a piece of it back in an error).
+    pub driver: String,
+    /// Every secret, as written, percent-decoded and re-encoded, longest first.
+    pub secrets: Vec<String>,
+}
+
+/// Why a connection string cannot be read (no part of it is quoted: it may hold a password).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable(pub String);
+
+/// The keywords of a libpq connection string: text starting with one of these and `=` is one.
+pub const LIBPQ_KEYWORDS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "require_auth",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+];
+
+/// The parameters of the MySQL client's URLs and of SQLite's `file:` URIs.
+const OTHER_PARAMETERS: &[&str] = &[
+    "unix_socket",
+    "ssl_mode",
+    "ssl_ca",
+    "ssl_cert",
+    "ssl_key",
+    "mode",
+    "cache",
+    "immutable",
+    "vfs",
+    "psow",
+    "nolock",
+];
+
+/// Whether the value of a parameter of this name is hidden: a secret, or a name no driver knows
+/// (a misspelt `password`, say).
+fn is_hidden_name(name: &str) -> bool {
+    let name = name.trim();
+    is_secret_name(name) || !(LIBPQ_KEYWORDS.contains(&name) || OTHER_PARAMETERS.contains(&name))
+}
+
+/// Whether a parameter of this name holds a secret.
+pub fn is_secret_name(name: &str) -> bool {
+    let name = name.trim().to_ascii_lowercase();
+    ["passw", "pwd", "secret", "token"]
+        .iter()
+        .any(|part| name.contains(part))
+        || name == "pass"
+}
+
+/// Reads a URL (`scheme://[user[:password]@]host...`): its password hidden, and percent-encoded
+/// for the driver.
+pub fn redact_url(url: &str) -> Redacted {
+    let mut secrets = Vec::new();
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return Redacted {
+            shown: url.to_owned(),
+            driver: url.to_owned(),
+            secrets,
+        };
+    };
+    let (scheme, rest) = url.split_at(scheme_end);
+    let (mut shown, mut driver) = (scheme.to_owned(), scheme.to_owned());
+    let after_userinfo = match userinfo_end(rest) {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            shown.push_str(user);
+            driver.push_str(&encode_component(user));
+            if let Some(password) = password {
+                shown.push_str(":***");
+                driver.push(':');
+                driver.push_str(&encode_component(password));
+                add_secret(&mut secrets, password);
+            }
+            shown.push('@');
+            driver.push('@');
+            &rest[at + 1..]
+        }
+        None => rest,
+    };
+    match after_userinfo.split_once('?') {
+        Some((base, query)) => {
+            shown.push_str(base);
+            driver.push_str(base);
+            shown.push('?');
+            driver.push('?');
+            let (shown_query, driver_query) = redact_query(query, &mut secrets);
+            shown.push_str(&shown_query);
+            driver.push_str(&driver_query);
+        }
+        None => {
+            shown.push_str(after_userinfo);
+            driver.push_str(after_userinfo);
+        }
+    }
+    finish(shown, driver, secrets)
+}
+
+/// Where the user info after `scheme://` ends: at the last `@` before the query, the query being
+/// the first `?` after the last `/` (a password may hold a `?` or a `/`, a query value an `@`);
+/// failing that, at the last `@` of all, which hides too much rather than too little.
+fn userinfo_end(rest: &str) -> Option<usize> {
+    let path = rest.rfind('/').unwrap_or(0);
+    let query = rest[path..].find('?').map_or(rest.len(), |q| path + q);
+    rest[..query].rfind('@').or_else(|| rest.rfind('@'))
+}
+
+/// A query string with the values of secret parameters hidden (shown) and encoded (driver).
+fn redact_query(query: &str, secrets: &mut Vec<String>) -> (String, String) {
+    let mut shown = Vec::new();
+    let mut driver = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((name, value)) if is_hidden_name(name) => {
+                add_secret(secrets, value);
+                shown.push(format!("{name}=***"));
+                driver.push(format!("{name}={}", encode_component(value)));
+            }
+            _ => {
+                shown.push(pair.to_owned());
+                driver.push(pair.to_owned());
+            }
+        }
+    }
+    (shown.join("&"), driver.join("&"))
+}
+
+/// Reads a libpq key=value connection string (`host=db user=app password='x y'`) as libpq does:
+/// pairs separated by whitespace, `=` with optional whitespace around it, values in single quotes
+/// or unquoted, `\` escaping the next character.
+pub fn redact_conninfo(text: &str) -> Result<Redacted, Unreadable> {
+    let mut secrets = Vec::new();
+    let mut shown = Vec::new();
+    for (position, pair) in conninfo_pairs(text)?.into_iter().enumerate() {
+        if pair.keyword.is_empty() {
+            return Err(Unreadable(format!(
+                "pair {} of the connection string has no keyword before its `=`",
+                position + 1
+            )));
+        }
+        if is_hidden_name(pair.keyword) {
+            add_secret(&mut secrets, pair.raw_value);
+            add_secret(&mut secrets, &pair.value);
+            shown.push(format!("{}=***", pair.keyword));
+        } else {
+            shown.push(format!("{}={}", pair.keyword, pair.raw_value));
+        }
+    }
+    Ok(finish(shown.join(" "), text.to_owned(), secrets))
+}
+
+/// One `keyword=value` of a libpq connection string.
+#[derive(Debug)]
+pub struct ConninfoPair<'a> {
+    /// The keyword.
+    pub keyword: &'a str,
+    /// The value as written, quotes and escapes included.
+    pub raw_value: &'a str,
+    /// The value as libpq reads it.
+    pub value: String,
+}
+
+/// The pairs of a libpq connection string, or why it does not parse (never quoting it).
+pub fn conninfo_pairs(text: &str) -> Result<Vec<ConninfoPair<'_>>, Unreadable> {
+    let bytes = text.as_bytes();
+    let mut pairs = Vec::new();
+    let mut i = 0;
+    let skip_space = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_space(i);
+        if i >= bytes.len() {
+            return Ok(pairs);
+        }
+        let start = i;
+        while i < bytes.len() && !bytes[i].is_ascii_whitespace() && bytes[i] != b'=' {
+            i += 1;
+        }
+        let keyword = &text[start..i];
+        i = skip_space(i);
+        if bytes.get(i) != Some(&b'=') {
+            return Err(Unreadable(format!(
+                "word {} of the connection string is not a keyword=value pair (a value with spaces goes in single quotes, as in application_name='my app')",
+                pairs.len() + 1
+            )));
+        }
+        i = skip_space(i + 1);
+        let value_start = i;
+        let (value, end) = conninfo_value(text, i).ok_or_else(|| {
+            Unreadable(format!(
+                "the value of `{}` in the connection string has no closing single quote",
+                crate::table::printable(keyword)
+            ))
+        })?;
+        pairs.push(ConninfoPair {
+            keyword,
+            raw_value: &text[value_start..end],
+            value,
+        });
+        i = end;
+    }
+}
+
+/// The value starting at `start` and where it ends; `None` when a quote is not closed.
+fn conninfo_value(text: &str, start: usize) -> Option<(String, usize)> {
+    let mut value = String::new();
+    let mut chars = text[start..].char_indices().peekable();
+    let quoted = text[start..].starts_with('\'');
+    if quoted {
+        chars.next();
+    }
+    while let Some((offset, c)) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some((_, escaped)) = chars.next() {
+                    value.push(escaped);
+                }
+            }
+            '\'' if quoted => return Some((value, start + offset + 1)),
+            c if !quoted && c.is_ascii_whitespace() => return Some((value, start + offset)),
+            c => value.push(c),
+        }
+    }
+    (!quoted).then_some((value, text.len()))
+}
+
+/// Hides, in any text, the secrets of every URL (`scheme://user:password@`) and every secret
+/// parameter (`password=...`, `password = '...'`, `sslpassword=...`) it holds.
+pub fn scrub_text(text: &str) -> String {
+    scrub_parameters(&scrub_url_userinfo(text))
+}
+
+/// `scheme://user:password@` to `scheme://user:***@`, anywhere in `text`.
+fn scrub_url_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(found) = rest.find("://") {
+        let after = found + 3;
+        out.push_str(&rest[..after]);
+        rest = &rest[after..];
+        // The URL runs to the next whitespace.
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let url = &rest[..end];
+        match userinfo_end(url) {
+            Some(at) if url[..at].contains(':') => {
+                let colon = url[..at].find(':').unwrap_or(at);
+                out.push_str(&url[..colon]);
+                out.push_str(":***");
+                rest = &rest[at..];
+            }
+            _ => {}
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `name=value` to `name=***` for every secret parameter name, anywhere in `text`.
+fn scrub_parameters(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(eq) = rest.find('=') {
+        let before = rest[..eq].trim_end();
+        let name_start = before
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+            .map_or(0, |i| {
+                i + before[i..].chars().next().map_or(1, char::len_utf8)
+            });
+        let name = &before[name_start..];
+        out.push_str(&rest[..=eq]);
+        rest = &rest[eq + 1..];
+        if name.is_empty() || !is_secret_name(name) {
+            continue;
+        }
+        let spaces = rest.len() - rest.trim_start().len();
+        out.push_str(&rest[..spaces]);
+        rest = &rest[spaces..];
+        if rest.starts_with("***") {
+            // Hidden already.
+            continue;
+        }
+        let end = if rest.starts_with('\'') {
+            conninfo_value(rest, 0).map_or(rest.len(), |(_, end)| end)
+        } else {
+            rest.find(|c: char| c.is_whitespace() || matches!(c, '&' | ';' | '\'' | '"' | ')'))
+                .unwrap_or(rest.len())
+        };
+        out.push_str("***");
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Percent-encodes every character but the URL's unreserved ones, keeping `%XX` escapes: a
+/// password with `/`, `?`, `#`, `@` or a stray `%` is read whole by libpq and the `url` crate.
+pub fn encode_component(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    for (i, &byte) in bytes.iter().enumerate() {
+        let escape = byte == b'%'
+            && bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+            && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') || escape {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// `%XX` sequences decoded (as UTF-8, lossily); anything else kept.
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(byte) = text
+                .get(i + 1..i + 3)
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Records a secret in each form a driver could quote it in.
+fn add_secret(secrets: &mut Vec<String>, secret: &str) {
+    for form in [
+        secret.to_owned(),
+        percent_decode(secret),
+        encode_component(secret),
+    ] {
+        if !form.is_empty() {
+            secrets.push(form);
+        }
+    }
+}
+
+/// Sorts the secrets longest first (a longer one may hold a shorter one), without duplicates.
+/// Very short secrets would blank out ordinary words of an error message; a driver never quotes
+/// them, since it gets the password encoded and reads it whole.
+fn finish(shown: String, driver: String, mut secrets: Vec<String>) -> Redacted {
+    secrets.retain(|secret| secret.chars().count() >= 4);
+    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    secrets.dedup();
+    Redacted {
+        shown,
+        driver,
+        secrets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        for (url, shown, driver) in [
+            (
+                "postgres://app:s3cret@db:5432/main",
+                "postgres://app:***@db:5432/main",
+                "postgres://app:s3cret@db:5432/main",
+            ),
+            (
+                "postgres://app:p@ss/w0rd@db/main?sslmode=require",
+                "postgres://app:***@db/main?sslmode=require",
+                "postgres://app:p%40ss%2Fw0rd@db/main?sslmode=require",
+            ),
+            (
+                "mysql://root@127.0.0.1:3306/test",
+                "mysql://root@127.0.0.1:3306/test",
+                "mysql://root@127.0.0.1:3306/test",
+            ),
+            (
+                "postgres://db/main?user=app&password=hunter22",
+                "postgres://db/main?user=app&password=***",
+                "postgres://db/main?user=app&password=hunter22",
+            ),
+            (
+                "mysql://app:%40secret@db",
+                "mysql://app:***@db",
+                "mysql://app:%40secret@db",
+            ),
+            (
+                "postgres://u:Top?Secret5@h:1/db?application_name=b@c",
+                "postgres://u:***@h:1/db?application_name=b@c",
+                "postgres://u:Top%3FSecret5@h:1/db?application_name=b@c",
+            ),
+            (
+                "postgres://u:Top%zzS@h/db",
+                "postgres://u:***@h/db",
+                "postgres://u:Top%25zzS@h/db",
+            ),
+        ] {
+            let redacted = redact_url(url);
+            assert_eq!(redacted.shown, shown, "{url}");
+            assert_eq!(redacted.driver, driver, "{url}");
+        }
+        let redacted = redact_url("mysql://app:%40secret@db");
+        assert!(redacted.secrets.contains(&"@secret".to_owned()));
+    }
+
+    #[test]
+    fn conninfo() {
+        let redacted =
+            redact_conninfo("host=db  user = app password='a \\'b c' dbname=main").expect("parses");
+        assert_eq!(redacted.shown, "host=db user=app password=*** dbname=main");
+        for secret in ["'a \\'b c'", "a 'b c", "a%20%27b%20c"] {
+            assert!(redacted.secrets.contains(&secret.to_owned()), "{secret}");
+        }
+        assert!(redacted.secrets.contains(&"a 'b c".to_owned()));
+        for bad in [
+            "host=db password",
+            "host=db password='open",
+            "host=db =x",
+            "a b=c",
+        ] {
+            let error = redact_conninfo(bad).expect_err(bad);
+            assert!(!error.0.contains("open"), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn any_text() {
+        assert_eq!(
+            scrub_text("error: unrecognized subcommand 'postgres://u:Top/Secret5@h:1/test'"),
+            "error: unrecognized subcommand 'postgres://u:***@h:1/test'"
+        );
+        assert_eq!(
+            scrub_text("at host=h password = 'a b' port=1 and ?user=x&PassWord=y&z=1"),
+            "at host=h password = *** port=1 and ?user=x&PassWord=***&z=1"
+        );
+        assert_eq!(scrub_text("a = b, c=d"), "a = b, c=d");
+        assert_eq!(
+            scrub_text("at h password=***: refused"),
+            "at h password=***: refused"
+        );
+        assert_eq!(
+            scrub_text("mssql://sa:p@h/x?sslpassword=q"),
+            "mssql://sa:***@h/x?sslpassword=***"
+        );
+    }
+}

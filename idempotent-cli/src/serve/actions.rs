@@ -1,0 +1,319 @@
+//! What changes something: logging in and out, forgetting a key, retrying parked messages. Each
+//! is written to the audit log; forgets and retries need `--allow-writes`.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use idempotent_runtime::keys::{self, KeyRecord};
+use idempotent_runtime::outbox;
+
+use super::auth::{COOKIE, cookie};
+use super::html::{Frame, Section, esc, notice};
+use super::pages::{csrf_of, failed, refused, respond};
+use super::{App, Auth, audit, on_conn};
+use crate::commands::db_failure;
+use crate::failure::{Code, Failure};
+
+/// A form (or query string): its fields in order, repeated names kept.
+pub struct Form(Vec<(String, String)>);
+
+impl Form {
+    /// Reads `application/x-www-form-urlencoded` bytes.
+    pub fn parse(bytes: &[u8]) -> Self {
+        Self(
+            form_urlencoded::parse(bytes)
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// The first value of a field.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of a field, in order.
+    pub fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+// --- logging in and out ----------------------------------------------------------------------
+
+/// The login page.
+fn login_page(app: &App, status: StatusCode, error: Option<&str>) -> Response {
+    let frame = Frame {
+        title: "Log in",
+        section: Section::Login,
+        database: &app.target.shown,
+        writes: app.writes,
+        csrf: None,
+        refresh: None,
+    };
+    let body = format!(
+        "{}<form class=\"card\" method=\"post\" action=\"/login\">\
+<label for=\"token\">Access token</label>\
+<input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"off\" required aria-describedby=\"token-hint\">\
+<p class=\"hint\" id=\"token-hint\">The token the dashboard was started with (IDEMPOTENT_DASHBOARD_TOKEN or --token-file). Ask whoever runs it.</p>\
+<button type=\"submit\" id=\"login\">Log in</button></form>",
+        error.map(|e| notice(e, true)).unwrap_or_default()
+    );
+    respond(status, &frame, &body)
+}
+
+/// `GET /login`.
+pub async fn login_form(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if app.gate.authenticate(&headers).is_some() {
+        return Redirect::to("/").into_response();
+    }
+    login_page(&app, StatusCode::OK, None)
+}
+
+/// `POST /login`: the token opens a session (a cookie); a wrong one waits a second.
+pub async fn login(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<SocketAddr>,
+    body: Bytes,
+) -> Response {
+    let form = Form::parse(&body);
+    if !app.gate.is_token(form.get("token").unwrap_or_default()) {
+        audit(&format!("refused a login from {peer}: wrong token"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        return login_page(&app, StatusCode::UNAUTHORIZED, Some("Wrong token."));
+    }
+    let id = match app.gate.open_session() {
+        Ok(id) => id,
+        Err(_) => {
+            return refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "No randomness for a session.",
+            );
+        }
+    };
+    audit(&format!("login from {peer} (session {})", &id[..8]));
+    let cookie = format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/");
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
+}
+
+/// `POST /logout`.
+pub async fn logout(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    Extension(peer): Extension<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(id) = cookie(&headers, COOKIE) {
+        app.gate.close_session(id);
+    }
+    audit(&format!("logout from {peer} ({})", auth.who()));
+    let cookie = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/login")).into_response()
+}
+
+// --- forget --------------------------------------------------------------------------------------
+
+/// The forget form under a record, or why there is none.
+pub fn forget_form(app: &App, auth: &Auth, record: &KeyRecord) -> String {
+    if !app.writes {
+        return "<p class=\"hint\">Read-only: start the dashboard with --allow-writes to forget keys.</p>".to_owned();
+    }
+    format!(
+        "<form class=\"card\" method=\"post\" action=\"/forget\"><h2>Forget this key</h2>\
+<p>Deletes the key's row, so that the job's next delivery runs it again. It cannot undo what the job did.</p>\
+{csrf}<input type=\"hidden\" name=\"digest\" value=\"{digest}\">\
+<label for=\"reason\">Reason (required; goes into the audit log)</label>\
+<textarea id=\"reason\" name=\"reason\" rows=\"2\" required maxlength=\"500\"></textarea>\
+<label class=\"check\"><input type=\"checkbox\" id=\"confirm\" name=\"confirm\" value=\"yes\" required> The job's next delivery of <code>{key}</code> runs it again.</label>\
+<button type=\"submit\" class=\"danger\" id=\"forget\">Forget the key</button></form>",
+        csrf = csrf_of(auth),
+        digest = record.digest_hex(),
+        key = esc(&record.key),
+    )
+}
+
+/// `POST /forget`: forgets one key by digest, with a required reason.
+pub async fn forget(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    Extension(peer): Extension<SocketAddr>,
+    body: Bytes,
+) -> Response {
+    if !app.writes {
+        audit(&format!(
+            "refused a forget from {peer} ({}): read-only",
+            auth.who()
+        ));
+        return refused(
+            StatusCode::FORBIDDEN,
+            "Refused: the dashboard is read-only (start it with --allow-writes). Nothing was changed.",
+        );
+    }
+    let form = Form::parse(&body);
+    let reason = form.get("reason").unwrap_or_default().trim().to_owned();
+    let digest = form.get("digest").and_then(keys::parse_digest);
+    let (Some(digest), false, Some("yes")) = (digest, reason.is_empty(), form.get("confirm"))
+    else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "A forget needs the key's digest, a reason, and the confirmation. Nothing was changed.",
+        );
+    };
+    let recorded = format!(
+        "{reason} (idempotent-jobs dashboard, {} from {peer})",
+        auth.who()
+    );
+    let done = app
+        .db(move |conn, target| {
+            on_conn!(conn, c => {
+                let record = keys::lookup_digest(c, &digest).map_err(|e| db_failure(c, target, e))?;
+                let Some(record) = record else {
+                    return Err(Failure::new(Code::NotFound, "No such key: it was forgotten or pruned meanwhile. Nothing was changed."));
+                };
+                let forgotten = keys::forget_digest(c, &digest, &recorded).map_err(|e| db_failure(c, target, e))?;
+                Ok((record, forgotten, recorded))
+            })
+        })
+        .await;
+    match done {
+        Ok((record, true, recorded)) => {
+            audit(&format!(
+                "forgot key {:?} of job {:?} (digest {}): reason {recorded:?}",
+                record.key,
+                record.job,
+                record.digest_hex()
+            ));
+            Redirect::to(&format!(
+                "/lookup?digest={}&notice=forgotten",
+                record.digest_hex()
+            ))
+            .into_response()
+        }
+        Ok((_, false, _)) => refused(
+            StatusCode::CONFLICT,
+            "The key was deleted by someone else meanwhile. Nothing was changed.",
+        ),
+        Err(failure) => failed(&app, &auth, &failure),
+    }
+}
+
+// --- retry ---------------------------------------------------------------------------------------
+
+/// The retry button of one parked message.
+pub fn retry_form(app: &App, auth: &Auth, message_id: &str) -> String {
+    if !app.writes {
+        return "read-only".to_owned();
+    }
+    format!(
+        "<form method=\"post\" action=\"/outbox/retry\" class=\"inline\">{}<input type=\"hidden\" name=\"message_id\" value=\"{id}\">\
+<button type=\"submit\" class=\"secondary\" aria-label=\"Retry {id}\">Retry</button></form>",
+        csrf_of(auth),
+        id = esc(message_id)
+    )
+}
+
+/// The button that retries every parked message.
+pub fn retry_all_form(app: &App, auth: &Auth, parked: usize) -> String {
+    if !app.writes {
+        return "<p class=\"hint\">Read-only: start the dashboard with --allow-writes to retry messages.</p>".to_owned();
+    }
+    format!(
+        "<form method=\"post\" action=\"/outbox/retry\">{}<input type=\"hidden\" name=\"all\" value=\"yes\">\
+<button type=\"submit\" id=\"retry-all\">Retry all parked messages ({parked})</button></form>",
+        csrf_of(auth)
+    )
+}
+
+/// The notice a retry left in the query (numbers only are read from it).
+pub fn retry_notice(form: &Form) -> String {
+    let n: usize = form
+        .get("retried")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    match (form.get("notice"), n) {
+        (Some("retried"), n) => {
+            let s = if n == 1 { "" } else { "s" };
+            notice(
+                &format!("Un-parked {n} message{s}: the relay sends them again at its next round."),
+                false,
+            )
+        }
+        (Some("not-parked"), _) => notice(
+            "No parked message with that id: it was retried or delivered meanwhile.",
+            true,
+        ),
+        _ => String::new(),
+    }
+}
+
+/// `POST /outbox/retry`: un-parks one message (`message_id`) or all (`all=yes`).
+pub async fn retry(
+    State(app): State<Arc<App>>,
+    Extension(auth): Extension<Auth>,
+    Extension(peer): Extension<SocketAddr>,
+    body: Bytes,
+) -> Response {
+    if !app.writes {
+        audit(&format!(
+            "refused a retry from {peer} ({}): read-only",
+            auth.who()
+        ));
+        return refused(
+            StatusCode::FORBIDDEN,
+            "Refused: the dashboard is read-only (start it with --allow-writes). Nothing was changed.",
+        );
+    }
+    let form = Form::parse(&body);
+    let id = form.get("message_id").map(str::to_owned);
+    if id.is_none() && form.get("all") != Some("yes") {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "A retry needs a message id, or all.",
+        );
+    }
+    let which = id.clone();
+    let done = app
+        .db(move |conn, target| {
+            on_conn!(conn, c => outbox::retry_parked(c, which.as_deref()).map_err(|e| db_failure(c, target, e)))
+        })
+        .await;
+    match done {
+        Ok(0) if id.is_some() => Redirect::to("/outbox?notice=not-parked").into_response(),
+        Ok(n) => {
+            let mut line = format!("un-parked {n} message(s) ");
+            let _ = match &id {
+                Some(id) => write!(line, "({id:?})"),
+                None => write!(line, "(all)"),
+            };
+            audit(&format!("{line} from {peer} ({})", auth.who()));
+            Redirect::to(&format!("/outbox?notice=retried&retried={n}")).into_response()
+        }
+        Err(failure) => failed(&app, &auth, &failure),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_keep_repeated_fields() {
+        let form = Form::parse(b"template=invoice%3A%3Cm%3E&value=a%3Ab&value=c+d&x=");
+        assert_eq!(form.get("template"), Some("invoice:<m>"));
+        assert_eq!(form.all("value").collect::<Vec<_>>(), ["a:b", "c d"]);
+        assert_eq!(form.get("x"), Some(""));
+        assert_eq!(form.get("y"), None);
+    }
+}

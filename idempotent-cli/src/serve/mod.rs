@@ -1,0 +1,327 @@
+//! `idempotent-jobs serve`: the operator's dashboard, over the same database URLs as the CLI.
+//!
+//! axum on a small tokio runtime; each request's database work runs on tokio's blocking pool
+//! with a sync Diesel connection from a small pool of the CLI's own connections, through the
+//! runtime's operator API (and, for the hourly charts only, one fixed statement per backend in
+//! [`sql`]). Read-only unless started with `--allow-writes`; see [`auth`] for who gets in.
+
+mod actions;
+mod auth;
+mod chart;
+mod html;
+mod pages;
+mod sql;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+
+use crate::cli::ServeArgs;
+use crate::connect::{Conn, Target};
+use crate::failure::{Code, Failure};
+use crate::secret::scrub_text;
+use crate::table::printable;
+
+pub use auth::Auth;
+
+/// The environment variable that holds the token.
+pub const TOKEN_VAR: &str = "IDEMPOTENT_DASHBOARD_TOKEN";
+/// Connections kept open between requests.
+const POOL_SIZE: usize = 4;
+/// The largest form body read.
+const MAX_FORM_BYTES: usize = 64 * 1024;
+
+/// Runs `$body` with `$c` bound to the connection inside `$conn`, whatever its backend: the body
+/// is compiled once per backend, so it may call generic functions.
+macro_rules! on_conn {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            #[cfg(feature = "postgres")]
+            $crate::connect::Conn::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::connect::Conn::Mysql($c) => $body,
+            #[cfg(feature = "sqlite")]
+            $crate::connect::Conn::Sqlite($c) => $body,
+        }
+    };
+}
+pub(crate) use on_conn;
+
+/// What every request shares.
+pub struct App {
+    /// The database.
+    pub target: Target,
+    /// The token and the sessions.
+    pub gate: auth::Gate,
+    /// Whether forgets and retries are allowed.
+    pub writes: bool,
+    /// The `Host` values accepted; empty: any.
+    hosts: Vec<String>,
+    /// Idle connections.
+    pool: Mutex<Vec<Conn>>,
+}
+
+impl App {
+    /// Runs `work` with a connection on the blocking pool.
+    pub async fn db<T, F>(self: &Arc<Self>, work: F) -> Result<T, Failure>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Conn, &Target) -> Result<T, Failure> + Send + 'static,
+    {
+        let app = Arc::clone(self);
+        let joined = tokio::task::spawn_blocking(move || {
+            let idle = app.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => app.target.connect()?,
+            };
+            let result = work(&mut conn, &app.target);
+            // A connection that failed a request is dropped: it may be broken.
+            if result.is_ok() || result.as_ref().is_err_and(|f| f.code == Code::NotFound) {
+                let mut pool = app.pool.lock().unwrap_or_else(|e| e.into_inner());
+                if pool.len() < POOL_SIZE {
+                    pool.push(conn);
+                }
+            }
+            result
+        })
+        .await;
+        joined.unwrap_or_else(|_| {
+            Err(Failure::new(
+                Code::Database,
+                "the request's database work stopped unexpectedly",
+            ))
+        })
+    }
+
+    /// Whether the request's `Host` is one this server answers to.
+    fn host_allowed(&self, headers: &HeaderMap) -> bool {
+        if self.hosts.is_empty() {
+            return true;
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default();
+        self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
+    }
+}
+
+/// Writes one line to the audit log (stderr), with secrets hidden and control characters escaped.
+pub fn audit(line: &str) {
+    eprintln!("audit: dashboard: {}", printable(&scrub_text(line)));
+}
+
+/// Serves the dashboard until interrupted.
+pub fn serve(target: Target, args: &ServeArgs) -> Result<(), Failure> {
+    let token = read_token(args)?;
+    // Fail at once, with the CLI's exit code, when the database cannot be reached.
+    let first = target.connect()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(Code::Usage, format!("cannot start the server: {e}")))?;
+    runtime.block_on(listen(target, first, token, args))
+}
+
+/// Binds, says where, and serves.
+async fn listen(
+    target: Target,
+    first: Conn,
+    token: String,
+    args: &ServeArgs,
+) -> Result<(), Failure> {
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .map_err(|e| Failure::new(Code::Usage, format!("cannot listen on {}: {e}", args.bind)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::new(Code::Usage, format!("cannot listen on {}: {e}", args.bind)))?;
+    let mut hosts = args.allowed_hosts.clone();
+    if addr.ip().is_loopback() {
+        let port = addr.port();
+        hosts.extend([addr.to_string(), format!("localhost:{port}")]);
+    } else if !hosts.is_empty() {
+        hosts.push(addr.to_string());
+    }
+    let app = Arc::new(App {
+        gate: auth::Gate::new(&token),
+        writes: args.allow_writes,
+        hosts,
+        pool: Mutex::new(vec![first]),
+        target,
+    });
+    let mode = if app.writes {
+        "writes allowed"
+    } else {
+        "read-only"
+    };
+    eprintln!(
+        "idempotent-jobs dashboard: listening on http://{addr}/ ({mode}); database {}",
+        app.target.shown
+    );
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "warning: the dashboard listens on {addr}, beyond this machine, over plain HTTP: put it behind a TLS proxy"
+        );
+    }
+    axum::serve(
+        listener,
+        router(app).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(|e| Failure::new(Code::Usage, format!("the server stopped: {e}")))
+}
+
+/// The token from `--token-file` or the environment; never printed.
+fn read_token(args: &ServeArgs) -> Result<String, Failure> {
+    let token = match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| {
+                Failure::new(
+                    Code::Usage,
+                    format!("cannot read the token file {}: {e}", path.display()),
+                )
+            })?
+            .trim()
+            .to_owned(),
+        None => std::env::var(TOKEN_VAR)
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+    };
+    if token.chars().count() < 16 {
+        return Err(Failure::new(
+            Code::Usage,
+            format!(
+                "serve needs an access token of at least 16 characters: set {TOKEN_VAR} (in the environment or .env), or pass --token-file FILE. For example: export {TOKEN_VAR}=$(openssl rand -hex 32)"
+            ),
+        ));
+    }
+    Ok(token)
+}
+
+/// The routes, behind the guard.
+fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/keys", get(pages::keys))
+        .route("/lookup", get(pages::lookup))
+        .route("/outbox", get(pages::outbox))
+        .route("/login", get(actions::login_form).post(actions::login))
+        .route("/logout", post(actions::logout))
+        .route("/forget", post(actions::forget))
+        .route("/outbox/retry", post(actions::retry))
+        .route("/static/app.css", get(stylesheet))
+        .fallback(pages::not_found)
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), guard))
+        .with_state(app)
+}
+
+/// The style sheet.
+async fn stylesheet() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        html::CSS,
+    )
+        .into_response()
+}
+
+/// Refuses what must not reach a handler; adds the security headers to every response.
+async fn guard(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = match admit(&app, peer, request).await {
+        Ok(request) => next.run(request).await,
+        Err(refused) => refused,
+    };
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// The request, with its [`Auth`] and peer attached, or the response that refuses it.
+async fn admit(app: &Arc<App>, peer: SocketAddr, request: Request) -> Result<Request, Response> {
+    let (mut parts, body) = request.into_parts();
+    if !app.host_allowed(&parts.headers) {
+        return Err((
+            StatusCode::MISDIRECTED_REQUEST,
+            "this server does not answer to that Host (start it with --allowed-host NAME:PORT)",
+        )
+            .into_response());
+    }
+    let path = parts.uri.path().to_owned();
+    let public = path == "/login" || path.starts_with("/static/");
+    let post = parts.method == Method::POST;
+    if post && let Some(why) = auth::cross_origin(&parts.headers) {
+        audit(&format!("refused POST {path} from {peer}: {why}"));
+        return Err(pages::refused(
+            StatusCode::FORBIDDEN,
+            &format!("Refused: {why}. Nothing was changed."),
+        ));
+    }
+    let auth = app.gate.authenticate(&parts.headers);
+    let Some(auth) = auth else {
+        if public {
+            parts.extensions.insert(peer);
+            return Ok(Request::from_parts(parts, body));
+        }
+        if post {
+            audit(&format!("refused POST {path} from {peer}: no token"));
+            return Err(pages::refused(
+                StatusCode::UNAUTHORIZED,
+                "Refused: log in with the access token first. Nothing was changed.",
+            ));
+        }
+        return Err(Redirect::to("/login").into_response());
+    };
+    let body = if post {
+        let bytes = axum::body::to_bytes(body, MAX_FORM_BYTES)
+            .await
+            .map_err(|_| pages::refused(StatusCode::PAYLOAD_TOO_LARGE, "The form is too large."))?;
+        if let Some(csrf) = auth.csrf() {
+            let form = actions::Form::parse(&bytes);
+            let sent = form.get("csrf").unwrap_or_default();
+            if !auth::constant_time_eq(sent.as_bytes(), csrf.as_bytes()) {
+                audit(&format!(
+                    "refused POST {path} from {peer} ({}): the form's CSRF token is missing or wrong",
+                    auth.who()
+                ));
+                return Err(pages::refused(
+                    StatusCode::FORBIDDEN,
+                    "Refused: the form's CSRF token is missing or wrong (reload the page and try again). Nothing was changed.",
+                ));
+            }
+        }
+        axum::body::Body::from(bytes)
+    } else {
+        body
+    };
+    parts.extensions.insert(auth);
+    parts.extensions.insert(peer);
+    Ok(Request::from_parts(parts, body))
+}

@@ -1,0 +1,81 @@
+//! The one thing the runtime's API does not give the dashboard: keys done (and outbox messages
+//! delivered) per hour over the last week, for the charts.
+//!
+//! Each backend has its own fixed statement, grouping `done_at` (`delivered_at`) by whole hours
+//! ago by the database's clock. Nothing from the page reaches them: they take no parameters.
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Text};
+
+/// Hours in the charts' longest span: a week.
+pub const HOURS: i64 = 7 * 24;
+
+/// How many rows of one series fell in one hour.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct HourRow {
+    /// The job (keys) or the topic (outbox).
+    #[diesel(sql_type = Text)]
+    pub series: String,
+    /// Whole hours before now: 0 is the last hour.
+    #[diesel(sql_type = BigInt)]
+    pub hours_ago: i64,
+    /// How many.
+    #[diesel(sql_type = BigInt)]
+    pub n: i64,
+}
+
+/// The hourly counts of a connection's backend.
+pub trait Hourly {
+    /// Keys done per job and hour, over the last week.
+    fn keys_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>>;
+    /// Outbox messages delivered per topic and hour, over the last week.
+    fn delivered_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>>;
+}
+
+/// Implements [`Hourly`] for a connection type with its two statements.
+macro_rules! hourly {
+    ($conn:ty, $keys:expr, $delivered:expr) => {
+        impl Hourly for $conn {
+            fn keys_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>> {
+                use diesel::RunQueryDsl;
+                diesel::sql_query($keys).load(self)
+            }
+
+            fn delivered_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>> {
+                use diesel::RunQueryDsl;
+                diesel::sql_query($delivered).load(self)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+hourly!(
+    diesel::PgConnection,
+    "SELECT job_name AS series, \
+     CAST(FLOOR(EXTRACT(EPOCH FROM ((now() AT TIME ZONE 'UTC') - done_at)) / 3600) AS BIGINT) AS hours_ago, \
+     COUNT(*) AS n FROM done_jobs \
+     WHERE done_at >= (now() AT TIME ZONE 'UTC') - INTERVAL '168 hours' GROUP BY 1, 2",
+    "SELECT topic AS series, \
+     CAST(FLOOR(EXTRACT(EPOCH FROM ((now() AT TIME ZONE 'UTC') - delivered_at)) / 3600) AS BIGINT) AS hours_ago, \
+     COUNT(*) AS n FROM outbox \
+     WHERE delivered_at >= (now() AT TIME ZONE 'UTC') - INTERVAL '168 hours' GROUP BY 1, 2"
+);
+
+#[cfg(feature = "mysql")]
+hourly!(
+    diesel::MysqlConnection,
+    "SELECT job_name AS series, TIMESTAMPDIFF(HOUR, done_at, UTC_TIMESTAMP(6)) AS hours_ago, \
+     COUNT(*) AS n FROM done_jobs WHERE done_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2",
+    "SELECT topic AS series, TIMESTAMPDIFF(HOUR, delivered_at, UTC_TIMESTAMP(6)) AS hours_ago, \
+     COUNT(*) AS n FROM outbox WHERE delivered_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2"
+);
+
+#[cfg(feature = "sqlite")]
+hourly!(
+    diesel::SqliteConnection,
+    "SELECT job_name AS series, CAST((julianday('now') - julianday(done_at)) * 24 AS INTEGER) AS hours_ago, \
+     COUNT(*) AS n FROM done_jobs WHERE julianday(done_at) >= julianday('now') - 7 GROUP BY 1, 2",
+    "SELECT topic AS series, CAST((julianday('now') - julianday(delivered_at)) * 24 AS INTEGER) AS hours_ago, \
+     COUNT(*) AS n FROM outbox WHERE julianday(delivered_at) >= julianday('now') - 7 GROUP BY 1, 2"
+);

@@ -1,0 +1,594 @@
+//! `idempotent-jobs serve` in a real browser: headless Chromium under chromedriver (Debian
+//! packages `chromium`, `chromium-driver`; a machine without them fails these tests, saying so),
+//! on SQLite, PostgreSQL and MariaDB, with data the runtime wrote.
+//!
+//! Each test logs in with the token, reads the overview and its hourly numbers, looks a key up by
+//! its text and by its handler's inputs, retries a parked message, forgets a key, and is refused:
+//! without the token, with a wrong CSRF token, and from a forged form on another origin. It checks
+//! the database after each action, the audit lines in the server's log, and that no password
+//! appears in any page or log line. Screenshots go to `target/dashboard-screenshots/`;
+//! `IDEMPOTENT_UPDATE_SCREENSHOT=1` also writes the README's `docs/dashboard.png` (PostgreSQL).
+
+mod common;
+#[path = "common/webdriver.rs"]
+mod webdriver;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::{MysqlConnection, PgConnection, SqliteConnection};
+use idempotent_runtime::keys;
+use idempotent_runtime::outbox::{self, Relay};
+use idempotent_runtime::{Error, Job, JobKey, Outcome};
+
+use common::*;
+use webdriver::{Browser, http};
+
+/// The access token of these tests.
+const TOKEN: &str = "dashboard-test-token-0123456789";
+/// In the database password of the PostgreSQL test: must appear in no page and no log line.
+const MARK: &str = "Secret5";
+
+static INVOICE: Job = Job::new("invoice", "invoice:<month>:<customer_id>");
+static WELCOME: Job = Job::new("welcome", "welcome:<name>");
+
+/// A running `idempotent-jobs serve`, and everything it wrote on stderr.
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts the server on a free port and waits for it to say where it listens.
+    fn start(url: &str, writes: bool) -> Self {
+        let mut args = vec!["serve", "--bind", "127.0.0.1:0"];
+        if writes {
+            args.push("--allow-writes");
+        }
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .env("DATABASE_URL", url)
+            .env("IDEMPOTENT_DASHBOARD_TOKEN", TOKEN)
+            .current_dir(empty_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting idempotent-jobs serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
+                }
+                let mut log = sink.lock().unwrap_or_else(|e| e.into_inner());
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server did not start: {}",
+                    log.lock().map(|l| l.clone()).unwrap_or_default()
+                )
+            });
+        Self { child, addr, log }
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Keys of three jobs (one escaped, one backdated five hours), a delivered and a parked message.
+fn fill<C: Backend>(conn: &mut C) {
+    idempotent_runtime::migrate(conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(conn, &HOOK, &JobKey::new("hook:order-77"), |conn| {
+            outbox::push(
+                conn,
+                "webhook",
+                &serde_json::json!({ "order": 77, "url": "https://partner.example/hook" }),
+            )?;
+            Ok::<_, Error>(())
+        })
+        .expect("running the hook job");
+    Relay::new()
+        .max_attempts(1)
+        .run_once(conn, |_message| Err::<(), _>("HTTP 503 from the partner"))
+        .expect("a failing relay round");
+    for order in 1..=3 {
+        assert!(charge(conn, order).1);
+    }
+    Relay::new()
+        .run_once(conn, |_message| Ok::<(), &str>(()))
+        .expect("a relay round that delivers");
+    for (month, customer) in [
+        ("a:b", "c"),
+        ("2026-10", "cust_481"),
+        ("2026-11", "cust_481"),
+    ] {
+        let key = JobKey::builder()
+            .text("invoice:")
+            .value(month)
+            .text(":")
+            .value(customer)
+            .build()
+            .expect("a key");
+        let _: Outcome<()> =
+            idempotent_runtime::run(conn, &INVOICE, &key, |_| Ok::<_, Error>(())).expect("invoice");
+    }
+    for name in ["東京", "ada"] {
+        let key = JobKey::builder()
+            .text("welcome:")
+            .value(name)
+            .build()
+            .expect("a key");
+        let _: Outcome<()> =
+            idempotent_runtime::run(conn, &WELCOME, &key, |_| Ok::<_, Error>(())).expect("welcome");
+    }
+}
+
+/// Moves `charge:order-3` five hours back, in the backend's own SQL.
+fn backdate(server: Server_, conn: &mut dyn SimpleConnection) {
+    let digest = hex(&JobKey::new("charge:order-3").digest());
+    let sql = match server {
+        Server_::Sqlite => format!(
+            "UPDATE done_jobs SET done_at = strftime('%Y-%m-%d %H:%M:%f', done_at, '-5 hours') WHERE hex(key_digest) = upper('{digest}')"
+        ),
+        Server_::Postgres => format!(
+            "UPDATE done_jobs SET done_at = done_at - INTERVAL '5 hours' WHERE key_digest = decode('{digest}', 'hex')"
+        ),
+        Server_::Mysql => format!(
+            "UPDATE done_jobs SET done_at = done_at - INTERVAL 5 HOUR WHERE key_digest = UNHEX('{digest}')"
+        ),
+    };
+    conn.batch_execute(&sql).expect("backdating a key");
+}
+
+use common::Server as Server_;
+
+/// Where screenshots go.
+fn screenshot_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("dashboard-screenshots")
+}
+
+/// A page served on another origin, with a form that posts a forget to the dashboard: what a
+/// malicious site would do with the operator's logged-in browser.
+fn attacker(dashboard: &str, digest: &str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding the attacker's port");
+    let addr = listener.local_addr().expect("an address");
+    let page = format!(
+        "<!doctype html><html><body><form method=\"post\" action=\"{dashboard}/forget\">\
+<input name=\"digest\" value=\"{digest}\"><input name=\"reason\" value=\"forged\">\
+<input name=\"confirm\" value=\"yes\"><input name=\"csrf\" value=\"guessed\">\
+<button id=\"go\" type=\"submit\">Win a prize</button></form></body></html>"
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4).flatten() {
+            let mut stream = stream;
+            let mut reader = BufReader::new(stream.try_clone().expect("a stream"));
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    format!("http://{addr}/")
+}
+
+/// The whole tour, on one backend.
+fn tour<C: Backend>(name: &str, url: &str, conn: &mut C) {
+    let started = Instant::now();
+    let server = Server::start(url, true);
+    let base = server.base();
+    let browser = Browser::start(1280, 1000);
+    let mut sources = Vec::new();
+
+    // Without the token: the login form.
+    browser.goto(&format!("{base}/lookup?key=charge%3Aorder-1"));
+    assert!(
+        browser.url().ends_with("/login"),
+        "refused without a token: {}",
+        browser.url()
+    );
+    browser.fill("#token", "not-the-token-at-all");
+    browser.click("#login");
+    assert!(
+        browser.page_text().contains("Wrong token."),
+        "{}",
+        browser.page_text()
+    );
+    browser.fill("#token", TOKEN);
+    browser.click("#login");
+
+    // The overview: keys per job, the hourly numbers from the backend's own query, the outbox.
+    assert!(browser.url().ends_with('/'), "{}", browser.url());
+    let text = browser.page_text();
+    for expected in [
+        "Keys per job",
+        "charge",
+        "invoice",
+        "welcome",
+        "Last 24 hours",
+        "Last 7 days",
+    ] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+    assert_eq!(browser.text("#outbox-parked"), "1");
+    assert_eq!(browser.text("#outbox-delivered"), "3");
+    let source = browser.source();
+    assert!(
+        source.contains("<td>charge</td><td>5</td>"),
+        "charge:order-3 five hours ago: {source}"
+    );
+    assert!(
+        source.contains("<td>charge</td><td>0</td><td class=\"num\">2</td>"),
+        "{source}"
+    );
+    assert!(source.contains("<svg class=\"chart\""), "{source}");
+    sources.push(source);
+    let dir = screenshot_dir();
+    browser.screenshot(&dir.join(format!("{name}-overview.png")));
+    if name == "postgres" && std::env::var_os("IDEMPOTENT_UPDATE_SCREENSHOT").is_some() {
+        browser
+            .screenshot(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png"));
+    }
+
+    // Look a key up: typed by hand it is not found, and the nearest keys show its stored form.
+    browser.goto(&format!("{base}/lookup"));
+    browser.fill("#key", "invoice:a:b:c");
+    browser.click("#lookup-key");
+    assert!(
+        browser.page_text().contains("No key `invoice:a:b:c`"),
+        "{}",
+        browser.page_text()
+    );
+    assert!(
+        browser.text("#nearest").contains("invoice:a%3Ab:c"),
+        "{}",
+        browser.text("#nearest")
+    );
+    // By the handler's inputs: the template asks for its values, and the key is found.
+    browser.fill("#template", "invoice:<month>:<customer_id>");
+    browser.click("#lookup-template");
+    browser.fill("#value-1", "a:b");
+    browser.fill("#value-2", "c");
+    browser.click("#lookup-template");
+    assert_eq!(browser.text("#record-key"), "invoice:a%3Ab:c");
+    assert!(
+        browser.page_text().contains("result stored"),
+        "{}",
+        browser.page_text()
+    );
+    sources.push(browser.source());
+
+    // The keys list, filtered by job; wide characters as they are.
+    browser.goto(&format!("{base}/keys?job=welcome"));
+    let text = browser.page_text();
+    assert!(
+        text.contains("welcome:東京") && !text.contains("charge:order-1"),
+        "{text}"
+    );
+
+    // Retry the parked message.
+    browser.goto(&format!("{base}/outbox"));
+    assert!(
+        browser.page_text().contains("HTTP 503 from the partner"),
+        "{}",
+        browser.page_text()
+    );
+    assert!(
+        browser.page_text().contains("partner.example"),
+        "the payload preview"
+    );
+    browser.screenshot(&dir.join(format!("{name}-outbox.png")));
+    browser.click("button[aria-label^=\"Retry msg_\"]");
+    assert!(
+        browser.page_text().contains("Un-parked 1 message"),
+        "{}",
+        browser.page_text()
+    );
+    assert!(browser.has("#no-parked"));
+    assert!(
+        outbox::parked(conn).expect("parked").is_empty(),
+        "retried in the database"
+    );
+    assert!(
+        outbox::unsent(conn, 10)
+            .expect("unsent")
+            .iter()
+            .any(|m| m.topic() == "webhook"),
+        "the webhook waits to be sent again"
+    );
+
+    // Forget a key, with the token (the session) and a reason.
+    browser.goto(&format!("{base}/lookup?key=charge%3Aorder-1"));
+    browser.fill("#reason", "ticket 4711: invoice voided");
+    browser.click("#confirm");
+    browser.screenshot(&dir.join(format!("{name}-forget.png")));
+    browser.click("#forget");
+    assert!(
+        browser.page_text().contains("Forgot the key"),
+        "{}",
+        browser.page_text()
+    );
+    assert!(
+        keys::lookup(conn, &JobKey::new("charge:order-1"))
+            .expect("lookup")
+            .is_none(),
+        "forgotten in the database"
+    );
+    let (outcome, ran) = charge(conn, 1);
+    assert!(
+        ran && matches!(outcome, Outcome::Ran(42)),
+        "the job runs again"
+    );
+
+    refusals(&server, &browser, conn);
+
+    // On a phone: nothing wider than the screen but the tables, which scroll by themselves.
+    browser.resize(390, 844);
+    browser.goto(&format!("{base}/"));
+    browser.screenshot(&dir.join(format!("{name}-phone.png")));
+    let fits = browser.script("return document.body.scrollWidth <= window.innerWidth + 1;");
+    assert_eq!(fits, true, "the overview fits a phone's width");
+
+    let log = server.log();
+    for expected in [
+        "audit: dashboard: login from 127.0.0.1",
+        "audit: dashboard: refused a login from 127.0.0.1",
+        "audit: dashboard: un-parked 1 message(s)",
+        "audit: forgot a key",
+        "ticket 4711: invoice voided (idempotent-jobs dashboard, session ",
+        "audit: dashboard: forgot key \"charge:order-1\"",
+        "audit: dashboard: refused POST /forget",
+    ] {
+        assert!(log.contains(expected), "{expected}: {log}");
+    }
+    for text in sources.iter().chain([&log]) {
+        assert!(
+            !text.contains(MARK) && !text.contains(TOKEN),
+            "a secret was shown: {text}"
+        );
+    }
+    eprintln!(
+        "dashboard tour on {name}: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Forgets refused: without a token, with a wrong CSRF token, and from another origin; the key
+/// stays in every case.
+fn refusals<C: Backend>(server: &Server, browser: &Browser, conn: &mut C) {
+    let key = JobKey::new("charge:order-2");
+    let digest = hex(&key.digest());
+    let form = format!("digest={digest}&reason=r&confirm=yes");
+    let still_there = |conn: &mut C, what: &str| {
+        assert!(
+            keys::lookup(conn, &key).expect("lookup").is_some(),
+            "{what}: the key was forgotten"
+        );
+    };
+    let origin = server.base();
+
+    let response = http(
+        "POST",
+        &server.addr,
+        "/forget",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        &form,
+    );
+    assert_eq!(response.status, 401, "no token: {response:?}");
+    still_there(conn, "no token");
+    let response = http(
+        "POST",
+        &server.addr,
+        "/forget",
+        &[("Authorization", "Bearer wrong-token-wrong-token")],
+        &form,
+    );
+    assert_eq!(response.status, 401, "a wrong bearer token: {response:?}");
+    still_there(conn, "a wrong bearer token");
+
+    let session = browser
+        .cookie("idempotent_session")
+        .expect("the session cookie");
+    let cookie = format!("idempotent_session={session}");
+    let same_origin = [
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Cookie", cookie.as_str()),
+        ("Origin", origin.as_str()),
+        ("Sec-Fetch-Site", "same-origin"),
+    ];
+    let response = http(
+        "POST",
+        &server.addr,
+        "/forget",
+        &same_origin,
+        &format!("{form}&csrf=0123"),
+    );
+    assert_eq!(response.status, 403, "a wrong CSRF token: {response:?}");
+    assert!(response.body.contains("CSRF"), "{response:?}");
+    still_there(conn, "a wrong CSRF token");
+    let response = http("POST", &server.addr, "/forget", &same_origin, &form);
+    assert_eq!(response.status, 403, "no CSRF token: {response:?}");
+    still_there(conn, "no CSRF token");
+
+    // A forged form on another origin, submitted in the logged-in browser: the cookie goes along
+    // (cookies ignore ports), Origin and Sec-Fetch-Site give it away.
+    browser.goto(&attacker(&origin, &digest));
+    browser.click("#go");
+    assert!(
+        browser.page_text().contains("Refused"),
+        "{}",
+        browser.page_text()
+    );
+    still_there(conn, "a forged cross-origin form");
+
+    // Without the session, the browser is sent to the login form again.
+    browser.delete_cookies();
+    browser.goto(&format!("{origin}/outbox"));
+    assert!(browser.url().ends_with("/login"), "{}", browser.url());
+    browser.fill("#token", TOKEN);
+    browser.click("#login");
+}
+
+/// A read-only server shows no forms that change anything and refuses those actions with the token.
+fn read_only(url: &str) {
+    let server = Server::start(url, false);
+    let bearer = format!("Bearer {TOKEN}");
+    let response = http(
+        "GET",
+        &server.addr,
+        "/lookup?key=charge%3Aorder-2",
+        &[("Authorization", bearer.as_str())],
+        "",
+    );
+    assert_eq!(response.status, 200, "{response:?}");
+    assert!(
+        response.body.contains("Read-only") && !response.body.contains("action=\"/forget\""),
+        "{}",
+        response.body
+    );
+    let headers = [
+        ("Authorization", bearer.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+    let digest = hex(&JobKey::new("charge:order-2").digest());
+    let response = http(
+        "POST",
+        &server.addr,
+        "/forget",
+        &headers,
+        &format!("digest={digest}&reason=r&confirm=yes"),
+    );
+    assert_eq!(response.status, 403, "{response:?}");
+    let response = http("POST", &server.addr, "/outbox/retry", &headers, "all=yes");
+    assert_eq!(response.status, 403, "{response:?}");
+    assert!(
+        server.log().contains("refused a forget"),
+        "{}",
+        server.log()
+    );
+    // Pages may run no script and be framed by no one; the session cookie is for this site only.
+    let csp = response
+        .header("content-security-policy")
+        .unwrap_or_default();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    let origin = server.base();
+    let login = [
+        ("Origin", origin.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+    let response = http(
+        "POST",
+        &server.addr,
+        "/login",
+        &login,
+        &format!("token={TOKEN}"),
+    );
+    assert_eq!(response.status, 303, "{response:?}");
+    let cookie = response.header("set-cookie").unwrap_or_default();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    // A request for another Host (DNS rebinding) is not answered.
+    let response = http(
+        "GET",
+        &server.addr,
+        "/",
+        &[
+            ("Host", "attacker.example:80"),
+            ("Authorization", bearer.as_str()),
+        ],
+        "",
+    );
+    assert_eq!(response.status, 421, "{response:?}");
+}
+
+#[test]
+fn sqlite_dashboard() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    fill(&mut conn);
+    backdate(Server_::Sqlite, &mut conn);
+    tour("sqlite", &db.url, &mut conn);
+    read_only(&db.url);
+}
+
+#[test]
+fn postgres_dashboard() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut conn: PgConnection = db.connect();
+    fill(&mut conn);
+    backdate(Server_::Postgres, &mut conn);
+    // The server trusts local connections: the password is there to be hidden, not checked.
+    let at = db.url.find('@').expect("a URL with a user");
+    let url = format!("{}:Top{MARK}{}", &db.url[..at], &db.url[at..]);
+    tour("postgres", &url, &mut conn);
+}
+
+#[test]
+fn mysql_dashboard() {
+    let db = TestDb::empty::<MysqlConnection>();
+    let mut conn: MysqlConnection = db.connect();
+    fill(&mut conn);
+    backdate(Server_::Mysql, &mut conn);
+    tour(
+        "mysql",
+        &db.url.replacen("mysql://", "mariadb://", 1),
+        &mut conn,
+    );
+}
+
+#[test]
+fn serve_refuses_to_start_without_a_token() {
+    let run = Cli::new()
+        .env(
+            "DATABASE_URL",
+            &format!("postgres://u:Top{MARK}@127.0.0.1:1/test"),
+        )
+        .env("IDEMPOTENT_DASHBOARD_TOKEN", "")
+        .run(&["serve"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr.contains("IDEMPOTENT_DASHBOARD_TOKEN"),
+        "{run:#?}"
+    );
+    assert!(!run.stderr.contains(MARK), "{run:#?}");
+}
