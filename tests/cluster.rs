@@ -154,6 +154,102 @@ fn terminate_idle_transactions(server_port: u16) -> usize {
     rows.iter().filter(|r| r.terminated).count()
 }
 
+/// The keys API through PgBouncer in transaction mode, on async connections (whose statements
+/// are always named: prepared and executed in two exchanges, each of which the pooler may send to
+/// another server connection, where another client's statement may have the name). Three clients
+/// at once: one looks keys up, one lists them, one forgets others; every call succeeds, every
+/// key looked up is found, every key forgotten is gone, and no other key is. Runs on `direct`'s
+/// tables, which it migrates and then leaves empty.
+fn keys_api_through_the_pooler(bouncer: &PgBouncer, direct: &str) -> String {
+    use diesel_async::AsyncConnection as _;
+    use idempotent_jobs::JobKey;
+    static POOLED: idempotent_jobs::Job = idempotent_jobs::Job::new("pooled", "pooled:<n>");
+    const KEYS: usize = 60;
+    let mut setup = PgConnection::establish(direct).expect("the server");
+    idempotent_jobs::migrate(&mut setup).expect("the runtime's tables");
+    let key = |n: usize| JobKey::new(format!("pooled:{n}"));
+    for n in 0..2 * KEYS {
+        let ran = idempotent_jobs::run(&mut setup, &POOLED, &key(n), |_| {
+            Ok::<_, idempotent_jobs::Error>(n)
+        })
+        .expect("a job");
+        assert!(ran.is_ran());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(3)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let url = bouncer.url();
+    let (looked_up, listed, forgot) = runtime.block_on(async {
+        let connect = || async {
+            let mut conn = diesel_async::AsyncPgConnection::establish(&url)
+                .await
+                .expect("through PgBouncer");
+            conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+            conn
+        };
+        let (mut reader, mut lister, mut forgetter) =
+            (connect().await, connect().await, connect().await);
+        let reading = async {
+            let mut found = 0;
+            for round in 0..5 {
+                for n in 0..KEYS {
+                    let record = idempotent_jobs::keys::lookup_async(&mut reader, &key(n))
+                        .await
+                        .unwrap_or_else(|e| panic!("lookup {n} (round {round}): {e}"));
+                    assert!(record.is_some(), "key {n}, never forgotten, was found");
+                    found += 1;
+                }
+            }
+            found
+        };
+        let listing = async {
+            let mut listed = 0;
+            for _ in 0..20 {
+                let rows = idempotent_jobs::keys::list_async(
+                    &mut lister,
+                    &idempotent_jobs::keys::KeyQuery::default()
+                        .job("pooled")
+                        .limit(500),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("list: {e}"));
+                assert!(rows.len() >= KEYS, "{} keys listed", rows.len());
+                listed += 1;
+            }
+            listed
+        };
+        let forgetting = async {
+            let mut forgot = 0;
+            for n in KEYS..2 * KEYS {
+                assert!(
+                    idempotent_jobs::keys::forget_async(&mut forgetter, &key(n), "the test")
+                        .await
+                        .unwrap_or_else(|e| panic!("forget {n}: {e}")),
+                    "key {n} was there to forget"
+                );
+                forgot += 1;
+            }
+            forgot
+        };
+        tokio::join!(reading, listing, forgetting)
+    });
+    let mut check = PgConnection::establish(direct).expect("the server");
+    for n in 0..2 * KEYS {
+        let there = idempotent_jobs::keys::lookup(&mut check, &key(n))
+            .expect("a lookup")
+            .is_some();
+        assert_eq!(there, n < KEYS, "key {n}: forgotten exactly when asked");
+    }
+    check
+        .batch_execute("DROP TABLE done_jobs, outbox, idempotent_schema")
+        .expect("empty again");
+    format!(
+        "{looked_up} look-ups, {listed} lists, {forgot} forgets: all succeeded, each key as it should be"
+    )
+}
+
 /// Sync and async workers through PgBouncer in transaction pooling mode, with fewer server
 /// connections than workers: every worker migrates at start, keys race, and server connections
 /// are terminated under jobs paused inside their transactions.
@@ -171,6 +267,7 @@ fn pgbouncer_transaction_pooling() {
 
     // What breaks with Diesel's default: cached statements are per client connection, prepared
     // statements per server connection, and PgBouncer swaps the second under the first.
+    let keys_figures = keys_api_through_the_pooler(&bouncer, &direct);
     let cached_errors = pgbouncer_with_statement_cache(&bouncer, 100);
     assert!(
         cached_errors
@@ -227,6 +324,9 @@ fn pgbouncer_transaction_pooling() {
     cluster_workers::stop(&broker, workers);
     let tally = broker.tally();
     let counts = cluster_workers::counts_postgres(&direct);
+    figures::report(&format!(
+        "pgbouncer keys API (async, statement cache off, 3 server connections): {keys_figures}"
+    ));
     figures::report(&format!(
         "pgbouncer (transaction pooling, 3 server connections, 6 workers: 3 sync, 3 async, statement cache off): \
          jobs {JOBS}, raced keys {RACED}, server connections terminated under paused jobs {terminated}, \
@@ -345,6 +445,20 @@ fn migrate_on_every_node(galera: &Galera) -> Vec<String> {
 /// body and then lost at commit (to be replayed by the next redelivery), with `wsrep_sync_wait`
 /// at `sync_wait` on node 1's session.
 fn redeliveries_to_a_lagging_node(galera: &Galera, count: usize, sync_wait: u8) -> usize {
+    with_node_1_lagging(galera, sync_wait, |first, second, reconnect| {
+        redeliver(first, second, reconnect, count, sync_wait)
+    })
+}
+
+/// Runs `work` with a connection to node 0 and one to node 1, whose applier other writes keep
+/// busy, so that node 1 lags behind what the cluster has committed, as a loaded node does; node
+/// 1's session has `wsrep_sync_wait` at `sync_wait`, and is reached through a proxy that cuts a
+/// session the server stopped answering (see `stall_proxy`).
+fn with_node_1_lagging<R>(
+    galera: &Galera,
+    sync_wait: u8,
+    work: impl FnOnce(&mut MysqlConnection, &mut MysqlConnection, &dyn Fn() -> MysqlConnection) -> R,
+) -> R {
     use cluster_workers::WorkerConn as _;
     let options = ConnOptions::default();
     let mut first = MysqlConnection::connect(&galera.url(0, "cluster"), &options)
@@ -353,15 +467,12 @@ fn redeliveries_to_a_lagging_node(galera: &Galera, count: usize, sync_wait: u8) 
         statement_cache: true,
         session: Some(format!("SET SESSION wsrep_sync_wait = {sync_wait}")),
     };
-    // Through a proxy that cuts a session the server stopped answering (see `stall_proxy`).
     let proxy = stall_proxy::StallProxy::start(galera.nodes[1].port, Duration::from_secs(20));
     let second_url = format!("mysql://root@127.0.0.1:{}/cluster", proxy.port());
     let connect_second = || {
         MysqlConnection::connect(&second_url, &lagging).unwrap_or_else(|e| panic!("node 1: {e}"))
     };
     let mut second = connect_second();
-    // Large writes from node 2 keep node 1's applier busy, so that node 1 lags behind what the
-    // cluster has committed, as a loaded node does.
     let loading = std::sync::atomic::AtomicBool::new(true);
     let url = galera.url(2, "cluster");
     std::thread::scope(|scope| {
@@ -388,14 +499,58 @@ fn redeliveries_to_a_lagging_node(galera: &Galera, count: usize, sync_wait: u8) 
             }
         }
         let _stop = StopLoading(&loading);
-        let wasted = redeliver(&mut first, &mut second, &connect_second, count, sync_wait);
+        let result = work(&mut first, &mut second, &connect_second);
         if proxy.cuts() > 0 {
             figures::report(&format!(
                 "galera, wsrep_sync_wait={sync_wait}: node 1 stopped answering a session {} time(s) (a brute-force aborted session left without a reply); each was cut and its job delivered again",
                 proxy.cuts()
             ));
         }
-        wasted
+        result
+    })
+}
+
+static FORGOTTEN: idempotent_jobs::Job = idempotent_jobs::Job::new("forgotten", "forgotten:<n>");
+
+/// A key is done and forgotten on node 0 (an operator lets the job run again), and a redelivery
+/// comes at once to a worker on node 1, which may not have applied the forget yet, with its
+/// message's redelivered flag set (so it reads its key first). Returns how many of `rounds`
+/// replayed the forgotten run instead of running the job.
+fn forgets_seen_by_a_lagging_node(galera: &Galera, rounds: usize, sync_wait: u8) -> usize {
+    use idempotent_jobs::{JobKey, Outcome};
+    with_node_1_lagging(galera, sync_wait, |first, second, reconnect| {
+        let mut replayed = 0;
+        for n in 0..rounds {
+            let key = JobKey::new(format!("forgotten:{sync_wait}:{n}"));
+            let run = |conn: &mut MysqlConnection, value: usize| {
+                idempotent_jobs::run(conn, &FORGOTTEN, &key, |_| {
+                    Ok::<_, idempotent_jobs::Error>(value)
+                })
+            };
+            assert_eq!(run(first, 1).expect("the first run"), Outcome::Ran(1));
+            assert!(idempotent_jobs::keys::forget(first, &key, "the test").expect("a forget"));
+            let mut tries = 0;
+            loop {
+                match idempotent_jobs::redelivered(true, || run(second, 2)) {
+                    Ok(Outcome::Replayed(_)) => {
+                        replayed += 1;
+                        break;
+                    }
+                    Ok(Outcome::Ran(_)) => break,
+                    Err(error) => {
+                        // A lost session (cut by the proxy) or a write conflict: delivered again.
+                        tries += 1;
+                        assert!(tries < 10, "{key:?} on node 1: {error}");
+                        *second = reconnect();
+                    }
+                }
+            }
+        }
+        // Out of the run's counts below: this job has no effect of its own.
+        first
+            .batch_execute("DELETE FROM done_jobs WHERE job_name = 'forgotten'")
+            .expect("the keys of this phase gone");
+        replayed
     })
 }
 
@@ -558,6 +713,9 @@ fn galera_three_nodes() {
     const LAGGING: usize = 200;
     let wasted_without_causal_reads = redeliveries_to_a_lagging_node(&galera, LAGGING, 0);
     let wasted_with_causal_reads = redeliveries_to_a_lagging_node(&galera, LAGGING, 1);
+    const FORGETS: usize = 100;
+    let replayed_without_causal_reads = forgets_seen_by_a_lagging_node(&galera, FORGETS, 0);
+    let replayed_with_causal_reads = forgets_seen_by_a_lagging_node(&galera, FORGETS, 1);
 
     let broker = Broker::new();
     let jobs = jobs("galera", JOBS, RACED);
@@ -646,6 +804,15 @@ fn galera_three_nodes() {
     assert!(
         unexplained.is_empty(),
         "failures before the kill other than write conflicts (and sessions cut for a server that stopped answering): {unexplained:?}"
+    );
+    figures::report(&format!(
+        "galera: {FORGETS} keys forgotten on node 0 and redelivered at once on a lagging node 1 (redelivered flag set): \
+         the forgotten run replayed {replayed_without_causal_reads} times with wsrep_sync_wait=0 (the read first finds nothing without causal reads; the claim's insert can meet the row node 1 has not yet deleted), \
+         {replayed_with_causal_reads} times with wsrep_sync_wait=1"
+    ));
+    assert_eq!(
+        replayed_with_causal_reads, 0,
+        "with wsrep_sync_wait=1 a node answers a redelivery only once it has applied the forget"
     );
     assert_eq!(
         wasted_with_causal_reads, 0,
@@ -835,4 +1002,87 @@ fn postgres_failover_synchronous_standby() {
 #[test]
 fn postgres_failover_asynchronous_standby() {
     failover(Replication::Asynchronous);
+}
+
+// ---- redeliveries on a replica that lags -----------------------------------------------------------
+
+static STANDBY_JOB: idempotent_jobs::Job = idempotent_jobs::Job::new("standby_job", "standby:<n>");
+
+/// A redelivery answered on a hot standby that lags the primary by 3 s
+/// (`recovery_min_apply_delay`), sync and async, right after the primary forgot the key (and
+/// after a rerun with another result): the standby still holds the old row, and the redelivery
+/// must not replay it. A redelivery's read never answers on a standby (`pg_is_in_recovery()`),
+/// and the claim, which writes, is refused there: the call fails, and says nothing ran.
+#[test]
+fn redeliveries_on_a_lagging_standby_never_replay_what_the_primary_forgot() {
+    use idempotent_jobs::{JobKey, Outcome};
+    let _serial = serial();
+    let pg = Postgres::replicated_with(Replication::Asynchronous, &["recovery_min_apply_delay=3s"]);
+    let primary_url = Postgres::url_of(pg.primary.port, "test");
+    let standby_url = pg.standby_url("test");
+    let mut primary = PgConnection::establish(&primary_url).expect("the primary");
+    idempotent_jobs::migrate(&mut primary).expect("the runtime's tables");
+    let key = JobKey::new("standby:1");
+    let run = |conn: &mut PgConnection, value: u32| {
+        idempotent_jobs::run(conn, &STANDBY_JOB, &key, |_| {
+            Ok::<_, idempotent_jobs::Error>(value)
+        })
+    };
+    assert_eq!(
+        run(&mut primary, 7).expect("the first run"),
+        Outcome::Ran(7)
+    );
+    processes::wait_until(
+        "the standby applying the first run",
+        Duration::from_secs(60),
+        || {
+            PgConnection::establish(&standby_url)
+                .ok()
+                .and_then(|mut standby| idempotent_jobs::keys::lookup(&mut standby, &key).ok())
+                .flatten()
+                .is_some()
+        },
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let mut stale = Vec::new();
+    let mut check_standby = |what: &str| {
+        let mut standby = PgConnection::establish(&standby_url).expect("the standby");
+        match idempotent_jobs::redelivered(true, || run(&mut standby, 0)) {
+            Ok(Outcome::Replayed(value)) => stale.push(format!("{what}, sync: replayed {value}")),
+            Ok(other) => stale.push(format!("{what}, sync: {other:?} on a read-only standby")),
+            Err(_) => {}
+        }
+        let replayed = runtime.block_on(async {
+            use diesel_async::AsyncConnection as _;
+            let mut standby = diesel_async::AsyncPgConnection::establish(&standby_url)
+                .await
+                .expect("the standby");
+            idempotent_jobs::redelivered_async(
+                true,
+                idempotent_jobs::run_async(&mut standby, &STANDBY_JOB, &key, async |_| {
+                    Ok::<_, idempotent_jobs::Error>(0u32)
+                }),
+            )
+            .await
+        });
+        match replayed {
+            Ok(Outcome::Replayed(value)) => stale.push(format!("{what}, async: replayed {value}")),
+            Ok(other) => stale.push(format!("{what}, async: {other:?} on a read-only standby")),
+            Err(_) => {}
+        }
+    };
+    assert!(
+        idempotent_jobs::keys::forget(&mut primary, &key, "the test").expect("a forget"),
+        "the primary forgot the key"
+    );
+    check_standby("right after a forget on the primary");
+    assert_eq!(run(&mut primary, 9).expect("the rerun"), Outcome::Ran(9));
+    check_standby("right after a rerun with another result");
+    assert!(
+        stale.is_empty(),
+        "a lagging standby answered redeliveries from its old snapshot: {stale:?}"
+    );
 }

@@ -62,6 +62,13 @@ impl Postgres {
 
     /// A primary and a streaming standby of it.
     pub fn replicated(replication: Replication) -> Postgres {
+        Self::replicated_with(replication, &[])
+    }
+
+    /// [`replicated`](Self::replicated), the standby started with `standby_settings` too (such as
+    /// `recovery_min_apply_delay=3s`: a standby that lags the primary by that much).
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn replicated_with(replication: Replication, standby_settings: &[&str]) -> Postgres {
         let setup = match replication {
             Replication::Synchronous => "pg-sync",
             Replication::Asynchronous => "pg-async",
@@ -95,7 +102,14 @@ impl Postgres {
         ]);
         Owner::apply(cluster.owner, &mut backup);
         cluster.dir.run("pg_basebackup", backup);
-        let standby = start(&mut cluster.dir, cluster.owner, "standby", data, port, &[]);
+        let standby = start(
+            &mut cluster.dir,
+            cluster.owner,
+            "standby",
+            data,
+            port,
+            standby_settings,
+        );
         cluster.standby = Some(standby);
         // Only now: the standby's copy of the configuration must not name a synchronous standby
         // of its own, or the promoted server would wait for one that does not exist.
