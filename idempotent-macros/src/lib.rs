@@ -45,6 +45,18 @@ fn entry(
             return quote::quote! { #errors #item };
         }
     };
+    let mut item = item;
+    if let Some(repeated) = take_repeated_attribute(&mut item) {
+        cx.error(syn::Error::new_spanned(
+            &repeated,
+            format!(
+                "`#[idempotent_job]` is applied twice to `{}`: a handler is one job, with one key; remove one of the two attributes",
+                item.sig.ident
+            ),
+        ));
+        let errors = cx.check().err();
+        return quote::quote! { #errors #[allow(unused_variables)] #item };
+    }
     let handler = signature::Handler::analyse(&item, args.conn.as_ref(), &cx);
     let key = args.key.as_ref().map(|key| check::parse_template(key, &cx));
     if key.is_none() && !args.wrote("key") {
@@ -74,4 +86,16 @@ fn entry(
             quote::quote! { #errors #[allow(unused_variables)] #item }
         }
     }
+}
+
+/// A second `#[idempotent_job]` on the same function (spelled with any path: a renamed import
+/// cannot be recognised), taken out of its attributes so that it does not expand again.
+fn take_repeated_attribute(item: &mut signature::ItemFn) -> Option<syn::Attribute> {
+    let position = item.attrs.iter().position(|attr| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "idempotent_job")
+    })?;
+    Some(item.attrs.remove(position))
 }

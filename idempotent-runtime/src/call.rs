@@ -42,6 +42,7 @@ impl<E: From<Error>> JobError for E {}
 )]
 pub trait JobOutput: Serialize + DeserializeOwned {}
 
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + DeserializeOwned> JobOutput for T {}
 
 /// One call of a job, for the plain function API: the job, the key, and optionally a fingerprint of
