@@ -206,7 +206,10 @@ fn fingerprint_inputs(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<Input>> {
     syn::parenthesized!(content in meta.input);
     let exprs =
         syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated(&content)?;
-    let inputs = exprs.iter().map(input_path).collect::<syn::Result<Vec<_>>>()?;
+    let inputs = exprs
+        .iter()
+        .map(input_path)
+        .collect::<syn::Result<Vec<_>>>()?;
     if inputs.is_empty() {
         return Err(meta.error(
             "`fingerprint()` names no input; list the parameters that must match on a replay, like `fingerprint(amount, currency)`",
@@ -445,11 +448,23 @@ mod tests {
             InProgress::parse("wait at most 250ms"),
             Ok(InProgress::WaitAtMost(250))
         );
-        assert_eq!(InProgress::parse("wait at most"), Err(DurationError::Invalid));
-        assert_eq!(InProgress::parse("wait at most ms"), Err(DurationError::Invalid));
+        assert_eq!(
+            InProgress::parse("wait at most"),
+            Err(DurationError::Invalid)
+        );
+        assert_eq!(
+            InProgress::parse("wait at most ms"),
+            Err(DurationError::Invalid)
+        );
         assert_eq!(InProgress::parse("sometimes"), Err(DurationError::Invalid));
-        assert_eq!(InProgress::parse("wait at most 0s"), Err(DurationError::Zero));
-        assert_eq!(InProgress::parse("wait at most 0ms"), Err(DurationError::Zero));
+        assert_eq!(
+            InProgress::parse("wait at most 0s"),
+            Err(DurationError::Zero)
+        );
+        assert_eq!(
+            InProgress::parse("wait at most 0ms"),
+            Err(DurationError::Zero)
+        );
         assert_eq!(
             InProgress::parse("wait at most 99999999999999999999ms"),
             Err(DurationError::TooLong)
@@ -468,7 +483,11 @@ mod tests {
             assert_eq!(parse_duration(zero), Err(DurationError::Zero), "{zero:?}");
         }
         for long in ["5300w", "99999999999999999999s", "36601d"] {
-            assert_eq!(parse_duration(long), Err(DurationError::TooLong), "{long:?}");
+            assert_eq!(
+                parse_duration(long),
+                Err(DurationError::TooLong),
+                "{long:?}"
+            );
         }
         assert_eq!(parse_duration("36600d"), Ok(36_600 * 86_400));
     }

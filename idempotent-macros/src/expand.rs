@@ -11,10 +11,10 @@
 //! macro, never report the user's code twice or through generated items.
 //!
 //! A free function gets a companion: a hidden type holding the job's description, the key and an
-//! `outcome` that calls the handler and says whether it ran or replayed, re-exported under the
+//! `outcome` that calls the handler and says whether it ran or replayed, aliased under the
 //! function's name (types and functions live in different namespaces). The handler itself reaches
 //! the hidden type by its own name, so a type or module of the user's that takes the function's
-//! name fails only the re-export. A method, an associated function (one that mentions `Self`) and
+//! name fails only the alias, with one error. A method, an associated function (one that mentions `Self`) and
 //! `no_companion` get none: the job's description then lives in the function.
 //!
 //! Generated paths go through the runtime's versioned private module, so a facade and a macro crate
@@ -64,6 +64,14 @@ pub fn respan(tokens: TokenStream) -> TokenStream {
         .collect()
 }
 
+/// `ident` where the user wrote it, in the attribute's expansion: for a name the companion declares
+/// and uses itself.
+pub fn located(ident: &Ident) -> Ident {
+    let mut located = ident.clone();
+    located.set_span(Span::call_site().located_at(ident.span()));
+    located
+}
+
 /// The spans of the first and the last token of `tokens`, for generated code whose errors should
 /// underline all of them (rustc joins the spans of an expression's first and last token).
 pub fn first_and_last(tokens: &TokenStream) -> (Span, Span) {
@@ -102,7 +110,11 @@ impl Expansion<'_> {
             && !handler.mentions_self
             && self.args.no_companion.is_none();
         if companion {
-            let hidden = format_ident!("__IdempotentJob_{}", handler.name(), span = Span::call_site());
+            let hidden = format_ident!(
+                "__IdempotentJob_{}",
+                handler.name(),
+                span = Span::call_site()
+            );
             let function = self.function(Some(&hidden));
             let companion = self.companion(&hidden);
             quote! { #companion #function }
@@ -127,8 +139,8 @@ impl Expansion<'_> {
                 let args = self.key_params().into_iter().map(key_argument);
                 (
                     quote!(),
-                    quote!(#hidden::job()),
-                    quote!(#hidden::key(#(#args),*)),
+                    quote!(<#hidden>::job()),
+                    quote!(<#hidden>::key(#(#args),*)),
                 )
             }
             None => {
@@ -187,14 +199,11 @@ impl Expansion<'_> {
         let store = Ident::new("__idempotent_conn", Span::mixed_site());
         let conn = &handler.conn().ident;
         let conn_pattern = self.conn_pattern();
-        let output = handler.output.ty.to_token_stream();
-        let (first, last) = first_and_last(&output);
-        let ret = respan(output);
-        let krate_first = self.krate_at(first);
+        let ret = respan(handler.output.ty.to_token_stream());
         let asynchronous = handler.is_async();
         let (runner, reach_trait, reach_method, closure, awaited) = if asynchronous {
             (
-                Ident::new("run_async", last),
+                self.result_item("run_async"),
                 quote!(AsyncJobConnection),
                 "async_job_connection",
                 quote!(async move |#conn_pattern| -> #ret #body),
@@ -202,7 +211,7 @@ impl Expansion<'_> {
             )
         } else {
             (
-                Ident::new("run_sync", last),
+                self.result_item("run_sync"),
                 quote!(JobConnection),
                 "job_connection",
                 quote!(move |#conn_pattern| -> #ret #body),
@@ -220,15 +229,28 @@ impl Expansion<'_> {
             }
         };
         let job_call = self.job_call(&krate, job, key_var);
-        let open = quote_spanned!(first=> <);
         quote! {
-            #open #ret as #krate_first::#private::JobResult>::#runner(
+            #runner(
                 #conn,
                 #reach,
                 #job_call,
                 #closure,
             )#awaited
         }
+    }
+
+    /// `<Ret as JobResult>::item`, its first token placed at the return type's first and its last
+    /// at the return type's last, so that an error about `Ret: JobResult` underlines the return
+    /// type; every use of it is placed alike, so that rustc reports such an error once.
+    fn result_item(&self, item: &str) -> TokenStream {
+        let output = self.handler.output.ty.to_token_stream();
+        let (first, last) = first_and_last(&output);
+        let ret = respan(output);
+        let private = private_module();
+        let krate = self.krate();
+        let item = Ident::new(item, last);
+        let open = quote_spanned!(first=> <);
+        quote!(#open #ret as #krate::#private::JobResult>::#item)
     }
 
     fn krate(&self) -> TokenStream {
@@ -249,10 +271,7 @@ impl Expansion<'_> {
         let private = private_module();
         let (name, named_after_function) = match &self.args.name {
             Some(name) => (name.value(), None),
-            None => (
-                self.handler.name(),
-                Some(quote!(.named_after_function())),
-            ),
+            None => (self.handler.name(), Some(quote!(.named_after_function()))),
         };
         let template = self.key.literal.value();
         let parts = self.key.template.pieces.iter().map(|piece| match piece {
@@ -334,7 +353,7 @@ impl Expansion<'_> {
         let pushes = self.key.template.pieces.iter().map(|piece| match piece {
             Piece::Text(text) => quote! { #writer.text(#text); },
             Piece::Placeholder(placeholder) => {
-                let (value, span) = self.value_expr(&placeholder.path);
+                let (value, span) = self.value_expr(&placeholder.path, by_reference);
                 let whole_parameter = placeholder.path.len() == 1
                     && !matches!(placeholder.path.first(), Some(Segment::Name(root)) if root == "self");
                 let value = if by_reference && whole_parameter {
@@ -366,7 +385,7 @@ impl Expansion<'_> {
         };
         let builder = Ident::new("__idempotent_fingerprint", Span::mixed_site());
         let adds = inputs.iter().map(|input| {
-            let (value, span) = self.value_expr(&input.path);
+            let (value, span) = self.value_expr(&input.path, false);
             let name = &input.name;
             let krate = self.krate_at(span);
             // Spanned at the parameter, so "does not implement `Serialize`" points at it.
@@ -381,8 +400,9 @@ impl Expansion<'_> {
         }}
     }
 
-    /// The expression for a placeholder's value, and the span to blame for it.
-    fn value_expr(&self, path: &[Segment]) -> (TokenStream, Span) {
+    /// The expression for a placeholder's value, and the span to blame for it. `in_companion`: the
+    /// parameter is the companion's `key`'s, declared there with the span [`located`] gives it.
+    fn value_expr(&self, path: &[Segment], in_companion: bool) -> (TokenStream, Span) {
         let mut segments = path.iter();
         let (mut expr, span) = match segments.next() {
             Some(Segment::Name(root)) if root == "self" => {
@@ -400,6 +420,10 @@ impl Expansion<'_> {
                     .iter()
                     .find(|p| p.ident.unraw() == root.as_str());
                 match param {
+                    Some(param) if in_companion => {
+                        let ident = located(&param.ident);
+                        (quote!(#ident), param_span(param))
+                    }
                     Some(param) => {
                         let ident = &param.ident;
                         (quote!(#ident), param_span(param))
@@ -410,7 +434,9 @@ impl Expansion<'_> {
             _ => (quote!(), Span::call_site()),
         };
         for segment in segments {
-            let at = Span::call_site().located_at(self.key.literal.span());
+            // The literal's own span: an unknown field is the template's, and rustc then lists
+            // the fields there are.
+            let at = self.key.literal.span();
             match segment {
                 Segment::Name(name) => {
                     let field = if template::is_keyword(name) {

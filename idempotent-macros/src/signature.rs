@@ -170,10 +170,7 @@ impl<'a> Handler<'a> {
             ));
         }
         if let Some(variadic) = &sig.variadic {
-            cx.error_at(
-                variadic.span(),
-                "a job handler cannot be variadic",
-            );
+            cx.error_at(variadic.span(), "a job handler cannot be variadic");
         }
         let output = check_output(sig, cx);
 
@@ -245,11 +242,14 @@ fn check_output(sig: &Signature, cx: &Ctxt) -> Option<Output> {
         ReturnType::Type(_, ty) => strip_groups(ty),
     };
     let not_a_result = match &ty {
-        Type::ImplTrait(_) if sig.asyncness.is_none() && mentions(ty.to_token_stream(), "Future") => Some(
-            "write the handler as an `async fn` returning the `Result` itself".to_owned(),
-        ),
+        Type::ImplTrait(_)
+            if sig.asyncness.is_none() && mentions(ty.to_token_stream(), "Future") =>
+        {
+            Some("write the handler as an `async fn` returning the `Result` itself".to_owned())
+        }
         Type::ImplTrait(_) => Some(
-            "name the type: a stored result is read back as the type the handler returns".to_owned(),
+            "name the type: a stored result is read back as the type the handler returns"
+                .to_owned(),
         ),
         Type::Path(_) | Type::Macro(_) | Type::Verbatim(_) => None,
         _ => Some(format!("return `Result<{}, E>`", shown(&ty))),
@@ -374,7 +374,9 @@ pub fn mentions(tokens: TokenStream, name: &str) -> bool {
 /// The names a pattern binds, each with the field path that reaches it from the whole value.
 fn bindings(pat: &Pat) -> Vec<(String, Option<String>)> {
     fn walk(pat: &Pat, path: Option<String>, out: &mut Vec<(String, Option<String>)>) {
-        let field = |base: &Option<String>, member: String| base.as_ref().map(|base| format!("{base}.{member}"));
+        let field = |base: &Option<String>, member: String| {
+            base.as_ref().map(|base| format!("{base}.{member}"))
+        };
         match pat {
             Pat::Ident(ident) => {
                 out.push((ident.ident.unraw().to_string(), path.clone()));

@@ -195,6 +195,9 @@ fn outcome<T>(slot: &AtomicU8, value: T) -> Outcome<T> {
 }
 
 /// A companion's `outcome`: calls the handler and says whether its body ran or was replayed.
+///
+/// Without bounds: the handler's own call checks its types, and a companion that checked them
+/// again would report each mistake twice.
 pub fn outcome_of<T, E>(call: impl FnOnce() -> Result<T, E>) -> Result<Outcome<T>, E> {
     let slot = Arc::new(AtomicU8::new(UNKNOWN));
     let result = {
@@ -278,7 +281,7 @@ impl<C: crate::connection::AsyncJobStore> AsyncJobConnection for C {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a fingerprint input: it does not implement `Serialize`",
     label = "this parameter is a fingerprint input, so its value must implement `serde::Serialize`",
-    note = "derive `serde::Serialize` for it, or name a field that implements it: `fingerprint(param.field)`"
+    note = "derive `serde::Serialize` for it (for a type parameter, bound it: `T: Serialize`), or name a field that implements it: `fingerprint(param.field)`"
 )]
 pub trait FingerprintInput {
     /// Adds the value to the fingerprint under `name`.
@@ -297,7 +300,7 @@ impl<T: serde::Serialize + ?Sized> FingerprintInput for T {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used in a job key: it does not implement `Display`",
     label = "this parameter is a key placeholder, so its value must implement `std::fmt::Display`",
-    note = "implement `Display` for it, or name a field that does: `<param.field>`"
+    note = "implement `Display` for it (for a type parameter, bound it: `T: Display`), or name a field that does: `<param.field>`"
 )]
 pub trait KeyValue {
     /// Writes the value into the key.

@@ -1,6 +1,6 @@
 //! The companion of a free function: `name::job()`, `name::key(..)` and `name::outcome(..)`.
 //!
-//! They are associated functions of a hidden type, re-exported under the function's name. Every
+//! They are associated functions of a hidden type, aliased under the function's name. Every
 //! token copied from the signature is respanned (see [`respan`]): the companion repeats the
 //! handler's parameter types and generics, and a lint about those belongs to the handler, where it
 //! is reported once.
@@ -9,7 +9,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens as _, quote};
 use syn::Ident;
 
-use super::{Expansion, private_module, respan};
+use super::{Expansion, located, private_module, respan};
 
 impl Expansion<'_> {
     /// The hidden type with the job, the key and the outcome, and its re-export under the
@@ -20,7 +20,11 @@ impl Expansion<'_> {
         let vis = &item.vis;
         let krate = self.krate();
         let private = private_module();
-        let cfgs: Vec<_> = item.attrs.iter().filter(|a| a.path().is_ident("cfg")).collect();
+        let cfgs: Vec<_> = item
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("cfg"))
+            .collect();
         let deprecated: Vec<_> = item
             .attrs
             .iter()
@@ -40,7 +44,6 @@ impl Expansion<'_> {
         );
         quote! {
             #(#cfgs)*
-            #(#deprecated)*
             #[doc(hidden)]
             #[allow(non_camel_case_types)]
             #vis struct #hidden {}
@@ -61,9 +64,10 @@ impl Expansion<'_> {
             }
 
             #(#cfgs)*
+            #(#deprecated)*
             #[doc = #doc]
-            #[allow(unused_imports, deprecated)]
-            #vis use #hidden as #alias;
+            #[allow(non_camel_case_types)]
+            #vis type #alias = #hidden;
         }
     }
 
@@ -120,32 +124,64 @@ impl Expansion<'_> {
             }
         }
         let generics = &item.sig.generics;
-        let params_of_generics = (!generics.params.is_empty()).then(|| {
-            let params = respan(generics.params.to_token_stream());
-            quote!(<#params>)
-        });
-        let where_clause = respan(generics.where_clause.to_token_stream());
+        let turbofish = turbofish(generics);
+        let function = located(name);
+        let mut call = quote!(#function #turbofish (#(#args),*));
+        let mut generic_params: Vec<TokenStream> = generics
+            .params
+            .iter()
+            .map(|param| respan(param.to_token_stream()))
+            .collect();
+        let mut predicates: Vec<TokenStream> = generics
+            .where_clause
+            .iter()
+            .flat_map(|clause| clause.predicates.iter())
+            .map(|predicate| respan(predicate.to_token_stream()))
+            .collect();
+        // `T` and `E` of the return type: read off `Result<T, E>` when it is spelled so; else
+        // parameters of `outcome`, tied to the return type (an alias of a `Result`) by
+        // `Result<T, E>: From<Ret>`, which only the identity impl satisfies. A where-clause with
+        // parameters is not checked where it is written: a return type that is not a `Result` is
+        // reported once, at the handler.
         let (ok, err) = match &self.handler.output.parts {
             Some((ok, err)) => (respan(ok.to_token_stream()), respan(err.to_token_stream())),
             None => {
+                let taken = |name: &str| {
+                    generics.params.iter().any(|param| match param {
+                        syn::GenericParam::Type(t) => t.ident == name,
+                        syn::GenericParam::Const(c) => c.ident == name,
+                        syn::GenericParam::Lifetime(_) => false,
+                    })
+                };
+                let pick = |name: &str| {
+                    let name = if taken(name) {
+                        format!("__{name}")
+                    } else {
+                        name.to_owned()
+                    };
+                    Ident::new(&name, Span::call_site())
+                };
+                let (ok, err) = (pick("T"), pick("E"));
                 let ret = respan(self.handler.output.ty.to_token_stream());
-                (
-                    quote!(<#ret as #krate::#private::JobResult>::Ok),
-                    quote!(<#ret as #krate::#private::JobResult>::Err),
-                )
+                generic_params.push(quote!(#ok));
+                generic_params.push(quote!(#err));
+                predicates
+                    .push(quote!(::core::result::Result<#ok, #err>: ::core::convert::From<#ret>));
+                call = quote!(<::core::result::Result<#ok, #err> as ::core::convert::From<#ret>>::from(#call));
+                (quote!(#ok), quote!(#err))
             }
         };
-        let turbofish = turbofish(generics);
-        let function = located(name);
+        let generics = (!generic_params.is_empty()).then(|| quote!(<#(#generic_params),*>));
+        let where_clause = (!predicates.is_empty()).then(|| quote!(where #(#predicates),*));
         let (asyncness, call) = if self.handler.is_async() {
             (
                 quote!(async),
-                quote!(#krate::#private::outcome_of_async(#function #turbofish (#(#args),*)).await),
+                quote!(#krate::#private::outcome_of_async(async move { #call }).await),
             )
         } else {
             (
                 quote!(),
-                quote!(#krate::#private::outcome_of(move || #function #turbofish (#(#args),*))),
+                quote!(#krate::#private::outcome_of(move || #call)),
             )
         };
         let doc = format!(
@@ -157,7 +193,7 @@ impl Expansion<'_> {
         );
         quote! {
             #[doc = #doc]
-            #vis #asyncness fn outcome #params_of_generics (#(#params),*)
+            #vis #asyncness fn outcome #generics (#(#params),*)
                 -> ::core::result::Result<#krate::#private::Outcome<#ok>, #err>
                 #where_clause
             {
@@ -165,13 +201,6 @@ impl Expansion<'_> {
             }
         }
     }
-}
-
-/// `ident` where the user wrote it, in the attribute's expansion.
-fn located(ident: &Ident) -> Ident {
-    let mut located = ident.clone();
-    located.set_span(Span::call_site().located_at(ident.span()));
-    located
 }
 
 /// `::<T, N>`: the function's type and const parameters, to call it from the companion (an

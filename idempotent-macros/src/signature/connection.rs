@@ -13,15 +13,46 @@ use crate::ctxt::{Ctxt, did_you_mean};
 
 /// Value types that are never a database connection, by the last segment of their path.
 const NOT_CONNECTIONS: &[&str] = &[
-    "bool", "char", "str", "String", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32",
-    "u64", "u128", "usize", "f32", "f64", "Option", "Vec", "HashMap", "BTreeMap", "HashSet",
-    "BTreeSet", "Cow", "Uuid", "Duration", "Instant", "SystemTime", "PathBuf", "Path",
+    "bool",
+    "char",
+    "str",
+    "String",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "i128",
+    "isize",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "u128",
+    "usize",
+    "f32",
+    "f64",
+    "Option",
+    "Vec",
+    "HashMap",
+    "BTreeMap",
+    "HashSet",
+    "BTreeSet",
+    "Cow",
+    "Uuid",
+    "Duration",
+    "Instant",
+    "SystemTime",
+    "PathBuf",
+    "Path",
 ];
 
 /// Diesel's sync connections, each with the async connection that takes its place in an
 /// `async fn`.
 const SYNC_CONNECTIONS: &[(&str, &str)] = &[
-    ("SqliteConnection", "SyncConnectionWrapper<SqliteConnection>"),
+    (
+        "SqliteConnection",
+        "SyncConnectionWrapper<SqliteConnection>",
+    ),
     ("PgConnection", "AsyncPgConnection"),
     ("MysqlConnection", "AsyncMysqlConnection"),
 ];
@@ -32,7 +63,10 @@ const ASYNC_CONNECTIONS: &[(&str, &str)] = &[
     ("SyncConnectionWrapper", "SqliteConnection"),
     ("AsyncPgConnection", "PgConnection"),
     ("AsyncMysqlConnection", "MysqlConnection"),
-    ("AsyncDieselConnectionManager", "a Diesel connection from an r2d2 pool"),
+    (
+        "AsyncDieselConnectionManager",
+        "a Diesel connection from an r2d2 pool",
+    ),
 ];
 
 /// The connection: `conn = <name>` if given, else the parameter named `conn`, else the one
@@ -49,13 +83,21 @@ pub fn find(item: &ItemFn, params: &[Param], conn_arg: Option<&Ident>, cx: &Ctxt
     check_shape(item, &params[index], named, cx).then_some(index)
 }
 
-fn named_by_argument(sig: &syn::Signature, params: &[Param], wanted: &Ident, cx: &Ctxt) -> Option<usize> {
+fn named_by_argument(
+    sig: &syn::Signature,
+    params: &[Param],
+    wanted: &Ident,
+    cx: &Ctxt,
+) -> Option<usize> {
     let wanted_name = wanted.unraw().to_string();
     if let Some(index) = params.iter().position(|p| p.ident.unraw() == wanted_name) {
         return Some(index);
     }
     let names: Vec<String> = params.iter().map(|p| p.ident.unraw().to_string()).collect();
-    let mut message = format!("`conn = {wanted}`: `{}` has no parameter `{wanted}`", sig.ident);
+    let mut message = format!(
+        "`conn = {wanted}`: `{}` has no parameter `{wanted}`",
+        sig.ident
+    );
     if let Some(suggestion) = did_you_mean(&wanted_name, names.iter().map(String::as_str)) {
         message.push_str(&format!("; did you mean `{suggestion}`?"));
     } else if !names.is_empty() {
@@ -86,7 +128,10 @@ fn found_by_type(sig: &syn::Signature, params: &[Param], cx: &Ctxt) -> Option<us
             None
         }
         several => {
-            let list: Vec<String> = several.iter().map(|&i| format!("`{}`", params[i].ident)).collect();
+            let list: Vec<String> = several
+                .iter()
+                .map(|&i| format!("`{}`", params[i].ident))
+                .collect();
             cx.error_at(
                 sig.paren_token.span.join(),
                 format!(
@@ -149,14 +194,19 @@ fn check_flavour(item: &ItemFn, ty: &Type, cx: &Ctxt) -> bool {
     let tokens = quote::ToTokens::to_token_stream(ty);
     let name = &item.sig.ident;
     let found = |list: &'static [(&'static str, &'static str)]| {
-        list.iter().find(|(connection, _)| mentions(tokens.clone(), connection))
+        list.iter()
+            .find(|(connection, _)| mentions(tokens.clone(), connection))
     };
     // `AsyncConnectionWrapper` makes an async connection a sync one: its type names both.
     if mentions(tokens.clone(), "AsyncConnectionWrapper") {
         return true;
     }
     let asynchronous = found(ASYNC_CONNECTIONS);
-    let message = match (item.sig.asyncness.is_some(), asynchronous, found(SYNC_CONNECTIONS)) {
+    let message = match (
+        item.sig.asyncness.is_some(),
+        asynchronous,
+        found(SYNC_CONNECTIONS),
+    ) {
         (true, None, Some((_, instead))) => format!(
             "`{name}` is an `async fn`, but its connection `{}` is a sync Diesel connection: make the handler a plain `fn` (remove `async`), or take a diesel-async connection (`&mut {instead}`)",
             shown(ty)
@@ -193,12 +243,21 @@ fn looks_like_connection(ty: &Type) -> bool {
 /// `(u8, u8)`, `Vec<u8>`.
 fn plainly_not_a_connection(ty: &Type) -> bool {
     match strip_groups(ty) {
-        Type::Path(path) => path.qself.is_none()
-            && path.path.segments.last().is_some_and(|segment| {
-                NOT_CONNECTIONS.iter().any(|name| segment.ident == name)
-            }),
+        Type::Path(path) => {
+            path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|segment| NOT_CONNECTIONS.iter().any(|name| segment.ident == name))
+        }
         Type::Reference(reference) => plainly_not_a_connection(&reference.elem),
-        Type::Tuple(_) | Type::Array(_) | Type::Slice(_) | Type::Never(_) | Type::BareFn(_) | Type::Ptr(_) => true,
+        Type::Tuple(_)
+        | Type::Array(_)
+        | Type::Slice(_)
+        | Type::Never(_)
+        | Type::BareFn(_)
+        | Type::Ptr(_) => true,
         _ => false,
     }
 }
