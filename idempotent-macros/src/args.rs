@@ -229,6 +229,22 @@ fn keep_seconds(value: &LitStr) -> syn::Result<u64> {
         Err(DurationError::TooLong) => format!(
             "`keep = \"{text}\"` is longer than the 100 years the runtime accepts; leave `keep` out to keep keys forever"
         ),
+        Err(DurationError::Invalid)
+            if [
+                "forever",
+                "always",
+                "never",
+                "infinite",
+                "infinity",
+                "permanent",
+                "none",
+            ]
+            .contains(&text.trim().to_lowercase().as_str()) =>
+        {
+            format!(
+                "keys are kept forever when `keep` is left out: remove `keep = \"{text}\"` (`keep` takes a duration after which a key lapses, like \"30d\")"
+            )
+        }
         Err(DurationError::Invalid) => format!(
             "`keep = \"{text}\"` is not a duration: write a number and a unit, like \"90s\", \"15m\", \"12h\", \"30d\", \"2w\" or \"1d12h\"; to keep keys forever, leave `keep` out"
         ),

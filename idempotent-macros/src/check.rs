@@ -102,8 +102,13 @@ pub fn check(key: &KeyTemplate, args: &Args, handler: Option<&Handler<'_>>, cx: 
         .map(|(_, p)| p.ident.unraw().to_string())
         .collect();
     for placeholder in key.template.placeholders() {
-        if let Err(message) = check_path(&placeholder.display(), &placeholder.path, handler, &names)
-        {
+        if let Err(message) = check_path(
+            &placeholder.display(),
+            &placeholder.path,
+            handler,
+            &names,
+            Naming::Placeholder,
+        ) {
             cx.error_at(
                 span_in(&key.literal, &placeholder.range),
                 format!("in key template `{source}`: {message}"),
@@ -111,7 +116,13 @@ pub fn check(key: &KeyTemplate, args: &Args, handler: Option<&Handler<'_>>, cx: 
         }
     }
     for input in args.fingerprint.iter().flatten() {
-        if let Err(message) = check_path(&input.name, &input.path, handler, &names) {
+        if let Err(message) = check_path(
+            &input.name,
+            &input.path,
+            handler,
+            &names,
+            Naming::FingerprintInput,
+        ) {
             cx.error_at(
                 input.span,
                 format!(
@@ -123,12 +134,37 @@ pub fn check(key: &KeyTemplate, args: &Args, handler: Option<&Handler<'_>>, cx: 
     }
 }
 
+/// What names a parameter: a placeholder of the key, or an input of the fingerprint.
+#[derive(Clone, Copy)]
+enum Naming {
+    Placeholder,
+    FingerprintInput,
+}
+
+impl Naming {
+    /// `path` as this kind of name is written.
+    fn written(self, path: &str) -> String {
+        match self {
+            Naming::Placeholder => format!("`<{path}>`"),
+            Naming::FingerprintInput => format!("`fingerprint({path})`"),
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Naming::Placeholder => "a placeholder",
+            Naming::FingerprintInput => "a fingerprint input",
+        }
+    }
+}
+
 /// Checks that a placeholder or fingerprint input names a parameter (or `self`'s field).
 fn check_path(
     shown: &str,
     path: &[Segment],
     handler: &Handler<'_>,
     names: &[String],
+    naming: Naming,
 ) -> Result<(), String> {
     let root = match path.first() {
         Some(Segment::Name(name)) => name.as_str(),
@@ -157,7 +193,7 @@ fn check_path(
     if names.iter().any(|name| name == root) {
         return Ok(());
     }
-    if let Some(message) = bound_by_pattern(shown, root, path, handler) {
+    if let Some(message) = bound_by_pattern(shown, root, path, handler, naming) {
         return Err(message);
     }
     Err(unknown(shown, root, handler, names))
@@ -170,6 +206,7 @@ fn bound_by_pattern(
     root: &str,
     path: &[Segment],
     handler: &Handler<'_>,
+    naming: Naming,
 ) -> Option<String> {
     let (pattern, field) = handler.patterns.iter().find_map(|pattern| {
         pattern
@@ -188,16 +225,18 @@ fn bound_by_pattern(
         .collect();
     let fix = match field {
         Some(field) => format!(
-            "bind that parameter to a name (`param: {ty}`, destructured in the body) and write `<param{field}{rest}>`"
+            "bind that parameter to a name (`param: {ty}`, destructured in the body) and write {}",
+            naming.written(&format!("param{field}{rest}"))
         ),
         None => format!(
             "bind that parameter to a name (`param: {ty}`), destructure it in the body, and name the value through it"
         ),
     };
     Some(format!(
-        "`{shown}`: `{root}` is bound inside the pattern `{}` of a parameter of `{}`, and a placeholder names a parameter (or a field of one); {fix}",
+        "`{shown}`: `{root}` is bound inside the pattern `{}` of a parameter of `{}`, and {} names a parameter (or a field of one); {fix}",
         pattern.pattern.replace(" ,", ","),
-        handler.item.sig.ident
+        handler.item.sig.ident,
+        naming.what()
     ))
 }
 

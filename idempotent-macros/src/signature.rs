@@ -245,7 +245,13 @@ fn check_output(sig: &Signature, cx: &Ctxt) -> Option<Output> {
         Type::ImplTrait(_)
             if sig.asyncness.is_none() && mentions(ty.to_token_stream(), "Future") =>
         {
-            Some("write the handler as an `async fn` returning the `Result` itself".to_owned())
+            cx.error(syn::Error::new_spanned(
+                &ty,
+                format!(
+                    "`{name}` returns a future: write it as an `async fn` that returns the `Result` itself (`async fn {name}(..) -> Result<T, E>`), so that the job's claim and the body run in one transaction"
+                ),
+            ));
+            return None;
         }
         Type::ImplTrait(_) => Some(
             "name the type: a stored result is read back as the type the handler returns"
@@ -265,11 +271,11 @@ fn check_output(sig: &Signature, cx: &Ctxt) -> Option<Output> {
         return None;
     }
     let parts = result_parts(&ty);
-    if let Some((ok, _)) = &parts {
-        if let Some(reason) = not_storable(ok) {
-            cx.error(syn::Error::new_spanned(ok, reason));
-            return None;
-        }
+    if let Some((ok, _)) = &parts
+        && let Some(reason) = not_storable(ok)
+    {
+        cx.error(syn::Error::new_spanned(ok, reason));
+        return None;
     }
     Some(Output { ty, parts })
 }

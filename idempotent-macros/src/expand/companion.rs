@@ -83,6 +83,11 @@ impl Expansion<'_> {
                     reference.mutability = None;
                     respan(reference.to_token_stream())
                 }
+                // `&impl A + B` would be ambiguous.
+                ty @ (syn::Type::ImplTrait(_) | syn::Type::TraitObject(_)) => {
+                    let ty = respan(ty.to_token_stream());
+                    quote!(&(#ty))
+                }
                 ty => {
                     let ty = respan(ty.to_token_stream());
                     quote!(&#ty)
@@ -126,7 +131,8 @@ impl Expansion<'_> {
         let generics = &item.sig.generics;
         let turbofish = turbofish(generics);
         let function = located(name);
-        let mut call = quote!(#function #turbofish (#(#args),*));
+        let awaited = self.handler.is_async().then(|| quote!(.await));
+        let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
         let mut generic_params: Vec<TokenStream> = generics
             .params
             .iter()

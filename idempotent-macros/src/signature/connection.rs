@@ -80,7 +80,7 @@ pub fn find(item: &ItemFn, params: &[Param], conn_arg: Option<&Ident>, cx: &Ctxt
     } else {
         (found_by_type(sig, params, cx)?, false)
     };
-    check_shape(item, &params[index], named, cx).then_some(index)
+    check_shape(item, params, index, named, cx).then_some(index)
 }
 
 fn named_by_argument(
@@ -146,25 +146,26 @@ fn found_by_type(sig: &syn::Signature, params: &[Param], cx: &Ctxt) -> Option<us
 }
 
 /// Checks what the spelling of the connection's type shows; `false` when an error was recorded.
-fn check_shape(item: &ItemFn, param: &Param, named: bool, cx: &Ctxt) -> bool {
+fn check_shape(item: &ItemFn, params: &[Param], index: usize, named: bool, cx: &Ctxt) -> bool {
+    let param = &params[index];
     let ty = strip_groups(&param.ty);
     let ident = &param.ident;
     let problem = match &ty {
         Type::Reference(reference) if reference.mutability.is_some() => {
             if plainly_not_a_connection(&reference.elem) {
-                not_a_connection(param, named)
+                not_a_connection(params, index, named)
             } else {
                 return check_flavour(item, &ty, cx);
             }
         }
         Type::Reference(reference) if plainly_not_a_connection(&reference.elem) => {
-            not_a_connection(param, named)
+            not_a_connection(params, index, named)
         }
         Type::Reference(reference) => format!(
             "the connection `{ident}` must be `&mut {}`, not `&`: the job writes its claim and its work through it",
             shown(&reference.elem)
         ),
-        other if plainly_not_a_connection(other) => not_a_connection(param, named),
+        other if plainly_not_a_connection(other) => not_a_connection(params, index, named),
         other => format!(
             "the connection `{ident}` must be taken as `&mut {}`, not by value: the caller keeps its connection (and the pool gets it back)",
             shown(other)
@@ -174,18 +175,29 @@ fn check_shape(item: &ItemFn, param: &Param, named: bool, cx: &Ctxt) -> bool {
     false
 }
 
-fn not_a_connection(param: &Param, named: bool) -> String {
+fn not_a_connection(params: &[Param], index: usize, named: bool) -> String {
+    let param = &params[index];
     let ident = &param.ident;
     let ty = shown(&param.ty);
     let how = "a job claims its key in the transaction of its work, so the handler takes `&mut` a Diesel connection (`conn: &mut PgConnection`, a pooled connection, or a diesel-async connection in an `async fn`)";
-    if named {
-        format!(
-            "`conn = {ident}` names `{ident}: {ty}`, which is not a database connection: {how}; name that parameter in `conn = ...`"
-        )
-    } else {
-        format!(
-            "the parameter `{ident}` is a `{ty}`, not a database connection: {how}; rename this one, or name the connection with `#[idempotent_job(conn = <name>, ...)]`"
-        )
+    let candidate = params
+        .iter()
+        .enumerate()
+        .find(|(i, p)| *i != index && looks_like_connection(&p.ty))
+        .map(|(_, p)| &p.ident);
+    match (named, candidate) {
+        (true, Some(conn)) => format!(
+            "`conn = {ident}` names `{ident}: {ty}`, which is not a database connection: {how}; did you mean `conn = {conn}`?"
+        ),
+        (true, None) => format!(
+            "`conn = {ident}` names `{ident}: {ty}`, which is not a database connection: {how}; add one, and name it in `conn = ...`"
+        ),
+        (false, Some(conn)) => format!(
+            "the parameter `{ident}` is a `{ty}`, not a database connection: {how}; rename this one, or say which is the connection with `#[idempotent_job(conn = {conn}, ...)]`"
+        ),
+        (false, None) => format!(
+            "the parameter `{ident}` is a `{ty}`, not a database connection: {how}; add one (and rename this parameter, or name the connection with `#[idempotent_job(conn = <name>, ...)]`)"
+        ),
     }
 }
 
@@ -212,7 +224,7 @@ fn check_flavour(item: &ItemFn, ty: &Type, cx: &Ctxt) -> bool {
             shown(ty)
         ),
         (false, Some((_, instead)), _) => format!(
-            "`{name}` is a plain `fn`, but its connection `{}` is a diesel-async connection: make the handler an `async fn`, or take a sync Diesel connection ({instead})",
+            "`{name}` is a plain `fn`, but its connection `{}` is a diesel-async connection: make the handler an `async fn`, or take a sync Diesel connection (`&mut {instead}`)",
             shown(ty)
         ),
         _ => return true,

@@ -8,7 +8,6 @@
     unused,
     nonstandard_style,
     rust_2018_idioms,
-    future_incompatible,
     missing_docs,
     single_use_lifetimes,
     unused_lifetimes,
@@ -22,6 +21,8 @@
     redundant_lifetimes,
     missing_debug_implementations
 )]
+// A crate-level lint group: `tests/lints.rs`, where this file is a module, denies it itself.
+#![cfg_attr(not(test), deny(future_incompatible))]
 // trybuild allows `dead_code` on its command line; every handler here is used.
 #![warn(dead_code)]
 
@@ -51,6 +52,15 @@ pub enum AppError {
 impl From<idempotent_jobs::Error> for AppError {
     fn from(error: idempotent_jobs::Error) -> Self {
         AppError::Idempotent(error)
+    }
+}
+
+impl Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Idempotent(error) => error.fmt(f),
+            AppError::Database(error) => error.fmt(f),
+        }
     }
 }
 
@@ -124,7 +134,10 @@ where
 {
     let _ = conn;
     ran();
-    Ok(u64::try_from(N + sizes.len() + tag.len() + first.len()).unwrap_or_default() + u64::from(id.to_string().len() > 0))
+    Ok(
+        u64::try_from(N + sizes.len() + tag.len() + first.len()).unwrap_or_default()
+            + u64::from(!id.to_string().is_empty()),
+    )
 }
 
 /// `impl Trait` parameters, in the key and nested beside it.
@@ -140,7 +153,10 @@ pub fn impl_trait(
 ) -> Result<String, AppError> {
     let _ = conn;
     ran();
-    Ok(format!("{name}{}", extra.map(|e| e.to_string()).unwrap_or_default()))
+    Ok(format!(
+        "{name}{}",
+        extra.map(|e| e.to_string()).unwrap_or_default()
+    ))
 }
 
 /// Pattern parameters beside the key's inputs, and raw identifiers (`<type>` names `r#type`).
@@ -166,6 +182,7 @@ pub fn r#patterns(
 ///
 /// When the job call fails.
 #[idempotent_job(key = "mut-conn:<id>")]
+#[allow(clippy::mut_mut, reason = "the point: `&mut database` compiles")]
 pub fn mut_conn(mut database: &mut SqliteConnection, id: u64) -> Result<u64, AppError> {
     let reborrowed: &mut &mut SqliteConnection = &mut database;
     let _rows = diesel::sql_query("SELECT 1").execute(&mut **reborrowed)?;
@@ -216,7 +233,12 @@ pub fn aliased(conn: &mut SqliteConnection) -> JobResult {
 
 /// Every prelude name shadowed around a handler: generated code names nothing through the prelude.
 pub mod shadowed {
-    #![allow(non_camel_case_types, missing_debug_implementations, unused_qualifications)]
+    #![allow(
+        non_camel_case_types,
+        missing_debug_implementations,
+        unused_qualifications,
+        dead_code
+    )]
     use diesel::SqliteConnection;
     use idempotent_jobs::idempotent_job;
 
@@ -266,7 +288,12 @@ pub mod shadowed {
     /// # Errors
     ///
     /// When the job call fails.
-    #[idempotent_job(key = "shadowed:<id>", keep = "1d", in_progress = "wait at most 2s", fingerprint(id))]
+    #[idempotent_job(
+        key = "shadowed:<id>",
+        keep = "1d",
+        in_progress = "wait at most 2s",
+        fingerprint(id)
+    )]
     pub fn shadowed(
         conn: &mut SqliteConnection,
         id: u64,
@@ -366,7 +393,10 @@ impl Account {
     ///
     /// When the job call fails.
     #[idempotent_job(key = "boxed:<self.id>")]
-    pub fn boxed(self: ::std::boxed::Box<Self>, conn: &mut SqliteConnection) -> Result<u64, AppError> {
+    pub fn boxed(
+        self: ::std::boxed::Box<Self>,
+        conn: &mut SqliteConnection,
+    ) -> Result<u64, AppError> {
         let _ = conn;
         ran();
         Ok(self.id)
@@ -434,9 +464,18 @@ pub fn main() {
     for _ in 0..2 {
         let receipt = send_invoice(&mut conn, &invoice).expect("send_invoice");
         assert_eq!(receipt.number, "2026-481");
-        assert_eq!(generic(&mut conn, "t", 9_u8, "f", [1, 2]).expect("generic"), 2 + 2 + 1 + 1 + 1);
-        assert_eq!(impl_trait(&mut conn, "n", Option::<u8>::None).expect("impl_trait"), "n");
-        assert_eq!(r#patterns(&mut conn, "monthly", (11, 2), Cents(5)).expect("patterns"), 18);
+        assert_eq!(
+            generic(&mut conn, "t", 9_u8, "f", [1, 2]).expect("generic"),
+            2 + 2 + 1 + 1 + 1
+        );
+        assert_eq!(
+            impl_trait(&mut conn, "n", Option::<u8>::None).expect("impl_trait"),
+            "n"
+        );
+        assert_eq!(
+            r#patterns(&mut conn, "monthly", (11, 2), Cents(5)).expect("patterns"),
+            18
+        );
         assert_eq!(mut_conn(&mut conn, 4).expect("mut_conn"), 4);
         #[expect(deprecated, reason = "called on purpose")]
         let old = deprecated(&mut conn, 5).expect("deprecated");
@@ -448,19 +487,43 @@ pub fn main() {
         assert_eq!(account.by_ref(&mut conn).expect("by_ref"), 3);
         assert_eq!(account.clone().by_mut(&mut conn).expect("by_mut"), 4);
         assert_eq!(account.clone().by_value(&mut conn).expect("by_value"), 3);
-        assert_eq!(account.clone().by_mut_value(&mut conn).expect("by_mut_value"), 6);
-        assert_eq!(::std::boxed::Box::new(account.clone()).boxed(&mut conn).expect("boxed"), 3);
-        assert_eq!(::std::rc::Rc::new(account.clone()).rc(&mut conn).expect("rc"), 3);
+        assert_eq!(
+            account
+                .clone()
+                .by_mut_value(&mut conn)
+                .expect("by_mut_value"),
+            6
+        );
+        assert_eq!(
+            ::std::boxed::Box::new(account.clone())
+                .boxed(&mut conn)
+                .expect("boxed"),
+            3
+        );
+        assert_eq!(
+            ::std::rc::Rc::new(account.clone())
+                .rc(&mut conn)
+                .expect("rc"),
+            3
+        );
         assert_eq!(Account::open(&mut conn, 10).expect("open").id, 10);
         assert_eq!(Account::close(&mut conn, 11).expect("close"), 11);
         calls += 1;
     }
     assert_eq!(calls, 2);
-    assert_eq!(RUNS.load(Ordering::SeqCst), 18, "each of the 18 handlers ran once");
+    assert_eq!(
+        RUNS.load(Ordering::SeqCst),
+        18,
+        "each of the 18 handlers ran once"
+    );
 
     // The companions: the key from the inputs alone, the job, and whether a call ran.
     assert_eq!(generic::key("t", &9_u8, "f").as_str(), "generic:t:9:f");
     assert_eq!(aliased::job().name(), "backfill");
-    assert!(via_macro::outcome(&mut conn, 9).expect("outcome").is_replayed());
+    assert!(
+        via_macro::outcome(&mut conn, 9)
+            .expect("outcome")
+            .is_replayed()
+    );
     assert!(via_macro::outcome(&mut conn, 10).expect("outcome").is_ran());
 }
