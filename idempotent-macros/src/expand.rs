@@ -353,7 +353,7 @@ impl Expansion<'_> {
         let pushes = self.key.template.pieces.iter().map(|piece| match piece {
             Piece::Text(text) => quote! { #writer.text(#text); },
             Piece::Placeholder(placeholder) => {
-                let (value, span) = self.value_expr(&placeholder.path, by_reference);
+                let (value, span) = self.value_expr(&placeholder.path);
                 let whole_parameter = placeholder.path.len() == 1
                     && !matches!(placeholder.path.first(), Some(Segment::Name(root)) if root == "self");
                 let value = if by_reference && whole_parameter {
@@ -385,7 +385,7 @@ impl Expansion<'_> {
         };
         let builder = Ident::new("__idempotent_fingerprint", Span::mixed_site());
         let adds = inputs.iter().map(|input| {
-            let (value, span) = self.value_expr(&input.path, false);
+            let (value, span) = self.value_expr(&input.path);
             let name = &input.name;
             let krate = self.krate_at(span);
             // Spanned at the parameter, so "does not implement `Serialize`" points at it.
@@ -400,9 +400,10 @@ impl Expansion<'_> {
         }}
     }
 
-    /// The expression for a placeholder's value, and the span to blame for it. `in_companion`: the
-    /// parameter is the companion's `key`'s, declared there with the span [`located`] gives it.
-    fn value_expr(&self, path: &[Segment], in_companion: bool) -> (TokenStream, Span) {
+    /// The expression for a placeholder's value, and the span to blame for it: the parameter as
+    /// the user wrote it (the companion's `key` declares its parameters with the same tokens, so
+    /// that they resolve alike when a `macro_rules!` made the handler, and errors point at them).
+    fn value_expr(&self, path: &[Segment]) -> (TokenStream, Span) {
         let mut segments = path.iter();
         let (mut expr, span) = match segments.next() {
             Some(Segment::Name(root)) if root == "self" => {
@@ -420,10 +421,6 @@ impl Expansion<'_> {
                     .iter()
                     .find(|p| p.ident.unraw() == root.as_str());
                 match param {
-                    Some(param) if in_companion => {
-                        let ident = located(&param.ident);
-                        (quote!(#ident), param_span(param))
-                    }
                     Some(param) => {
                         let ident = &param.ident;
                         (quote!(#ident), param_span(param))

@@ -1,8 +1,8 @@
 //! What generated code uses (mounted as `__private_0_1_0`). Not part of the public API: it may
 //! change in any release.
 //!
-//! The traits that compile errors name ([`JobResult`], [`KeyValue`], [`FingerprintInput`],
-//! [`JobConnection`], [`AsyncJobConnection`]) are defined here and re-exported from the public
+//! The traits that compile errors name (`JobResult`, `KeyValue`, `FingerprintInput`,
+//! `JobConnection`, `AsyncJobConnection`) are defined here and re-exported from the public
 //! module `handler`, so that an error names them by that name, never by a path through this module.
 //! Generated code checks each through a call of one of its own methods: an error then reads as the
 //! trait's `on_unimplemented` message at the user's token, with no note about a bound of a function

@@ -77,7 +77,7 @@ impl Expansion<'_> {
         let vis = &self.handler.item.vis;
         let params = self.key_params();
         let inputs = params.iter().map(|param| {
-            let ident = located(&param.ident);
+            let ident = &param.ident;
             let ty = match crate::signature::strip_groups(&param.ty) {
                 syn::Type::Reference(mut reference) => {
                     reference.mutability = None;
@@ -102,6 +102,9 @@ impl Expansion<'_> {
         quote! {
             /// The key a call with these inputs claims, escaped as the handler escapes it.
             #[must_use]
+            // The parameters are the handler's, as written: a lint about their names is reported
+            // at the handler.
+            #[allow(non_snake_case)]
             #vis fn key #generics (#(#inputs),*) -> #krate::#private::JobKey #where_clause {
                 #build
             }
