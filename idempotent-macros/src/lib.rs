@@ -4,10 +4,17 @@
 //! This crate parses and checks; it writes no SQL. It works in three phases, each in its module:
 //!
 //! 1. **parse**: the arguments (`args`), the handler's signature with its body kept as tokens
-//!    (`signature`) and the key template (`check::parse_template`, with the template language
-//!    of `idempotent-keys`, the same code the runtime escapes values with);
+//!    (`signature`, which also checks what the signature's shape shows: the connection in
+//!    `signature::connection`, the return type) and the key template (`check::parse_template`,
+//!    with the template language of `idempotent-keys`, the same code the runtime escapes values
+//!    with);
 //! 2. **check** (`check`): the template and the fingerprint inputs against the parameters;
-//! 3. **expand** (`expand`): the wrapper that calls the runtime.
+//! 3. **expand** (`expand`): the handler, its body run by the runtime, and its companion
+//!    (`expand::companion`).
+//!
+//! What only the types can tell (a `Result` behind an alias, a connection behind a pool, a
+//! placeholder's `Display`) is checked by the runtime's traits in `idempotent_jobs::handler`,
+//! through calls of their own methods, so that an error is the trait's message at the user's token.
 //!
 //! Every error of every phase goes to one `ctxt::Ctxt`; nothing is expanded while it holds any.
 //! Then the handler comes back as written, next to the errors, so that the rest of the crate and

@@ -118,19 +118,7 @@ impl Expansion<'_> {
         let item = self.handler.item;
         let vis = &item.vis;
         let name = &item.sig.ident;
-        let mut params = Vec::new();
-        let mut args = Vec::new();
-        for (index, input) in item.sig.inputs.iter().enumerate() {
-            if let syn::FnArg::Typed(typed) = input {
-                let ident = match &*typed.pat {
-                    syn::Pat::Ident(pat) if pat.subpat.is_none() => located(&pat.ident),
-                    _ => Ident::new(&format!("__arg{index}"), Span::mixed_site()),
-                };
-                let ty = respan(typed.ty.to_token_stream());
-                params.push(quote!(#ident: #ty));
-                args.push(ident);
-            }
-        }
+        let (params, args) = outcome_parameters(&item.sig);
         let generics = &item.sig.generics;
         let turbofish = turbofish(generics);
         let function = located(name);
@@ -147,37 +135,15 @@ impl Expansion<'_> {
             .flat_map(|clause| clause.predicates.iter())
             .map(|predicate| respan(predicate.to_token_stream()))
             .collect();
-        // `T` and `E` of the return type: read off `Result<T, E>` when it is spelled so; else
-        // parameters of `outcome`, tied to the return type (an alias of a `Result`) by
-        // `Result<T, E>: From<Ret>`, which only the identity impl satisfies. A where-clause with
-        // parameters is not checked where it is written: a return type that is not a `Result` is
-        // reported once, at the handler.
         let (ok, err) = match &self.handler.output.parts {
             Some((ok, err)) => (respan(ok.to_token_stream()), respan(err.to_token_stream())),
             None => {
-                let taken = |name: &str| {
-                    generics.params.iter().any(|param| match param {
-                        syn::GenericParam::Type(t) => t.ident == name,
-                        syn::GenericParam::Const(c) => c.ident == name,
-                        syn::GenericParam::Lifetime(_) => false,
-                    })
-                };
-                let pick = |name: &str| {
-                    let name = if taken(name) {
-                        format!("__{name}")
-                    } else {
-                        name.to_owned()
-                    };
-                    Ident::new(&name, Span::call_site())
-                };
-                let (ok, err) = (pick("T"), pick("E"));
-                let ret = respan(self.handler.output.ty.to_token_stream());
-                generic_params.push(quote!(#ok));
-                generic_params.push(quote!(#err));
-                predicates
-                    .push(quote!(::core::result::Result<#ok, #err>: ::core::convert::From<#ret>));
-                call = quote!(<::core::result::Result<#ok, #err> as ::core::convert::From<#ret>>::from(#call));
-                (quote!(#ok), quote!(#err))
+                let parts = self.alias_parts();
+                generic_params.extend([parts.ok.clone(), parts.err.clone()]);
+                predicates.push(parts.predicate);
+                let convert = parts.convert;
+                call = quote!(#convert(#call));
+                (parts.ok, parts.err)
             }
         };
         let generics = (!generic_params.is_empty()).then(|| quote!(<#(#generic_params),*>));
@@ -210,6 +176,64 @@ impl Expansion<'_> {
             }
         }
     }
+
+    /// `T` and `E` of a return type not spelled `Result<T, E>` (an alias of one): parameters of
+    /// `outcome`, tied to the return type by `Result<T, E>: From<Ret>`, which only the identity
+    /// impl satisfies. A where-clause with parameters is not checked where it is written, so a
+    /// return type that is not a `Result` is reported once, at the handler.
+    fn alias_parts(&self) -> AliasParts {
+        let generics = &self.handler.item.sig.generics;
+        let taken = |name: &str| {
+            generics.params.iter().any(|param| match param {
+                syn::GenericParam::Type(t) => t.ident == name,
+                syn::GenericParam::Const(c) => c.ident == name,
+                syn::GenericParam::Lifetime(_) => false,
+            })
+        };
+        let pick = |name: &str| {
+            let name = if taken(name) {
+                format!("__{name}")
+            } else {
+                name.to_owned()
+            };
+            Ident::new(&name, Span::call_site())
+        };
+        let (ok, err) = (pick("T"), pick("E"));
+        let ret = respan(self.handler.output.ty.to_token_stream());
+        AliasParts {
+            predicate: quote!(::core::result::Result<#ok, #err>: ::core::convert::From<#ret>),
+            convert: quote!(<::core::result::Result<#ok, #err> as ::core::convert::From<#ret>>::from),
+            ok: quote!(#ok),
+            err: quote!(#err),
+        }
+    }
+}
+
+/// What `outcome` needs for a return type spelled another way than `Result<T, E>`.
+struct AliasParts {
+    ok: TokenStream,
+    err: TokenStream,
+    predicate: TokenStream,
+    /// The path of the conversion from the handler's return type to `Result<T, E>`.
+    convert: TokenStream,
+}
+
+/// `outcome`'s parameters (the handler's, each bound to a name) and the arguments it passes on.
+fn outcome_parameters(sig: &syn::Signature) -> (Vec<TokenStream>, Vec<Ident>) {
+    let mut params = Vec::new();
+    let mut args = Vec::new();
+    for (index, input) in sig.inputs.iter().enumerate() {
+        if let syn::FnArg::Typed(typed) = input {
+            let ident = match &*typed.pat {
+                syn::Pat::Ident(pat) if pat.subpat.is_none() => located(&pat.ident),
+                _ => Ident::new(&format!("__arg{index}"), Span::mixed_site()),
+            };
+            let ty = respan(typed.ty.to_token_stream());
+            params.push(quote!(#ident: #ty));
+            args.push(ident);
+        }
+    }
+    (params, args)
 }
 
 /// `::<T, N>`: the function's type and const parameters, to call it from the companion (an
