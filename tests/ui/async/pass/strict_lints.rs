@@ -29,7 +29,7 @@ use diesel_async::AsyncConnection as _;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use idempotent_jobs::idempotent_job;
 
-/// The async SQLite connection.
+/// The async `SQLite` connection.
 pub type Conn = SyncConnectionWrapper<SqliteConnection>;
 
 /// Every run of every body below.
@@ -61,8 +61,8 @@ pub async fn welcome(mut conn: &mut Conn, user_id: u64) -> JobResult<u64> {
 /// # Errors
 ///
 /// When the job call fails.
-#[idempotent_job(key = "generic:<first>:<id>")]
-pub async fn generic<'a, C: idempotent_jobs::AsyncJobStore>(
+#[idempotent_job(key = "generic-async:<first>:<id>")]
+pub async fn generic_async<'a, C: idempotent_jobs::AsyncJobStore>(
     conn: &mut C,
     first: &'a str,
     second: &'a str,
@@ -192,7 +192,9 @@ pub fn main() {
                 1
             );
             assert_eq!(
-                generic(&mut conn, "a", "b", 2).await.expect("generic"),
+                generic_async(&mut conn, "a", "b", 2)
+                    .await
+                    .expect("generic"),
                 "ab2"
             );
             assert_eq!(
