@@ -434,3 +434,56 @@ fn bindings(pat: &Pat) -> Vec<(String, Option<String>)> {
 pub fn param_span(param: &Param) -> Span {
     param.ident.span()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{bindings, borrows, not_storable, shown};
+    use quote::ToTokens as _;
+
+    #[test]
+    fn types_are_shown_as_written() {
+        let ty: syn::Type = syn::parse_quote!(Result<&'static str, idempotent_jobs::Error>);
+        assert_eq!(shown(&ty), "Result<&'static str, idempotent_jobs::Error>");
+        let ty: syn::Type =
+            syn::parse_quote!(&mut PooledConnection<ConnectionManager<PgConnection>>);
+        assert_eq!(
+            shown(&ty),
+            "&mut PooledConnection<ConnectionManager<PgConnection>>"
+        );
+        let ty: syn::Type = syn::parse_quote!((u8, [u16; 2]));
+        assert_eq!(shown(&ty), "(u8, [u16; 2])");
+    }
+
+    #[test]
+    fn pattern_bindings_know_their_field_paths() {
+        let pat: syn::Pat = syn::parse_quote!((month, Period { year, day: d }));
+        let names: Vec<(String, Option<String>)> = bindings(&pat);
+        assert_eq!(
+            names,
+            vec![
+                ("month".to_owned(), Some(".0".to_owned())),
+                ("year".to_owned(), Some(".1.year".to_owned())),
+                ("d".to_owned(), Some(".1.day".to_owned())),
+            ]
+        );
+        let pat: syn::Pat = syn::parse_quote!([first, ..]);
+        assert_eq!(bindings(&pat), vec![("first".to_owned(), None)]);
+    }
+
+    #[test]
+    fn borrowed_results_are_found_inside_other_types() {
+        let owned: syn::Type = syn::parse_quote!(Vec<(String, Box<fn(&str) -> u8>)>);
+        assert!(
+            !borrows(owned.to_token_stream()),
+            "a `&` inside a fn pointer type is not a borrow"
+        );
+        let inside: syn::Type = syn::parse_quote!(Option<Vec<&'static str>>);
+        assert!(borrows(inside.to_token_stream()));
+        let str_ref: syn::Type = syn::parse_quote!(&'static str);
+        assert!(not_storable(&str_ref).is_some_and(|m| m.contains("return `String` instead")));
+        let slice: syn::Type = syn::parse_quote!(&'static [u8]);
+        assert!(not_storable(&slice).is_some_and(|m| m.contains("return `Vec<u8>` instead")));
+        let hidden: syn::Type = syn::parse_quote!(impl serde::Serialize);
+        assert!(not_storable(&hidden).is_some_and(|m| m.contains("is not named")));
+    }
+}
