@@ -61,21 +61,33 @@ pub enum InProgress {
 
 impl InProgress {
     /// Parses `"wait"`, `"fail"` or `"wait at most <duration>"` (`500ms`, `5s`, `2m`, ...).
-    pub fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Result<Self, DurationError> {
         let text = text.trim();
         match text {
-            "wait" => return Some(InProgress::Wait),
-            "fail" => return Some(InProgress::Fail),
+            "wait" => return Ok(InProgress::Wait),
+            "fail" => return Ok(InProgress::Fail),
             _ => {}
         }
-        let limit = text.strip_prefix("wait at most")?.trim();
+        let limit = text
+            .strip_prefix("wait at most")
+            .ok_or(DurationError::Invalid)?
+            .trim();
         let millis = match limit.strip_suffix("ms") {
             Some(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
-                digits.parse().ok()?
+                let millis: u64 = digits.parse().map_err(|_| DurationError::TooLong)?;
+                if millis == 0 {
+                    return Err(DurationError::Zero);
+                }
+                if millis / 1_000 > MAX_SECONDS {
+                    return Err(DurationError::TooLong);
+                }
+                millis
             }
-            _ => parse_duration(limit)?.checked_mul(1_000)?,
+            _ => parse_duration(limit)?
+                .checked_mul(1_000)
+                .ok_or(DurationError::TooLong)?,
         };
-        Some(InProgress::WaitAtMost(millis))
+        Ok(InProgress::WaitAtMost(millis))
     }
 }
 
@@ -149,92 +161,143 @@ impl Args {
                 set_once(&mut self.krate, value, meta)
             }
             "fingerprint" => {
-                let content;
-                syn::parenthesized!(content in meta.input);
-                let exprs =
-                    syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated(
-                        &content,
-                    )?;
-                let mut inputs = Vec::new();
-                for expr in &exprs {
-                    inputs.push(input_path(expr)?);
-                }
-                if inputs.is_empty() {
-                    return Err(meta.error(
-                        "`fingerprint()` names no input; list the parameters that must match on a replay, like `fingerprint(amount, currency)`",
-                    ));
-                }
+                let inputs = fingerprint_inputs(meta)?;
                 set_once(&mut self.fingerprint, inputs, meta)
             }
             "keep" => {
                 let value = string_value(meta, "keep", "30d")?;
-                let seconds = parse_duration(&value.value()).ok_or_else(|| {
-                    syn::Error::new(
-                        value.span(),
-                        format!(
-                            "`keep = \"{}\"` is not a duration; write a number and a unit, like \"90s\", \"15m\", \"12h\", \"30d\", \"2w\" or \"1d12h\"",
-                            value.value()
-                        ),
-                    )
-                })?;
+                let seconds = keep_seconds(&value)?;
                 set_once(&mut self.keep, seconds, meta)
             }
             "in_progress" => {
                 let value = string_value(meta, "in_progress", "fail")?;
-                let policy = InProgress::parse(&value.value()).ok_or_else(|| {
-                    syn::Error::new(
-                        value.span(),
-                        format!(
-                            "`in_progress = \"{}\"` is not a policy; write \"wait\" (the default: wait for the other run, then replay or run), \"fail\" (give the worker back at once with Error::InProgress) or \"wait at most 5s\" (a duration like \"500ms\", \"5s\", \"2m\")",
-                            value.value()
-                        ),
-                    )
-                })?;
+                let policy = in_progress_policy(&value)?;
                 set_once(&mut self.in_progress, policy, meta)
             }
             "redact_key" => {
-                if meta.input.peek(syn::Token![=]) {
-                    let _: syn::Expr = meta.value()?.parse()?;
-                    return Err(meta.error("`redact_key` takes no value: write `redact_key`"));
-                }
-                set_once(&mut self.redact_key, path.span(), meta)
+                let span = flag(meta, "redact_key")?;
+                set_once(&mut self.redact_key, span, meta)
             }
             "no_companion" => {
-                if meta.input.peek(syn::Token![=]) {
-                    let _: syn::Expr = meta.value()?.parse()?;
-                    return Err(meta.error("`no_companion` takes no value: write `no_companion`"));
-                }
-                set_once(&mut self.no_companion, path.span(), meta)
+                let span = flag(meta, "no_companion")?;
+                set_once(&mut self.no_companion, span, meta)
             }
             "once" => {
-                if meta.input.peek(syn::Token![=]) {
-                    let _: syn::Expr = meta.value()?.parse()?;
-                    return Err(meta.error("`once` takes no value: write `once`"));
-                }
-                set_once(&mut self.once, path.span(), meta)
+                let span = flag(meta, "once")?;
+                set_once(&mut self.once, span, meta)
             }
-            _ => {
-                // Skip the value, if any, so the next argument still parses.
-                if meta.input.peek(syn::Token![=]) {
-                    let _: syn::Expr = meta.value()?.parse()?;
-                } else if meta.input.peek(syn::token::Paren) {
-                    let _ = meta.parse_nested_meta(|_| Ok(()));
-                }
-                let valid = ARGUMENTS
-                    .iter()
-                    .map(|a| format!("`{a}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let message = match did_you_mean(&name, ARGUMENTS.iter().copied()) {
-                    Some(suggestion) => format!(
-                        "unknown argument `{name}`; did you mean `{suggestion}`? (`#[idempotent_job]` takes {valid})"
-                    ),
-                    None => format!("unknown argument `{name}`: `#[idempotent_job]` takes {valid}"),
-                };
-                Err(syn::Error::new(path.span(), message))
-            }
+            _ => Err(unknown_argument(meta, &name)),
         }
     }
+}
+
+/// A flag argument such as `once`: its span, or an error when it was given a value.
+fn flag(meta: &ParseNestedMeta<'_>, name: &str) -> syn::Result<Span> {
+    if meta.input.peek(syn::Token![=]) {
+        let _: syn::Expr = meta.value()?.parse()?;
+        return Err(meta.error(format!("`{name}` takes no value: write `{name}`")));
+    }
+    Ok(meta.path.span())
+}
+
+/// `fingerprint(a, b.c)`.
+fn fingerprint_inputs(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<Input>> {
+    let content;
+    syn::parenthesized!(content in meta.input);
+    let exprs =
+        syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated(&content)?;
+    let inputs = exprs
+        .iter()
+        .map(input_path)
+        .collect::<syn::Result<Vec<_>>>()?;
+    if inputs.is_empty() {
+        return Err(meta.error(
+            "`fingerprint()` names no input; list the parameters that must match on a replay, like `fingerprint(amount, currency)`",
+        ));
+    }
+    Ok(inputs)
+}
+
+/// `keep = "30d"` in seconds, or what is wrong with it.
+fn keep_seconds(value: &LitStr) -> syn::Result<u64> {
+    let text = value.value();
+    let message = match parse_duration(&text) {
+        Ok(seconds) => return Ok(seconds),
+        Err(DurationError::Zero) => format!(
+            "`keep = \"{text}\"` would keep a key for no time at all, so every delivery would run the job again; leave `keep` out to keep keys forever, or give a positive duration like \"30d\""
+        ),
+        Err(DurationError::TooLong) => format!(
+            "`keep = \"{text}\"` is longer than the 100 years the runtime accepts; leave `keep` out to keep keys forever"
+        ),
+        Err(DurationError::Invalid)
+            if [
+                "forever",
+                "always",
+                "never",
+                "infinite",
+                "infinity",
+                "permanent",
+                "none",
+            ]
+            .contains(&text.trim().to_lowercase().as_str()) =>
+        {
+            format!(
+                "keys are kept forever when `keep` is left out: remove `keep = \"{text}\"` (`keep` takes a duration after which a key lapses, like \"30d\")"
+            )
+        }
+        Err(DurationError::Invalid) => format!(
+            "`keep = \"{text}\"` is not a duration: write a number and a unit, like \"90s\", \"15m\", \"12h\", \"30d\", \"2w\" or \"1d12h\"; to keep keys forever, leave `keep` out"
+        ),
+    };
+    Err(syn::Error::new(value.span(), message))
+}
+
+/// `in_progress = "..."` as a policy, or what is wrong with it.
+fn in_progress_policy(value: &LitStr) -> syn::Result<InProgress> {
+    let text = value.value();
+    match InProgress::parse(&text) {
+        Ok(policy) => Ok(policy),
+        Err(DurationError::Zero) => Err(syn::Error::new(
+            value.span(),
+            format!(
+                "`in_progress = \"{text}\"` waits for no time at all: to give the worker back at once, write \"fail\"; to wait, give a positive duration like \"wait at most 5s\""
+            ),
+        )),
+        Err(DurationError::TooLong) => Err(syn::Error::new(
+            value.span(),
+            format!(
+                "`in_progress = \"{text}\"` is longer than the 100 years the runtime accepts; to wait as long as the other run takes, write \"wait\""
+            ),
+        )),
+        Err(DurationError::Invalid) => Err(syn::Error::new(
+            value.span(),
+            format!(
+                "`in_progress = \"{text}\"` is not a policy; write \"wait\" (the default: wait for the other run, then replay or run), \"fail\" (give the worker back at once with Error::InProgress) or \"wait at most 5s\" (a duration like \"500ms\", \"5s\", \"2m\")"
+            ),
+        )),
+    }
+}
+
+/// An argument the attribute does not take: the error lists the ones it does.
+fn unknown_argument(meta: &ParseNestedMeta<'_>, name: &str) -> syn::Error {
+    // Skip the value, if any, so the next argument still parses.
+    if meta.input.peek(syn::Token![=]) {
+        let _ = meta.value().and_then(|value| value.parse::<syn::Expr>());
+    } else if meta.input.peek(syn::token::Paren) {
+        let _ = meta.parse_nested_meta(|_| Ok(()));
+    }
+    let valid = ARGUMENTS
+        .iter()
+        .map(|a| format!("`{a}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let message = match did_you_mean(name, ARGUMENTS.iter().copied()) {
+        Some(suggestion) => format!(
+            "unknown argument `{name}`; did you mean `{suggestion}`? (`#[idempotent_job]` takes {valid})"
+        ),
+        None => format!("unknown argument `{name}`: `#[idempotent_job]` takes {valid}"),
+    };
+    syn::Error::new(meta.path.span(), message)
 }
 
 fn set_once<T>(slot: &mut Option<T>, value: T, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
@@ -329,17 +392,37 @@ fn input_path(expr: &syn::Expr) -> syn::Result<Input> {
     }
 }
 
-/// `"90s"`, `"15m"`, `"12h"`, `"30d"`, `"2w"`, `"1d12h"`: seconds, or `None`.
-pub fn parse_duration(text: &str) -> Option<u64> {
+/// The longest duration the runtime accepts: 100 years (of 366 days, as the runtime counts them).
+const MAX_SECONDS: u64 = 100 * 366 * 24 * 3_600;
+
+/// Why a duration argument was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DurationError {
+    /// Not a duration at all.
+    Invalid,
+    /// A duration of zero.
+    Zero,
+    /// Longer than the runtime accepts.
+    TooLong,
+}
+
+/// `"90s"`, `"15m"`, `"12h"`, `"30d"`, `"2w"`, `"1d12h"`: seconds, at least one and at most
+/// 100 years.
+pub fn parse_duration(text: &str) -> Result<u64, DurationError> {
     let mut total: u64 = 0;
     let mut number: Option<u64> = None;
-    for c in text.trim().chars() {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(DurationError::Invalid);
+    }
+    for c in text.chars() {
         if let Some(digit) = c.to_digit(10) {
             number = Some(
                 number
                     .unwrap_or(0)
-                    .checked_mul(10)?
-                    .checked_add(u64::from(digit))?,
+                    .checked_mul(10)
+                    .and_then(|n| n.checked_add(u64::from(digit)))
+                    .ok_or(DurationError::TooLong)?,
             );
             continue;
         }
@@ -349,41 +432,79 @@ pub fn parse_duration(text: &str) -> Option<u64> {
             'h' => 3_600,
             'd' => 86_400,
             'w' => 604_800,
-            _ => return None,
+            _ => return Err(DurationError::Invalid),
         };
-        total = total.checked_add(number.take()?.checked_mul(unit)?)?;
+        let amount = number.take().ok_or(DurationError::Invalid)?;
+        total = amount
+            .checked_mul(unit)
+            .and_then(|seconds| total.checked_add(seconds))
+            .ok_or(DurationError::TooLong)?;
     }
-    (number.is_none() && total > 0).then_some(total)
+    match (number, total) {
+        (Some(_), _) => Err(DurationError::Invalid),
+        (None, 0) => Err(DurationError::Zero),
+        (None, total) if total > MAX_SECONDS => Err(DurationError::TooLong),
+        (None, total) => Ok(total),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{InProgress, parse_duration};
+    use super::{DurationError, InProgress, parse_duration};
 
     #[test]
     fn in_progress_policies() {
-        assert_eq!(InProgress::parse("fail"), Some(InProgress::Fail));
-        assert_eq!(InProgress::parse(" wait "), Some(InProgress::Wait));
+        assert_eq!(InProgress::parse("fail"), Ok(InProgress::Fail));
+        assert_eq!(InProgress::parse(" wait "), Ok(InProgress::Wait));
         assert_eq!(
             InProgress::parse("wait at most 5s"),
-            Some(InProgress::WaitAtMost(5_000))
+            Ok(InProgress::WaitAtMost(5_000))
         );
         assert_eq!(
             InProgress::parse("wait at most 250ms"),
-            Some(InProgress::WaitAtMost(250))
+            Ok(InProgress::WaitAtMost(250))
         );
-        assert_eq!(InProgress::parse("wait at most"), None);
-        assert_eq!(InProgress::parse("wait at most ms"), None);
-        assert_eq!(InProgress::parse("sometimes"), None);
+        assert_eq!(
+            InProgress::parse("wait at most"),
+            Err(DurationError::Invalid)
+        );
+        assert_eq!(
+            InProgress::parse("wait at most ms"),
+            Err(DurationError::Invalid)
+        );
+        assert_eq!(InProgress::parse("sometimes"), Err(DurationError::Invalid));
+        assert_eq!(
+            InProgress::parse("wait at most 0s"),
+            Err(DurationError::Zero)
+        );
+        assert_eq!(
+            InProgress::parse("wait at most 0ms"),
+            Err(DurationError::Zero)
+        );
+        assert_eq!(
+            InProgress::parse("wait at most 99999999999999999999ms"),
+            Err(DurationError::TooLong)
+        );
     }
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("30d"), Some(30 * 86_400));
-        assert_eq!(parse_duration("1d12h"), Some(86_400 + 12 * 3_600));
-        assert_eq!(parse_duration("90s"), Some(90));
-        for bad in ["", "30", "d", "30x", "0s", "1.5h", "-1d"] {
-            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        assert_eq!(parse_duration("30d"), Ok(30 * 86_400));
+        assert_eq!(parse_duration("1d12h"), Ok(86_400 + 12 * 3_600));
+        assert_eq!(parse_duration("90s"), Ok(90));
+        for bad in ["", "30", "d", "30x", "1.5h", "-1d", "forever", "30 days"] {
+            assert_eq!(parse_duration(bad), Err(DurationError::Invalid), "{bad:?}");
         }
+        for zero in ["0s", "0d0h", "00m"] {
+            assert_eq!(parse_duration(zero), Err(DurationError::Zero), "{zero:?}");
+        }
+        for long in ["5300w", "99999999999999999999s", "36601d"] {
+            assert_eq!(
+                parse_duration(long),
+                Err(DurationError::TooLong),
+                "{long:?}"
+            );
+        }
+        assert_eq!(parse_duration("36600d"), Ok(36_600 * 86_400));
     }
 }

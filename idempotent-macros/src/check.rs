@@ -102,8 +102,13 @@ pub fn check(key: &KeyTemplate, args: &Args, handler: Option<&Handler<'_>>, cx: 
         .map(|(_, p)| p.ident.unraw().to_string())
         .collect();
     for placeholder in key.template.placeholders() {
-        if let Err(message) = check_path(&placeholder.display(), &placeholder.path, handler, &names)
-        {
+        if let Err(message) = check_path(
+            &placeholder.display(),
+            &placeholder.path,
+            handler,
+            &names,
+            Naming::Placeholder,
+        ) {
             cx.error_at(
                 span_in(&key.literal, &placeholder.range),
                 format!("in key template `{source}`: {message}"),
@@ -111,7 +116,13 @@ pub fn check(key: &KeyTemplate, args: &Args, handler: Option<&Handler<'_>>, cx: 
         }
     }
     for input in args.fingerprint.iter().flatten() {
-        if let Err(message) = check_path(&input.name, &input.path, handler, &names) {
+        if let Err(message) = check_path(
+            &input.name,
+            &input.path,
+            handler,
+            &names,
+            Naming::FingerprintInput,
+        ) {
             cx.error_at(
                 input.span,
                 format!(
@@ -123,12 +134,37 @@ pub fn check(key: &KeyTemplate, args: &Args, handler: Option<&Handler<'_>>, cx: 
     }
 }
 
+/// What names a parameter: a placeholder of the key, or an input of the fingerprint.
+#[derive(Clone, Copy)]
+enum Naming {
+    Placeholder,
+    FingerprintInput,
+}
+
+impl Naming {
+    /// `path` as this kind of name is written.
+    fn written(self, path: &str) -> String {
+        match self {
+            Naming::Placeholder => format!("`<{path}>`"),
+            Naming::FingerprintInput => format!("`fingerprint({path})`"),
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Naming::Placeholder => "a placeholder",
+            Naming::FingerprintInput => "a fingerprint input",
+        }
+    }
+}
+
 /// Checks that a placeholder or fingerprint input names a parameter (or `self`'s field).
 fn check_path(
     shown: &str,
     path: &[Segment],
     handler: &Handler<'_>,
     names: &[String],
+    naming: Naming,
 ) -> Result<(), String> {
     let root = match path.first() {
         Some(Segment::Name(name)) => name.as_str(),
@@ -157,13 +193,61 @@ fn check_path(
     if names.iter().any(|name| name == root) {
         return Ok(());
     }
+    if let Some(message) = bound_by_pattern(shown, root, path, handler, naming) {
+        return Err(message);
+    }
+    Err(unknown(shown, root, handler, names))
+}
+
+/// `<month>` where `month` is bound inside a pattern parameter such as `(month, day): (u8, u8)`:
+/// a placeholder reaches a parameter by its name, so the parameter needs one.
+fn bound_by_pattern(
+    shown: &str,
+    root: &str,
+    path: &[Segment],
+    handler: &Handler<'_>,
+    naming: Naming,
+) -> Option<String> {
+    let (pattern, field) = handler.patterns.iter().find_map(|pattern| {
+        pattern
+            .bindings
+            .iter()
+            .find(|(name, _)| name == root)
+            .map(|(_, field)| (pattern, field))
+    })?;
+    let ty = crate::signature::shown(&pattern.ty);
+    let rest: String = path[1..]
+        .iter()
+        .map(|segment| match segment {
+            Segment::Name(name) => format!(".{name}"),
+            Segment::Index(index) => format!(".{index}"),
+        })
+        .collect();
+    let fix = match field {
+        Some(field) => format!(
+            "bind that parameter to a name (`param: {ty}`, destructured in the body) and write {}",
+            naming.written(&format!("param{field}{rest}"))
+        ),
+        None => format!(
+            "bind that parameter to a name (`param: {ty}`), destructure it in the body, and name the value through it"
+        ),
+    };
+    Some(format!(
+        "`{shown}`: `{root}` is bound inside the pattern `{}` of a parameter of `{}`, and {} names a parameter (or a field of one); {fix}",
+        pattern.pattern.replace(" ,", ","),
+        handler.item.sig.ident,
+        naming.what()
+    ))
+}
+
+/// The message for a placeholder that names nothing the handler has.
+fn unknown(shown: &str, root: &str, handler: &Handler<'_>, names: &[String]) -> String {
+    let function = &handler.item.sig.ident;
     let mut message =
         format!("unknown placeholder `{shown}`: `{function}` has no parameter `{root}`");
     if let Some(suggestion) = did_you_mean(root, names.iter().map(String::as_str)) {
         message.push_str(&format!("; did you mean `{suggestion}`?"));
-    } else if names.is_empty() {
-        message.push_str(" (it has no parameters besides the connection)");
-    } else {
+    } else if !names.is_empty() {
         message.push_str(&format!(
             "; its parameters are {}",
             names
@@ -172,6 +256,12 @@ fn check_path(
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+    } else if handler.receiver.is_some() {
+        message.push_str(
+            " (besides the connection it has only `self`: name a field of it, like `<self.id>`)",
+        );
+    } else if handler.patterns.is_empty() {
+        message.push_str(" (it has no parameters besides the connection)");
     }
-    Err(message)
+    message
 }

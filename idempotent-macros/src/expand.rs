@@ -1,8 +1,26 @@
-//! The expand phase: writes the wrapper around a handler that passed every check. Generated paths
-//! go through the runtime's versioned private module, so a facade and a macro crate of different
-//! versions fail to compile with a message naming that module.
+//! The expand phase: the wrapper around a handler that passed every check, and its companion.
+//!
+//! The handler stays the user's function: its attributes, visibility, signature (bindings, `mut`,
+//! patterns) and body as written; only the body moves into a closure that the runtime runs once
+//! per key, and the connection's `mut`, if any, moves with it onto the closure's parameter, where
+//! the body uses the connection. Lints see the function as the user wrote it, once.
+//!
+//! Everything else is generated code, and spanned so: tokens copied from the signature into
+//! generated items keep their place for error messages but take the attribute's expansion as their
+//! context (`Span::call_site().located_at(..)`), so that lints, which skip code from another crate's
+//! macro, never report the user's code twice or through generated items.
+//!
+//! A free function gets a companion: a hidden type holding the job's description, the key and an
+//! `outcome` that calls the handler and says whether it ran or replayed, aliased under the
+//! function's name (types and functions live in different namespaces). The handler itself reaches
+//! the hidden type by its own name, so a type or module of the user's that takes the function's
+//! name fails only the alias, with one error. A method, an associated function (one that mentions `Self`) and
+//! `no_companion` get none: the job's description then lives in the function.
+//!
+//! Generated paths go through the runtime's versioned private module, so a facade and a macro crate
+//! of different versions fail to compile with a message naming that module.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens as _, format_ident, quote, quote_spanned};
 use syn::Ident;
 use syn::ext::IdentExt as _;
@@ -13,12 +31,68 @@ use crate::args::Args;
 use crate::check::KeyTemplate;
 use crate::signature::{Handler, param_span};
 
+mod companion;
+
 /// The runtime's private module for generated code, named with this crate's version, which the
 /// facade pins exactly.
 fn private_module() -> Ident {
     format_ident!(
         "__private_{}",
         env!("CARGO_PKG_VERSION").replace(['.', '-', '+'], "_")
+    )
+}
+
+/// `tokens`, each placed where it is but in the attribute's expansion: errors still point at the
+/// user's tokens, and lints, which skip another crate's macro output, do not report them again.
+/// `$crate` keeps its own span, which says which crate it means.
+pub fn respan(tokens: TokenStream) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|tree| match tree {
+            TokenTree::Group(group) => {
+                let mut respanned =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream()));
+                respanned.set_span(Span::call_site().located_at(group.span()));
+                TokenTree::Group(respanned)
+            }
+            TokenTree::Ident(ident) if ident == "$crate" => TokenTree::Ident(ident),
+            mut other => {
+                other.set_span(Span::call_site().located_at(other.span()));
+                other
+            }
+        })
+        .collect()
+}
+
+/// `ident` where the user wrote it, in the attribute's expansion: for a name the companion declares
+/// and uses itself.
+pub fn located(ident: &Ident) -> Ident {
+    let mut located = ident.clone();
+    located.set_span(Span::call_site().located_at(ident.span()));
+    located
+}
+
+/// The spans of the first and the last token of `tokens`, for generated code whose errors should
+/// underline all of them (rustc joins the spans of an expression's first and last token).
+pub fn first_and_last(tokens: &TokenStream) -> (Span, Span) {
+    fn last(tokens: TokenStream) -> Option<Span> {
+        tokens.into_iter().last().map(|tree| match tree {
+            TokenTree::Group(group) => group.span_close(),
+            other => other.span(),
+        })
+    }
+    let first = tokens
+        .clone()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |tree| match tree {
+            TokenTree::Group(group) => group.span_open(),
+            other => other.span(),
+        });
+    let last = last(tokens.clone()).unwrap_or(first);
+    (
+        Span::call_site().located_at(first),
+        Span::call_site().located_at(last),
     )
 }
 
@@ -31,294 +105,152 @@ pub struct Expansion<'a> {
 
 impl Expansion<'_> {
     pub fn expand(&self) -> TokenStream {
-        if self.handler.receiver.is_none() && self.args.no_companion.is_none() {
-            self.expand_with_companion()
+        let handler = self.handler;
+        let companion = handler.receiver.is_none()
+            && !handler.mentions_self
+            && self.args.no_companion.is_none();
+        if companion {
+            let hidden = format_ident!(
+                "__IdempotentJob_{}",
+                handler.name(),
+                span = Span::call_site()
+            );
+            let function = self.function(Some(&hidden));
+            let companion = self.companion(&hidden);
+            quote! { #companion #function }
         } else {
-            self.expand_inline()
+            self.function(None)
         }
     }
 
-    /// A method (or `no_companion`): the wrapper holds the job's description and the run.
-    fn expand_inline(&self) -> TokenStream {
+    /// The handler: the user's function, its body run by the runtime. With a companion, the job
+    /// and the key come from it (through the hidden type); without, the job is a static here.
+    fn function(&self, hidden: Option<&Ident>) -> TokenStream {
         let item = self.handler.item;
         let attrs = &item.attrs;
         let vis = &item.vis;
-        let sig = &item.sig;
+        let sig = self.signature_without_conn_mut();
         let krate = self.krate();
-        let private = private_module();
         let mixed = Span::mixed_site();
         let key_var = Ident::new("__idempotent_key", mixed);
-        let writer = Ident::new("__idempotent_writer", mixed);
         let job_static = Ident::new("__IDEMPOTENT_JOB", mixed);
-        let job = self.job(&krate, &job_static);
-        let build_key = self.build_key(&krate, &writer, false);
-        let run = self.run(&quote!(&#job_static), &key_var);
-        let wrapper = quote! {
-            #job
-            let #key_var = {
-                #build_key
-            };
-            #run.map(#krate::#private::Outcome::into_inner)
+        let (setup, job, key) = match hidden {
+            Some(hidden) => {
+                let args = self.key_params().into_iter().map(key_argument);
+                (
+                    quote!(),
+                    quote!(<#hidden>::job()),
+                    quote!(<#hidden>::key(#(#args),*)),
+                )
+            }
+            None => {
+                let writer = Ident::new("__idempotent_writer", mixed);
+                let build = self.build_key(&krate, &writer, false);
+                (
+                    self.job(&krate, &job_static),
+                    quote!(&#job_static),
+                    quote!({ #build }),
+                )
+            }
         };
-        let mut wrapper = proc_macro2::Group::new(proc_macro2::Delimiter::Brace, wrapper);
-        wrapper.set_span(item.body_span);
+        let run = self.run(&job, &key_var);
+        let body = quote! {
+            #setup
+            let #key_var = #key;
+            #run
+        };
+        let mut body = proc_macro2::Group::new(proc_macro2::Delimiter::Brace, body);
+        body.set_span(item.body_span);
         quote! {
             #(#attrs)*
-            #vis #sig #wrapper
+            #vis #sig #body
         }
     }
 
-    /// A free function: the function keeps its signature and forwards to its companion, a type of
-    /// the same name (types and functions live in different namespaces, so the name cannot clash
-    /// with a function) whose associated functions give the job, the key from the handler's key
-    /// inputs, and the run that says whether it ran or replayed.
-    fn expand_with_companion(&self) -> TokenStream {
-        let item = self.handler.item;
-        let attrs = &item.attrs;
-        let vis = &item.vis;
-        let sig = &item.sig;
-        let name = &sig.ident;
-        let krate = self.krate();
-        let private = private_module();
-        let mixed = Span::mixed_site();
-        let key_var = Ident::new("__idempotent_key", mixed);
-        let writer = Ident::new("__idempotent_writer", mixed);
-        let job_static = Ident::new("__IDEMPOTENT_JOB", mixed);
-        let job = self.job(&krate, &job_static);
-        // The companion's `key` takes its inputs by reference.
-        let build_key = self.build_key(&krate, &writer, true);
-        let asynchronous = self.handler.is_async();
-        let awaited = asynchronous.then(|| quote!(.await));
-
-        // `cfg` goes wherever the function goes; lints apply to the body, which now sits in
-        // `outcome` (an `expect` there, so that it is not also expected of the wrapper).
-        let cfgs: Vec<_> = attrs.iter().filter(|a| a.path().is_ident("cfg")).collect();
-        let lints: Vec<TokenStream> = attrs
-            .iter()
-            .filter_map(|attr| {
-                let path = attr.path();
-                if ["allow", "warn", "deny", "forbid"]
-                    .iter()
-                    .any(|l| path.is_ident(l))
-                {
-                    Some(quote!(#attr))
-                } else if path.is_ident("expect") {
-                    let syn::Meta::List(list) = &attr.meta else {
-                        return None;
-                    };
-                    let tokens = &list.tokens;
-                    Some(quote!(#[allow(#tokens)]))
-                } else {
-                    None
-                }
-            })
-            .collect();
-
-        // The key's inputs, in the order of the signature, each by reference.
-        let roots: Vec<String> = self
-            .key
-            .template
-            .pieces
-            .iter()
-            .filter_map(|piece| match piece {
-                Piece::Placeholder(p) => match p.path.first() {
-                    Some(Segment::Name(root)) => Some(root.clone()),
-                    _ => None,
-                },
-                Piece::Text(_) => None,
-            })
-            .collect();
-        let key_params: Vec<_> = self
-            .handler
-            .params
-            .iter()
-            .filter(|p| roots.iter().any(|r| p.ident.unraw() == r.as_str()))
-            .collect();
-        let key_inputs = key_params.iter().map(|param| {
-            let ident = &param.ident;
-            let ty = match &param.ty {
-                syn::Type::Reference(reference) => {
-                    let mut shared = reference.clone();
-                    shared.mutability = None;
-                    quote!(#shared)
-                }
-                ty => quote!(&#ty),
-            };
-            quote!(#ident: #ty)
-        });
-        let key_args = key_params.iter().map(|param| {
-            let ident = &param.ident;
-            match &param.ty {
-                syn::Type::Reference(reference) if reference.mutability.is_some() => {
-                    quote!(&*#ident)
-                }
-                syn::Type::Reference(_) => quote!(#ident),
-                _ => quote!(&#ident),
-            }
-        });
-        let key_types: Vec<TokenStream> = key_params
-            .iter()
-            .map(|p| {
-                let ty = &p.ty;
-                quote!(#ty)
-            })
-            .collect();
-        let (key_generics, key_where) = generics_used_by(&sig.generics, &key_types);
-
-        // `outcome`: the handler's own signature, returning the `Outcome`.
-        let (ok, err) = result_parts(&sig.output, &krate);
-        let mut outcome_sig = sig.clone();
-        outcome_sig.ident = Ident::new("outcome", name.span());
-        outcome_sig.output = syn::parse_quote! {
-            -> ::core::result::Result<#krate::#private::Outcome<#ok>, #err>
-        };
-        let run = self.run(&quote!(Self::job()), &key_var);
-
-        // The function: its signature as written (patterns bound to names), forwarding.
-        let mut forward_sig = sig.clone();
-        let mut forward_args = Vec::new();
-        for (index, input) in forward_sig.inputs.iter_mut().enumerate() {
-            if let syn::FnArg::Typed(typed) = input {
-                let ident = match &*typed.pat {
-                    syn::Pat::Ident(pat) => pat.ident.clone(),
-                    _ => Ident::new(&format!("__idempotent_arg{index}"), mixed),
-                };
-                *typed.pat = syn::parse_quote!(#ident);
-                forward_args.push(ident);
-            }
+    /// The signature as written, but for the connection's `mut`: the connection is only handed on
+    /// here, and rebound (with the `mut`) as the body's closure's parameter, where the body uses it.
+    fn signature_without_conn_mut(&self) -> syn::Signature {
+        let mut sig = self.handler.item.sig.clone();
+        let position = self.handler.conn().position;
+        if let Some(syn::FnArg::Typed(typed)) = sig.inputs.iter_mut().nth(position)
+            && let syn::Pat::Ident(pat) = &mut *typed.pat
+        {
+            pat.mutability = None;
         }
-        let turbofish = {
-            let params: Vec<_> = sig
-                .generics
-                .params
-                .iter()
-                .filter_map(|param| match param {
-                    syn::GenericParam::Type(t) => {
-                        let ident = &t.ident;
-                        Some(quote!(#ident))
-                    }
-                    syn::GenericParam::Const(c) => {
-                        let ident = &c.ident;
-                        Some(quote!(#ident))
-                    }
-                    syn::GenericParam::Lifetime(_) => None,
-                })
-                .collect();
-            (!params.is_empty()).then(|| quote!(::<#(#params),*>))
-        };
-        // A caller that only calls `outcome` uses the handler: no dead-code warning for the
-        // function, which still gets one when neither is used. (Not where an `impl Trait`
-        // parameter leaves the function's type to inference.)
-        // `impl Trait` anywhere in a parameter's type (`&impl Mailer`, `Option<impl Fn()>`) is a
-        // type parameter the function's path alone cannot name.
-        let impl_trait_param = sig.inputs.iter().any(|input| match input {
-            syn::FnArg::Typed(typed) => mentions_impl(typed.ty.to_token_stream()),
-            syn::FnArg::Receiver(_) => false,
-        });
-        let uses_function = (!impl_trait_param).then(|| quote!(let _ = #name #turbofish;));
-        let forward = quote! {
-            #name::outcome #turbofish (#(#forward_args),*)#awaited
-                .map(#krate::#private::Outcome::into_inner)
-        };
-        let mut forward = proc_macro2::Group::new(proc_macro2::Delimiter::Brace, forward);
-        forward.set_span(item.body_span);
+        sig
+    }
 
-        let doc = format!(
-            "The job, the key and the outcome of [`{name}`](fn@{name}), generated by `#[idempotent_job]`.\n\n\
-             `{name}::key(..)` builds the key a call with those inputs claims (for look-ups and for \
-             `forget`), `{name}::job()` is the job's description, and `{name}::outcome(..)` runs the \
-             handler as `{name}(..)` does and says whether it ran or replayed."
-        );
-        let key_doc = "The key a call with these inputs claims, escaped as the handler escapes it.";
-        let outcome_doc = format!(
-            "Runs [`{name}`](fn@{name}) and says whether its body ran or a stored result was replayed."
-        );
-        quote! {
-            #(#attrs)*
-            #vis #forward_sig #forward
-
-            #(#cfgs)*
-            #[doc = #doc]
-            #[allow(non_camel_case_types)]
-            #vis struct #name {}
-
-            // `outcome` alone is not allowed to be dead: it and the function keep each other alive,
-            // so a handler nobody calls still gets its dead-code warning.
-            #(#cfgs)*
-            #[allow(clippy::needless_lifetimes)]
-            impl #name {
-                /// The job's description: its name, key template and settings.
-                #[allow(dead_code)]
-                #vis fn job() -> &'static #krate::#private::Job {
-                    #job
-                    &#job_static
-                }
-
-                #[doc = #key_doc]
-                #[allow(dead_code)]
-                #vis fn key #key_generics (#(#key_inputs),*) -> #krate::#private::JobKey #key_where {
-                    #build_key
-                }
-
-                #[doc = #outcome_doc]
-                #(#lints)*
-                #vis #outcome_sig {
-                    #uses_function
-                    let #key_var = Self::key(#(#key_args),*);
-                    #run
-                }
-            }
+    /// The connection's pattern as written (`conn`, `mut conn`), for the body's closure.
+    fn conn_pattern(&self) -> TokenStream {
+        let position = self.handler.conn().position;
+        match self.handler.item.sig.inputs.iter().nth(position) {
+            Some(syn::FnArg::Typed(typed)) => typed.pat.to_token_stream(),
+            _ => self.handler.conn().ident.to_token_stream(),
         }
     }
 
-    /// The call of the runtime for `job` and the key in `key_var`, the body as a closure.
+    /// The runtime's run of the body: `<Ret as JobResult>::run_sync(conn, reach, call, body)`.
+    /// The path is spanned across the return type, so that "not a `Result`" and "cannot be stored"
+    /// underline it; the reach at the connection's type, so that "not a connection" points there.
     fn run(&self, job: &TokenStream, key_var: &Ident) -> TokenStream {
-        let item = self.handler.item;
-        let sig = &item.sig;
-        let body = &item.body;
+        let handler = self.handler;
+        let body = &handler.item.body;
         let private = private_module();
         let store = Ident::new("__idempotent_conn", Span::mixed_site());
-        let conn = &self.handler.conn().ident;
-        let (output, output_span) = match &sig.output {
-            syn::ReturnType::Type(_, ty) => (quote!(#ty), syn::spanned::Spanned::span(ty)),
-            syn::ReturnType::Default => (quote!(()), Span::call_site()),
-        };
-        // Blame the return type when `T` cannot be stored or `E` cannot hold our errors, and the
-        // connection's type when it is not a connection.
-        let conn_span = syn::spanned::Spanned::span(&self.handler.conn().ty);
-        let krate = self.krate();
-        let asynchronous = self.handler.is_async();
-        let (reach, runner, closure) = if asynchronous {
+        let conn = &handler.conn().ident;
+        let conn_pattern = self.conn_pattern();
+        let ret = respan(handler.output.ty.to_token_stream());
+        let asynchronous = handler.is_async();
+        let (runner, reach_trait, reach_method, closure, awaited) = if asynchronous {
             (
-                quote_spanned!(conn_span=> AsyncJobConnection as _; #store.async_job_connection()),
-                quote!(run_async_with),
-                quote!(async move |#conn| -> #output #body),
+                self.result_item("run_async"),
+                quote!(AsyncJobConnection),
+                "async_job_connection",
+                quote!(async move |#conn_pattern| -> #ret #body),
+                Some(quote!(.await)),
             )
         } else {
             (
-                quote_spanned!(conn_span=> JobConnection as _; #store.job_connection()),
-                quote!(run_with),
-                quote!(move |#conn| -> #output #body),
+                self.result_item("run_sync"),
+                quote!(JobConnection),
+                "job_connection",
+                quote!(move |#conn_pattern| -> #ret #body),
+                None,
             )
         };
-        let reach_store = quote_spanned! {conn_span=>
+        let conn_ty = handler.conn().ty.to_token_stream();
+        let (_, conn_last) = first_and_last(&conn_ty);
+        let reach_method = Ident::new(reach_method, conn_last);
+        let krate = self.krate();
+        let reach = quote! {
             |#store| {
-                use #krate::#private::#reach
+                use #krate::#private::#reach_trait as _;
+                #store.#reach_method()
             }
         };
-        // The original block sits unchanged inside the closure; its parameter rebinds the
-        // connection under the user's own name and type, so the body reads exactly as written.
         let job_call = self.job_call(&krate, job, key_var);
-        let krate_at_output = self.krate_at(output_span);
-        let awaited = asynchronous.then(|| quote!(.await));
-        quote_spanned! {output_span=>
-            #krate_at_output::#private::#runner(
+        quote! {
+            #runner(
                 #conn,
-                #reach_store,
+                #reach,
                 #job_call,
                 #closure,
             )#awaited
         }
+    }
+
+    /// `<Ret as JobResult>::item`, its first token placed at the return type's first and its last
+    /// at the return type's last, so that an error about `Ret: JobResult` underlines the return
+    /// type; every use of it is placed alike, so that rustc reports such an error once.
+    fn result_item(&self, item: &str) -> TokenStream {
+        let output = self.handler.output.ty.to_token_stream();
+        let (first, last) = first_and_last(&output);
+        let ret = respan(output);
+        let private = private_module();
+        let krate = self.krate();
+        let item = Ident::new(item, last);
+        let open = quote_spanned!(first=> <);
+        quote!(#open #ret as #krate::#private::JobResult>::#item)
     }
 
     fn krate(&self) -> TokenStream {
@@ -339,10 +271,7 @@ impl Expansion<'_> {
         let private = private_module();
         let (name, named_after_function) = match &self.args.name {
             Some(name) => (name.value(), None),
-            None => (
-                self.handler.item.sig.ident.unraw().to_string(),
-                Some(quote!(.named_after_function())),
-            ),
+            None => (self.handler.name(), Some(quote!(.named_after_function()))),
         };
         let template = self.key.literal.value();
         let parts = self.key.template.pieces.iter().map(|piece| match piece {
@@ -387,6 +316,24 @@ impl Expansion<'_> {
         }
     }
 
+    /// The parameters the key reads, in the order of the signature.
+    fn key_params(&self) -> Vec<&crate::signature::Param> {
+        let roots: Vec<String> = self
+            .key
+            .template
+            .placeholders()
+            .filter_map(|placeholder| match placeholder.path.first() {
+                Some(Segment::Name(root)) => Some(root.clone()),
+                _ => None,
+            })
+            .collect();
+        self.handler
+            .params
+            .iter()
+            .filter(|p| roots.iter().any(|r| p.ident.unraw() == r.as_str()))
+            .collect()
+    }
+
     /// The key's construction. With `by_reference`, a placeholder that names a whole parameter finds
     /// it as a reference already (the companion's `key`), and is passed on as it is, so that a
     /// type error names the parameter's own type.
@@ -412,9 +359,11 @@ impl Expansion<'_> {
                 let value = if by_reference && whole_parameter {
                     value
                 } else {
-                    quote!(&#value)
+                    quote_spanned!(span=> &#value)
                 };
-                // Spanned at the parameter, so "does not implement `Display`" points at it.
+                // Spanned at the parameter, so "does not implement `Display`" points at it; a
+                // call of the trait's own method, so the error is the trait's message alone.
+                let krate = self.krate_at(span);
                 quote_spanned! {span=>
                     #krate::#private::KeyValue::write_key(#value, &mut #writer);
                 }
@@ -438,6 +387,7 @@ impl Expansion<'_> {
         let adds = inputs.iter().map(|input| {
             let (value, span) = self.value_expr(&input.path);
             let name = &input.name;
+            let krate = self.krate_at(span);
             // Spanned at the parameter, so "does not implement `Serialize`" points at it.
             quote_spanned! {span=>
                 let #builder = #krate::#private::FingerprintInput::add_to(&#value, #name, #builder);
@@ -450,7 +400,9 @@ impl Expansion<'_> {
         }}
     }
 
-    /// The expression for a placeholder's value, and the span to blame for it.
+    /// The expression for a placeholder's value, and the span to blame for it: the parameter as
+    /// the user wrote it (the companion's `key` declares its parameters with the same tokens, so
+    /// that they resolve alike when a `macro_rules!` made the handler, and errors point at them).
     fn value_expr(&self, path: &[Segment]) -> (TokenStream, Span) {
         let mut segments = path.iter();
         let (mut expr, span) = match segments.next() {
@@ -479,19 +431,22 @@ impl Expansion<'_> {
             _ => (quote!(), Span::call_site()),
         };
         for segment in segments {
+            // The literal's own span: an unknown field is the template's, and rustc then lists
+            // the fields there are.
+            let at = self.key.literal.span();
             match segment {
                 Segment::Name(name) => {
                     let field = if template::is_keyword(name) {
-                        Ident::new_raw(name, self.key.literal.span())
+                        Ident::new_raw(name, at)
                     } else {
-                        format_ident!("{}", name, span = self.key.literal.span())
+                        format_ident!("{}", name, span = at)
                     };
                     expr = quote!(#expr.#field);
                 }
                 Segment::Index(index) => {
                     let index = syn::Index {
                         index: *index,
-                        span: self.key.literal.span(),
+                        span: at,
                     };
                     expr = quote!(#expr.#index);
                 }
@@ -501,89 +456,12 @@ impl Expansion<'_> {
     }
 }
 
-/// `T` and `E` of the handler's return type: read off `Result<T, E>` when it is spelled so (for
-/// readable docs), else projected through `JobResult` (an alias such as `anyhow::Result<T>`).
-fn result_parts(output: &syn::ReturnType, krate: &TokenStream) -> (TokenStream, TokenStream) {
-    let private = private_module();
-    let syn::ReturnType::Type(_, ty) = output else {
-        return (quote!(()), quote!(()));
-    };
-    if let syn::Type::Path(path) = &**ty
-        && let Some(last) = path.path.segments.last()
-        && last.ident == "Result"
-        && let syn::PathArguments::AngleBracketed(args) = &last.arguments
-        && args.args.len() == 2
-        && let (Some(syn::GenericArgument::Type(ok)), Some(syn::GenericArgument::Type(err))) =
-            (args.args.first(), args.args.last())
-    {
-        return (quote!(#ok), quote!(#err));
+/// How the handler passes a key input to the companion's `key`, which takes each by reference.
+fn key_argument(param: &crate::signature::Param) -> TokenStream {
+    let ident = &param.ident;
+    match crate::signature::strip_groups(&param.ty) {
+        syn::Type::Reference(reference) if reference.mutability.is_some() => quote!(&*#ident),
+        syn::Type::Reference(_) => quote!(#ident),
+        _ => quote!(&#ident),
     }
-    (
-        quote!(<#ty as #krate::#private::JobResult>::Ok),
-        quote!(<#ty as #krate::#private::JobResult>::Err),
-    )
-}
-
-/// The generic parameters (and where-clause predicates) that the key's input types mention, so
-/// that `key` can be called without naming the ones it does not need.
-fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) -> (TokenStream, TokenStream) {
-    fn mentions(tokens: TokenStream, name: &str) -> bool {
-        tokens.into_iter().any(|tree| match tree {
-            proc_macro2::TokenTree::Ident(ident) => ident == name,
-            proc_macro2::TokenTree::Group(group) => mentions(group.stream(), name),
-            proc_macro2::TokenTree::Punct(_) | proc_macro2::TokenTree::Literal(_) => false,
-        })
-    }
-    let used = |name: &str| types.iter().any(|ty| mentions(ty.clone(), name));
-    let lifetime_used = |lifetime: &syn::Lifetime| {
-        types
-            .iter()
-            .any(|ty| ty.to_string().contains(&lifetime.to_string()))
-    };
-    let params: Vec<_> = generics
-        .params
-        .iter()
-        .filter(|param| match param {
-            syn::GenericParam::Type(t) => used(&t.ident.to_string()),
-            syn::GenericParam::Const(c) => used(&c.ident.to_string()),
-            syn::GenericParam::Lifetime(l) => lifetime_used(&l.lifetime),
-        })
-        .collect();
-    let predicates: Vec<_> = generics
-        .where_clause
-        .iter()
-        .flat_map(|w| w.predicates.iter())
-        .filter(|predicate| match predicate {
-            syn::WherePredicate::Type(t) => {
-                let bounded = &t.bounded_ty;
-                let bounded = quote!(#bounded);
-                params.iter().any(|param| match param {
-                    syn::GenericParam::Type(ty) => mentions(bounded.clone(), &ty.ident.to_string()),
-                    _ => false,
-                })
-            }
-            syn::WherePredicate::Lifetime(l) => lifetime_used(&l.lifetime),
-            _ => false,
-        })
-        .collect();
-    let generics = if params.is_empty() {
-        quote!()
-    } else {
-        quote!(<#(#params),*>)
-    };
-    let where_clause = if predicates.is_empty() {
-        quote!()
-    } else {
-        quote!(where #(#predicates),*)
-    };
-    (generics, where_clause)
-}
-
-/// Whether `tokens` (a type) contain the keyword `impl` anywhere, nested groups included.
-fn mentions_impl(tokens: TokenStream) -> bool {
-    tokens.into_iter().any(|token| match token {
-        proc_macro2::TokenTree::Ident(ident) => ident == "impl",
-        proc_macro2::TokenTree::Group(group) => mentions_impl(group.stream()),
-        _ => false,
-    })
 }

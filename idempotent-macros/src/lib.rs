@@ -4,10 +4,17 @@
 //! This crate parses and checks; it writes no SQL. It works in three phases, each in its module:
 //!
 //! 1. **parse**: the arguments (`args`), the handler's signature with its body kept as tokens
-//!    (`signature`) and the key template (`check::parse_template`, with the template language
-//!    of `idempotent-keys`, the same code the runtime escapes values with);
+//!    (`signature`, which also checks what the signature's shape shows: the connection in
+//!    `signature::connection`, the return type) and the key template (`check::parse_template`,
+//!    with the template language of `idempotent-keys`, the same code the runtime escapes values
+//!    with);
 //! 2. **check** (`check`): the template and the fingerprint inputs against the parameters;
-//! 3. **expand** (`expand`): the wrapper that calls the runtime.
+//! 3. **expand** (`expand`): the handler, its body run by the runtime, and its companion
+//!    (`expand::companion`).
+//!
+//! What only the types can tell (a `Result` behind an alias, a connection behind a pool, a
+//! placeholder's `Display`) is checked by the runtime's traits in `idempotent_jobs::handler`,
+//! through calls of their own methods, so that an error is the trait's message at the user's token.
 //!
 //! Every error of every phase goes to one `ctxt::Ctxt`; nothing is expanded while it holds any.
 //! Then the handler comes back as written, next to the errors, so that the rest of the crate and
@@ -45,6 +52,18 @@ fn entry(
             return quote::quote! { #errors #item };
         }
     };
+    let mut item = item;
+    if let Some(repeated) = take_repeated_attribute(&mut item) {
+        cx.error(syn::Error::new_spanned(
+            &repeated,
+            format!(
+                "`#[idempotent_job]` is applied twice to `{}`: a handler is one job, with one key; remove one of the two attributes",
+                item.sig.ident
+            ),
+        ));
+        let errors = cx.check().err();
+        return quote::quote! { #errors #[allow(unused_variables)] #item };
+    }
     let handler = signature::Handler::analyse(&item, args.conn.as_ref(), &cx);
     let key = args.key.as_ref().map(|key| check::parse_template(key, &cx));
     if key.is_none() && !args.wrote("key") {
@@ -74,4 +93,16 @@ fn entry(
             quote::quote! { #errors #[allow(unused_variables)] #item }
         }
     }
+}
+
+/// A second `#[idempotent_job]` on the same function (spelled with any path: a renamed import
+/// cannot be recognised), taken out of its attributes so that it does not expand again.
+fn take_repeated_attribute(item: &mut signature::ItemFn) -> Option<syn::Attribute> {
+    let position = item.attrs.iter().position(|attr| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "idempotent_job")
+    })?;
+    Some(item.attrs.remove(position))
 }

@@ -29,6 +29,7 @@ use crate::store::{Claim, Database, DoneRow};
 )]
 pub trait JobError: From<Error> {}
 
+#[diagnostic::do_not_recommend]
 impl<E: From<Error>> JobError for E {}
 
 /// A value a job handler can return: it is stored as JSON with the claim and returned to every rerun.
@@ -42,6 +43,7 @@ impl<E: From<Error>> JobError for E {}
 )]
 pub trait JobOutput: Serialize + DeserializeOwned {}
 
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + DeserializeOwned> JobOutput for T {}
 
 /// One call of a job, for the plain function API: the job, the key, and optionally a fingerprint of

@@ -218,6 +218,14 @@ pub async fn verify_async<C: AsyncJobStore>(conn: &mut C) -> Result<()> {
 #[path = "private.rs"]
 pub mod __private_0_1_0;
 
+/// What `#[idempotent_job]` checks a handler's parts against. You never implement these: each is
+/// implemented for every type that qualifies, and a compile error names the one a part misses.
+pub mod handler {
+    #[cfg(feature = "async")]
+    pub use crate::__private_0_1_0::AsyncJobConnection;
+    pub use crate::__private_0_1_0::{FingerprintInput, JobConnection, JobResult, KeyValue};
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

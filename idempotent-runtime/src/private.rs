@@ -1,5 +1,16 @@
 //! What generated code uses (mounted as `__private_0_1_0`). Not part of the public API: it may
 //! change in any release.
+//!
+//! The traits that compile errors name (`JobResult`, `KeyValue`, `FingerprintInput`,
+//! `JobConnection`, `AsyncJobConnection`) are defined here and re-exported from the public
+//! module `handler`, so that an error names them by that name, never by a path through this module.
+//! Generated code checks each through a call of one of its own methods: an error then reads as the
+//! trait's `on_unimplemented` message at the user's token, with no note about a bound of a function
+//! of this module.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use crate::call::JobCall;
 pub use crate::fingerprint::FingerprintBuilder;
@@ -9,38 +20,102 @@ pub use crate::outcome::Outcome;
 pub use crate::registry::{Part, RegisteredJob};
 pub use inventory;
 
-/// The `T` and `E` of a handler's return type, however it is spelled (an alias such as
-/// `anyhow::Result<T>` included): the companion's `outcome` returns `Result<Outcome<T>, E>`.
-pub trait JobResult {
-    /// The handler's `Ok` type.
-    type Ok;
-    /// The handler's `Err` type.
-    type Err;
-}
-
-impl<T, E> JobResult for Result<T, E> {
-    type Ok = T;
-    type Err = E;
-}
-
 use crate::{JobError, JobOutput};
 
-/// [`run`](crate::run) for a connection reached through `reach`, such as a pooled connection
-/// that derefs to a Diesel connection: the body gets the caller's own connection value back.
-pub fn run_with<Conn, C, T, E, F>(
-    conn: &mut Conn,
-    reach: impl Fn(&mut Conn) -> &mut C,
-    job_call: JobCall<'_>,
-    body: F,
-) -> Result<Outcome<T>, E>
-where
-    Conn: ?Sized,
-    C: crate::connection::JobStore,
-    T: JobOutput,
-    E: JobError,
-    F: FnOnce(&mut Conn) -> Result<T, E>,
-{
-    crate::lifecycle::run_sync(conn, then_store(reach), job_call, body)
+/// The return type of a job handler: `Result<T, E>`, however it is spelled (`anyhow::Result<T>`,
+/// a type alias of your own), with a `T` that can be stored ([`JobOutput`]) and an `E` that can
+/// hold this crate's errors ([`JobError`]).
+///
+/// Implemented for every such `Result`; `#[idempotent_job]` checks a handler's return type
+/// against it, and a compile error names it when the return type is not a `Result`.
+#[diagnostic::on_unimplemented(
+    message = "a job handler must return `Result<T, E>`, and `{Self}` is not a `Result`",
+    label = "not a `Result`",
+    note = "an `Err` rolls the job back, claim included, so that a retry runs it again; the `Ok` value is stored and returned to every replay",
+    note = "return `Result<T, E>` (or an alias of it) where `T` implements `Serialize` and `Deserialize` and `E` implements `From<idempotent_jobs::Error>`"
+)]
+pub trait JobResult: Sized {
+    /// The value a run stores and a replay returns.
+    type Ok: JobOutput;
+    /// The handler's error.
+    type Err: JobError;
+
+    /// The result as a `Result`.
+    #[doc(hidden)]
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+
+    /// A `Result` as the handler's return type.
+    #[doc(hidden)]
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
+
+    /// Runs a sync handler's body once per key: what the attribute's wrapper calls. The
+    /// connection the body gets is the caller's own; `reach` finds the Diesel connection behind
+    /// it. A companion's `outcome` learns from here whether the body ran or was replayed.
+    #[doc(hidden)]
+    fn run_sync<Conn, C, F>(
+        conn: &mut Conn,
+        reach: impl Fn(&mut Conn) -> &mut C,
+        job_call: JobCall<'_>,
+        body: F,
+    ) -> Self
+    where
+        Conn: ?Sized,
+        C: crate::connection::JobStore,
+        F: FnOnce(&mut Conn) -> Self,
+    {
+        let recorder = Recorder::take();
+        let result = crate::lifecycle::run_sync(conn, then_store(reach), job_call, move |conn| {
+            body(conn).into_result()
+        });
+        Self::from_result(recorder.record(result))
+    }
+
+    /// [`run_sync`](JobResult::run_sync) for an async handler.
+    #[cfg(feature = "async")]
+    #[doc(hidden)]
+    fn run_async<Conn, C, F>(
+        conn: &mut Conn,
+        reach: impl Fn(&mut Conn) -> &mut C,
+        job_call: JobCall<'_>,
+        body: F,
+    ) -> impl Future<Output = Self>
+    where
+        Conn: ?Sized,
+        C: AsyncJobRuntime,
+        F: AsyncFnOnce(&mut Conn) -> Self;
+}
+
+impl<T: JobOutput, E: JobError> JobResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+
+    fn into_result(self) -> Self {
+        self
+    }
+
+    fn from_result(result: Self) -> Self {
+        result
+    }
+
+    #[cfg(feature = "async")]
+    fn run_async<Conn, C, F>(
+        conn: &mut Conn,
+        reach: impl Fn(&mut Conn) -> &mut C,
+        job_call: JobCall<'_>,
+        body: F,
+    ) -> impl Future<Output = Self>
+    where
+        Conn: ?Sized,
+        C: AsyncJobRuntime,
+        F: AsyncFnOnce(&mut Conn) -> Self,
+    {
+        // Taken when the wrapper's future first runs: a companion's `outcome` has armed it then.
+        let recorder = Recorder::take();
+        async move {
+            let result = crate::lifecycle::run(conn, then_async_store(reach), job_call, body).await;
+            recorder.record(result)
+        }
+    }
 }
 
 /// `reach`, then the runtime's view of what it reached.
@@ -56,6 +131,95 @@ fn then_async_store<Conn: ?Sized, C: AsyncJobRuntime>(
     reach: impl Fn(&mut Conn) -> &mut C,
 ) -> impl Fn(&mut Conn) -> &mut C::Runtime {
     move |conn| reach(conn).job_runtime()
+}
+
+// A companion's `outcome` calls the handler itself, so that the handler's body is compiled once,
+// where the user wrote it; the handler returns its plain result, and tells whether it ran or
+// replayed through this slot. `outcome` arms it on its thread for the length of the call (of each
+// poll, for an async handler); the first job call that starts in it takes it, so that a job the
+// body calls in turn does not answer for the handler.
+
+/// Nothing recorded yet.
+const UNKNOWN: u8 = 0;
+const RAN: u8 = 1;
+const REPLAYED: u8 = 2;
+
+thread_local! {
+    static ARMED: Cell<Option<Arc<AtomicU8>>> = const { Cell::new(None) };
+}
+
+/// The slot a job call reports to, if a companion's `outcome` armed one.
+struct Recorder(Option<Arc<AtomicU8>>);
+
+impl Recorder {
+    fn take() -> Self {
+        Recorder(ARMED.with(Cell::take))
+    }
+
+    fn record<T, E>(self, result: Result<Outcome<T>, E>) -> Result<T, E> {
+        if let (Some(slot), Ok(outcome)) = (&self.0, &result) {
+            let kind = if outcome.is_replayed() { REPLAYED } else { RAN };
+            slot.store(kind, Ordering::Relaxed);
+        }
+        result.map(Outcome::into_inner)
+    }
+}
+
+/// Arms a fresh slot on this thread until dropped, then puts back what was armed before.
+struct Armed {
+    previous: Option<Arc<AtomicU8>>,
+}
+
+impl Armed {
+    fn new(slot: &Arc<AtomicU8>) -> Self {
+        Armed {
+            previous: ARMED.with(|armed| armed.replace(Some(Arc::clone(slot)))),
+        }
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        ARMED.with(|armed| armed.set(previous));
+    }
+}
+
+/// What the slot says about a call that returned `Ok(value)`.
+fn outcome<T>(slot: &AtomicU8, value: T) -> Outcome<T> {
+    match slot.load(Ordering::Relaxed) {
+        REPLAYED => Outcome::Replayed(value),
+        // `RAN`; `UNKNOWN` cannot happen (every handler reports before it returns `Ok`).
+        _ => Outcome::Ran(value),
+    }
+}
+
+/// A companion's `outcome`: calls the handler and says whether its body ran or was replayed.
+///
+/// Without bounds: the handler's own call checks its types, and a companion that checked them
+/// again would report each mistake twice.
+pub fn outcome_of<T, E>(call: impl FnOnce() -> Result<T, E>) -> Result<Outcome<T>, E> {
+    let slot = Arc::new(AtomicU8::new(UNKNOWN));
+    let result = {
+        let _armed = Armed::new(&slot);
+        call()
+    };
+    result.map(|value| outcome(&slot, value))
+}
+
+/// [`outcome_of`] for an async handler: the slot is armed while the handler's future is polled.
+#[cfg(feature = "async")]
+pub async fn outcome_of_async<T, E>(
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<Outcome<T>, E> {
+    let slot = Arc::new(AtomicU8::new(UNKNOWN));
+    let mut call = std::pin::pin!(call);
+    let result = std::future::poll_fn(|cx| {
+        let _armed = Armed::new(&slot);
+        call.as_mut().poll(cx)
+    })
+    .await;
+    result.map(|value| outcome(&slot, value))
 }
 
 /// What a generated async wrapper runs a job on: an [`AsyncJobStore`](crate::connection::AsyncJobStore),
@@ -81,28 +245,13 @@ impl<C: crate::connection::AsyncJobStore> AsyncJobRuntime for C {
     }
 }
 
-/// [`run_async`](crate::run_async) for a connection reached through `reach`.
-#[cfg(feature = "async")]
-pub async fn run_async_with<Conn, C, T, E, F>(
-    conn: &mut Conn,
-    reach: impl Fn(&mut Conn) -> &mut C,
-    job_call: JobCall<'_>,
-    body: F,
-) -> Result<Outcome<T>, E>
-where
-    Conn: ?Sized,
-    C: AsyncJobRuntime,
-    T: JobOutput,
-    E: JobError,
-    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
-{
-    crate::lifecycle::run(conn, then_async_store(reach), job_call, body).await
-}
-
-/// Reaches the Diesel connection behind a handler's connection parameter. Called with method
-/// syntax, so auto-deref finds the connection inside an r2d2 pooled connection or a `Box`.
+/// The connection parameter of a sync handler: a Diesel connection ([`JobStore`](crate::JobStore)),
+/// or anything that derefs to one, such as an r2d2 pooled connection or a `Box`.
+///
+/// Generated code reaches the connection with method syntax, so that auto-deref finds it.
 pub trait JobConnection {
     /// The connection itself.
+    #[doc(hidden)]
     fn job_connection(&mut self) -> &mut Self;
 }
 
@@ -112,10 +261,12 @@ impl<C: crate::connection::JobStore> JobConnection for C {
     }
 }
 
-/// [`JobConnection`] for async connections.
+/// The connection parameter of an async handler: a diesel-async connection
+/// ([`AsyncJobStore`](crate::AsyncJobStore)), a deadpool `Object`, or anything that derefs to one.
 #[cfg(feature = "async")]
 pub trait AsyncJobConnection {
     /// The connection itself.
+    #[doc(hidden)]
     fn async_job_connection(&mut self) -> &mut Self;
 }
 
@@ -126,34 +277,38 @@ impl<C: crate::connection::AsyncJobStore> AsyncJobConnection for C {
     }
 }
 
-/// A fingerprint input: anything `Serialize`.
+/// A fingerprint input: any value that implements `serde::Serialize`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a fingerprint input: it does not implement `Serialize`",
     label = "this parameter is a fingerprint input, so its value must implement `serde::Serialize`",
-    note = "derive `serde::Serialize` for it, or name a field that implements it: `fingerprint(param.field)`"
+    note = "derive `serde::Serialize` for it (for a type parameter, bound it: `T: Serialize`), or name a field that implements it: `fingerprint(param.field)`"
 )]
 pub trait FingerprintInput {
     /// Adds the value to the fingerprint under `name`.
+    #[doc(hidden)]
     fn add_to(&self, name: &str, builder: FingerprintBuilder) -> FingerprintBuilder;
 }
 
+#[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + ?Sized> FingerprintInput for T {
     fn add_to(&self, name: &str, builder: FingerprintBuilder) -> FingerprintBuilder {
         builder.input(name, self)
     }
 }
 
-/// A placeholder's value: anything `Display`, written into the key escaped.
+/// A key placeholder's value: any value that implements `Display`, written into the key escaped.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used in a job key: it does not implement `Display`",
     label = "this parameter is a key placeholder, so its value must implement `std::fmt::Display`",
-    note = "implement `Display` for it, or name a field that does: `<param.field>`"
+    note = "implement `Display` for it (for a type parameter, bound it: `T: Display`), or name a field that does: `<param.field>`"
 )]
 pub trait KeyValue {
     /// Writes the value into the key.
+    #[doc(hidden)]
     fn write_key(&self, writer: &mut KeyWriter);
 }
 
+#[diagnostic::do_not_recommend]
 impl<T: std::fmt::Display + ?Sized> KeyValue for T {
     fn write_key(&self, writer: &mut KeyWriter) {
         writer.value(self);

@@ -1,0 +1,12 @@
+use diesel::SqliteConnection;
+use idempotent_jobs::idempotent_job;
+
+mod report {}
+
+#[idempotent_job(key = "report:<day>")]
+fn report(conn: &mut SqliteConnection, day: u32) -> Result<u32, idempotent_jobs::Error> {
+    let _ = conn;
+    Ok(day)
+}
+
+fn main() {}
