@@ -132,116 +132,140 @@ impl Template {
 /// Parses `source`, reporting every problem at once: the template holds every piece that parsed,
 /// so that its placeholders can be checked too in the same build.
 pub fn parse(source: &str) -> (Template, Vec<TemplateError>) {
-    let mut errors = Vec::new();
-    let mut pieces: Vec<Piece> = Vec::new();
-    let mut text = String::new();
-    let mut chars = source.char_indices().peekable();
-
-    while let Some((at, c)) = chars.next() {
+    let mut parser = Parser {
+        source,
+        chars: source.char_indices().peekable(),
+        pieces: Vec::new(),
+        text: String::new(),
+        errors: Vec::new(),
+    };
+    while let Some((at, c)) = parser.chars.next() {
         match c {
-            '\\' => match chars.next() {
-                Some((_, escaped @ ('<' | '>' | '\\'))) => text.push(escaped),
-                Some((next_at, other)) => errors.push(TemplateError {
-                    message: format!(
-                        "unknown escape `\\{other}`; only `\\<`, `\\>` and `\\\\` are escapes (a literal `<`, `>` and `\\`)"
-                    ),
-                    range: at..next_at + other.len_utf8(),
-                }),
-                None => errors.push(TemplateError {
-                    message: "the template ends with a lone `\\`; write `\\\\` for a literal backslash"
-                        .to_owned(),
-                    range: at..source.len(),
-                }),
-            },
-            '>' => errors.push(TemplateError {
-                message: "unexpected `>` with no `<` before it; write `\\>` for a literal `>`"
-                    .to_owned(),
-                range: at..at + 1,
-            }),
-            '<' => {
-                // Scan to the closing `>`. A `<` right after the opening one is a nested placeholder
-                // (`<<a>>`), consumed whole; a `<` after some name means this one was never closed
-                // (`<month:<id>`), and parsing restarts at the new `<`.
-                let mut depth = 1usize;
-                let mut nested = false;
-                let mut end = None;
-                let mut restart = false;
-                while let Some(&(inner_at, inner)) = chars.peek() {
-                    match inner {
-                        '<' if !nested && inner_at > at + 1 => {
-                            restart = true;
-                            end = Some(inner_at);
-                            break;
-                        }
-                        '<' => {
-                            depth += 1;
-                            nested = true;
-                        }
-                        '>' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                chars.next();
-                                end = Some(inner_at + 1);
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                    chars.next();
-                }
-                if restart || end.is_none() {
-                    let stop = end.unwrap_or(source.len());
-                    errors.push(TemplateError {
-                        message: format!(
-                            "unclosed placeholder `{}`: add the closing `>`, or write `\\<` for a literal `<`",
-                            &source[at..stop]
-                        ),
-                        range: at..stop,
-                    });
-                    continue;
-                }
-                let Some(end) = end else { continue };
-                let written = &source[at..end];
-                if nested {
-                    errors.push(TemplateError {
-                        message: format!(
-                            "placeholders cannot nest: `{written}`; a placeholder is one parameter name like `<customer_id>`, or a field path like `<job.customer_id>`"
-                        ),
-                        range: at..end,
-                    });
-                    continue;
-                }
-                match parse_path(&source[at + 1..end - 1]) {
-                    Ok(path) => {
-                        if !text.is_empty() {
-                            pieces.push(Piece::Text(std::mem::take(&mut text)));
-                        }
-                        pieces.push(Piece::Placeholder(Placeholder {
-                            path,
-                            range: at..end,
-                        }));
-                    }
-                    Err(message) => errors.push(TemplateError {
-                        message,
-                        range: at..end,
-                    }),
-                }
-            }
-            c if c.is_control() => errors.push(TemplateError {
-                message: format!(
+            '\\' => parser.escape(at),
+            '>' => parser.error(
+                "unexpected `>` with no `<` before it; write `\\>` for a literal `>`".to_owned(),
+                at..at + 1,
+            ),
+            '<' => parser.placeholder(at),
+            c if c.is_control() => parser.error(
+                format!(
                     "the template contains the control character {c:?}; keys are readable text"
                 ),
-                range: at..at + c.len_utf8(),
-            }),
-            c => text.push(c),
+                at..at + c.len_utf8(),
+            ),
+            c => parser.text.push(c),
         }
     }
+    let Parser {
+        mut pieces,
+        text,
+        mut errors,
+        ..
+    } = parser;
     if !text.is_empty() {
         pieces.push(Piece::Text(text));
     }
-
     check_separators(source, &pieces, &mut errors);
     (Template { pieces }, errors)
+}
+
+/// The state of [`parse`]: what is left of the source, and what it made so far.
+struct Parser<'s> {
+    source: &'s str,
+    chars: std::iter::Peekable<std::str::CharIndices<'s>>,
+    pieces: Vec<Piece>,
+    /// Literal text since the last placeholder.
+    text: String,
+    errors: Vec<TemplateError>,
+}
+
+impl Parser<'_> {
+    fn error(&mut self, message: String, range: std::ops::Range<usize>) {
+        self.errors.push(TemplateError { message, range });
+    }
+
+    /// After a `\\` at `at`: an escaped `<`, `>` or `\\`.
+    fn escape(&mut self, at: usize) {
+        match self.chars.next() {
+            Some((_, escaped @ ('<' | '>' | '\\'))) => self.text.push(escaped),
+            Some((next_at, other)) => self.error(
+                format!(
+                    "unknown escape `\\{other}`; only `\\<`, `\\>` and `\\\\` are escapes (a literal `<`, `>` and `\\`)"
+                ),
+                at..next_at + other.len_utf8(),
+            ),
+            None => self.error(
+                "the template ends with a lone `\\`; write `\\\\` for a literal backslash".to_owned(),
+                at..self.source.len(),
+            ),
+        }
+    }
+
+    /// After a `<` at `at`: a placeholder up to its `>`, or an error saying what is wrong with it.
+    fn placeholder(&mut self, at: usize) {
+        let (end, nested) = match self.closing(at) {
+            Ok(closed) => closed,
+            Err(stop) => {
+                let written = &self.source[at..stop];
+                return self.error(
+                    format!(
+                        "unclosed placeholder `{written}`: add the closing `>`, or write `\\<` for a literal `<`"
+                    ),
+                    at..stop,
+                );
+            }
+        };
+        let written = &self.source[at..end];
+        if nested {
+            return self.error(
+                format!(
+                    "placeholders cannot nest: `{written}`; a placeholder is one parameter name like `<customer_id>`, or a field path like `<job.customer_id>`"
+                ),
+                at..end,
+            );
+        }
+        match parse_path(&self.source[at + 1..end - 1]) {
+            Ok(path) => {
+                if !self.text.is_empty() {
+                    self.pieces
+                        .push(Piece::Text(std::mem::take(&mut self.text)));
+                }
+                self.pieces.push(Piece::Placeholder(Placeholder {
+                    path,
+                    range: at..end,
+                }));
+            }
+            Err(message) => self.error(message, at..end),
+        }
+    }
+
+    /// Scans to the `>` closing the placeholder opened at `at`: its end and whether it nested.
+    /// A `<` right after the opening one is a nested placeholder (`<<a>>`), consumed whole; a `<`
+    /// after some name means this one was never closed (`<month:<id>`): `Err` with where it stops,
+    /// and parsing restarts at the new `<`.
+    fn closing(&mut self, at: usize) -> Result<(usize, bool), usize> {
+        let mut depth = 1usize;
+        let mut nested = false;
+        while let Some(&(inner_at, inner)) = self.chars.peek() {
+            match inner {
+                '<' if !nested && inner_at > at + 1 => return Err(inner_at),
+                '<' => {
+                    depth += 1;
+                    nested = true;
+                }
+                '>' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        self.chars.next();
+                        return Ok((inner_at + 1, nested));
+                    }
+                }
+                _ => {}
+            }
+            self.chars.next();
+        }
+        Err(self.source.len())
+    }
 }
 
 /// Two placeholders need text between them that starts with a symbol: the runtime escapes that

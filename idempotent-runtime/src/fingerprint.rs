@@ -3,7 +3,7 @@
 //! A key says *which* unit of work a call is (the charge for order 42); a fingerprint says *what*
 //! it was asked to do (4200 cents, in EUR). A replay whose fingerprint differs from the first run's
 //! is almost always a bug (a reused order id, a retry with edited data), so it is an
-//! [`Error::FingerprintMismatch`](crate::Error::FingerprintMismatch) instead of a silent replay of
+//! [`Error::FingerprintMismatch`](crate::error::Error::FingerprintMismatch) instead of a silent replay of
 //! the old result.
 //!
 //! # How a fingerprint is computed

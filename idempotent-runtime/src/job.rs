@@ -20,7 +20,7 @@ use std::time::Duration;
 /// another. Two definitions with one name are the same job only when both name it on purpose (an
 /// explicit `name = "..."`, or `Job::new`) and agree on the template, `keep`, redaction and
 /// fingerprint inputs (a sync handler and its async twin, say); any other pair is refused at its
-/// first call with [`Error::DuplicateJobName`](crate::Error::DuplicateJobName), naming both.
+/// first call with [`Error::DuplicateJobName`](crate::error::Error::DuplicateJobName), naming both.
 pub struct Job {
     name: &'static str,
     template: &'static str,
@@ -163,7 +163,7 @@ impl Job {
 /// Waiting is always safe: when the other run commits, this call replays its result; when it rolls
 /// back, this call runs. But it holds a worker and a connection for as long as the other run takes.
 /// [`Fail`](Self::Fail) and [`WaitAtMost`](Self::WaitAtMost) give the worker back with
-/// [`Error::InProgress`](crate::Error::InProgress), which is retryable: nothing ran, nothing was
+/// [`Error::InProgress`](crate::error::Error::InProgress), which is retryable: nothing ran, nothing was
 /// recorded, and a later delivery replays or runs.
 ///
 /// The wait is bounded by the database's own lock timeout, set for the claim statement only and
@@ -176,9 +176,9 @@ pub enum WhileInProgress {
     /// Wait for the other run to commit or roll back, then replay or run (the default).
     #[default]
     Wait,
-    /// Fail at once with [`Error::InProgress`](crate::Error::InProgress).
+    /// Fail at once with [`Error::InProgress`](crate::error::Error::InProgress).
     Fail,
-    /// Wait up to this long, then fail with [`Error::InProgress`](crate::Error::InProgress).
+    /// Wait up to this long, then fail with [`Error::InProgress`](crate::error::Error::InProgress).
     WaitAtMost(Duration),
 }
 

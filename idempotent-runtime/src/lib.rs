@@ -33,9 +33,11 @@ compile_error!(
     "idempotent-jobs needs a database: enable one or more of the features `bundled-sqlite` (the default: SQLite built in), `sqlite` (the system's libsqlite3), `postgres`, `mysql`, `async-postgres`, `async-mysql`, `async-sqlite`"
 );
 
-// First: the statement macro the database modules use.
+// First: the statement macro the database modules use, and their migration steps.
 #[macro_use]
 mod sql;
+#[macro_use]
+mod migrations;
 
 mod call;
 mod connection;
@@ -50,7 +52,6 @@ mod job;
 pub mod key;
 pub mod keys;
 mod lifecycle;
-mod migrations;
 pub mod outbox;
 mod outcome;
 pub mod prune;
@@ -58,6 +59,7 @@ pub mod redelivery;
 pub mod registry;
 mod retry;
 pub mod schema;
+mod schema_problem;
 pub mod stats;
 mod store;
 pub mod testing;

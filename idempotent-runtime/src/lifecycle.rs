@@ -145,8 +145,68 @@ where
     let mut transaction = Transaction::opened(conn, reach);
     tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
     let first_done_micros = claimed.as_ref().map(|row| row.done_at_micros);
+    let produced = produce(&mut transaction, call, claimed, body).await;
+    let mut job = JobEnd {
+        transaction,
+        call,
+        nesting,
+    };
+    match produced {
+        Err(panic) => {
+            job.end_unfinished().await;
+            call.finished(Ending::Panicked);
+            resume_unwind(panic)
+        }
+        Ok(Produced::Failed(error)) => {
+            if job.end_unfinished().await {
+                return Err(call.failed(ended_in_body(call)).into());
+            }
+            call.finished(Ending::Failed);
+            Err(error)
+        }
+        Ok(Produced::Ran(_, Err(error))) => Err(job.fail_after_body(error).await.into()),
+        Ok(Produced::Replayed(Err(error))) => {
+            job.transaction.rollback().await;
+            Err(call.failed(error).into())
+        }
+        Ok(Produced::Replayed(Ok(value))) => {
+            job.transaction
+                .finish_job(nesting)
+                .await
+                .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
+            match first_done_micros {
+                Some(micros) => crate::stats::replayed(call.job, call.started, micros),
+                None => call.finished(Ending::Replayed),
+            }
+            Ok(Outcome::Replayed(value))
+        }
+        Ok(Produced::Ran(value, Ok(json))) => {
+            job.record_and_commit(json.as_deref(), stores_result)
+                .await
+                .map_err(|error| call.failed(error))?;
+            call.finished(Ending::Ran);
+            Ok(Outcome::Ran(value))
+        }
+    }
+}
 
-    let produced = catch_panic(async {
+/// Replays the claimed row, or runs the body with its key current; a panic in either (the body's,
+/// or the result's `Serialize` or `Deserialize`) comes back as `Err`, for the rollback before it
+/// goes on.
+async fn produce<Conn, S, R, T, E, F>(
+    transaction: &mut Transaction<'_, Conn, S, R>,
+    call: &Call,
+    claimed: Option<DoneRow>,
+    body: F,
+) -> Result<Produced<T, E>, Box<dyn std::any::Any + Send>>
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+    T: JobOutput,
+    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
+{
+    catch_panic(async {
         match claimed {
             Some(row) => Produced::Replayed(call.replay::<T>(row)),
             None => {
@@ -161,107 +221,68 @@ where
             }
         }
     })
-    .await;
-
-    match produced {
-        Err(panic) => {
-            end_unfinished(&mut transaction, call, nesting).await;
-            call.finished(Ending::Panicked);
-            resume_unwind(panic)
-        }
-        Ok(Produced::Failed(error)) => {
-            if end_unfinished(&mut transaction, call, nesting).await {
-                return Err(call.failed(ended_in_body(call)).into());
-            }
-            call.finished(Ending::Failed);
-            Err(error)
-        }
-        Ok(Produced::Ran(_, Err(error))) => {
-            let error = match end_unfinished(&mut transaction, call, nesting).await {
-                true => ended_in_body(call),
-                false => error,
-            };
-            Err(call.failed(error).into())
-        }
-        Ok(Produced::Replayed(Err(error))) => {
-            transaction.rollback().await;
-            Err(call.failed(error).into())
-        }
-        Ok(Produced::Replayed(Ok(value))) => {
-            transaction
-                .finish_job(nesting)
-                .await
-                .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
-            match first_done_micros {
-                Some(micros) => crate::stats::replayed(call.job, call.started, micros),
-                None => call.finished(Ending::Replayed),
-            }
-            Ok(Outcome::Replayed(value))
-        }
-        Ok(Produced::Ran(value, Ok(json))) => {
-            if let Err(error) =
-                record(transaction.store(), call, json.as_deref(), stores_result).await
-            {
-                let error = match end_unfinished(&mut transaction, call, nesting).await {
-                    true => ended_in_body(call),
-                    false => error,
-                };
-                return Err(call.failed(error).into());
-            }
-            if let Err(finish) = transaction.finish_job(nesting).await {
-                let error = match finish {
-                    Finish::NotOwn(_) => not_own_at_commit(&mut transaction, call, nesting).await,
-                    finish => finish_failed::<S>(call, finish),
-                };
-                return Err(call.failed(error).into());
-            }
-            call.finished(Ending::Ran);
-            Ok(Outcome::Ran(value))
-        }
-    }
+    .await
 }
 
-/// Ends a job's transaction that will not commit (its body failed or panicked, or a step after the
-/// body did): rolls it back when it is still the job's own; when it is not (a statement of the body
-/// ended or replaced it), ends whatever is open and takes back this run's claim, in case the body
-/// committed it. Whether the body had committed it (and so its work before that statement).
-async fn end_unfinished<Conn, S, R>(
-    transaction: &mut Transaction<'_, Conn, S, R>,
-    call: &Call,
+/// A job's transaction after its body: what ends it, committed or not.
+struct JobEnd<'t, 'c, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> {
+    transaction: Transaction<'t, Conn, S, R>,
+    call: &'c Call,
     nesting: Nesting,
-) -> bool
-where
-    Conn: ?Sized,
-    S: Store,
-    R: Fn(&mut Conn) -> &mut S,
-{
-    if transaction.still_own(nesting).await {
-        transaction.rollback().await;
-        return false;
-    }
-    transaction.abort_job(nesting).await;
-    take_back_claim(transaction.store(), call).await
 }
 
-/// The job's transaction turned out not to be its own at the commit: nothing the runtime did was
-/// committed; the body may have committed the claim (then taken back here) or not.
-async fn not_own_at_commit<Conn, S, R>(
-    transaction: &mut Transaction<'_, Conn, S, R>,
-    call: &Call,
-    nesting: Nesting,
-) -> Error
-where
-    Conn: ?Sized,
-    S: Store,
-    R: Fn(&mut Conn) -> &mut S,
-{
-    transaction.abort_job(nesting).await;
-    if take_back_claim(transaction.store(), call).await {
-        ended_in_body(call)
-    } else {
-        Error::TransactionRolledBackInBody {
-            job: call.job.name(),
-            key: call.key_text.clone(),
+impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S, R> {
+    /// Records the result and commits, when the transaction is still the job's own.
+    async fn record_and_commit(
+        &mut self,
+        json: Option<&str>,
+        stores_result: bool,
+    ) -> Result<(), Error> {
+        if let Err(error) = record(self.transaction.store(), self.call, json, stores_result).await {
+            return Err(self.fail_after_body(error).await);
+        }
+        match self.transaction.finish_job(self.nesting).await {
+            Ok(()) => Ok(()),
+            Err(Finish::NotOwn(_)) => Err(self.not_own_at_commit().await),
+            Err(finish) => Err(finish_failed::<S>(self.call, finish)),
+        }
+    }
+
+    /// A step after the body failed with `error`: the transaction ends uncommitted; when the body
+    /// had committed the claim itself, that is the error.
+    async fn fail_after_body(&mut self, error: Error) -> Error {
+        let error = match self.end_unfinished().await {
+            true => ended_in_body(self.call),
+            false => error,
+        };
+        self.call.failed(error)
+    }
+
+    /// Ends a job's transaction that will not commit (its body failed or panicked, or a step
+    /// after the body did): rolls it back when it is still the job's own; when it is not (a
+    /// statement of the body ended or replaced it), ends whatever is open and takes back this
+    /// run's claim, in case the body committed it. Whether the body had committed it (and so its
+    /// work before that statement).
+    async fn end_unfinished(&mut self) -> bool {
+        if self.transaction.still_own(self.nesting).await {
+            self.transaction.rollback().await;
+            return false;
+        }
+        self.transaction.abort_job(self.nesting).await;
+        take_back_claim(self.transaction.store(), self.call).await
+    }
+
+    /// The job's transaction turned out not to be its own at the commit: nothing the runtime did
+    /// was committed; the body may have committed the claim (then taken back here) or not.
+    async fn not_own_at_commit(&mut self) -> Error {
+        self.transaction.abort_job(self.nesting).await;
+        if take_back_claim(self.transaction.store(), self.call).await {
+            ended_in_body(self.call)
+        } else {
+            Error::TransactionRolledBackInBody {
+                job: self.call.job.name(),
+                key: self.call.key_text.clone(),
+            }
         }
     }
 }
@@ -439,80 +460,102 @@ async fn begin_and_claim<S: Store>(
     };
     let mut retry = Retry::within(window);
     loop {
-        let (step, error) = match Transaction::begin_job(&mut *store, itself::<S>, call.in_progress)
-            .await
-        {
-            Err(error) => (Step::Begin, error),
-            Ok((mut transaction, nesting)) => {
-                let read_inside = read_inside && nesting == Nesting::Outermost;
-                let claimed = match read_inside {
-                    true => match live_row(transaction.store(), call).await {
-                        Ok(Some(row)) => Ok(Some(row)),
-                        Ok(None) => {
-                            bounded_claim_key(transaction.store(), &claim, call.in_progress).await
-                        }
-                        Err(error) => Err((error, None)),
-                    },
-                    false => bounded_claim_key(transaction.store(), &claim, call.in_progress).await,
-                };
-                match claimed {
-                    Ok(state) => {
-                        transaction.hand_over();
-                        return Ok((nesting, state));
-                    }
-                    Err((error, previous)) => {
-                        transaction.rollback().await;
-                        if let Some(previous) = previous {
-                            // MySQL's setting is the session's: put it back after the rollback.
-                            if let Err(error) =
-                                S::Db::restore_lock_wait(transaction.store(), &previous).await
-                            {
-                                tracing::warn!(%error, "restoring the lock wait timeout failed");
-                            }
-                        }
-                        if call.in_progress.is_some()
-                            && S::Db::classify(&error) == crate::store::Fault::LockTimeout
-                        {
-                            return Err(in_progress(call, retry.elapsed()));
-                        }
-                        if nesting == Nesting::Savepoint {
-                            // A deadlock or a busy database aborts the caller's whole transaction
-                            // on some databases; only the caller can retry that.
-                            return Err(call.database::<S::Db>(Step::Claim, error));
-                        }
-                        (Step::Claim, error)
-                    }
-                }
-            }
+        let (step, error) = match attempt_claim(store, call, &claim, read_inside, &retry).await {
+            Ok(claimed) => return Ok(claimed),
+            Err(Attempt::Over(error)) => return Err(error),
+            Err(Attempt::Failed(step, error)) => (step, error),
         };
         match retry.failed::<S::Db>(&error) {
             Some(_) => {
                 crate::stats::retried(call.job, retry.attempts, &error);
                 retry.pause::<S>().await;
             }
-            None if call.in_progress.is_some()
-                && S::Db::classify(&error) == crate::store::Fault::Busy =>
-            {
-                return Err(in_progress(call, retry.elapsed()));
-            }
-            None if retry.exhausted::<S::Db>(&error) => {
-                return Err(Error::ClaimRetriesExhausted {
-                    job: call.job.name(),
-                    key: call.key_text.clone(),
-                    attempts: retry.attempts,
-                    waited: retry.elapsed(),
-                    causes: retry.explain(),
-                    source: error,
-                });
-            }
-            None => {
-                if let Some(missing) = crate::migrations::not_migrated(store, "done_jobs").await {
-                    return Err(missing);
-                }
-                return Err(call.database::<S::Db>(step, error));
-            }
+            None => return Err(claim_failed(store, call, &retry, step, error).await),
         }
     }
+}
+
+/// How one attempt at opening the transaction and claiming failed.
+enum Attempt {
+    /// At `Step`, with an error that may pass: retried while the window lasts.
+    Failed(Step, diesel::result::Error),
+    /// For good: the call returns this.
+    Over(Error),
+}
+
+/// One attempt: `BEGIN` (with the job's savepoint), the read of a redelivery whose database reads
+/// inside the transaction, and the claim; the transaction handed over open on success, rolled back
+/// otherwise.
+async fn attempt_claim<S: Store>(
+    store: &mut S,
+    call: &Call,
+    claim: &crate::store::Claim<'_>,
+    read_inside: bool,
+    retry: &Retry,
+) -> Result<(Nesting, Option<DoneRow>), Attempt> {
+    let (mut transaction, nesting) =
+        Transaction::begin_job(&mut *store, itself::<S>, call.in_progress)
+            .await
+            .map_err(|error| Attempt::Failed(Step::Begin, error))?;
+    let claimed = match read_inside && nesting == Nesting::Outermost {
+        true => match live_row(transaction.store(), call).await {
+            Ok(Some(row)) => Ok(Some(row)),
+            Ok(None) => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
+            Err(error) => Err((error, None)),
+        },
+        false => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
+    };
+    let (error, previous) = match claimed {
+        Ok(state) => {
+            transaction.hand_over();
+            return Ok((nesting, state));
+        }
+        Err(failed) => failed,
+    };
+    transaction.rollback().await;
+    if let Some(previous) = previous {
+        // MySQL's setting is the session's: put it back after the rollback.
+        if let Err(error) = S::Db::restore_lock_wait(transaction.store(), &previous).await {
+            tracing::warn!(%error, "restoring the lock wait timeout failed");
+        }
+    }
+    if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::LockTimeout {
+        return Err(Attempt::Over(in_progress(call, retry.elapsed())));
+    }
+    if nesting == Nesting::Savepoint {
+        // A deadlock or a busy database aborts the caller's whole transaction on some databases;
+        // only the caller can retry that.
+        return Err(Attempt::Over(call.database::<S::Db>(Step::Claim, error)));
+    }
+    Err(Attempt::Failed(Step::Claim, error))
+}
+
+/// The error of a claim that will not be retried (any more): the in-progress bound spent, the
+/// retry window spent, tables never migrated, or the database's own refusal.
+async fn claim_failed<S: Store>(
+    store: &mut S,
+    call: &Call,
+    retry: &Retry,
+    step: Step,
+    error: diesel::result::Error,
+) -> Error {
+    if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::Busy {
+        return in_progress(call, retry.elapsed());
+    }
+    if retry.exhausted::<S::Db>(&error) {
+        return Error::ClaimRetriesExhausted {
+            job: call.job.name(),
+            key: call.key_text.clone(),
+            attempts: retry.attempts,
+            waited: retry.elapsed(),
+            causes: retry.explain(),
+            source: error,
+        };
+    }
+    if let Some(missing) = crate::migrations::not_migrated(store, "done_jobs").await {
+        return missing;
+    }
+    call.database::<S::Db>(step, error)
 }
 
 /// The claim, its wait for another run of the key bounded by `bound` (the database's lock

@@ -25,6 +25,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Nullable};
 
 use crate::error::Error;
+use crate::schema_problem::SchemaProblem;
 use crate::store::{Database, Store};
 
 /// The schema version this release creates.
@@ -126,11 +127,15 @@ impl Migrate {
 
 /// One step of the schema: creates `table`, or adds `column` to it.
 #[derive(Debug)]
-pub(crate) struct Step {
-    pub(crate) version: i32,
-    pub(crate) table: &'static str,
-    pub(crate) column: Option<&'static str>,
-    pub(crate) sql: &'static str,
+pub struct Step {
+    /// The version the step records.
+    pub version: i32,
+    /// The table it creates, or adds `column` to.
+    pub table: &'static str,
+    /// The column it adds, if that is all it does.
+    pub column: Option<&'static str>,
+    /// Its DDL.
+    pub sql: &'static str,
 }
 
 impl Step {
@@ -190,81 +195,6 @@ pub(crate) async fn run<S: Store>(
     S::Db::migrate(conn, lock_timeout).await
 }
 
-/// One thing [`verify`](crate::verify) found wrong with the runtime's tables, and what to do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SchemaProblem {
-    /// A table is not where the connection looks for it (`searched` says where that is).
-    MissingTable {
-        table: &'static str,
-        searched: String,
-    },
-    /// A table lacks a column the runtime's statements use.
-    MissingColumn {
-        table: &'static str,
-        column: &'static str,
-    },
-    /// The connection's role or user lacks a privilege a worker needs; `grant` gives it.
-    MissingPrivilege {
-        privilege: &'static str,
-        object: String,
-        grant: String,
-    },
-    /// A column the claims rely on being unique has no unique index.
-    NoUniqueIndex {
-        table: &'static str,
-        column: &'static str,
-    },
-    /// The schema is older than this release needs.
-    Older { found: i32 },
-    /// The schema was made by a newer release.
-    Newer { found: i32 },
-}
-
-impl SchemaProblem {
-    /// Whether the problem keeps `idempotent_schema` from being read.
-    fn hides_the_version(&self) -> bool {
-        match self {
-            SchemaProblem::MissingTable { table, .. } => *table == "idempotent_schema",
-            SchemaProblem::MissingPrivilege { object, .. } => object.contains("idempotent_schema"),
-            _ => false,
-        }
-    }
-}
-
-impl std::fmt::Display for SchemaProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SchemaProblem::MissingTable { table, searched } => write!(
-                f,
-                "the table `{table}` is missing from {searched}: run migrate as the schema's owner"
-            ),
-            SchemaProblem::MissingColumn { table, column } => {
-                write!(
-                    f,
-                    "the table `{table}` has no column `{column}`: run migrate as the schema's owner"
-                )
-            }
-            SchemaProblem::MissingPrivilege {
-                privilege,
-                object,
-                grant,
-            } => write!(f, "this connection lacks {privilege} on {object}: {grant}"),
-            SchemaProblem::NoUniqueIndex { table, column } => write!(
-                f,
-                "`{table}.{column}` has no unique index: two workers could both claim"
-            ),
-            SchemaProblem::Older { found } => write!(
-                f,
-                "the schema is at version {found}, this release needs {LATEST}: run migrate as the schema's owner"
-            ),
-            SchemaProblem::Newer { found } => write!(
-                f,
-                "the schema is at version {found}, made by a newer release than this one (which knows up to {LATEST}): upgrade this worker"
-            ),
-        }
-    }
-}
-
 /// Checks, reading only, that the tables are there at this release's version, with their columns,
 /// unique indexes and the privileges a worker needs; see [`verify`](crate::verify). One pass for
 /// every database, in a transaction of its own; each database says only how to look.
@@ -316,8 +246,14 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
         && !problems.iter().any(SchemaProblem::hides_the_version)
     {
         match S::Db::schema_version(conn).await? {
-            Some(found) if found < LATEST => problems.push(SchemaProblem::Older { found }),
-            Some(found) if found > LATEST => problems.push(SchemaProblem::Newer { found }),
+            Some(found) if found < LATEST => problems.push(SchemaProblem::Older {
+                found,
+                needed: LATEST,
+            }),
+            Some(found) if found > LATEST => problems.push(SchemaProblem::Newer {
+                found,
+                known: LATEST,
+            }),
             _ => {}
         }
     }
@@ -378,5 +314,132 @@ pub(crate) async fn not_migrated<S: Store>(conn: &mut S, table: &'static str) ->
     match S::Db::table_exists(conn, table).await {
         Ok(false) => Some(Error::NotMigrated { table }),
         Ok(true) | Err(_) => None,
+    }
+}
+
+/// A database's migration steps and version table, from `idempotent-runtime/sql/<$db>/`.
+macro_rules! migration_steps {
+    ($db:literal) => {
+        const STEPS: &'static [$crate::migrations::Step] = &[
+            $crate::migrations::Step {
+                version: 1,
+                table: "done_jobs",
+                column: None,
+                sql: include_str!(concat!("../../sql/", $db, "/001_done_jobs.sql")),
+            },
+            $crate::migrations::Step {
+                version: 2,
+                table: "outbox",
+                column: None,
+                sql: include_str!(concat!("../../sql/", $db, "/002_outbox.sql")),
+            },
+            $crate::migrations::Step {
+                version: 3,
+                table: "done_jobs",
+                column: Some("claim_token"),
+                sql: include_str!(concat!("../../sql/", $db, "/003_claim_token.sql")),
+            },
+        ];
+        const VERSION_TABLE: &'static str =
+            include_str!(concat!("../../sql/", $db, "/000_idempotent_schema.sql"));
+    };
+}
+
+/// One pass over the steps not yet recorded, for every database, under the lock (and, where DDL
+/// is transactional, in the transaction) its dialect's `migrate` holds. `ddl_prelude`, run just
+/// before the first DDL, is what the dialect needs there (PostgreSQL: the schema the tables go
+/// into). Which steps are made is read first, as the connection finds tables.
+pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> Result<(), Error> {
+    let version = S::Db::schema_version(conn)
+        .await
+        .map_err(failed("idempotent_schema"))?;
+    let mut pending = Vec::new();
+    for step in S::Db::STEPS
+        .iter()
+        .filter(|step| step.version > version.unwrap_or(0))
+    {
+        pending.push((
+            step,
+            step_made(conn, step).await.map_err(failed(step.table))?,
+        ));
+    }
+    if version.is_none()
+        && S::Db::table_exists(conn, "__diesel_schema_migrations")
+            .await
+            .map_err(failed("__diesel_schema_migrations"))?
+    {
+        // An earlier release kept its versions in the application's own Diesel migration
+        // table: take those rows back out.
+        S::Db::forget_diesel_versions(conn)
+            .await
+            .map_err(failed("__diesel_schema_migrations"))?;
+    }
+    if let Some(prelude) = ddl_prelude {
+        conn.batch(prelude).await.map_err(failed("done_jobs"))?;
+    }
+    if version.is_none() {
+        create(conn, "idempotent_schema", S::Db::VERSION_TABLE, None).await?;
+    }
+    for (step, made) in pending {
+        if made {
+            // Made by an earlier release, or by a run that stopped before it recorded the step
+            // (MySQL's DDL commits by itself): the table is the step's whole work.
+            record_version(conn, step).await?;
+        } else {
+            create(conn, step.table, step.sql, Some(step)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `step`'s table (or column) is there.
+async fn step_made<S: Store>(conn: &mut S, step: &Step) -> diesel::QueryResult<bool> {
+    if !S::Db::table_exists(conn, step.table).await? {
+        return Ok(false);
+    }
+    Ok(match step.column {
+        None => true,
+        Some(column) => S::Db::table_columns(conn, step.table)
+            .await?
+            .iter()
+            .any(|c| c == column),
+    })
+}
+
+async fn record_version<S: Store>(conn: &mut S, step: &Step) -> Result<(), Error> {
+    S::Db::record_version(conn, step.version, &step.description())
+        .await
+        .map_err(failed("idempotent_schema"))
+}
+
+/// Runs a step's DDL (the version table's when `step` is `None`). Where DDL commits by itself
+/// (MySQL), a failure because another migration made the table meanwhile is told by looking: on
+/// Galera, `GET_LOCK` holds on one node only, while DDL is ordered across the cluster, so workers
+/// starting together on two nodes both try. The step is then done; its version is recorded unless
+/// the other migration recorded it first.
+async fn create<S: Store>(
+    conn: &mut S,
+    table: &'static str,
+    sql: &str,
+    step: Option<&Step>,
+) -> Result<(), Error> {
+    let Err(error) = conn.batch(sql).await else {
+        return Ok(());
+    };
+    if S::Db::DDL_IN_TRANSACTION {
+        return Err(failed(table)(error));
+    }
+    let made_meanwhile = match step {
+        Some(step) => step_made(conn, step).await,
+        None => S::Db::table_exists(conn, table).await,
+    }
+    .map_err(failed(table))?;
+    if !made_meanwhile {
+        return Err(failed(table)(error));
+    }
+    tracing::info!(table, "another migration created this table meanwhile");
+    match step {
+        Some(step) => record_version(conn, step).await,
+        None => Ok(()),
     }
 }

@@ -412,6 +412,15 @@ pub struct RelayReport {
 }
 
 impl RelayReport {
+    fn count(&mut self, settled: Settled) {
+        *match settled {
+            Settled::Delivered => &mut self.delivered,
+            Settled::LeaseLost => &mut self.lease_lost,
+            Settled::Failed => &mut self.failed,
+            Settled::Parked => &mut self.parked,
+        } += 1;
+    }
+
     fn add(&mut self, other: &RelayReport) {
         self.leased += other.leased;
         self.delivered += other.delivered;
@@ -460,6 +469,46 @@ fn error_text(error: &str) -> String {
 enum Delivery {
     Delivered,
     Failed(String),
+}
+
+/// What became of one leased message, as its round recorded it (and as the metrics label it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Delivered and marked so.
+    Delivered,
+    /// Delivered, but another round had taken the lease meanwhile: it was not marked here.
+    LeaseLost,
+    /// Failed; tried again after a backoff.
+    Failed,
+    /// Failed with its attempts spent: parked until an operator retries it.
+    Parked,
+}
+
+impl Settled {
+    /// The label of metrics and events.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Settled::Delivered => "delivered",
+            Settled::LeaseLost => "lease_lost",
+            Settled::Failed => "failed",
+            Settled::Parked => "parked",
+        }
+    }
+}
+
+/// Runs one delivery, a panic in it turned into a failure of that message alone.
+async fn attempt<E: fmt::Display>(
+    deliver: &mut impl AsyncFnMut(&OutboxMessage) -> Result<(), E>,
+    message: &OutboxMessage,
+) -> Delivery {
+    match catch_panic(deliver(message)).await {
+        Ok(Ok(())) => Delivery::Delivered,
+        Ok(Err(error)) => Delivery::Failed(error_text(&error.to_string())),
+        Err(panic) => Delivery::Failed(error_text(&format!(
+            "the delivery panicked: {}",
+            panic_message(&*panic)
+        ))),
+    }
 }
 
 impl Relay {
@@ -615,88 +664,73 @@ impl Relay {
         for row in rows {
             let message = OutboxMessage::from_row(row);
             let started = Instant::now();
-            let delivery = match catch_panic(deliver(&message)).await {
-                Ok(Ok(())) => Delivery::Delivered,
-                Ok(Err(error)) => Delivery::Failed(error_text(&error.to_string())),
-                Err(panic) => Delivery::Failed(error_text(&format!(
-                    "the delivery panicked: {}",
-                    panic_message(&*panic)
-                ))),
-            };
+            let delivery = attempt(deliver, &message).await;
             let delay = message.age + started.elapsed();
-            match delivery {
-                Delivery::Delivered => {
-                    let held = outside_transactions(conn, "outbox", async |conn: &mut S| {
-                        S::Db::mark_delivered(conn, message.id, &owner).await
-                    })
-                    .await
-                    .map_err(relay_error)?;
-                    if held {
-                        report.delivered += 1;
-                        crate::stats::delivery(
-                            message.message_id(),
-                            message.topic(),
-                            message.attempts(),
-                            "delivered",
-                            delay,
-                        );
-                    } else {
-                        report.lease_lost += 1;
-                        crate::stats::delivery(
-                            message.message_id(),
-                            message.topic(),
-                            message.attempts(),
-                            "lease_lost",
-                            delay,
-                        );
-                    }
-                }
-                Delivery::Failed(error) => {
-                    let park = message.attempts() >= self.max_attempts;
-                    let retry_after_micros = if park {
-                        None
-                    } else {
-                        Some(crate::time::micros(
-                            self.delay(message.attempts()),
-                            "the relay's backoff",
-                        )?)
-                    };
-                    let failure = Failure {
-                        id: message.id,
-                        owner: &owner,
-                        error: &error,
-                        retry_after_micros,
-                    };
-                    outside_transactions(conn, "outbox", async |conn: &mut S| {
-                        S::Db::mark_failed(conn, &failure).await
-                    })
-                    .await
-                    .map_err(relay_error)?;
-                    if park {
-                        report.parked += 1;
-                        crate::stats::delivery(
-                            message.message_id(),
-                            message.topic(),
-                            message.attempts(),
-                            "parked",
-                            delay,
-                        );
-                        tracing::warn!(message_id = message.message_id(), attempts = message.attempts(), %error, "outbox message parked");
-                    } else {
-                        report.failed += 1;
-                        crate::stats::delivery(
-                            message.message_id(),
-                            message.topic(),
-                            message.attempts(),
-                            "failed",
-                            delay,
-                        );
-                        tracing::info!(message_id = message.message_id(), attempts = message.attempts(), %error, "outbox delivery failed; will retry");
-                    }
-                }
-            }
+            let settled = self.settle(conn, &owner, &message, delivery).await?;
+            report.count(settled);
+            crate::stats::delivery(
+                message.message_id(),
+                message.topic(),
+                message.attempts(),
+                settled,
+                delay,
+            );
         }
         Ok(report)
+    }
+
+    /// Records what became of one leased message's delivery, if this round still holds its
+    /// lease: delivered, or failed (to be tried again after a backoff, or parked when its
+    /// attempts are spent).
+    async fn settle<S: Store>(
+        &self,
+        conn: &mut S,
+        owner: &str,
+        message: &OutboxMessage,
+        delivery: Delivery,
+    ) -> Result<Settled, Error> {
+        let error = match delivery {
+            Delivery::Delivered => {
+                let held = outside_transactions(conn, "outbox", async |conn: &mut S| {
+                    S::Db::mark_delivered(conn, message.id, owner).await
+                })
+                .await
+                .map_err(relay_error)?;
+                return Ok(if held {
+                    Settled::Delivered
+                } else {
+                    Settled::LeaseLost
+                });
+            }
+            Delivery::Failed(error) => error,
+        };
+        let park = message.attempts() >= self.max_attempts;
+        let retry_after_micros = match park {
+            true => None,
+            false => Some(crate::time::micros(
+                self.delay(message.attempts()),
+                "the relay's backoff",
+            )?),
+        };
+        let failure = Failure {
+            id: message.id,
+            owner,
+            error: &error,
+            retry_after_micros,
+        };
+        outside_transactions(conn, "outbox", async |conn: &mut S| {
+            S::Db::mark_failed(conn, &failure).await
+        })
+        .await
+        .map_err(relay_error)?;
+        let (message_id, attempts) = (message.message_id(), message.attempts());
+        if park {
+            tracing::warn!(message_id, attempts, %error, "outbox message parked");
+            Ok(Settled::Parked)
+        } else {
+            tracing::info!(message_id, attempts, %error, "outbox delivery failed; will retry");
+            Ok(Settled::Failed)
+        }
     }
 
     /// The backoff after `attempts` failed attempts: doubling from the first delay, capped.

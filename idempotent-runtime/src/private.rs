@@ -20,7 +20,7 @@ pub use crate::outcome::Outcome;
 pub use crate::registry::{Part, RegisteredJob};
 pub use inventory;
 
-use crate::{JobError, JobOutput};
+use crate::call::{JobError, JobOutput};
 
 /// The return type of a job handler: `Result<T, E>`, however it is spelled (`anyhow::Result<T>`,
 /// a type alias of your own), with a `T` that can be stored ([`JobOutput`]) and an `E` that can

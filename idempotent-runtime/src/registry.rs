@@ -3,8 +3,8 @@
 //! Two different jobs whose templates can yield the same key would silently skip each other's work:
 //! `charge:<order_id>` and `refund:<order_id>` are fine, `charge:<order_id>` on two jobs is not, and
 //! neither is `<anything>` next to `order:<id>`; nor are two handlers that share a job name. At run
-//! time a key claimed by another job is an [`Error::KeyClaimedByOtherJob`](crate::Error::KeyClaimedByOtherJob)
-//! and a shared name an [`Error::DuplicateJobName`](crate::Error::DuplicateJobName);
+//! time a key claimed by another job is an [`Error::KeyClaimedByOtherJob`](crate::error::Error::KeyClaimedByOtherJob)
+//! and a shared name an [`Error::DuplicateJobName`](crate::error::Error::DuplicateJobName);
 //! [`check_key_spaces`] finds both before they happen, from a test:
 //!
 //! ```

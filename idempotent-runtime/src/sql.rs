@@ -49,6 +49,62 @@ pub fn bind<ST, T>(value: T) -> Bind<ST, T> {
     }
 }
 
+/// How many `?`s one bind value fills.
+pub trait SlotCount {
+    /// The number of `?`s.
+    const COUNT: usize;
+}
+
+/// One bind value of a statement, pushed at its `?`s, each followed by the SQL text after it.
+pub trait Slot<DB: Backend>: SlotCount {
+    /// Pushes the value (at each of its `?`s) and the text that follows.
+    fn push<'b>(
+        &'b self,
+        text: &mut std::str::Split<'static, char>,
+        pass: &mut AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()>;
+}
+
+impl<ST, T> SlotCount for Bind<ST, T> {
+    const COUNT: usize = 1;
+}
+
+impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Bind<ST, T> {
+    fn push<'b>(
+        &'b self,
+        text: &mut std::str::Split<'static, char>,
+        pass: &mut AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        pass.push_bind_param::<ST, T>(&self.value)?;
+        pass.push_sql(text.next().unwrap_or(""));
+        Ok(())
+    }
+}
+
+/// A value bound to two `?`s in a row (SQLite's `now_plus!`, which tests the value for NULL before
+/// it uses it).
+pub struct Twice<ST, T>(Bind<ST, T>);
+
+/// Binds `value` as SQL type `ST` to the next two `?`s.
+pub fn twice<ST, T>(value: T) -> Twice<ST, T> {
+    Twice(bind(value))
+}
+
+impl<ST, T> SlotCount for Twice<ST, T> {
+    const COUNT: usize = 2;
+}
+
+impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Twice<ST, T> {
+    fn push<'b>(
+        &'b self,
+        text: &mut std::str::Split<'static, char>,
+        pass: &mut AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        self.0.push(text, pass)?;
+        self.0.push(text, pass)
+    }
+}
+
 /// How many values a bind tuple holds.
 pub trait BindCount {
     /// The number of `?`s the values fill.
@@ -66,15 +122,12 @@ pub trait Binds<DB: Backend>: BindCount {
 }
 
 macro_rules! impl_binds {
-    ($($name:ident $st:ident $t:ident),*) => {
-        impl<$($st, $t),*> BindCount for ($(Bind<$st, $t>,)*) {
-            const COUNT: usize = 0 $(+ { let _ = stringify!($name); 1 })*;
+    ($($name:ident $slot:ident),*) => {
+        impl<$($slot: SlotCount),*> BindCount for ($($slot,)*) {
+            const COUNT: usize = 0 $(+ $slot::COUNT)*;
         }
 
-        impl<DB: Backend, $($st, $t: ToSql<$st, DB>),*> Binds<DB> for ($(Bind<$st, $t>,)*)
-        where
-            $(DB: HasSqlType<$st>,)*
-        {
+        impl<DB: Backend, $($slot: Slot<DB>),*> Binds<DB> for ($($slot,)*) {
             #[allow(unused_variables, non_snake_case)]
             fn push<'b>(
                 &'b self,
@@ -82,10 +135,7 @@ macro_rules! impl_binds {
                 pass: &mut AstPass<'_, 'b, DB>,
             ) -> QueryResult<()> {
                 let ($($name,)*) = self;
-                $(
-                    pass.push_bind_param::<$st, $t>(&$name.value)?;
-                    pass.push_sql(text.next().unwrap_or(""));
-                )*
+                $($name.push(text, pass)?;)*
                 Ok(())
             }
         }
@@ -93,15 +143,15 @@ macro_rules! impl_binds {
 }
 
 impl_binds!();
-impl_binds!(a A1 B1);
-impl_binds!(a A1 B1, b A2 B2);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6, g A7 B7);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6, g A7 B7, h A8 B8);
-impl_binds!(a A1 B1, b A2 B2, c A3 B3, d A4 B4, e A5 B5, f A6 B6, g A7 B7, h A8 B8, i A9 B9);
+impl_binds!(a A);
+impl_binds!(a A, b B);
+impl_binds!(a A, b B, c C);
+impl_binds!(a A, b B, c C, d D);
+impl_binds!(a A, b B, c C, d D, e E);
+impl_binds!(a A, b B, c C, d D, e E, f F);
+impl_binds!(a A, b B, c C, d D, e E, f F, g G);
+impl_binds!(a A, b B, c C, d D, e E, f F, g G, h H);
+impl_binds!(a A, b B, c C, d D, e E, f F, g G, h H, i I);
 
 /// A statement `S` with its bind values `B`; see the [module docs](self).
 pub struct Statement<S, B> {

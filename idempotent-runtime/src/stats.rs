@@ -249,15 +249,16 @@ pub(crate) fn delivery(
     message_id: &str,
     topic: &str,
     attempt: u32,
-    outcome: &'static str,
+    settled: crate::outbox::Settled,
     delay: std::time::Duration,
 ) {
+    let outcome = settled.as_str();
     #[cfg(feature = "metrics")]
     {
         let topic = topic.to_owned();
         metrics::counter!("idempotent_outbox_deliveries_total", "topic" => topic.clone(), "outcome" => outcome)
             .increment(1);
-        if outcome == "delivered" {
+        if settled == crate::outbox::Settled::Delivered {
             metrics::histogram!("idempotent_outbox_delivery_delay_seconds", "topic" => topic)
                 .record(delay.as_secs_f64());
         }

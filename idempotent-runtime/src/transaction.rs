@@ -167,7 +167,7 @@ pub(crate) enum Outside {
     /// The database refused a statement; the transaction was rolled back.
     Failed(diesel::result::Error),
     /// The table the statements work on is not there: `migrate` has not run
-    /// ([`Error::NotMigrated`](crate::Error::NotMigrated)).
+    /// ([`Error::NotMigrated`](crate::error::Error::NotMigrated)).
     NotMigrated(&'static str),
 }
 
@@ -281,7 +281,7 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
         return store.commit().await.map_err(Finish::NotOwn);
     }
     if store.finish_in_one_batch() {
-        return match store.batch(crate::db::RELEASE_AND_COMMIT).await {
+        return match store.batch(crate::store::RELEASE_AND_COMMIT).await {
             Ok(()) => {
                 store.forget_transaction(false);
                 Ok(())

@@ -14,17 +14,6 @@ use diesel::result::QueryResult;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::store::Nesting;
 
-sql! {
-    /// Proves a job's transaction is still its own; see `Store::begin_job`.
-    ReleaseJob = "RELEASE SAVEPOINT idempotent_job";
-}
-
-/// Sets the savepoint a job's own transaction begins with (`idempotent_job`; see `Store::begin_job`).
-pub(crate) const SET_JOB_SAVEPOINT: &str = "SAVEPOINT idempotent_job";
-
-/// Releases it and commits, in one text batch: the `COMMIT` does not run when the release fails.
-pub(crate) const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT idempotent_job; COMMIT";
-
 /// Opens a transaction with `sql` on a sync connection, or a savepoint inside the caller's.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn begin_sync<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
@@ -179,7 +168,7 @@ macro_rules! sync_store {
                 let bounded = bound.and_then(<$db as $crate::store::Database>::bounded_begin_sql);
                 match bounded {
                     Some(sql) => {
-                        let begun = $crate::db::begin_sync(self, &format!("{sql}; {}", $crate::db::SET_JOB_SAVEPOINT));
+                        let begun = $crate::db::begin_sync(self, &format!("{sql}; {}", $crate::store::SET_JOB_SAVEPOINT));
                         if begun.is_err() {
                             $crate::db::after_failed_bounded_begin::<$db, _>(self);
                         }
@@ -446,6 +435,27 @@ pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
     );
 }
 
+/// The pending messages a relay may lease: not delivered, not parked, not leased, due (by the
+/// database's clock, `now!()`, each database module's own).
+macro_rules! pending {
+    () => {
+        concat!(
+            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
+            now!()
+        )
+    };
+}
+
+/// Messages whose relay died while it held them (leased, lease lapsed, never marked).
+macro_rules! abandoned {
+    () => {
+        concat!(
+            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
+            now!()
+        )
+    };
+}
+
 // After the macros, which the database modules use.
 /// The statements whose text is the same on every database (forgetting and taking back a claim,
 /// [`crate::keys`], [`crate::outbox::unsent`]): each database module
@@ -468,6 +478,29 @@ macro_rules! shared_statements {
                  FROM done_jobs WHERE key_digest = ?", read_guard!()
             );
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
+            SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
+            Record = concat!(
+                "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
+                " WHERE key_digest = ?"
+            );
+            Push = concat!(
+                "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
+                 VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
+            );
+            MarkDelivered = concat!(
+                "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
+                 WHERE id = ? AND lease_owner = ?"
+            );
+            MarkFailed = concat!(
+                "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
+                 parked_at = CASE WHEN ? THEN ", now!(), " END, \
+                 available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
+                 WHERE id = ? AND lease_owner = ?"
+            );
+            Parked = concat!(
+                "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
+            );
+            ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
             // Takes over a lapsed claim, or a committed one whose run never recorded its result.
             Renew = concat!(
                 "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = ?, done_at = ",
@@ -560,6 +593,147 @@ macro_rules! shared_methods {
                 )))
                 .await?;
             Ok(renewed == 1)
+        }
+
+        async fn record<C: Store<Db = Self>>(
+            conn: &mut C,
+            digest: &[u8; 32],
+            result: Option<&str>,
+            keep_micros: Option<i64>,
+        ) -> QueryResult<()> {
+            conn.execute(Statement::<Record, _>::new((
+                bind::<Nullable<Text>, _>(result),
+                later(keep_micros),
+                bind::<Binary, _>(&digest[..]),
+            )))
+            .await
+            .map(drop)
+        }
+
+        async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {
+            conn.execute(Statement::<PruneLapsed, _>::new(
+                (bind::<BigInt, _>(limit),),
+            ))
+            .await
+        }
+
+        async fn push<C: Store<Db = Self>>(
+            conn: &mut C,
+            message: &crate::store::NewMessage<'_>,
+        ) -> QueryResult<()> {
+            conn.execute(Statement::<Push, _>::new((
+                bind::<Text, _>(message.message_id),
+                bind::<Text, _>(message.topic),
+                bind::<Text, _>(message.payload),
+                bind::<Text, _>(message.job_key),
+            )))
+            .await
+            .map(drop)
+        }
+
+        async fn mark_delivered<C: Store<Db = Self>>(
+            conn: &mut C,
+            id: i64,
+            owner: &str,
+        ) -> QueryResult<bool> {
+            let marked = conn
+                .execute(Statement::<MarkDelivered, _>::new((
+                    bind::<BigInt, _>(id),
+                    bind::<Text, _>(owner),
+                )))
+                .await?;
+            Ok(marked == 1)
+        }
+
+        async fn mark_failed<C: Store<Db = Self>>(
+            conn: &mut C,
+            failure: &crate::store::Failure<'_>,
+        ) -> QueryResult<bool> {
+            let marked = conn
+                .execute(Statement::<MarkFailed, _>::new((
+                    bind::<Text, _>(failure.error),
+                    bind::<Bool, _>(failure.retry_after_micros.is_none()),
+                    later(failure.retry_after_micros),
+                    bind::<BigInt, _>(failure.id),
+                    bind::<Text, _>(failure.owner),
+                )))
+                .await?;
+            Ok(marked == 1)
+        }
+
+        async fn parked<C: Store<Db = Self>>(
+            conn: &mut C,
+        ) -> QueryResult<Vec<crate::store::LeasedRow>> {
+            conn.load(Statement::<Parked, _>::new(())).await
+        }
+
+        async fn retry_parked<C: Store<Db = Self>>(
+            conn: &mut C,
+            message_id: Option<&str>,
+        ) -> QueryResult<usize> {
+            conn.execute(Statement::<RetryParked, _>::new((
+                bind::<Nullable<Text>, _>(message_id),
+                bind::<Nullable<Text>, _>(message_id),
+            )))
+            .await
+        }
+
+        async fn prune_delivered<C: Store<Db = Self>>(
+            conn: &mut C,
+            older_than_micros: i64,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            conn.execute(Statement::<PruneDelivered, _>::new((
+                bind::<BigInt, _>(older_than_micros),
+                bind::<BigInt, _>(limit),
+            )))
+            .await
+        }
+
+        async fn outbox_counts<C: Store<Db = Self>>(
+            conn: &mut C,
+        ) -> QueryResult<crate::store::OutboxCounts> {
+            let rows: Vec<crate::store::OutboxCounts> =
+                conn.load(Statement::<Counts, _>::new(())).await?;
+            Ok(rows.into_iter().next().unwrap_or_default())
+        }
+
+        async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
+            let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
+            Ok(names.into_iter().map(|n| n.name).collect())
+        }
+
+        async fn has_unique_index<C: Store<Db = Self>>(
+            conn: &mut C,
+            table: &str,
+            column: &str,
+        ) -> QueryResult<bool> {
+            let unique: Vec<crate::migrations::TableCount> = conn
+                .load(Statement::<UniqueIndexOn, _>::new((
+                    bind::<Text, _>(table),
+                    bind::<Text, _>(column),
+                )))
+                .await?;
+            Ok(unique.first().is_some_and(|r| r.n > 0))
+        }
+
+        async fn record_version<C: Store<Db = Self>>(
+            conn: &mut C,
+            version: i32,
+            description: &str,
+        ) -> QueryResult<()> {
+            conn.execute(Statement::<RecordVersion, _>::new((
+                bind::<Integer, _>(version),
+                bind::<Text, _>(description),
+            )))
+            .await
+            .map(drop)
+        }
+
+        async fn forget_diesel_versions<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+            conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
+                .await
+                .map(drop)
         }
 
         async fn take_back<C: Store<Db = Self>>(

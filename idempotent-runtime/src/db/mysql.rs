@@ -28,11 +28,11 @@ use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
-use crate::migrations::{SchemaProblem, Step, TableCount, Version};
+use crate::migrations::{TableCount, Version};
+use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
 use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
-    OutboxCounts, ResultLimit, Store, Unfinished,
+    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, ResultLimit, Store, Unfinished,
 };
 
 /// MySQL and MariaDB (features `mysql`, `async-mysql`).
@@ -49,24 +49,6 @@ macro_rules! now {
 macro_rules! now_plus {
     () => {
         "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))"
-    };
-}
-
-macro_rules! pending {
-    () => {
-        concat!(
-            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
-            now!()
-        )
-    };
-}
-
-macro_rules! abandoned {
-    () => {
-        concat!(
-            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
-            now!()
-        )
     };
 }
 
@@ -114,17 +96,9 @@ sql! {
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ? FOR UPDATE"
     );
-    Record = concat!(
-        "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
-        " WHERE key_digest = ?"
-    );
     // MySQL takes no `LIMIT` in an `IN` subquery, but does in `DELETE`.
     PruneLapsed = concat!(
         "DELETE FROM done_jobs WHERE expires_at <= ", now!(), " ORDER BY expires_at LIMIT ?"
-    );
-    Push = concat!(
-        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
-         VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
     );
     ParkAbandoned = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
@@ -143,19 +117,6 @@ sql! {
     );
     Leased = concat!(
         "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id"
-    );
-    MarkDelivered = concat!(
-        "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
-         WHERE id = ? AND lease_owner = ?"
-    );
-    MarkFailed = concat!(
-        "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
-         parked_at = CASE WHEN ? THEN ", now!(), " END, \
-         available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
-         WHERE id = ? AND lease_owner = ?"
-    );
-    Parked = concat!(
-        "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
     );
     RetryParked = concat!(
         "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
@@ -179,13 +140,11 @@ sql! {
          AND s.column_name = ? AND (SELECT COUNT(*) FROM information_schema.statistics t \
            WHERE t.table_schema = s.table_schema AND t.table_name = s.table_name \
            AND t.index_name = s.index_name) = 1";
-    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
     // IGNORE: another migration (on another Galera node) may have recorded it first.
     RecordVersion = concat!(
         "INSERT IGNORE INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
     TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired");
-    ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
     TableNames = "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1";
     TableColumns = "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
@@ -208,6 +167,11 @@ macro_rules! read_guard {
 }
 
 shared_statements!();
+
+/// The microseconds bound in `now_plus!()`.
+fn later(micros: Option<i64>) -> crate::sql::Bind<Nullable<BigInt>, Option<i64>> {
+    bind(micros)
+}
 
 sql! {
     // A transaction the session holds that Diesel does not know of. MariaDB says so
@@ -267,29 +231,6 @@ const PRIVILEGE_PROBES: &[(&str, &str, &str)] = &[
 /// Releases the migration lock; also what a dropped guard runs on a sync connection.
 const RELEASE_MIGRATION_LOCK: &str = concat!("SELECT RELEASE_LOCK(", migration_lock!(), ")");
 
-const STEPS: &[Step] = &[
-    Step {
-        version: 1,
-        table: "done_jobs",
-        column: None,
-        sql: include_str!("../../sql/mysql/001_done_jobs.sql"),
-    },
-    Step {
-        version: 2,
-        table: "outbox",
-        column: None,
-        sql: include_str!("../../sql/mysql/002_outbox.sql"),
-    },
-    Step {
-        version: 3,
-        table: "done_jobs",
-        column: Some("claim_token"),
-        sql: include_str!("../../sql/mysql/003_claim_token.sql"),
-    },
-];
-
-const VERSION_TABLE: &str = include_str!("../../sql/mysql/000_idempotent_schema.sql");
-
 #[derive(diesel::QueryableByName)]
 struct MaxPacket {
     #[diesel(sql_type = BigInt)]
@@ -318,6 +259,7 @@ struct Column {
 
 impl Database for MysqlDb {
     shared_methods!();
+    migration_steps!("mysql");
 
     async fn bound_lock_wait<C: Store<Db = Self>>(
         conn: &mut C,
@@ -343,6 +285,7 @@ impl Database for MysqlDb {
 
     type Backend = Mysql;
     const NAME: &'static str = "MySQL";
+    const DDL_IN_TRANSACTION: bool = false;
 
     fn classify(error: &DieselError) -> Fault {
         match error {
@@ -386,7 +329,7 @@ impl Database for MysqlDb {
             return conn.batch(RELEASE_JOB).await;
         }
         match conn
-            .execute(Statement::<crate::db::ReleaseJob, _>::new(()))
+            .execute(Statement::<crate::store::ReleaseJob, _>::new(()))
             .await
         {
             Err(error) if refuses_prepared(&error) => {
@@ -443,39 +386,6 @@ impl Database for MysqlDb {
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
     }
 
-    async fn record<C: Store<Db = Self>>(
-        conn: &mut C,
-        digest: &[u8; 32],
-        result: Option<&str>,
-        keep_micros: Option<i64>,
-    ) -> QueryResult<()> {
-        conn.execute(Statement::<Record, _>::new((
-            bind::<Nullable<Text>, _>(result),
-            bind::<Nullable<BigInt>, _>(keep_micros),
-            bind::<Binary, _>(&digest[..]),
-        )))
-        .await
-        .map(drop)
-    }
-
-    async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {
-        conn.execute(Statement::<PruneLapsed, _>::new(
-            (bind::<BigInt, _>(limit),),
-        ))
-        .await
-    }
-
-    async fn push<C: Store<Db = Self>>(conn: &mut C, message: &NewMessage<'_>) -> QueryResult<()> {
-        conn.execute(Statement::<Push, _>::new((
-            bind::<Text, _>(message.message_id),
-            bind::<Text, _>(message.topic),
-            bind::<Text, _>(message.payload),
-            bind::<Text, _>(message.job_key),
-        )))
-        .await
-        .map(drop)
-    }
-
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
@@ -508,68 +418,6 @@ impl Database for MysqlDb {
             .await
     }
 
-    async fn mark_delivered<C: Store<Db = Self>>(
-        conn: &mut C,
-        id: i64,
-        owner: &str,
-    ) -> QueryResult<bool> {
-        let marked = conn
-            .execute(Statement::<MarkDelivered, _>::new((
-                bind::<BigInt, _>(id),
-                bind::<Text, _>(owner),
-            )))
-            .await?;
-        Ok(marked == 1)
-    }
-
-    async fn mark_failed<C: Store<Db = Self>>(
-        conn: &mut C,
-        failure: &Failure<'_>,
-    ) -> QueryResult<bool> {
-        let marked = conn
-            .execute(Statement::<MarkFailed, _>::new((
-                bind::<Text, _>(failure.error),
-                bind::<Bool, _>(failure.retry_after_micros.is_none()),
-                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
-                bind::<BigInt, _>(failure.id),
-                bind::<Text, _>(failure.owner),
-            )))
-            .await?;
-        Ok(marked == 1)
-    }
-
-    async fn parked<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<LeasedRow>> {
-        conn.load(Statement::<Parked, _>::new(())).await
-    }
-
-    async fn retry_parked<C: Store<Db = Self>>(
-        conn: &mut C,
-        message_id: Option<&str>,
-    ) -> QueryResult<usize> {
-        conn.execute(Statement::<RetryParked, _>::new((
-            bind::<Nullable<Text>, _>(message_id),
-            bind::<Nullable<Text>, _>(message_id),
-        )))
-        .await
-    }
-
-    async fn prune_delivered<C: Store<Db = Self>>(
-        conn: &mut C,
-        older_than_micros: i64,
-        limit: i64,
-    ) -> QueryResult<usize> {
-        conn.execute(Statement::<PruneDelivered, _>::new((
-            bind::<BigInt, _>(older_than_micros),
-            bind::<BigInt, _>(limit),
-        )))
-        .await
-    }
-
-    async fn outbox_counts<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<OutboxCounts> {
-        let rows: Vec<OutboxCounts> = conn.load(Statement::<Counts, _>::new(())).await?;
-        Ok(rows.into_iter().next().unwrap_or_default())
-    }
-
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
         if !MysqlDb::table_exists(conn, "idempotent_schema").await? {
             return Ok(None);
@@ -583,7 +431,7 @@ impl Database for MysqlDb {
     async fn migrate<C: Store<Db = Self>>(
         conn: &mut C,
         lock_timeout: std::time::Duration,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         under_session_lock(
             conn,
             RELEASE_MIGRATION_LOCK,
@@ -595,8 +443,8 @@ impl Database for MysqlDb {
                 let mut attempt = 0;
                 loop {
                     attempt += 1;
-                    match migration_pass(conn).await {
-                        Err(crate::Error::Migration { source, .. })
+                    match crate::migrations::pass(conn, None).await {
+                        Err(crate::error::Error::Migration { source, .. })
                             if attempt < 5
                                 && source.downcast_ref::<DieselError>().is_some_and(|error| {
                                     matches!(Self::classify(error), Fault::Deadlock | Fault::Serialization)
@@ -615,20 +463,6 @@ impl Database for MysqlDb {
 
     async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
         Ok("this connection's database (or this user holds no privilege on it)".to_owned())
-    }
-
-    async fn has_unique_index<C: Store<Db = Self>>(
-        conn: &mut C,
-        table: &str,
-        column: &str,
-    ) -> QueryResult<bool> {
-        let unique: Vec<TableCount> = conn
-            .load(Statement::<UniqueIndexOn, _>::new((
-                bind::<Text, _>(table),
-                bind::<Text, _>(column),
-            )))
-            .await?;
-        Ok(unique.first().is_some_and(|r| r.n > 0))
     }
 
     /// MySQL checks the privileges of a statement when it explains it, without running it.
@@ -654,11 +488,6 @@ impl Database for MysqlDb {
             }
         }
         Ok(missing)
-    }
-
-    async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
-        let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
-        Ok(names.into_iter().map(|n| n.name).collect())
     }
 
     async fn table_rows<C: Store<Db = Self>>(
@@ -692,7 +521,7 @@ impl Database for MysqlDb {
 async fn take_migration_lock<C: Store<Db = MysqlDb>>(
     conn: &mut C,
     timeout: std::time::Duration,
-) -> Result<(), crate::Error> {
+) -> Result<(), crate::error::Error> {
     // GET_LOCK counts whole seconds.
     let seconds = i32::try_from(timeout.as_secs().max(1)).unwrap_or(i32::MAX);
     let rows: Vec<Acquired> = conn
@@ -703,112 +532,18 @@ async fn take_migration_lock<C: Store<Db = MysqlDb>>(
         .map_err(crate::migrations::failed("idempotent_schema"))?;
     match rows.first().and_then(|r| r.acquired) {
         Some(1) => Ok(()),
-        Some(_) => Err(crate::Error::Migration {
+        Some(_) => Err(crate::error::Error::Migration {
             table: "idempotent_schema",
             source: format!(
                 "another migration held the lock `idempotent_jobs:<database>` for more than {seconds} s; nothing was changed. Retry once it has finished (a stuck session holding it shows in SHOW PROCESSLIST)"
             )
             .into(),
         }),
-        None => Err(crate::Error::Migration {
+        None => Err(crate::error::Error::Migration {
             table: "idempotent_schema",
             source: "GET_LOCK('idempotent_jobs:<database>') failed (it returned NULL: is a database selected?); nothing was changed".into(),
         }),
     }
-}
-
-/// One pass over the steps not yet recorded; see `MysqlDb::migrate`.
-async fn migration_pass<C: Store<Db = MysqlDb>>(conn: &mut C) -> Result<(), crate::Error> {
-    use crate::migrations::failed;
-
-    let version = match MysqlDb::schema_version(conn)
-        .await
-        .map_err(failed("idempotent_schema"))?
-    {
-        Some(version) => version,
-        None => {
-            create(conn, "idempotent_schema", VERSION_TABLE, None).await?;
-            if MysqlDb::table_exists(conn, "__diesel_schema_migrations")
-                .await
-                .map_err(failed("__diesel_schema_migrations"))?
-            {
-                conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
-                    .await
-                    .map_err(failed("__diesel_schema_migrations"))?;
-            }
-            0
-        }
-    };
-    for step in STEPS.iter().filter(|step| step.version > version) {
-        if step_made(conn, step).await.map_err(failed(step.table))? {
-            // Created by an earlier release, or by a run interrupted before it recorded
-            // the version: the table is the step's whole work.
-            record_version(conn, step).await?;
-        } else {
-            create(conn, step.table, step.sql, Some(step)).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Runs a step's DDL. When it fails because its table exists after all, another migration made
-/// it meanwhile: on Galera, `GET_LOCK` holds on one node only, while DDL is ordered across the
-/// cluster, so workers starting together on two nodes both try. The step is then done; its
-/// version is recorded unless the other migration recorded it first.
-async fn create<C: Store<Db = MysqlDb>>(
-    conn: &mut C,
-    table: &'static str,
-    sql: &str,
-    step: Option<&Step>,
-) -> Result<(), crate::Error> {
-    let Err(error) = conn.batch(sql).await else {
-        return Ok(());
-    };
-    let made_meanwhile = super::message(&error)
-        .is_some_and(|m| m.contains("already exists") || m.contains("Duplicate column"))
-        && match step {
-            Some(step) => step_made(conn, step).await,
-            None => MysqlDb::table_exists(conn, table).await,
-        }
-        .map_err(crate::migrations::failed(table))?;
-    if !made_meanwhile {
-        return Err(crate::migrations::failed(table)(error));
-    }
-    tracing::info!(table, "another migration created this table meanwhile");
-    match step {
-        Some(step) => record_version(conn, step).await,
-        None => Ok(()),
-    }
-}
-
-/// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
-/// stopped before it recorded the step.
-async fn step_made<C: Store<Db = MysqlDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
-    if !MysqlDb::table_exists(conn, step.table).await? {
-        return Ok(false);
-    }
-    let Some(column) = step.column else {
-        return Ok(true);
-    };
-    let columns: Vec<Column> = conn
-        .load(Statement::<TableColumns, _>::new((bind::<Text, _>(
-            step.table,
-        ),)))
-        .await?;
-    Ok(columns.iter().any(|c| c.name == column))
-}
-
-async fn record_version<C: Store<Db = MysqlDb>>(
-    conn: &mut C,
-    step: &Step,
-) -> Result<(), crate::Error> {
-    conn.execute(Statement::<RecordVersion, _>::new((
-        bind::<Integer, _>(step.version),
-        bind::<Text, _>(step.description()),
-    )))
-    .await
-    .map(drop)
-    .map_err(crate::migrations::failed("idempotent_schema"))
 }
 
 /// Runs `steps` between `take` (a session lock) and `release`; a guard releases the lock however
@@ -818,9 +553,9 @@ async fn record_version<C: Store<Db = MysqlDb>>(
 async fn under_session_lock<S: Store>(
     conn: &mut S,
     release: &'static str,
-    take: impl AsyncFnOnce(&mut S) -> Result<(), crate::Error>,
-    steps: impl AsyncFnOnce(&mut S) -> Result<(), crate::Error>,
-) -> Result<(), crate::Error> {
+    take: impl AsyncFnOnce(&mut S) -> Result<(), crate::error::Error>,
+    steps: impl AsyncFnOnce(&mut S) -> Result<(), crate::error::Error>,
+) -> Result<(), crate::error::Error> {
     // Armed before the lock is asked for: a future dropped while `GET_LOCK` is on its way may
     // still take the lock on the server, so the connection must be given up as if it held it.
     let mut lock = SessionLock {
@@ -838,7 +573,7 @@ async fn under_session_lock<S: Store>(
     lock.held = false;
     match (result, released) {
         (result, Ok(())) => result,
-        (Ok(()), Err(error)) => Err(crate::Error::Migration {
+        (Ok(()), Err(error)) => Err(crate::error::Error::Migration {
             table: "idempotent_schema",
             source: format!(
                 "the migration succeeded, but releasing its lock failed ({error}); close this connection, which releases the lock"

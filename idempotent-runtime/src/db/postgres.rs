@@ -31,12 +31,10 @@ use diesel::pg::Pg;
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
-use crate::migrations::{SchemaProblem, Step, TableCount, Version};
+use crate::migrations::{TableCount, Version};
+use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
-use crate::store::{
-    Claim, ClaimAttempt, Database, Failure, Fault, Lease, LeasedRow, NewMessage, OutboxCounts,
-    Store,
-};
+use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Store};
 
 /// PostgreSQL (features `postgres`, `async-postgres`).
 #[derive(Debug, Clone, Copy)]
@@ -52,24 +50,6 @@ macro_rules! now {
 macro_rules! now_plus {
     () => {
         "((clock_timestamp() AT TIME ZONE 'UTC') + ? * INTERVAL '1 microsecond')"
-    };
-}
-
-macro_rules! pending {
-    () => {
-        concat!(
-            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
-            now!()
-        )
-    };
-}
-
-macro_rules! abandoned {
-    () => {
-        concat!(
-            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
-            now!()
-        )
     };
 }
 
@@ -104,19 +84,11 @@ sql! {
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
          VALUES (?, ?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING"
     );
-    Record = concat!(
-        "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
-        " WHERE key_digest = ?"
-    );
     // Rows a claim is renewing right now are skipped, not waited for.
     PruneLapsed = concat!(
         "DELETE FROM done_jobs WHERE key_digest IN \
          (SELECT key_digest FROM done_jobs WHERE expires_at <= ", now!(),
         " ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)"
-    );
-    Push = concat!(
-        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
-         VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
     );
     ParkAbandoned = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
@@ -133,19 +105,6 @@ sql! {
         "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
          WHERE id IN (SELECT id FROM outbox WHERE ", pending!(),
         " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING ", message_columns!()
-    );
-    MarkDelivered = concat!(
-        "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
-         WHERE id = ? AND lease_owner = ?"
-    );
-    MarkFailed = concat!(
-        "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
-         parked_at = CASE WHEN ? THEN ", now!(), " END, \
-         available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
-         WHERE id = ? AND lease_owner = ?"
-    );
-    Parked = concat!(
-        "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
     );
     RetryParked = concat!(
         "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
@@ -168,7 +127,6 @@ sql! {
     // table" can outlive another migration's commit that this one waited for.
     TableExists = "SELECT COUNT(*) AS n FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE c.relname = ? AND c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false))";
-    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
     TableColumns = "SELECT attname::text AS name FROM pg_attribute \
          WHERE attrelid = to_regclass(?) AND attnum > 0 AND NOT attisdropped";
     TablePrivileges = "SELECT has_table_privilege(c.oid, 'SELECT') AS select, \
@@ -187,7 +145,7 @@ sql! {
     OutboxSequence = "SELECT has_sequence_privilege(pg_get_serial_sequence('outbox', 'id'), 'USAGE') AS usage";
     UniqueIndexOn = "SELECT COUNT(*) AS n FROM pg_index i WHERE i.indrelid = to_regclass(?) \
          AND i.indisunique AND i.indnatts = 1 AND i.indkey[0] = \
-         (SELECT attnum FROM pg_attribute WHERE attrelid = to_regclass(?) AND attname = ?)";
+         (SELECT attnum FROM pg_attribute WHERE attrelid = i.indrelid AND attname = ?)";
     SearchPath = "SELECT current_setting('search_path') AS name";
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
@@ -211,7 +169,6 @@ sql! {
            UNION ALL \
            SELECT current_schema(), 2, 0 WHERE current_schema() IS NOT NULL \
          ) AS found ORDER BY rank, position LIMIT 1";
-    ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
     TableNames = "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) AS name \
          FROM information_schema.tables \
          WHERE table_schema = ANY (current_schemas(false)) AND table_type = 'BASE TABLE' \
@@ -229,6 +186,11 @@ macro_rules! read_guard {
 
 shared_statements!();
 
+/// The microseconds bound in `now_plus!()`.
+fn later(micros: Option<i64>) -> crate::sql::Bind<Nullable<BigInt>, Option<i64>> {
+    bind(micros)
+}
+
 sql! {
     // Whether this transaction has written: a `BEGIN` inside a transaction of the caller's is
     // only a warning, and the transaction would then be the caller's.
@@ -237,29 +199,6 @@ sql! {
     BoundLockWait = "SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', ?, true) AS applied";
     RestoreLockWait = "SELECT set_config('lock_timeout', ?, true) AS previous";
 }
-
-const STEPS: &[Step] = &[
-    Step {
-        version: 1,
-        table: "done_jobs",
-        column: None,
-        sql: include_str!("../../sql/postgres/001_done_jobs.sql"),
-    },
-    Step {
-        version: 2,
-        table: "outbox",
-        column: None,
-        sql: include_str!("../../sql/postgres/002_outbox.sql"),
-    },
-    Step {
-        version: 3,
-        table: "done_jobs",
-        column: Some("claim_token"),
-        sql: include_str!("../../sql/postgres/003_claim_token.sql"),
-    },
-];
-
-const VERSION_TABLE: &str = include_str!("../../sql/postgres/000_idempotent_schema.sql");
 
 #[derive(diesel::QueryableByName)]
 struct Privileges {
@@ -288,6 +227,7 @@ async fn search_path<C: Store<Db = PostgresDb>>(conn: &mut C) -> QueryResult<Str
 
 impl Database for PostgresDb {
     shared_methods!();
+    migration_steps!("postgres");
 
     async fn bound_lock_wait<C: Store<Db = Self>>(
         conn: &mut C,
@@ -380,39 +320,6 @@ impl Database for PostgresDb {
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
     }
 
-    async fn record<C: Store<Db = Self>>(
-        conn: &mut C,
-        digest: &[u8; 32],
-        result: Option<&str>,
-        keep_micros: Option<i64>,
-    ) -> QueryResult<()> {
-        conn.execute(Statement::<Record, _>::new((
-            bind::<Nullable<Text>, _>(result),
-            bind::<Nullable<BigInt>, _>(keep_micros),
-            bind::<Binary, _>(&digest[..]),
-        )))
-        .await
-        .map(drop)
-    }
-
-    async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {
-        conn.execute(Statement::<PruneLapsed, _>::new(
-            (bind::<BigInt, _>(limit),),
-        ))
-        .await
-    }
-
-    async fn push<C: Store<Db = Self>>(conn: &mut C, message: &NewMessage<'_>) -> QueryResult<()> {
-        conn.execute(Statement::<Push, _>::new((
-            bind::<Text, _>(message.message_id),
-            bind::<Text, _>(message.topic),
-            bind::<Text, _>(message.payload),
-            bind::<Text, _>(message.job_key),
-        )))
-        .await
-        .map(drop)
-    }
-
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
@@ -441,68 +348,6 @@ impl Database for PostgresDb {
         Ok(leased)
     }
 
-    async fn mark_delivered<C: Store<Db = Self>>(
-        conn: &mut C,
-        id: i64,
-        owner: &str,
-    ) -> QueryResult<bool> {
-        let marked = conn
-            .execute(Statement::<MarkDelivered, _>::new((
-                bind::<BigInt, _>(id),
-                bind::<Text, _>(owner),
-            )))
-            .await?;
-        Ok(marked == 1)
-    }
-
-    async fn mark_failed<C: Store<Db = Self>>(
-        conn: &mut C,
-        failure: &Failure<'_>,
-    ) -> QueryResult<bool> {
-        let marked = conn
-            .execute(Statement::<MarkFailed, _>::new((
-                bind::<Text, _>(failure.error),
-                bind::<Bool, _>(failure.retry_after_micros.is_none()),
-                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
-                bind::<BigInt, _>(failure.id),
-                bind::<Text, _>(failure.owner),
-            )))
-            .await?;
-        Ok(marked == 1)
-    }
-
-    async fn parked<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<LeasedRow>> {
-        conn.load(Statement::<Parked, _>::new(())).await
-    }
-
-    async fn retry_parked<C: Store<Db = Self>>(
-        conn: &mut C,
-        message_id: Option<&str>,
-    ) -> QueryResult<usize> {
-        conn.execute(Statement::<RetryParked, _>::new((
-            bind::<Nullable<Text>, _>(message_id),
-            bind::<Nullable<Text>, _>(message_id),
-        )))
-        .await
-    }
-
-    async fn prune_delivered<C: Store<Db = Self>>(
-        conn: &mut C,
-        older_than_micros: i64,
-        limit: i64,
-    ) -> QueryResult<usize> {
-        conn.execute(Statement::<PruneDelivered, _>::new((
-            bind::<BigInt, _>(older_than_micros),
-            bind::<BigInt, _>(limit),
-        )))
-        .await
-    }
-
-    async fn outbox_counts<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<OutboxCounts> {
-        let rows: Vec<OutboxCounts> = conn.load(Statement::<Counts, _>::new(())).await?;
-        Ok(rows.into_iter().next().unwrap_or_default())
-    }
-
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
         // In a transaction of its own (a savepoint inside the migration's): diesel-async prepares
         // and executes a statement in two round trips, and PgBouncer in transaction pooling mode
@@ -524,7 +369,7 @@ impl Database for PostgresDb {
     async fn migrate<C: Store<Db = Self>>(
         conn: &mut C,
         lock_timeout: std::time::Duration,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         use crate::migrations::failed;
         let wait_ms = lock_timeout.as_millis().max(1);
         crate::migrations::in_transaction(conn, lock_timeout, async move |conn: &mut C| {
@@ -537,7 +382,7 @@ impl Database for PostgresDb {
                 .await
                 .map_err(failed("done_jobs"))?;
             let Some(schema) = targets.into_iter().next() else {
-                return Err(crate::Error::Migration {
+                return Err(crate::error::Error::Migration {
                     table: "done_jobs",
                     source: "no schema on the connection's search_path exists to create the tables in; create one, or set the search_path (`options=-csearch_path%3Djobs` in the URL)".into(),
                 });
@@ -547,7 +392,7 @@ impl Database for PostgresDb {
                 .await
             {
                 if Self::classify(&error) == Fault::LockTimeout {
-                    return Err(crate::Error::Migration {
+                    return Err(crate::error::Error::Migration {
                         table: "idempotent_schema",
                         source: format!(
                             "another migration held the migration lock for more than {lock_timeout:?}; nothing was changed. Retry once it has finished"
@@ -557,38 +402,10 @@ impl Database for PostgresDb {
                 }
                 return Err(failed("idempotent_schema")(error));
             }
-            let version = Self::schema_version(conn).await.map_err(failed("idempotent_schema"))?;
-            // Which steps an earlier release (or a teammate's own migration tool) already made,
-            // seen through the connection's own search_path.
-            let mut pending = Vec::new();
-            for step in STEPS.iter().filter(|step| step.version > version.unwrap_or(0)) {
-                pending.push((step, step_made(conn, step).await.map_err(failed(step.table))?));
-            }
-            if version.is_none()
-                && PostgresDb::table_exists(conn, "__diesel_schema_migrations").await.map_err(failed("__diesel_schema_migrations"))?
-            {
-                // An earlier release kept its versions in the application's own Diesel
-                // migration table: take those rows back out.
-                conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
-                    .await
-                    .map_err(failed("__diesel_schema_migrations"))?;
-            }
-            // Unqualified DDL below creates its tables in the schema found above, and only there:
-            // never a second copy in another schema of the search_path.
-            conn.batch(&format!("SET LOCAL search_path TO {}", schema.name))
-                .await
-                .map_err(failed("done_jobs"))?;
-            if version.is_none() {
-                conn.batch(VERSION_TABLE).await.map_err(failed("idempotent_schema"))?;
-            }
-            for (step, exists) in pending {
-                if exists {
-                    record_version(conn, step).await?;
-                } else {
-                    conn.batch(step.sql).await.map_err(failed(step.table))?;
-                }
-            }
-            Ok(())
+            // Unqualified DDL creates its tables in the schema found above, and only there: never
+            // a second copy in another schema of the search_path.
+            let narrow = format!("SET LOCAL search_path TO {}", schema.name);
+            crate::migrations::pass(conn, Some(&narrow)).await
         })
         .await
     }
@@ -598,21 +415,6 @@ impl Database for PostgresDb {
             "the schemas of the connection's search_path that this role may use ({})",
             search_path(conn).await?
         ))
-    }
-
-    async fn has_unique_index<C: Store<Db = Self>>(
-        conn: &mut C,
-        table: &str,
-        column: &str,
-    ) -> QueryResult<bool> {
-        let unique: Vec<TableCount> = conn
-            .load(Statement::<UniqueIndexOn, _>::new((
-                bind::<Text, _>(table),
-                bind::<Text, _>(table),
-                bind::<Text, _>(column),
-            )))
-            .await?;
-        Ok(unique.first().is_some_and(|r| r.n > 0))
     }
 
     async fn missing_privileges<C: Store<Db = Self>>(
@@ -685,11 +487,6 @@ impl Database for PostgresDb {
         Ok(missing)
     }
 
-    async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
-        let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
-        Ok(names.into_iter().map(|n| n.name).collect())
-    }
-
     async fn table_rows<C: Store<Db = Self>>(
         conn: &mut C,
         table: &str,
@@ -698,36 +495,6 @@ impl Database for PostgresDb {
         conn.text_rows(&format!("SELECT CAST(t AS text) AS row FROM {table} t"))
             .await
     }
-}
-
-/// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
-/// stopped before it recorded the step.
-async fn step_made<C: Store<Db = PostgresDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
-    if !PostgresDb::table_exists(conn, step.table).await? {
-        return Ok(false);
-    }
-    let Some(column) = step.column else {
-        return Ok(true);
-    };
-    let columns: Vec<super::Name> = conn
-        .load(Statement::<TableColumns, _>::new((bind::<Text, _>(
-            step.table,
-        ),)))
-        .await?;
-    Ok(columns.iter().any(|c| c.name == column))
-}
-
-async fn record_version<C: Store<Db = PostgresDb>>(
-    conn: &mut C,
-    step: &Step,
-) -> Result<(), crate::Error> {
-    conn.execute(Statement::<RecordVersion, _>::new((
-        bind::<Integer, _>(step.version),
-        bind::<Text, _>(step.description()),
-    )))
-    .await
-    .map(drop)
-    .map_err(crate::migrations::failed("idempotent_schema"))
 }
 
 /// A job's own transaction: `BEGIN` and the job's savepoint, one round trip.

@@ -17,12 +17,9 @@ use diesel::result::{Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
-use crate::migrations::{Step, TableCount, Version};
+use crate::migrations::Version;
 use crate::sql::{Statement, bind};
-use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Failure, Fault, Lease, LeasedRow, NewMessage,
-    OutboxCounts, Store,
-};
+use crate::store::{Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Store};
 
 /// SQLite, with the bundled library (feature `sqlite`).
 #[derive(Debug, Clone, Copy)]
@@ -40,26 +37,6 @@ macro_rules! now {
 macro_rules! now_plus {
     () => {
         "CASE WHEN ? IS NULL THEN NULL ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ? / 1000000.0)) END"
-    };
-}
-
-/// The pending messages a relay may lease: not delivered, not parked, not leased, due.
-macro_rules! pending {
-    () => {
-        concat!(
-            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
-            now!()
-        )
-    };
-}
-
-/// Messages whose relay died while it held them (leased, lease lapsed, never marked).
-macro_rules! abandoned {
-    () => {
-        concat!(
-            "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
-            now!()
-        )
     };
 }
 
@@ -96,17 +73,9 @@ sql! {
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
          FROM done_jobs WHERE key_digest = ?"
     );
-    Record = concat!(
-        "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
-        " WHERE key_digest = ?"
-    );
     PruneLapsed = concat!(
         "DELETE FROM done_jobs WHERE key_digest IN \
          (SELECT key_digest FROM done_jobs WHERE expires_at <= ", now!(), " LIMIT ?)"
-    );
-    Push = concat!(
-        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
-         VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
     );
     ParkAbandoned = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
@@ -124,19 +93,6 @@ sql! {
     Leased = concat!(
         "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id"
     );
-    MarkDelivered = concat!(
-        "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
-         WHERE id = ? AND lease_owner = ?"
-    );
-    MarkFailed = concat!(
-        "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
-         parked_at = CASE WHEN ? THEN ", now!(), " END, \
-         available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
-         WHERE id = ? AND lease_owner = ?"
-    );
-    Parked = concat!(
-        "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
-    );
     RetryParked = concat!(
         "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
         now!(),
@@ -152,11 +108,9 @@ sql! {
          COUNT(CASE WHEN delivered_at IS NULL THEN parked_at END) AS parked \
          FROM outbox";
     TableExists = "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?";
-    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
-    ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
     TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name";
     TableColumns = "SELECT name AS name FROM pragma_table_info(?) ORDER BY cid";
     // A primary key or a unique index whose only column is the one asked for.
@@ -174,33 +128,14 @@ macro_rules! read_guard {
 
 shared_statements!();
 
-/// The steps that build the schema, oldest first; the files are what teams with their own
-/// migration tool apply.
-const STEPS: &[Step] = &[
-    Step {
-        version: 1,
-        table: "done_jobs",
-        column: None,
-        sql: include_str!("../../sql/sqlite/001_done_jobs.sql"),
-    },
-    Step {
-        version: 2,
-        table: "outbox",
-        column: None,
-        sql: include_str!("../../sql/sqlite/002_outbox.sql"),
-    },
-    Step {
-        version: 3,
-        table: "done_jobs",
-        column: Some("claim_token"),
-        sql: include_str!("../../sql/sqlite/003_claim_token.sql"),
-    },
-];
-
-const VERSION_TABLE: &str = include_str!("../../sql/sqlite/000_idempotent_schema.sql");
+/// The microseconds bound in `now_plus!()`, which binds it twice (to test it for NULL first).
+fn later(micros: Option<i64>) -> crate::sql::Twice<Nullable<BigInt>, Option<i64>> {
+    crate::sql::twice(micros)
+}
 
 impl Database for SqliteDb {
     shared_methods!();
+    migration_steps!("sqlite");
 
     /// The busy timeout bounds the wait for the write lock, and goes back to the usual one as soon
     /// as the lock is held, for the commit.
@@ -281,40 +216,6 @@ impl Database for SqliteDb {
             .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
     }
 
-    async fn record<C: Store<Db = Self>>(
-        conn: &mut C,
-        digest: &[u8; 32],
-        result: Option<&str>,
-        keep_micros: Option<i64>,
-    ) -> QueryResult<()> {
-        conn.execute(Statement::<Record, _>::new((
-            bind::<Nullable<Text>, _>(result),
-            bind::<Nullable<BigInt>, _>(keep_micros),
-            bind::<Nullable<BigInt>, _>(keep_micros),
-            bind::<Binary, _>(&digest[..]),
-        )))
-        .await
-        .map(drop)
-    }
-
-    async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {
-        conn.execute(Statement::<PruneLapsed, _>::new(
-            (bind::<BigInt, _>(limit),),
-        ))
-        .await
-    }
-
-    async fn push<C: Store<Db = Self>>(conn: &mut C, message: &NewMessage<'_>) -> QueryResult<()> {
-        conn.execute(Statement::<Push, _>::new((
-            bind::<Text, _>(message.message_id),
-            bind::<Text, _>(message.topic),
-            bind::<Text, _>(message.payload),
-            bind::<Text, _>(message.job_key),
-        )))
-        .await
-        .map(drop)
-    }
-
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
@@ -343,69 +244,6 @@ impl Database for SqliteDb {
             .await
     }
 
-    async fn mark_delivered<C: Store<Db = Self>>(
-        conn: &mut C,
-        id: i64,
-        owner: &str,
-    ) -> QueryResult<bool> {
-        let marked = conn
-            .execute(Statement::<MarkDelivered, _>::new((
-                bind::<BigInt, _>(id),
-                bind::<Text, _>(owner),
-            )))
-            .await?;
-        Ok(marked == 1)
-    }
-
-    async fn mark_failed<C: Store<Db = Self>>(
-        conn: &mut C,
-        failure: &Failure<'_>,
-    ) -> QueryResult<bool> {
-        let marked = conn
-            .execute(Statement::<MarkFailed, _>::new((
-                bind::<Text, _>(failure.error),
-                bind::<Bool, _>(failure.retry_after_micros.is_none()),
-                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
-                bind::<Nullable<BigInt>, _>(failure.retry_after_micros),
-                bind::<BigInt, _>(failure.id),
-                bind::<Text, _>(failure.owner),
-            )))
-            .await?;
-        Ok(marked == 1)
-    }
-
-    async fn parked<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<LeasedRow>> {
-        conn.load(Statement::<Parked, _>::new(())).await
-    }
-
-    async fn retry_parked<C: Store<Db = Self>>(
-        conn: &mut C,
-        message_id: Option<&str>,
-    ) -> QueryResult<usize> {
-        conn.execute(Statement::<RetryParked, _>::new((
-            bind::<Nullable<Text>, _>(message_id),
-            bind::<Nullable<Text>, _>(message_id),
-        )))
-        .await
-    }
-
-    async fn prune_delivered<C: Store<Db = Self>>(
-        conn: &mut C,
-        older_than_micros: i64,
-        limit: i64,
-    ) -> QueryResult<usize> {
-        conn.execute(Statement::<PruneDelivered, _>::new((
-            bind::<BigInt, _>(older_than_micros),
-            bind::<BigInt, _>(limit),
-        )))
-        .await
-    }
-
-    async fn outbox_counts<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<OutboxCounts> {
-        let rows: Vec<OutboxCounts> = conn.load(Statement::<Counts, _>::new(())).await?;
-        Ok(rows.into_iter().next().unwrap_or_default())
-    }
-
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
         if !SqliteDb::table_exists(conn, "idempotent_schema").await? {
             return Ok(None);
@@ -419,67 +257,17 @@ impl Database for SqliteDb {
     async fn migrate<C: Store<Db = Self>>(
         conn: &mut C,
         lock_timeout: std::time::Duration,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         // SQLite's DDL is transactional and `BEGIN IMMEDIATE` makes this the only writer: the
         // whole upgrade is one transaction, all or nothing, and concurrent callers wait for it.
-        use crate::migrations::failed;
         crate::migrations::in_transaction(conn, lock_timeout, async |conn: &mut C| {
-            let version = match Self::schema_version(conn)
-                .await
-                .map_err(failed("idempotent_schema"))?
-            {
-                Some(version) => version,
-                None => {
-                    conn.batch(VERSION_TABLE)
-                        .await
-                        .map_err(failed("idempotent_schema"))?;
-                    // An earlier release kept its versions in the application's own Diesel
-                    // migration table: take those rows back out.
-                    if SqliteDb::table_exists(conn, "__diesel_schema_migrations")
-                        .await
-                        .map_err(failed("__diesel_schema_migrations"))?
-                    {
-                        conn.execute(Statement::<ForgetDieselVersions, _>::new(()))
-                            .await
-                            .map_err(failed("__diesel_schema_migrations"))?;
-                    }
-                    0
-                }
-            };
-            for step in STEPS.iter().filter(|step| step.version > version) {
-                if step_made(conn, step).await.map_err(failed(step.table))? {
-                    // Made by an earlier release: adopt it.
-                    record_version(conn, step).await?;
-                } else {
-                    conn.batch(step.sql).await.map_err(failed(step.table))?;
-                }
-            }
-            Ok(())
+            crate::migrations::pass(conn, None).await
         })
         .await
     }
 
     async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
         Ok("this database file".to_owned())
-    }
-
-    async fn has_unique_index<C: Store<Db = Self>>(
-        conn: &mut C,
-        table: &str,
-        column: &str,
-    ) -> QueryResult<bool> {
-        let unique: Vec<TableCount> = conn
-            .load(Statement::<UniqueIndexOn, _>::new((
-                bind::<Text, _>(table),
-                bind::<Text, _>(column),
-            )))
-            .await?;
-        Ok(unique.first().is_some_and(|r| r.n > 0))
-    }
-
-    async fn table_names<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Vec<String>> {
-        let names: Vec<super::Name> = conn.load(Statement::<TableNames, _>::new(())).await?;
-        Ok(names.into_iter().map(|n| n.name).collect())
     }
 
     async fn table_rows<C: Store<Db = Self>>(
@@ -500,36 +288,6 @@ impl Database for SqliteDb {
         ))
         .await
     }
-}
-
-/// Whether `step`'s table (or column) is there: made by an earlier release, or by a run that
-/// stopped before it recorded the step.
-async fn step_made<C: Store<Db = SqliteDb>>(conn: &mut C, step: &Step) -> QueryResult<bool> {
-    if !SqliteDb::table_exists(conn, step.table).await? {
-        return Ok(false);
-    }
-    let Some(column) = step.column else {
-        return Ok(true);
-    };
-    let columns: Vec<super::Name> = conn
-        .load(Statement::<TableColumns, _>::new((bind::<Text, _>(
-            step.table,
-        ),)))
-        .await?;
-    Ok(columns.iter().any(|c| c.name == column))
-}
-
-async fn record_version<C: Store<Db = SqliteDb>>(
-    conn: &mut C,
-    step: &Step,
-) -> Result<(), crate::Error> {
-    conn.execute(Statement::<RecordVersion, _>::new((
-        bind::<Integer, _>(step.version),
-        bind::<Text, _>(step.description()),
-    )))
-    .await
-    .map(drop)
-    .map_err(crate::migrations::failed("idempotent_schema"))
 }
 
 /// How a transaction begins; see the module docs.
@@ -587,7 +345,7 @@ mod wrapper {
             bound: Option<std::time::Duration>,
         ) -> diesel::QueryResult<Nesting> {
             let sql = match bound.and_then(<super::SqliteDb as Database>::bounded_begin_sql) {
-                Some(sql) => format!("{sql}; {}", crate::db::SET_JOB_SAVEPOINT),
+                Some(sql) => format!("{sql}; {}", crate::store::SET_JOB_SAVEPOINT),
                 None => super::BEGIN_JOB.to_owned(),
             };
             self.spawn_blocking(move |conn| {

@@ -1,0 +1,122 @@
+//! [`Store`]: what the runtime needs from one connection type.
+
+use std::future::Future;
+use std::time::Duration;
+
+use diesel::result::QueryResult;
+
+use diesel::QueryableByName;
+
+use super::{Database, Nesting, Unfinished};
+use crate::sql::{Binds, SqlText, Statement};
+
+/// One connection type: transactions and statements, sync or async. See the module docs.
+pub trait Store: Send + Sized {
+    /// [`begin`](Self::begin), waiting at most `limit` for the database's write lock where `BEGIN`
+    /// takes it (SQLite); elsewhere the same as `begin`.
+    #[doc(hidden)]
+    fn begin_bounded(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> impl Future<Output = QueryResult<Nesting>> + Send {
+        let _ = limit;
+        self.begin()
+    }
+
+    /// Opens a transaction that takes no lock until it needs one (SQLite's `BEGIN DEFERRED`; a
+    /// plain `BEGIN` elsewhere, which is that already): for the operations that are not jobs, so
+    /// that a look-up never waits for a job in progress.
+    #[doc(hidden)]
+    fn begin_deferred(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
+        self.begin()
+    }
+
+    /// Whether one text batch of several statements is one round trip on this connection, so that
+    /// releasing the job's savepoint can go out with the `COMMIT` (PostgreSQL; diesel-async's
+    /// MySQL). Where it is not (Diesel's sync MySQL switches multi-statement mode on and off around
+    /// a batch; SQLite has no round trips), the two go as prepared statements one after the other,
+    /// which also tells a missing savepoint from a failed commit without looking at the error.
+    #[doc(hidden)]
+    fn finish_in_one_batch(&mut self) -> bool {
+        false
+    }
+
+    /// The database this connection talks to.
+    #[doc(hidden)]
+    type Db: Database;
+
+    /// Opens a transaction (on SQLite taking the write lock first), or a savepoint inside the
+    /// caller's.
+    #[doc(hidden)]
+    fn begin(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send;
+
+    /// Opens a job's own transaction: as [`begin_bounded`](Self::begin_bounded) (or
+    /// [`begin`](Self::begin) without a bound) and, when it is the outermost, the savepoint
+    /// `idempotent_job` right after `BEGIN`, in the same round trip where the connection allows.
+    /// A statement of the body that ends the transaction (`COMMIT`, `ROLLBACK`, an implicit
+    /// commit) or replaces it (`BEGIN` again) takes that savepoint with it: that is how
+    /// [`finish_job`](crate::transaction::finish_job) tells that the transaction is no longer the job's.
+    #[doc(hidden)]
+    fn begin_job(
+        &mut self,
+        bound: Option<Duration>,
+    ) -> impl Future<Output = QueryResult<Nesting>> + Send;
+
+    /// Tells Diesel's transaction manager that no transaction is open on this connection, after
+    /// the runtime ended the outermost one with statements of its own (or found it ended by the
+    /// body); `broken`: the connection may be in any state, and must not be used for another job.
+    #[doc(hidden)]
+    fn forget_transaction(&mut self, broken: bool);
+
+    /// Commits the innermost transaction (releases the savepoint).
+    #[doc(hidden)]
+    fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls the innermost transaction back.
+    #[doc(hidden)]
+    fn rollback(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Cleans up after a guard dropped unfinished: a sync connection does it at once; an async one
+    /// cannot run a statement in `drop`, so it marks its transaction manager broken, and a pool
+    /// discards the connection (closing it ends the transaction and releases session locks).
+    #[doc(hidden)]
+    fn abandon(&mut self, unfinished: Unfinished);
+
+    /// How many transactions are open on this connection (0 outside any).
+    #[doc(hidden)]
+    fn transaction_depth(&mut self) -> QueryResult<u32>;
+
+    /// Waits without holding anything: a sleep for a sync connection, a timer for an async one.
+    #[doc(hidden)]
+    fn pause(duration: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Runs `statement`; returns the rows it changed.
+    #[doc(hidden)]
+    fn execute<S, B>(
+        &mut self,
+        statement: Statement<S, B>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send
+    where
+        S: SqlText,
+        B: Binds<<Self::Db as Database>::Backend> + Send;
+
+    /// Runs `statement` and reads its rows by column name.
+    #[doc(hidden)]
+    fn load<S, B, U>(
+        &mut self,
+        statement: Statement<S, B>,
+    ) -> impl Future<Output = QueryResult<Vec<U>>> + Send
+    where
+        S: SqlText,
+        B: Binds<<Self::Db as Database>::Backend> + Send,
+        U: QueryableByName<<Self::Db as Database>::Backend> + Send + 'static;
+
+    /// Runs SQL text with no bind values (DDL, locks), not prepared.
+    #[doc(hidden)]
+    fn batch(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Runs a query built at run time (the test kit's reads of tables it discovers) and returns
+    /// its one text column, `row`. Not prepared.
+    #[doc(hidden)]
+    fn text_rows(&mut self, sql: &str) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+}

@@ -1,0 +1,370 @@
+//! [`Database`]: what the runtime needs from one database: its statements and what its errors mean.
+
+use std::future::Future;
+
+use diesel::backend::Backend;
+use diesel::result::{Error as DieselError, QueryResult};
+
+use super::*;
+use crate::sql::Statement;
+
+/// One database: all of its statements and what its errors mean. See the module docs.
+///
+/// Every time that decides anything (a claim's lapse, a lease, a retry's availability, pruning) is
+/// taken from the database's clock inside the statement, never from the worker's: workers whose
+/// clocks disagree still agree on what has lapsed.
+pub trait Database: Sized + Send + Sync + 'static {
+    /// Whether a redelivery reads its key inside the job's transaction, before the claim, rather
+    /// than in a statement of its own before it (PostgreSQL: behind a transaction pooler a
+    /// statement outside a transaction may be prepared on one server connection and executed on
+    /// another, where a statement of another client may have its name; inside one, both are on the
+    /// same connection). See [`crate::redelivery`].
+    #[doc(hidden)]
+    const READ_FIRST_IN_TRANSACTION: bool = false;
+
+    /// Whether DDL is part of the transaction it runs in (PostgreSQL, SQLite), rather than
+    /// committing by itself (MySQL): then a migration is all or nothing.
+    #[doc(hidden)]
+    const DDL_IN_TRANSACTION: bool = true;
+
+    /// Whether a transaction that writes takes the whole database's write lock at `BEGIN`
+    /// (SQLite): then a claim waits there, not for the key's row.
+    #[doc(hidden)]
+    const WRITE_LOCK_AT_BEGIN: bool = false;
+
+    /// Whether `error` says the connection itself failed (closed, reset, gone away): whatever was in
+    /// flight may or may not have reached the server.
+    #[doc(hidden)]
+    fn connection_lost(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// The largest result the database takes, and the limit that comes from, when a result of
+    /// `bytes` is larger; `None` when it fits.
+    #[doc(hidden)]
+    fn result_too_large<C: Store<Db = Self>>(
+        conn: &mut C,
+        bytes: usize,
+    ) -> impl Future<Output = QueryResult<Option<ResultLimit>>> + Send {
+        let _ = (conn, bytes);
+        async { Ok(None) }
+    }
+
+    /// The `BEGIN` that waits at most `limit` for the database's write lock, where `BEGIN` takes
+    /// it (SQLite); `None` elsewhere.
+    #[doc(hidden)]
+    fn bounded_begin_sql(limit: std::time::Duration) -> Option<String> {
+        let _ = limit;
+        None
+    }
+
+    /// What puts the connection's wait back when a [`bounded_begin_sql`](Self::bounded_begin_sql)
+    /// failed part-way (the bound must not outlive the attempt).
+    #[doc(hidden)]
+    fn bounded_begin_failed_sql() -> Option<&'static str> {
+        None
+    }
+
+    /// Whether the session holds a transaction that Diesel does not know of, before a transaction
+    /// of the runtime's own begins (MySQL with `autocommit = 0` and statements pending: a `BEGIN`
+    /// would commit them).
+    #[doc(hidden)]
+    fn session_in_transaction<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        async { Ok(false) }
+    }
+
+    /// Whether the transaction just begun is in fact a transaction of the caller's that had
+    /// written already (PostgreSQL answers a `BEGIN` inside a transaction with a warning only).
+    #[doc(hidden)]
+    fn begun_inside_another<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        async { Ok(false) }
+    }
+
+    /// Releases the job's savepoint (`idempotent_job`): fails when the transaction is no longer
+    /// the job's own.
+    #[doc(hidden)]
+    fn release_job<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move {
+            conn.execute(Statement::<ReleaseJob, _>::new(()))
+                .await
+                .map(drop)
+        }
+    }
+
+    /// The privileges a worker needs on the `present` tables that this connection lacks.
+    #[doc(hidden)]
+    fn missing_privileges<C: Store<Db = Self>>(
+        conn: &mut C,
+        present: &[&'static str],
+    ) -> impl Future<Output = QueryResult<Vec<crate::schema_problem::SchemaProblem>>> + Send {
+        let _ = (conn, present);
+        async { Ok(Vec::new()) }
+    }
+
+    /// Diesel's backend type.
+    #[doc(hidden)]
+    type Backend: Backend;
+
+    /// The database's name in messages.
+    #[doc(hidden)]
+    const NAME: &'static str;
+
+    /// What a failed statement means for the transaction.
+    #[doc(hidden)]
+    fn classify(error: &DieselError) -> Fault;
+
+    /// Deletes the claim of the key with `digest`, in a statement of its own; returns whether
+    /// there was one.
+    #[doc(hidden)]
+    fn forget<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Bounds how long the statements after it wait for a row lock held by another transaction
+    /// (the claim's wait for another run of its key) to `limit`, and returns the setting to
+    /// restore; `None` where the database bounds that wait otherwise (SQLite: its write lock, taken
+    /// at `BEGIN`).
+    #[doc(hidden)]
+    fn bound_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: std::time::Duration,
+    ) -> impl Future<Output = QueryResult<Option<String>>> + Send;
+
+    /// Puts back the setting [`bound_lock_wait`](Self::bound_lock_wait) returned.
+    #[doc(hidden)]
+    fn restore_lock_wait<C: Store<Db = Self>>(
+        conn: &mut C,
+        previous: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// The row of the key with `digest`, read in a statement of its own.
+    #[doc(hidden)]
+    fn lookup_key<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<Option<KeyRow>>> + Send;
+
+    /// Rows matching `filter`, newest first.
+    #[doc(hidden)]
+    fn list_keys<C: Store<Db = Self>>(
+        conn: &mut C,
+        filter: &KeyFilter<'_>,
+    ) -> impl Future<Output = QueryResult<Vec<KeyRow>>> + Send;
+
+    /// Keys per job, with the oldest and newest.
+    #[doc(hidden)]
+    fn job_counts<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<JobCountRow>>> + Send;
+
+    /// The key's row as committed (a statement of its own, no lock): what a replay needs.
+    #[doc(hidden)]
+    fn done_row<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send;
+
+    /// Deletes the key's row if this run's claim (`token`) holds it; whether it did.
+    #[doc(hidden)]
+    fn take_back<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        token: i64,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    // ---- jobs ----
+
+    /// One attempt at claiming: insert the key, or read the row that holds it.
+    #[doc(hidden)]
+    fn claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = QueryResult<ClaimAttempt>> + Send;
+
+    /// Takes over a claim that has lapsed, or a committed one whose run never recorded its result
+    /// ([`UNFINISHED`]): `true` if this transaction now holds it.
+    #[doc(hidden)]
+    fn renew<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Stores the result in the claimed row and starts its `keep` (microseconds) from now, just
+    /// before the commit.
+    #[doc(hidden)]
+    fn record<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+        result: Option<&str>,
+        keep_micros: Option<i64>,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Deletes up to `limit` lapsed claims in one statement; returns how many.
+    #[doc(hidden)]
+    fn prune_lapsed<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    // ---- the outbox ----
+
+    /// Inserts a message in the job's transaction.
+    #[doc(hidden)]
+    fn push<C: Store<Db = Self>>(
+        conn: &mut C,
+        message: &NewMessage<'_>,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// In the open lease transaction: parks messages whose relay died during their last allowed
+    /// attempt, then leases either the oldest message whose relay died during its delivery (alone,
+    /// so one poison message cannot take a batch down with it) or a batch of pending messages.
+    /// Each leased message's attempt is counted now, before its delivery starts.
+    #[doc(hidden)]
+    fn lease<C: Store<Db = Self>>(
+        conn: &mut C,
+        lease: &Lease<'_>,
+    ) -> impl Future<Output = QueryResult<Vec<LeasedRow>>> + Send;
+
+    /// Marks a message delivered if `owner` still holds its lease.
+    #[doc(hidden)]
+    fn mark_delivered<C: Store<Db = Self>>(
+        conn: &mut C,
+        id: i64,
+        owner: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Records a failed delivery if `owner` still holds the lease: released to be tried again
+    /// after `retry_after_micros`, or parked.
+    #[doc(hidden)]
+    fn mark_failed<C: Store<Db = Self>>(
+        conn: &mut C,
+        failure: &Failure<'_>,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Messages not yet delivered and not parked (pending, leased, or backing off), oldest first.
+    #[doc(hidden)]
+    fn unsent<C: Store<Db = Self>>(
+        conn: &mut C,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<LeasedRow>>> + Send;
+
+    /// Parked messages, oldest first.
+    #[doc(hidden)]
+    fn parked<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<LeasedRow>>> + Send;
+
+    /// Un-parks all parked messages, or the one with `message_id`.
+    #[doc(hidden)]
+    fn retry_parked<C: Store<Db = Self>>(
+        conn: &mut C,
+        message_id: Option<&str>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Deletes up to `limit` messages delivered more than `older_than_micros` ago.
+    #[doc(hidden)]
+    fn prune_delivered<C: Store<Db = Self>>(
+        conn: &mut C,
+        older_than_micros: i64,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// How many messages are in each state.
+    #[doc(hidden)]
+    fn outbox_counts<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<OutboxCounts>> + Send;
+
+    // ---- the schema ----
+
+    /// Creates or upgrades the runtime's tables, waiting up to `lock_timeout` for a migration
+    /// running elsewhere; see `crate::migrate`.
+    #[doc(hidden)]
+    fn migrate<C: Store<Db = Self>>(
+        conn: &mut C,
+        lock_timeout: std::time::Duration,
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send;
+
+    /// Where the connection looks for the runtime's tables, for a message saying one is missing.
+    #[doc(hidden)]
+    fn where_tables_are<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<String>> + Send;
+
+    /// The columns of `table`, as the connection finds it.
+    #[doc(hidden)]
+    fn table_columns<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// Whether `table.column` has a unique index of its own.
+    #[doc(hidden)]
+    fn has_unique_index<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+        column: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Whether `table` exists where the job statements find their tables (the connection's
+    /// database; PostgreSQL: its `search_path`).
+    #[doc(hidden)]
+    fn table_exists<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
+    /// does not exist (as seen through the connection's own name resolution).
+    #[doc(hidden)]
+    fn schema_version<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Option<i32>>> + Send;
+
+    // ---- inspection ----
+
+    /// The tables a test-kit snapshot covers.
+    #[doc(hidden)]
+    fn table_names<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// Every row of `table`, rendered as text, in any order.
+    #[doc(hidden)]
+    fn table_rows<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// The schema's steps, in order (`idempotent-runtime/sql/<database>/`).
+    #[doc(hidden)]
+    const STEPS: &'static [crate::migrations::Step];
+
+    /// The version table's DDL.
+    #[doc(hidden)]
+    const VERSION_TABLE: &'static str;
+
+    /// Records that the step of `version` is done.
+    #[doc(hidden)]
+    fn record_version<C: Store<Db = Self>>(
+        conn: &mut C,
+        version: i32,
+        description: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Takes the rows an earlier release wrote into the application's Diesel migration table back out.
+    #[doc(hidden)]
+    fn forget_diesel_versions<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+}
