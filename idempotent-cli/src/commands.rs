@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use idempotent_runtime::keys::{self, JobCount, KeyQuery, KeyRecord};
 use idempotent_runtime::outbox::{self, OutboxCounts, OutboxMessage};
-use idempotent_runtime::{Error, JobKey, JobStore, Prune};
+use idempotent_runtime::{Error, JobKey, JobStore, Prune, SchemaProblem};
 use serde::Serialize;
 
 use crate::cli::{Command, KeyArg, KeysCommand, OutboxCommand, RetryTarget};
@@ -720,16 +720,16 @@ fn prune<C: JobStore>(
 /// `verify`: the runtime's read-only schema check.
 fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     #[derive(Serialize)]
-    struct Verified<'a> {
+    struct Verified {
         ok: bool,
-        problems: &'a [String],
+        problems: Vec<String>,
     }
     match idempotent_runtime::verify(conn) {
         Ok(()) => {
             if cx.json {
                 emit_json(&Verified {
                     ok: true,
-                    problems: &[],
+                    problems: Vec::new(),
                 });
             } else {
                 emit(&format!(
@@ -743,7 +743,10 @@ fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
             if cx.json {
                 emit_json(&Verified {
                     ok: false,
-                    problems: &problems,
+                    problems: problems
+                        .iter()
+                        .map(|p| printable(&cx.target.scrub(&p.to_string())))
+                        .collect(),
                 });
             }
             Err(schema_failure(cx.target, &problems))
@@ -789,9 +792,9 @@ fn is_closed_connection(error: &Error) -> bool {
 }
 
 /// The failure for tables that `verify` found missing, out of date or not usable.
-pub fn schema_failure(target: &Target, problems: &[String]) -> Failure {
+pub fn schema_failure(target: &Target, problems: &[SchemaProblem]) -> Failure {
     let mut missing: Vec<&str> = Vec::new();
-    for table in problems.iter().filter_map(|p| missing_table(p)) {
+    for table in problems.iter().filter_map(SchemaProblem::missing_table) {
         if !missing.contains(&table) {
             missing.push(table);
         }
@@ -821,22 +824,11 @@ pub fn schema_failure(target: &Target, problems: &[String]) -> Failure {
             missing.join(", ")
         )
     };
-    let mut listed: Vec<&String> = Vec::new();
     for problem in problems {
-        if !listed.contains(&problem) {
-            listed.push(problem);
-            message.push_str("\n  - ");
-            message.push_str(&printable(&target.scrub(problem)));
-        }
+        message.push_str("\n  - ");
+        message.push_str(&printable(&target.scrub(&problem.to_string())));
     }
     Failure::new(Code::Schema, message)
-}
-
-/// The table a `verify` problem says is missing, if it says that.
-fn missing_table(problem: &str) -> Option<&str> {
-    let rest = problem.strip_prefix("the table `")?;
-    let (table, after) = rest.split_once('`')?;
-    after.starts_with(" is missing").then_some(table)
 }
 
 /// Writes `text` to stdout. A closed stdout (`| head`) is not an error worth a panic.
@@ -854,22 +846,5 @@ fn emit_json<T: Serialize>(value: &T) {
             emit(&text);
         }
         Err(error) => eprintln!("error: could not write JSON: {error}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_tables_are_named() {
-        assert_eq!(
-            missing_table("the table `done_jobs` is missing: run migrate"),
-            Some("done_jobs")
-        );
-        assert_eq!(
-            missing_table("the table `outbox` has no column `topic`"),
-            None
-        );
     }
 }

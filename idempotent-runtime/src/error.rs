@@ -330,11 +330,11 @@ pub enum Error {
     /// this connection's role. Nothing was changed.
     #[error(
         "the runtime's tables are not ready for this worker: {}. Nothing was changed",
-        problems.join("; ")
+        problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     SchemaNotReady {
-        /// Each problem, saying what to do about it.
-        problems: Vec<String>,
+        /// Each problem; its `Display` says what to do about it.
+        problems: Vec<crate::schema_problem::SchemaProblem>,
     },
 
     /// [`verify`](crate::verify) could not read what it checks (the catalog, the schema version).

@@ -75,6 +75,7 @@ pub use migrations::Migrate;
 pub use outcome::Outcome;
 pub use prune::{Prune, PruneReport, prune};
 pub use redelivery::{redelivered, redelivered_async};
+pub use schema_problem::SchemaProblem;
 
 #[cfg(feature = "async")]
 pub use prune::prune_async;

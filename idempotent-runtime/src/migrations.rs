@@ -215,9 +215,7 @@ pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(Error::SchemaNotReady {
-            problems: problems.iter().map(ToString::to_string).collect(),
-        })
+        Err(Error::SchemaNotReady { problems })
     }
 }
 

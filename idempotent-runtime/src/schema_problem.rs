@@ -2,37 +2,68 @@
 //! what to do about it in its `Display`.
 
 /// One thing [`verify`](crate::verify) found wrong with the runtime's tables, and what to do about it.
+///
+/// Its `Display` is the problem in words, with the fix; match on the variant to act on it (the
+/// operator CLI does).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SchemaProblem {
     /// A table is not where the connection looks for it (`searched` says where that is).
     MissingTable {
+        /// The table.
         table: &'static str,
+        /// Where the connection looked (its database, its search_path).
         searched: String,
     },
     /// A table lacks a column the runtime's statements use.
     MissingColumn {
+        /// The table.
         table: &'static str,
+        /// The column.
         column: &'static str,
     },
     /// The connection's role or user lacks a privilege a worker needs; `grant` gives it.
     MissingPrivilege {
+        /// The privilege (`SELECT`, `USAGE`, ...).
         privilege: &'static str,
+        /// What it is needed on, in words.
         object: String,
+        /// The statement that grants it.
         grant: String,
     },
     /// A column the claims rely on being unique has no unique index.
     NoUniqueIndex {
+        /// The table.
         table: &'static str,
+        /// The column.
         column: &'static str,
     },
     /// The schema is older than this release needs.
-    Older { found: i32, needed: i32 },
+    Older {
+        /// The version recorded.
+        found: i32,
+        /// The version this release needs.
+        needed: i32,
+    },
     /// The schema was made by a newer release.
-    Newer { found: i32, known: i32 },
+    Newer {
+        /// The version recorded.
+        found: i32,
+        /// The newest version this release knows.
+        known: i32,
+    },
 }
 
 impl SchemaProblem {
     /// Whether the problem keeps `idempotent_schema` from being read.
+    /// The missing table this problem is about, if it is one.
+    pub fn missing_table(&self) -> Option<&'static str> {
+        match self {
+            SchemaProblem::MissingTable { table, .. } => Some(table),
+            _ => None,
+        }
+    }
+
     pub(crate) fn hides_the_version(&self) -> bool {
         match self {
             SchemaProblem::MissingTable { table, .. } => *table == "idempotent_schema",

@@ -26,27 +26,7 @@ use std::time::Instant;
 
 use crate::job::Job;
 
-/// How a job call ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Ending {
-    /// The body ran and committed.
-    Ran,
-    /// The stored result came back; nothing ran.
-    Replayed,
-    /// The body returned `Err`; rolled back.
-    Failed,
-    /// The body panicked; rolled back.
-    Panicked,
-    /// The key came back with different inputs; nothing ran.
-    FingerprintMismatch,
-    /// Another job holds the key; nothing ran.
-    KeyConflict,
-    /// The database or the result encoding failed; rolled back.
-    Error,
-    /// Another run of the key was in progress and the in-progress policy did not wait; nothing ran.
-    InProgress,
-}
+pub use crate::counters::Ending;
 
 impl Ending {
     /// The name used in events and metric labels.
@@ -103,7 +83,7 @@ impl Counts {
 
 /// A job's counts, read from its counters.
 fn counts_of(job: &Job) -> Counts {
-    let get = |ending: Ending| job.counters.ended(ending as usize);
+    let get = |ending: Ending| job.counters.ended(ending);
     Counts {
         ran: get(Ending::Ran),
         replayed: get(Ending::Replayed),
@@ -193,7 +173,7 @@ fn finished_with(
         Ending::Replayed => Some(true),
         _ => None,
     };
-    counting(job).count(outcome as usize, ran_or_replayed);
+    counting(job).count(outcome, ran_or_replayed);
     #[cfg(feature = "metrics")]
     let job = job.name();
     #[cfg(feature = "metrics")]

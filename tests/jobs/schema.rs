@@ -188,7 +188,11 @@ pub fn verify_lists_what_is_missing<B: Backend>() {
     let mut conn = db.connect();
     match B::verify(&mut conn) {
         Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
-            let all = problems.join("\n");
+            let all = problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n");
             for table in ["idempotent_schema", "done_jobs", "outbox"] {
                 assert!(all.contains(table), "{all}");
             }

@@ -240,6 +240,7 @@ fn verify_names_a_missing_grant() {
         let idempotent_jobs::Error::SchemaNotReady { problems } = &error else {
             panic!("expected SchemaNotReady, got {error}");
         };
+        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(problems.len(), 2, "{problems:#?}");
         assert!(
             problems
@@ -287,6 +288,7 @@ fn verify_names_grants_it_cannot_read_past() {
         let idempotent_jobs::Error::SchemaNotReady { problems } = &error else {
             panic!("expected SchemaNotReady, got {error}");
         };
+        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(problems.len(), 1, "{problems:#?}");
         assert!(
             problems[0].contains("GRANT SELECT ON idempotent_schema"),
@@ -298,7 +300,7 @@ fn verify_names_grants_it_cannot_read_past() {
             .expect("no use of the schema");
         let error = idempotent_jobs::verify(&mut conn).expect_err("the schema is out of reach");
         assert!(
-            matches!(&error, idempotent_jobs::Error::SchemaNotReady { problems } if problems.iter().any(|p| p.contains(&format!("GRANT USAGE ON SCHEMA {jobs}")))),
+            matches!(&error, idempotent_jobs::Error::SchemaNotReady { problems } if problems.iter().any(|p| p.to_string().contains(&format!("GRANT USAGE ON SCHEMA {jobs}")))),
             "{error}"
         );
     });
@@ -342,6 +344,7 @@ fn a_mysql_worker_with_the_documented_grants_runs_jobs() {
         let idempotent_jobs::Error::SchemaNotReady { problems } = &error else {
             panic!("expected SchemaNotReady, got {error}");
         };
+        let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(problems.len(), 1, "{problems:#?}");
         assert!(
             problems[0].contains("UPDATE") && problems[0].contains("`outbox`"),
