@@ -54,7 +54,11 @@ fn main() {
             println!("cargo:warning=could not write the docs page for {source}: {error}");
         }
     }
-    for image in ["docs/one-call.svg", "docs/dashboard.png", "docs/bench-jobs.svg"] {
+    for image in [
+        "docs/one-call.svg",
+        "docs/dashboard.png",
+        "docs/bench-jobs.svg",
+    ] {
         println!("cargo:rerun-if-changed={image}");
     }
 }
@@ -100,18 +104,19 @@ impl Pages<'_> {
         let path = resolve(dir, target);
         let file = self.root.join(&path);
         // A blank line before and after keeps the markdown around the HTML intact.
-        if path.ends_with(".svg") {
-            if let Ok(svg) = std::fs::read_to_string(&file) {
-                return Some(format!("\n<div>\n{}</div>\n", svg.trim_end()));
-            }
-        } else if path.ends_with(".png") {
-            if let Ok(png) = std::fs::read(&file) {
-                return Some(format!(
-                    "\n<img src=\"data:image/png;base64,{}\" alt=\"{}\">\n",
-                    base64(&png),
-                    alt.replace('"', "&quot;")
-                ));
-            }
+        if path.ends_with(".svg")
+            && let Ok(svg) = std::fs::read_to_string(&file)
+        {
+            return Some(format!("\n<div>\n{}</div>\n", svg.trim_end()));
+        }
+        if path.ends_with(".png")
+            && let Ok(png) = std::fs::read(&file)
+        {
+            return Some(format!(
+                "\n<img src=\"data:image/png;base64,{}\" alt=\"{}\">\n",
+                base64(&png),
+                alt.replace('"', "&quot;")
+            ));
         }
         // Not in the package: link to it in the repository instead.
         Some(format!("[{alt}]({}/blob/main/{path})", self.repository))
