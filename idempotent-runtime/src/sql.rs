@@ -81,19 +81,23 @@ impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Bind<ST, T
     }
 }
 
+#[cfg(feature = "sqlite")]
 /// A value bound to two `?`s in a row (SQLite's `now_plus!`, which tests the value for NULL before
 /// it uses it).
 pub struct Twice<ST, T>(Bind<ST, T>);
 
 /// Binds `value` as SQL type `ST` to the next two `?`s.
+#[cfg(feature = "sqlite")]
 pub fn twice<ST, T>(value: T) -> Twice<ST, T> {
     Twice(bind(value))
 }
 
+#[cfg(feature = "sqlite")]
 impl<ST, T> SlotCount for Twice<ST, T> {
     const COUNT: usize = 2;
 }
 
+#[cfg(feature = "sqlite")]
 impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Twice<ST, T> {
     fn push<'b>(
         &'b self,

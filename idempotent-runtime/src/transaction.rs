@@ -246,6 +246,7 @@ async fn in_own_transaction<S: Store, T>(
 
 /// Runs `statements` in a short transaction of their own (a savepoint inside the caller's),
 /// retried from `BEGIN` while the database is busy, guarded as a job's is.
+#[cfg(any(feature = "postgres", feature = "async-postgres"))]
 pub(crate) async fn in_transaction<S: Store, T>(
     conn: &mut S,
     mut statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,

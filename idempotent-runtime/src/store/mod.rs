@@ -30,6 +30,7 @@ sql! {
 }
 
 /// Sets the savepoint a job's own transaction begins with; see [`Store::begin_job`].
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) const SET_JOB_SAVEPOINT: &str = "SAVEPOINT idempotent_job";
 
 /// Releases it and commits, in one text batch: the `COMMIT` does not run when the release fails.
