@@ -239,14 +239,15 @@ async fn run<C: WorkerDb>(database_url: &str) -> Result<(), Box<dyn std::error::
             }
             Err(error) if !error.is_retryable() => {
                 // It would fail the same way every time: park it where people look, with why.
+                let error = with_causes(&error);
                 println!("DEAD-LETTERED {} {copy}: {error}", message.job_id);
-                dead_letter(&channel, &queue, &delivery.data, &error.to_string()).await?;
+                dead_letter(&channel, &queue, &delivery.data, &error).await?;
                 delivery.ack(BasicAckOptions::default()).await?;
             }
             Err(error) => {
                 // Rolled back whole: give the job back to the queue and make sure the database is
                 // reachable before taking the next one.
-                println!("FAILED {} {copy}: {error}", message.job_id);
+                println!("FAILED {} {copy}: {}", message.job_id, with_causes(&error));
                 delivery
                     .nack(BasicNackOptions {
                         requeue: true,
@@ -325,6 +326,19 @@ async fn start<C: WorkerDb>(
         consumer,
         tag,
     })
+}
+
+/// An error and its causes: the runtime's message says what happened to the job, and the
+/// database's own error is its source.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        text.push_str(": ");
+        text.push_str(&source.to_string());
+        cause = source.source();
+    }
+    text
 }
 
 /// Connects, retrying for as long as the database is down (a restart, say).

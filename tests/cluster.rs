@@ -602,7 +602,7 @@ fn redeliver(
 
 /// Whether a job failed because its connection went away.
 fn is_lost_connection(error: &cluster_workers::WorkerError) -> bool {
-    says_lost_connection(&error.to_string())
+    says_lost_connection(&cluster_workers::with_causes(error))
 }
 
 /// Whether an error's text says its connection went away.

@@ -760,7 +760,7 @@ fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
 /// The failure for a runtime error: a lost connection (3), tables that are missing or not ready
 /// (4, found by running `verify`), or any other database error (5).
 pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> Failure {
-    let text = printable(&target.scrub(&error.to_string()));
+    let text = printable(&target.scrub(&with_causes(&error)));
     if is_closed_connection(&error) {
         return Failure::new(
             Code::Connect,
@@ -777,6 +777,22 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         Code::Database,
         format!("{text} (database: {})", target.shown),
     )
+}
+
+/// An error and its causes, each once: the runtime's messages say what happened to the job, and
+/// the database's own error is their source.
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        let line = source.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = source.source();
+    }
+    text
 }
 
 /// Whether the runtime's error is a connection the database closed.

@@ -16,8 +16,11 @@ use std::fmt;
 pub enum Error {
     /// The database refused a statement of the claim, the record or the commit; the transaction was
     /// rolled back.
+    ///
+    /// What to do: requeue the job when [`is_retryable`](Error::is_retryable) (a deadlock, a
+    /// busy database, a lost connection), else look at the source (the database's own error).
     #[error(
-        "job `{job}` (key `{key}`): the database failed while {step}: {source}{hint}; nothing of the job was committed{retry}",
+        "job `{job}` (key `{key}`): the database failed while {step}{hint}; nothing of the job was committed{retry}",
         hint = hint(source),
         retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
     )]
@@ -38,8 +41,10 @@ pub enum Error {
 
     /// The connection failed while the transaction was committing: the database may have committed
     /// the job or not, and there is no way to tell from here.
+    ///
+    /// What to do: retry. The retry replays the run if it committed, and runs the job if not.
     #[error(
-        "job `{job}` (key `{key}`): the connection failed while committing ({source}); the job's work and claim may or may not have been committed. Retrying is safe: the retry replays the run if it committed, and runs the job if it did not"
+        "job `{job}` (key `{key}`): the connection failed while committing: the job may or may not have been committed; retrying is safe"
     )]
     CommitOutcomeUnknown {
         /// The job's name.
@@ -53,8 +58,12 @@ pub enum Error {
 
     /// A statement in the body ended the job's transaction early (on MySQL and MariaDB, DDL such as
     /// `TRUNCATE` or `CREATE TABLE`, `LOCK TABLES`, `START TRANSACTION`, ... commit implicitly).
+    ///
+    /// What to do: take such statements out of the job's body (a nested `conn.transaction(..)`
+    /// is a savepoint, and fine). What the body did before the statement is committed; what came
+    /// after ran outside any transaction.
     #[error(
-        "job `{job}` (key `{key}`): a statement in its body committed the job's transaction early (on MySQL/MariaDB: DDL such as TRUNCATE, CREATE or ALTER, LOCK TABLES, START TRANSACTION or SET autocommit = 1 commit implicitly). The work before that statement is committed; what came after ran outside any transaction; the claim was taken back, so a retry runs the job again. Keep such statements out of job bodies"
+        "job `{job}` (key `{key}`): a statement of its body ended the job's transaction (COMMIT, ROLLBACK, BEGIN; on MySQL also DDL and its other implicit commits); the work before it was committed, the claim was taken back, and a retry runs the job again"
     )]
     TransactionEndedInBody {
         /// The job's name.
@@ -66,8 +75,11 @@ pub enum Error {
     /// Another run of the key is in progress and the job's in-progress policy does not wait for
     /// it (or waited as long as it allows). Nothing ran and nothing was recorded; a retry later
     /// replays the other run's result or, if it rolled back, runs.
+    ///
+    /// What to do: retry later (requeue with a delay). The retry replays the other run's result
+    /// once it commits, or runs if it rolls back.
     #[error(
-        "job `{job}` (key `{key}`): another run of this key is in progress{waited}; by the job's in-progress policy this call did not wait for it. Nothing ran and nothing was recorded; retry later: it replays the other run's result once that commits, or runs if it rolls back",
+        "job `{job}` (key `{key}`): another run of this key is in progress{waited}; nothing ran; retrying later is safe",
         waited = if waited.is_zero() { String::new() } else { format!(" (waited {waited:?})") }
     )]
     InProgress {
@@ -83,8 +95,15 @@ pub enum Error {
     /// `Ok` regardless: an error the body caught (a deadlock, a lock wait timeout), or on Galera a
     /// conflicting write certified on another node. Nothing of the job's transaction was committed;
     /// retrying is safe. The key's row, if another run has committed one since, is left alone.
+    ///
+    /// What caught it: a statement of the body failed and the body went on (on PostgreSQL that
+    /// aborts the whole transaction), the database rolled back under it (a deadlock or lock wait
+    /// timeout the body caught; on Galera a conflicting write certified on another node), or the
+    /// body rolled back itself. What to do: propagate statement errors with `?`, or run a
+    /// statement whose failure the body handles in a nested `conn.transaction(..)` (a savepoint);
+    /// then retry. Statements the body ran after the rollback ran outside any transaction.
     #[error(
-        "job `{job}` (key `{key}`): the database rolled the job's transaction back while its body ran, and the body returned Ok regardless (it caught a deadlock or lock wait timeout, or on Galera a conflicting write won on another node). Nothing of the job's transaction was committed, its claim included (statements the body ran after the rollback ran outside any transaction); retrying is safe"
+        "job `{job}` (key `{key}`): the job's transaction was rolled back or aborted while its body ran, and the body returned Ok regardless; nothing of it was committed; retrying is safe"
     )]
     TransactionRolledBackInBody {
         /// The job's name.
@@ -95,8 +114,11 @@ pub enum Error {
 
     /// The handler's result is too large for the database to take in one statement; nothing was
     /// committed, and the same result will not fit next time either.
+    ///
+    /// What to do: return less (an id to look the rest up by), or raise `max_allowed_packet`.
+    /// Retrying does not help.
     #[error(
-        "job `{job}` (key `{key}`): its result is {bytes} bytes of JSON, more than the {limit} bytes this server takes: its max_allowed_packet of {packet} bytes, less 64 KiB kept for the statement that records the result; the job was rolled back. Return less (an id to look the rest up by), or raise max_allowed_packet"
+        "job `{job}` (key `{key}`): its result is {bytes} bytes of JSON, over the {limit} this server takes (max_allowed_packet {packet} less 64 KiB for the statement); nothing was committed"
     )]
     ResultTooLarge {
         /// The job's name.
@@ -113,8 +135,11 @@ pub enum Error {
     },
 
     /// The handler's `Ok` value could not be stored as JSON that reads back as its type.
+    ///
+    /// What to do: make the value round-trip through serde_json (maps need string keys; a NaN
+    /// float becomes null). Retrying does not help.
     #[error(
-        "job `{job}` (key `{key}`): its result could not be stored as JSON that reads back as the same type ({source}); the job was rolled back. Make the value round-trip through serde_json (maps need string keys; a NaN float becomes null)"
+        "job `{job}` (key `{key}`): its result does not read back from JSON as the same type; nothing was committed"
     )]
     StoreResult {
         /// The job's name.
@@ -128,8 +153,12 @@ pub enum Error {
 
     /// The result stored by the first run no longer decodes into the handler's result type,
     /// usually because that type changed since.
+    ///
+    /// What to do: if the type changed on purpose, keep it able to read the old JSON
+    /// (`#[serde(default)]`, an enum with the old shape), or forget the key. Retrying does not
+    /// help.
     #[error(
-        "job `{job}` (key `{key}`) already ran, but its stored result no longer decodes into the handler's result type ({source}). The job was not run again. If the type changed on purpose, keep it able to read the old JSON (`#[serde(default)]`, an enum with the old shape) or delete the row from done_jobs"
+        "job `{job}` (key `{key}`) already ran, but its stored result no longer decodes into the handler's result type; the job did not run again"
     )]
     ReplayDecode {
         /// The job's name.
@@ -143,9 +172,10 @@ pub enum Error {
 
     /// The key is already claimed, by a different job. Two jobs whose keys meet would silently skip
     /// each other's work, so this is an error, not a replay.
-    #[error(
-        "job `{job}` tried to claim key `{key}`, which job `{claimed_by}` already claimed. Give each job its own key prefix (for example `{job}:...`)"
-    )]
+    ///
+    /// What to do: give each job its own key prefix (for example `{job}:...`). Retrying does not
+    /// help.
+    #[error("job `{job}`: key `{key}` is claimed by job `{claimed_by}`; nothing ran")]
     KeyClaimedByOtherJob {
         /// The job that tried to claim.
         job: &'static str,
@@ -157,9 +187,11 @@ pub enum Error {
 
     /// Two different job definitions in this process use one job name, so each would replay the
     /// other's keys as done. Nothing ran.
-    #[error(
-        "two different jobs use the name `{name}`: {first} and {second}. Each would skip the other's work as already done, so neither runs until they have names of their own (`#[idempotent_job(name = \"...\")]`). If they are one job on purpose (a sync handler and its async twin), name both explicitly with the same `name` and the same key template"
-    )]
+    ///
+    /// What to do: give them names of their own (`#[idempotent_job(name = "...")]`). If they are
+    /// one job on purpose (a sync handler and its async twin), name both explicitly with the same
+    /// `name` and the same key template.
+    #[error("two different jobs use the name `{name}`: {first} and {second}; neither runs")]
     DuplicateJobName {
         /// The shared name.
         name: &'static str,
@@ -170,8 +202,11 @@ pub enum Error {
     },
 
     /// The key came back with inputs different from the first run's: nothing ran, nothing changed.
+    ///
+    /// What to do: a key reused with different input is usually a bug: make the key include what
+    /// identifies the work, or let the first run's inputs stand. Retrying does not help.
     #[error(
-        "job `{job}` was called again with key `{key}` but with different inputs ({inputs}) than its first run; nothing ran and nothing changed. A key reused with different input is usually a bug: make the key include what identifies the work, or let the first run's inputs stand"
+        "job `{job}` (key `{key}`): called again with other inputs ({inputs}) than its first run; nothing ran and nothing changed"
     )]
     FingerprintMismatch {
         /// The job's name.
@@ -183,7 +218,7 @@ pub enum Error {
     },
 
     /// A fingerprint input could not be serialized; nothing ran.
-    #[error("job `{job}` (key `{key}`): {source}; nothing ran")]
+    #[error("job `{job}` (key `{key}`): a fingerprint input could not be serialized; nothing ran")]
     Fingerprint {
         /// The job's name.
         job: &'static str,
@@ -196,7 +231,7 @@ pub enum Error {
 
     /// Claiming kept failing, for the whole retry window, with errors that are normally retried.
     #[error(
-        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts in {waited:.1?} ({causes}); the last error: {source}. Nothing ran and nothing was committed; retrying later is safe"
+        "job `{job}` (key `{key}`): gave up claiming after {attempts} attempts in {waited:.1?} ({causes}); nothing ran; retrying later is safe"
     )]
     ClaimRetriesExhausted {
         /// The job's name.
@@ -217,8 +252,11 @@ pub enum Error {
 
     /// A job was called with its own key from inside its own running body, on another connection
     /// than the one its transaction is open on.
+    ///
+    /// What to do: call it with the body's own connection, where it runs as part of the
+    /// enclosing run (on another it would wait for its own uncommitted claim, or run without one).
     #[error(
-        "job `{job}` was called with its own key `{key}` from inside its running body, but on another connection: there it would wait for its own uncommitted claim, or run without one. Call it with the body's own connection, where it runs as part of the enclosing run"
+        "job `{job}` (key `{key}`): called with its own key from inside its running body, on another connection; nothing ran"
     )]
     OwnKeyOnAnotherConnection {
         /// The job's name.
@@ -242,14 +280,16 @@ pub enum Error {
 
     /// A batch of [`prune`](crate::prune::prune()) failed; the batches before it stay deleted.
     #[error(
-        "pruning lapsed claims failed: {0}; the batches before it stay deleted, and the next prune continues where this one stopped"
+        "pruning lapsed claims failed; the batches before it stay deleted, and the next prune continues where this one stopped"
     )]
     Prune(#[source] diesel::result::Error),
 
     /// [`outbox::push`](crate::outbox::push) was called outside a job's body.
-    #[error(
-        "outbox::push(\"{topic}\") was called outside a job: a message is recorded in its job's transaction and takes its id from the job's key, so push it from inside an annotated handler's body (or a body given to idempotent_jobs::run)"
-    )]
+    ///
+    /// What to do: push from inside an annotated handler's body (or a body given to
+    /// [`run`](crate::run)): a message is recorded in its job's transaction and takes its id from
+    /// the job's key.
+    #[error("outbox::push(\"{topic}\") was called outside a job; nothing was recorded")]
     OutboxOutsideJob {
         /// The message's topic.
         topic: String,
@@ -257,8 +297,11 @@ pub enum Error {
 
     /// [`outbox::push`](crate::outbox::push) was called inside a job's body, but on another
     /// connection than the job's own.
+    ///
+    /// What to do: push with the connection the body was given (on another, the message would
+    /// commit on its own, whatever becomes of the job).
     #[error(
-        "outbox::push(\"{topic}\") was called inside job `{job}` on another connection than the job's: there the message would commit on its own, whatever becomes of the job. Push it with the connection the body was given"
+        "outbox::push(\"{topic}\") was called inside job `{job}` on another connection than the job's; nothing was recorded"
     )]
     OutboxOnAnotherConnection {
         /// The message's topic.
@@ -269,10 +312,7 @@ pub enum Error {
 
     /// A look-up, list or forget of [`keys`](crate::keys) failed; a forget is one statement, so
     /// either the key's row is gone or it is untouched.
-    #[error(
-        "{action} failed: {source}; nothing was changed{hint}",
-        hint = hint(source)
-    )]
+    #[error("{action} failed{hint}; nothing was changed", hint = hint(source))]
     Keys {
         /// What was being done.
         action: &'static str,
@@ -287,8 +327,12 @@ pub enum Error {
     /// outbox's inspection, [`verify`](crate::verify)) was called inside a transaction the caller
     /// holds: one Diesel opened, or one the session holds that Diesel does not know of (MySQL with
     /// `autocommit = 0` and statements pending; a `BEGIN` sent as text that has written).
+    ///
+    /// What to do: use a connection outside any transaction (and, on MySQL, with `autocommit`
+    /// on or nothing pending): inside one, this would see and change that transaction's
+    /// uncommitted rows, and commit or roll back with them.
     #[error(
-        "could not {what}: the connection is inside a transaction of its own (opened through Diesel, or held by the session: autocommit = 0 with statements pending, or a BEGIN sent as text), whose uncommitted rows this would see and change, and with which it would commit or roll back. Use a connection outside any transaction; nothing was changed"
+        "could not {what}: the connection is inside a transaction (Diesel's, or the session's own); nothing was changed"
     )]
     InsideTransaction {
         /// What was asked.
@@ -296,13 +340,16 @@ pub enum Error {
     },
 
     /// A relay was run inside a transaction the caller holds open.
-    #[error(
-        "the outbox relay was run inside an open transaction: its lease would hold row locks until that transaction ends, and a rollback would undo its marks. Run the relay on a connection outside any transaction; nothing was leased"
-    )]
+    ///
+    /// What to do: run the relay on a connection outside any transaction (inside one its lease
+    /// would hold row locks until that transaction ends, and a rollback would undo its marks).
+    #[error("the outbox relay was run inside an open transaction; nothing was leased")]
     RelayInsideTransaction,
 
     /// An outbox payload could not be turned into JSON.
-    #[error("the payload of outbox message \"{topic}\" could not be stored as JSON: {source}")]
+    #[error(
+        "the payload of outbox message \"{topic}\" could not be stored as JSON; nothing was recorded"
+    )]
     OutboxPayload {
         /// The message's topic.
         topic: String,
@@ -312,7 +359,7 @@ pub enum Error {
     },
 
     /// A statement of the outbox or its relay failed.
-    #[error("the outbox failed in the database: {0}")]
+    #[error("an outbox statement failed in the database")]
     Outbox(#[source] diesel::result::Error),
 
     /// A table of the runtime's is missing where the connection finds its tables: `migrate` has
@@ -339,14 +386,14 @@ pub enum Error {
 
     /// [`verify`](crate::verify) could not read what it checks (the catalog, the schema version).
     /// It changes nothing.
-    #[error("verifying the runtime's tables failed: {0}; nothing was changed")]
+    #[error("verifying the runtime's tables failed; nothing was changed")]
     Verify(#[source] diesel::result::Error),
 
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
     /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
     /// resumes.
     #[error(
-        "creating or upgrading the runtime's table `{table}` failed: {source}. Calling migrate again resumes where this stopped"
+        "creating or upgrading the runtime's table `{table}` failed; calling migrate again resumes where this stopped"
     )]
     Migration {
         /// The table the failed step was about.

@@ -299,3 +299,16 @@ pub fn finish(mut child: std::process::Child) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// An error and its causes, as a reporter (anyhow, eyre) prints them: the runtime's message says
+/// what happened to the job, and the database's own error is its source.
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        text.push_str(": ");
+        text.push_str(&source.to_string());
+        cause = source.source();
+    }
+    text
+}

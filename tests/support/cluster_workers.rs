@@ -602,6 +602,22 @@ fn is_deadlock(error: &diesel::result::Error) -> bool {
     }
 }
 
+/// An error and its causes, each once (the runtime's message says what happened to the job; the
+/// database's own error is its source).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        let line = source.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = source.source();
+    }
+    text
+}
+
 pub fn classify(error: &WorkerError) -> Failure {
     use idempotent_jobs::Error;
     match error {
@@ -747,7 +763,7 @@ fn work<W: WorkerConn>(id: usize, broker: &Broker, spec: &WorkerSpec, hook: &Hoo
         match conn.apply(&delivery.job, attempt, &hook) {
             Ok(ran_in) => broker.ack(id, &delivery, ran_in == attempt),
             Err(error) => {
-                broker.nack(id, delivery, classify(&error), error.to_string());
+                broker.nack(id, delivery, classify(&error), with_causes(&error));
                 if !conn.alive() {
                     let Some(fresh) = connect::<W>(id, broker, spec) else {
                         return;
