@@ -9,54 +9,29 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const DAY: i64 = 86_400;
 
 /// Parses what `--since` and `--before` take: an RFC 3339 time (`2026-11-30T10:00:00Z`, with an
-/// offset such as `+02:00`, or a date alone, meaning its midnight UTC), or a duration ago (`2h`,
-/// `7d`, `1d12h`; units `s`, `m`, `h`, `d`, `w`), counted back from this machine's clock.
+/// offset such as `+02:00`, or a date alone, meaning its midnight UTC), or a duration ago in the
+/// project's one duration grammar (`2h`, `7d`, `30 days`, `1d 12h`: see
+/// `idempotent_keys::duration`), counted back from this machine's clock.
 pub fn parse_time_arg(text: &str) -> Result<SystemTime, String> {
     let text = text.trim();
-    if text.starts_with(|c: char| c.is_ascii_digit()) && text.ends_with(['s', 'm', 'h', 'd', 'w']) {
-        let ago = parse_duration(text)?;
-        return SystemTime::now()
-            .checked_sub(ago)
-            .ok_or_else(|| format!("`{text}` ago is before the start of time"));
+    if looks_like_a_date(text) {
+        return parse_rfc3339(text);
     }
-    parse_rfc3339(text)
+    let ago = parse_duration(text)?;
+    SystemTime::now()
+        .checked_sub(ago)
+        .ok_or_else(|| format!("`{text}` ago is before the start of time"))
 }
 
-/// Parses a duration such as `2h`, `7d` or `1d12h` (units `s`, `m`, `h`, `d`, `w`).
+/// Whether `text` starts as an RFC 3339 date does (`YYYY-`).
+fn looks_like_a_date(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() >= 5 && bytes[..4].iter().all(u8::is_ascii_digit) && bytes[4] == b'-'
+}
+
+/// Parses a duration in the project's one grammar (`idempotent_keys::duration`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || {
-        format!(
-            "`{text}` is not a duration: write a number and a unit (s, m, h, d, w), e.g. `2h`, `7d` or `1d12h`"
-        )
-    };
-    let mut total: u64 = 0;
-    let mut number: Option<u64> = None;
-    for c in text.chars() {
-        if let Some(digit) = c.to_digit(10) {
-            number = Some(
-                number
-                    .unwrap_or(0)
-                    .checked_mul(10)
-                    .and_then(|n| n.checked_add(u64::from(digit)))
-                    .ok_or_else(bad)?,
-            );
-            continue;
-        }
-        let unit: u64 = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3_600,
-            'd' => 86_400,
-            'w' => 7 * 86_400,
-            _ => return Err(bad()),
-        };
-        let seconds = number.take().ok_or_else(bad)?.checked_mul(unit);
-        total = seconds.and_then(|s| total.checked_add(s)).ok_or_else(bad)?;
-    }
-    if number.is_some() || text.is_empty() {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs(total))
+    idempotent_keys::duration::parse(text).map_err(|why| format!("`{text}`: {why}"))
 }
 
 /// Parses an RFC 3339 time: `YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)`; `t`, `z` and a space
@@ -318,6 +293,10 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7_200)));
         assert_eq!(parse_duration("1d12h"), Ok(Duration::from_secs(129_600)));
         assert_eq!(parse_duration("1w"), Ok(Duration::from_secs(604_800)));
+        assert_eq!(
+            parse_duration("30 days"),
+            Ok(Duration::from_secs(30 * 86_400))
+        );
         for bad in ["", "h", "2", "2x", "99999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }

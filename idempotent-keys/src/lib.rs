@@ -10,12 +10,13 @@
 //! * the registry decides whether two jobs' templates can produce one same key
 //!   ([`language::common_key`]).
 //!
-//! This crate is all three, with no dependencies, compiled into both the macro crate and the
+//! It also holds the one duration grammar ([`duration::parse`]). This crate is all of that, with one small dependency (humantime), compiled into both the macro crate and the
 //! runtime. [`escape::split_key`] is the inverse of the escaping: it recovers the values from a key,
 //! which is the proof that keys are injective, and the property tests check it against the parser.
 
 #![deny(missing_docs)]
 
+pub mod duration;
 pub mod escape;
 pub mod language;
 pub mod template;

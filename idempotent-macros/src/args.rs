@@ -5,6 +5,9 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned as _;
 use syn::{Ident, LitStr, Path};
 
+use std::time::Duration;
+
+use idempotent_keys::duration::{self, DurationError};
 use idempotent_keys::template::Segment;
 
 use crate::ctxt::{Ctxt, did_you_mean};
@@ -37,8 +40,8 @@ pub struct Args {
     pub krate: Option<Path>,
     /// `fingerprint(a, b.c)`: the inputs that must match on a replay.
     pub fingerprint: Option<Vec<Input>>,
-    /// `keep = "30d"`: how long a key holds, in seconds.
-    pub keep: Option<u64>,
+    /// `keep = "30d"`: how long a key holds.
+    pub keep: Option<Duration>,
     /// `in_progress = "fail"`: what a call does while another run of its key is in progress.
     pub in_progress: Option<InProgress>,
     /// `redact_key`: show the key as a digest prefix in events, errors and `job_key`.
@@ -55,12 +58,13 @@ pub enum InProgress {
     Wait,
     /// `"fail"`: fail at once.
     Fail,
-    /// `"wait at most 5s"`: wait up to this many milliseconds.
-    WaitAtMost(u64),
+    /// `"wait at most 5s"`: wait up to this long.
+    WaitAtMost(Duration),
 }
 
 impl InProgress {
-    /// Parses `"wait"`, `"fail"` or `"wait at most <duration>"` (`500ms`, `5s`, `2m`, ...).
+    /// Parses `"wait"`, `"fail"` or `"wait at most <duration>"`, the duration in the project's one
+    /// grammar ([`idempotent_keys::duration`]).
     pub fn parse(text: &str) -> Result<Self, DurationError> {
         let text = text.trim();
         match text {
@@ -70,24 +74,8 @@ impl InProgress {
         }
         let limit = text
             .strip_prefix("wait at most")
-            .ok_or(DurationError::Invalid)?
-            .trim();
-        let millis = match limit.strip_suffix("ms") {
-            Some(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
-                let millis: u64 = digits.parse().map_err(|_| DurationError::TooLong)?;
-                if millis == 0 {
-                    return Err(DurationError::Zero);
-                }
-                if millis / 1_000 > MAX_SECONDS {
-                    return Err(DurationError::TooLong);
-                }
-                millis
-            }
-            _ => parse_duration(limit)?
-                .checked_mul(1_000)
-                .ok_or(DurationError::TooLong)?,
-        };
-        Ok(InProgress::WaitAtMost(millis))
+            .ok_or_else(|| DurationError::Invalid("not a policy".to_owned()))?;
+        duration::parse(limit).map(InProgress::WaitAtMost)
     }
 }
 
@@ -166,8 +154,8 @@ impl Args {
             }
             "keep" => {
                 let value = string_value(meta, "keep", "30d")?;
-                let seconds = keep_seconds(&value)?;
-                set_once(&mut self.keep, seconds, meta)
+                let keep = keep_duration(&value)?;
+                set_once(&mut self.keep, keep, meta)
             }
             "in_progress" => {
                 let value = string_value(meta, "in_progress", "fail")?;
@@ -218,18 +206,18 @@ fn fingerprint_inputs(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<Input>> {
     Ok(inputs)
 }
 
-/// `keep = "30d"` in seconds, or what is wrong with it.
-fn keep_seconds(value: &LitStr) -> syn::Result<u64> {
+/// `keep = "30d"` as a duration, or what is wrong with it.
+fn keep_duration(value: &LitStr) -> syn::Result<Duration> {
     let text = value.value();
-    let message = match parse_duration(&text) {
-        Ok(seconds) => return Ok(seconds),
+    let message = match duration::parse(&text) {
+        Ok(keep) => return Ok(keep),
         Err(DurationError::Zero) => format!(
             "`keep = \"{text}\"` would keep a key for no time at all, so every delivery would run the job again; leave `keep` out to keep keys forever, or give a positive duration like \"30d\""
         ),
         Err(DurationError::TooLong) => format!(
             "`keep = \"{text}\"` is longer than the 100 years the runtime accepts; leave `keep` out to keep keys forever"
         ),
-        Err(DurationError::Invalid)
+        Err(DurationError::Invalid(_))
             if [
                 "forever",
                 "always",
@@ -245,8 +233,8 @@ fn keep_seconds(value: &LitStr) -> syn::Result<u64> {
                 "keys are kept forever when `keep` is left out: remove `keep = \"{text}\"` (`keep` takes a duration after which a key lapses, like \"30d\")"
             )
         }
-        Err(DurationError::Invalid) => format!(
-            "`keep = \"{text}\"` is not a duration: write a number and a unit, like \"90s\", \"15m\", \"12h\", \"30d\", \"2w\" or \"1d12h\"; to keep keys forever, leave `keep` out"
+        Err(DurationError::Invalid(_)) => format!(
+            "`keep = \"{text}\"` is not a duration: write a number and a unit, like \"90s\", \"15min\", \"12h\", \"30d\", \"30 days\", \"2w\" or \"1d 12h\"; to keep keys forever, leave `keep` out"
         ),
     };
     Err(syn::Error::new(value.span(), message))
@@ -269,10 +257,10 @@ fn in_progress_policy(value: &LitStr) -> syn::Result<InProgress> {
                 "`in_progress = \"{text}\"` is longer than the 100 years the runtime accepts; to wait as long as the other run takes, write \"wait\""
             ),
         )),
-        Err(DurationError::Invalid) => Err(syn::Error::new(
+        Err(DurationError::Invalid(_)) => Err(syn::Error::new(
             value.span(),
             format!(
-                "`in_progress = \"{text}\"` is not a policy; write \"wait\" (the default: wait for the other run, then replay or run), \"fail\" (give the worker back at once with Error::InProgress) or \"wait at most 5s\" (a duration like \"500ms\", \"5s\", \"2m\")"
+                "`in_progress = \"{text}\"` is not a policy; write \"wait\" (the default: wait for the other run, then replay or run), \"fail\" (give the worker back at once with Error::InProgress) or \"wait at most 5s\" (a duration like \"500ms\", \"5s\", \"2min\")"
             ),
         )),
     }
@@ -392,65 +380,11 @@ fn input_path(expr: &syn::Expr) -> syn::Result<Input> {
     }
 }
 
-/// The longest duration the runtime accepts: 100 years (of 366 days, as the runtime counts them).
-const MAX_SECONDS: u64 = 100 * 366 * 24 * 3_600;
-
-/// Why a duration argument was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DurationError {
-    /// Not a duration at all.
-    Invalid,
-    /// A duration of zero.
-    Zero,
-    /// Longer than the runtime accepts.
-    TooLong,
-}
-
-/// `"90s"`, `"15m"`, `"12h"`, `"30d"`, `"2w"`, `"1d12h"`: seconds, at least one and at most
-/// 100 years.
-pub fn parse_duration(text: &str) -> Result<u64, DurationError> {
-    let mut total: u64 = 0;
-    let mut number: Option<u64> = None;
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(DurationError::Invalid);
-    }
-    for c in text.chars() {
-        if let Some(digit) = c.to_digit(10) {
-            number = Some(
-                number
-                    .unwrap_or(0)
-                    .checked_mul(10)
-                    .and_then(|n| n.checked_add(u64::from(digit)))
-                    .ok_or(DurationError::TooLong)?,
-            );
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3_600,
-            'd' => 86_400,
-            'w' => 604_800,
-            _ => return Err(DurationError::Invalid),
-        };
-        let amount = number.take().ok_or(DurationError::Invalid)?;
-        total = amount
-            .checked_mul(unit)
-            .and_then(|seconds| total.checked_add(seconds))
-            .ok_or(DurationError::TooLong)?;
-    }
-    match (number, total) {
-        (Some(_), _) => Err(DurationError::Invalid),
-        (None, 0) => Err(DurationError::Zero),
-        (None, total) if total > MAX_SECONDS => Err(DurationError::TooLong),
-        (None, total) => Ok(total),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{DurationError, InProgress, parse_duration};
+    use std::time::Duration;
+
+    use super::{DurationError, InProgress};
 
     #[test]
     fn in_progress_policies() {
@@ -458,21 +392,18 @@ mod tests {
         assert_eq!(InProgress::parse(" wait "), Ok(InProgress::Wait));
         assert_eq!(
             InProgress::parse("wait at most 5s"),
-            Ok(InProgress::WaitAtMost(5_000))
+            Ok(InProgress::WaitAtMost(Duration::from_secs(5)))
         );
         assert_eq!(
             InProgress::parse("wait at most 250ms"),
-            Ok(InProgress::WaitAtMost(250))
+            Ok(InProgress::WaitAtMost(Duration::from_millis(250)))
         );
-        assert_eq!(
-            InProgress::parse("wait at most"),
-            Err(DurationError::Invalid)
-        );
-        assert_eq!(
-            InProgress::parse("wait at most ms"),
-            Err(DurationError::Invalid)
-        );
-        assert_eq!(InProgress::parse("sometimes"), Err(DurationError::Invalid));
+        for bad in ["wait at most", "wait at most ms", "sometimes"] {
+            assert!(
+                matches!(InProgress::parse(bad), Err(DurationError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
         assert_eq!(
             InProgress::parse("wait at most 0s"),
             Err(DurationError::Zero)
@@ -485,26 +416,5 @@ mod tests {
             InProgress::parse("wait at most 99999999999999999999ms"),
             Err(DurationError::TooLong)
         );
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30d"), Ok(30 * 86_400));
-        assert_eq!(parse_duration("1d12h"), Ok(86_400 + 12 * 3_600));
-        assert_eq!(parse_duration("90s"), Ok(90));
-        for bad in ["", "30", "d", "30x", "1.5h", "-1d", "forever", "30 days"] {
-            assert_eq!(parse_duration(bad), Err(DurationError::Invalid), "{bad:?}");
-        }
-        for zero in ["0s", "0d0h", "00m"] {
-            assert_eq!(parse_duration(zero), Err(DurationError::Zero), "{zero:?}");
-        }
-        for long in ["5300w", "99999999999999999999s", "36601d"] {
-            assert_eq!(
-                parse_duration(long),
-                Err(DurationError::TooLong),
-                "{long:?}"
-            );
-        }
-        assert_eq!(parse_duration("36600d"), Ok(36_600 * 86_400));
     }
 }

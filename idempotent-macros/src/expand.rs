@@ -282,16 +282,17 @@ impl Expansion<'_> {
                 quote!(#krate::#private::Part::Value(#path))
             }
         });
-        let keep = self
-            .args
-            .keep
-            .map(|seconds| quote!(.keep_for(::core::time::Duration::from_secs(#seconds))));
+        let keep = self.args.keep.map(|keep| {
+            let (secs, nanos) = (keep.as_secs(), keep.subsec_nanos());
+            quote!(.keep_for(::core::time::Duration::new(#secs, #nanos)))
+        });
         let in_progress = self.args.in_progress.map(|policy| {
             let policy = match policy {
                 crate::args::InProgress::Wait => quote!(Wait),
                 crate::args::InProgress::Fail => quote!(Fail),
-                crate::args::InProgress::WaitAtMost(millis) => {
-                    quote!(WaitAtMost(::core::time::Duration::from_millis(#millis)))
+                crate::args::InProgress::WaitAtMost(limit) => {
+                    let (secs, nanos) = (limit.as_secs(), limit.subsec_nanos());
+                    quote!(WaitAtMost(::core::time::Duration::new(#secs, #nanos)))
                 }
             };
             quote!(.while_in_progress(#krate::#private::WhileInProgress::#policy))

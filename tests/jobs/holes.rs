@@ -515,7 +515,9 @@ pub fn redeliveries_replay_from_one_read<B: Backend>() {
     let error = B::charge_redelivered(&mut conn, "order-r", 4200, false)
         .expect_err("a first delivery claims, which a read-only session refuses");
     assert!(
-        harness::with_causes(&error).to_ascii_lowercase().contains("read"),
+        harness::with_causes(&error)
+            .to_ascii_lowercase()
+            .contains("read"),
         "the claim failed for being read-only: {error}"
     );
     B::execute(&mut conn, read_only(B::SERVER, false));

@@ -1,7 +1,7 @@
 use diesel::SqliteConnection;
 use idempotent_jobs::idempotent_job;
 
-#[idempotent_job(key = "reminder:<user_id>", keep = "30 days")]
+#[idempotent_job(key = "reminder:<user_id>", keep = "a month")]
 fn remind(conn: &mut SqliteConnection, user_id: u64) -> Result<(), idempotent_jobs::Error> {
     let _ = conn;
     Ok(())

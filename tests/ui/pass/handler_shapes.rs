@@ -119,6 +119,20 @@ fn charge(conn: &mut SqliteConnection, order_id: u64, amount: u64, job: &Invoice
     Ok(order_id + amount)
 }
 
+/// The one duration grammar: words, spaces and milliseconds, for `keep` and `in_progress` alike.
+#[idempotent_job(key = "digest:<id>", keep = "30 days", in_progress = "wait at most 1.5s")]
+fn digest(conn: &mut SqliteConnection, id: u64) -> Result<u64, AppError> {
+    let _ = conn;
+    Ok(id)
+}
+
+/// A key that lapses half a second after its run.
+#[idempotent_job(key = "blink:<id>", keep = "500ms")]
+fn blink(conn: &mut SqliteConnection, id: u64) -> Result<u64, AppError> {
+    let _ = conn;
+    Ok(id)
+}
+
 /// Literal angle brackets.
 #[idempotent_job(key = r"tag:\<b\>:<id>")]
 fn escaped(conn: &mut SqliteConnection, id: u64) -> Result<(), AppError> {
@@ -162,6 +176,8 @@ fn main() {
     assert_eq!(detected(&mut conn, 2).unwrap(), 2);
     backfill(&mut conn).unwrap();
     escaped(&mut conn, 1).unwrap();
+    assert_eq!(digest(&mut conn, 5).unwrap(), 5);
+    assert_eq!(blink(&mut conn, 6).unwrap(), 6);
     assert_eq!(via_macro(&mut conn, 3).unwrap(), 3);
     assert_eq!(generic(&mut conn, 4).unwrap(), 4);
     assert_eq!(charge(&mut conn, 1, 10, &job).unwrap(), 11);
