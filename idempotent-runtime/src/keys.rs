@@ -4,7 +4,7 @@
 //! result and a fingerprint are stored. [`forget`] deletes it, so that the next delivery runs the
 //! job again; each forget is recorded as a `tracing` event (target `idempotent_jobs::keys`, with the
 //! job, the key and who asked) and, with the `metrics` feature, counted in
-//! `idempotent_keys_forgotten_total`. Both also work by digest ([`lookup_digest`],
+//! `idempotent_jobs_keys_forgotten_total`. Both also work by digest ([`lookup_digest`],
 //! [`forget_digest`]), for keys stored redacted. [`list`] and [`job_counts`] are for operators:
 //! they scan `done_jobs`, bounded by a limit.
 //!
@@ -325,7 +325,11 @@ async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> R
             "forgot a key: the job's next delivery runs it again"
         );
         #[cfg(feature = "metrics")]
-        metrics::counter!("idempotent_keys_forgotten_total", "job" => job.to_owned()).increment(1);
+        {
+            crate::telemetry::described();
+            metrics::counter!(crate::telemetry::KEYS_FORGOTTEN.name, "job" => job.to_owned())
+                .increment(1);
+        }
     } else if record.is_some() {
         tracing::info!(
             target: "idempotent_jobs::keys",

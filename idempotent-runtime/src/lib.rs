@@ -62,6 +62,7 @@ pub mod schema;
 mod schema_problem;
 pub mod stats;
 mod store;
+mod telemetry;
 pub mod testing;
 mod time;
 mod transaction;

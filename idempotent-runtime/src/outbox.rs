@@ -343,7 +343,7 @@ async fn prune_delivered_on<S: Store>(
 }
 
 /// How many messages are pending, leased, delivered and parked, in one query; with the `metrics`
-/// feature also set as the gauges `idempotent_outbox_messages{state}`.
+/// feature also set as the gauges `idempotent_jobs_outbox_messages{state}`.
 pub fn counts<C: crate::connection::JobStore>(conn: &mut C) -> Result<OutboxCounts, Error> {
     crate::drive::block_on(counts_on(conn.idempotent_store()))
 }

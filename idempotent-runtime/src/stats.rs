@@ -6,20 +6,22 @@
 //!
 //! | outcome                | level | meaning                                                         |
 //! |------------------------|-------|-----------------------------------------------------------------|
-//! | `ran`                  | INFO  | the key was free; the body ran and committed                    |
-//! | `replayed`             | INFO  | the key was claimed; the stored result came back, nothing ran   |
-//! | `failed`               | INFO  | the body returned `Err`; rolled back, claim included            |
+//! | `ran`                  | DEBUG | the key was free; the body ran and committed                    |
+//! | `replayed`             | DEBUG | the key was claimed; the stored result came back, nothing ran   |
+//! | `failed`               | DEBUG | the body returned `Err`; rolled back, claim included            |
+//! | `in_progress`          | DEBUG | another run of the key was in progress; nothing ran             |
 //! | `panicked`             | WARN  | the body panicked; rolled back, then the panic went on          |
 //! | `fingerprint_mismatch` | WARN  | the key came back with different inputs; nothing ran            |
 //! | `key_conflict`         | WARN  | another job holds the key; nothing ran                          |
 //! | `error`                | WARN  | the database or the result encoding failed; rolled back         |
 //!
-//! Each event carries `duration_us`, the time from the claim's start to the commit or rollback. A
-//! job with `redact_key` shows `redacted:<digest prefix>` in place of its key, here and in errors.
+//! The DEBUG ones are at INFO after [`job_events_at_info`]`(true)`. Each event carries
+//! `duration_us`, the time from the claim's start to the commit or rollback. A job with
+//! `redact_key` shows `redacted:<digest prefix>` in place of its key, here and in errors.
 //!
-//! With the `metrics` feature the same outcomes count in `idempotent_jobs_total{job, outcome}` and
-//! durations go to the histogram `idempotent_job_duration_seconds{job, outcome}`; transient-error
-//! retries count in `idempotent_claim_retries_total{job}`.
+//! With the `metrics` feature the runtime records the metrics of [`METRICS`], all named
+//! `idempotent_jobs_*` with their unit last, and describes them (unit and meaning) to the recorder
+//! before it records the first ([`describe_metrics`]).
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
@@ -27,6 +29,9 @@ use std::time::Instant;
 use crate::job::Job;
 
 pub use crate::counters::Ending;
+#[cfg(feature = "metrics")]
+pub use crate::telemetry::describe_metrics;
+pub use crate::telemetry::{METRICS, Metric, MetricKind};
 
 impl Ending {
     /// The name used in events and metric labels.
@@ -150,6 +155,19 @@ pub fn all() -> Vec<(&'static str, Counts)> {
     by_name.into_iter().collect()
 }
 
+/// Whether the event that ends each job call is at INFO rather than DEBUG; see
+/// [`job_events_at_info`].
+static JOB_EVENTS_AT_INFO: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Emits the event that ends each job call that ran, replayed, failed or met a run in progress at
+/// INFO (`true`) instead of DEBUG (the default, as database libraries log each statement): for a
+/// worker whose log is its record of jobs done. Calls that end in a warning (a panic, a
+/// fingerprint mismatch, a key of another job, a database error) are at WARN either way.
+pub fn job_events_at_info(info: bool) {
+    JOB_EVENTS_AT_INFO.store(info, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Records the end of a job call: counters, metrics, and the event.
 pub(crate) fn finished(job: &'static Job, outcome: Ending, started: Instant) {
     finished_with(job, outcome, started, None);
@@ -178,10 +196,11 @@ fn finished_with(
     let job = job.name();
     #[cfg(feature = "metrics")]
     {
-        metrics::counter!("idempotent_jobs_total", "job" => job, "outcome" => outcome.as_str())
+        crate::telemetry::described();
+        metrics::counter!(crate::telemetry::CALLS.name, "job" => job, "outcome" => outcome.as_str())
             .increment(1);
         metrics::histogram!(
-            "idempotent_job_duration_seconds",
+            crate::telemetry::CALL_DURATION.name,
             "job" => job,
             "outcome" => outcome.as_str()
         )
@@ -203,12 +222,22 @@ fn finished_with(
     match outcome {
         Ending::Ran | Ending::Replayed | Ending::Failed | Ending::InProgress => {
             // The time is formatted only for a subscriber that takes the event.
-            tracing::info!(
-                outcome = outcome.as_str(),
-                duration_us,
-                first_done_at = first_done_micros.map(crate::time::rfc3339),
-                "{message}"
-            );
+            let first_done_at = || first_done_micros.map(crate::time::rfc3339);
+            if JOB_EVENTS_AT_INFO.load(std::sync::atomic::Ordering::Relaxed) {
+                tracing::info!(
+                    outcome = outcome.as_str(),
+                    duration_us,
+                    first_done_at = first_done_at(),
+                    "{message}"
+                );
+            } else {
+                tracing::debug!(
+                    outcome = outcome.as_str(),
+                    duration_us,
+                    first_done_at = first_done_at(),
+                    "{message}"
+                );
+            }
         }
         _ => tracing::warn!(outcome = outcome.as_str(), duration_us, "{message}"),
     }
@@ -218,13 +247,16 @@ fn finished_with(
 pub(crate) fn retried(job: &'static Job, attempts: u32, error: &diesel::result::Error) {
     counting(job).count_retry();
     #[cfg(feature = "metrics")]
-    metrics::counter!("idempotent_claim_retries_total", "job" => job.name()).increment(1);
+    {
+        crate::telemetry::described();
+        metrics::counter!(crate::telemetry::CLAIM_RETRIES.name, "job" => job.name()).increment(1);
+    }
     tracing::debug!(attempts, %error, "transient error while claiming; retrying");
 }
 
-/// Records one outbox delivery: an event with the message's id, topic, outcome and attempt, and
-/// (with the `metrics` feature) `idempotent_outbox_deliveries_total{topic, outcome}` and the delay
-/// from the push to this delivery in `idempotent_outbox_delivery_delay_seconds{topic}`.
+/// Records one outbox delivery: a DEBUG event with the message's id, topic, outcome and attempt,
+/// and (with the `metrics` feature) [`DELIVERIES`](crate::telemetry::DELIVERIES) and the delay from
+/// the push to this delivery in [`DELIVERY_DELAY`](crate::telemetry::DELIVERY_DELAY).
 pub(crate) fn delivery(
     message_id: &str,
     topic: &str,
@@ -236,14 +268,15 @@ pub(crate) fn delivery(
     #[cfg(feature = "metrics")]
     {
         let topic = topic.to_owned();
-        metrics::counter!("idempotent_outbox_deliveries_total", "topic" => topic.clone(), "outcome" => outcome)
+        crate::telemetry::described();
+        metrics::counter!(crate::telemetry::DELIVERIES.name, "topic" => topic.clone(), "outcome" => outcome)
             .increment(1);
         if settled == crate::outbox::Settled::Delivered {
-            metrics::histogram!("idempotent_outbox_delivery_delay_seconds", "topic" => topic)
+            metrics::histogram!(crate::telemetry::DELIVERY_DELAY.name, "topic" => topic)
                 .record(delay.as_secs_f64());
         }
     }
-    tracing::info!(
+    tracing::debug!(
         message_id,
         topic,
         outcome,
@@ -256,6 +289,8 @@ pub(crate) fn delivery(
 /// Publishes the outbox's counts by state as gauges (`metrics` feature).
 pub(crate) fn outbox_counts(counts: &crate::store::OutboxCounts) {
     #[cfg(feature = "metrics")]
+    crate::telemetry::described();
+    #[cfg(feature = "metrics")]
     for (state, count) in [
         ("pending", counts.pending),
         ("leased", counts.leased),
@@ -263,7 +298,7 @@ pub(crate) fn outbox_counts(counts: &crate::store::OutboxCounts) {
         ("parked", counts.parked),
     ] {
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-        metrics::gauge!("idempotent_outbox_messages", "state" => state).set(count as f64);
+        metrics::gauge!(crate::telemetry::MESSAGES.name, "state" => state).set(count as f64);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = counts;

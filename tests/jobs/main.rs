@@ -34,6 +34,8 @@ mod second_run;
 #[cfg(feature = "postgres")]
 mod security;
 mod signals;
+#[cfg(all(feature = "sqlite", feature = "metrics"))]
+mod telemetry;
 mod truth;
 
 /// One module of tests per connection type, each test one line.

@@ -418,7 +418,7 @@ where
     let delivered_total: u64 = metrics
         .iter()
         .filter(|(key, ..)| {
-            key.key().name() == "idempotent_outbox_deliveries_total"
+            key.key().name() == "idempotent_jobs_outbox_deliveries_total"
                 && key
                     .key()
                     .labels()
@@ -433,7 +433,7 @@ where
     assert!(
         metrics
             .iter()
-            .any(|(key, ..)| key.key().name() == "idempotent_outbox_delivery_delay_seconds"),
+            .any(|(key, ..)| key.key().name() == "idempotent_jobs_outbox_delivery_delay_seconds"),
         "the delay from push to delivery is recorded"
     );
 }
