@@ -1,0 +1,68 @@
+//! Statements with fixed text run as cached prepared statements: one round trip each, where
+//! Diesel's own `sql_query` is never cached (prepare, execute, close) and a MySQL text batch takes
+//! three (multi-statement mode on, the batch, off). What the true floor opens and closes its
+//! transactions with on MySQL.
+
+use std::marker::PhantomData;
+
+use diesel::backend::Backend;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::result::QueryResult;
+use diesel::sql_types::Untyped;
+
+/// The text of a fixed statement.
+pub trait FixedSql: 'static {
+    const SQL: &'static str;
+}
+
+/// A fixed statement, prepared once per connection and found again by its type.
+pub struct Fixed<M>(PhantomData<fn() -> M>);
+
+impl<M: FixedSql> Fixed<M> {
+    pub fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<M: FixedSql> QueryId for Fixed<M> {
+    type QueryId = M;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<M: FixedSql, DB: Backend> QueryFragment<DB> for Fixed<M> {
+    fn walk_ast<'b>(&'b self, mut pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        pass.push_sql(M::SQL);
+        Ok(())
+    }
+}
+
+impl<M> Query for Fixed<M> {
+    type SqlType = Untyped;
+}
+
+impl<M, C> diesel::RunQueryDsl<C> for Fixed<M> {}
+
+macro_rules! fixed {
+    ($($name:ident = $sql:expr;)*) => {
+        $(
+            pub struct $name;
+            impl FixedSql for $name {
+                const SQL: &'static str = $sql;
+            }
+        )*
+    };
+}
+
+fixed! {
+    Begin = "BEGIN";
+    Commit = "COMMIT";
+    Rollback = "ROLLBACK";
+    InTransaction = "SELECT CAST(@@in_transaction AS SIGNED) AS n";
+}
+
+/// One integer column `n`.
+#[derive(diesel::QueryableByName)]
+pub struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub n: i64,
+}
