@@ -29,16 +29,16 @@ pub enum Strategy {
         pace: Option<u32>,
         read_committed: bool,
     },
-    /// MariaDB, at REPEATABLE READ: the ids of a batch by a plain (locking nothing) read, then
-    /// `DELETE ... WHERE id IN (...) AND expires_at <= now`: record locks only, no gap locks.
-    ById { batch: u32, pace: Option<u32> },
+    /// [`BenchDb::other_prune_batch`] until none are left: on MariaDB (at REPEATABLE READ) by
+    /// primary key, on SQLite in `BEGIN IMMEDIATE`.
+    Other { batch: u32, pace: Option<u32> },
     /// PostgreSQL: `done_jobs` partitioned by `expires_at`; the prune detaches and drops the lapsed
     /// period's partition, then creates the next period's.
     DropPartition,
 }
 
 impl Strategy {
-    pub fn label(self) -> String {
+    pub fn label<C: BenchDb>(self) -> String {
         let pace = |p: Option<u32>| p.map_or(String::new(), |k| format!(", paced {k}x"));
         match self {
             Strategy::Library { batch, pace: p, read_committed } => format!(
@@ -46,7 +46,7 @@ impl Strategy {
                 pace(p),
                 if read_committed { ", session READ COMMITTED" } else { "" }
             ),
-            Strategy::ById { batch, pace: p } => format!("read ids, delete by id, batch {batch}{}", pace(p)),
+            Strategy::Other { batch, pace: p } => format!("{}, batch {batch}{}", C::OTHER_PRUNE, pace(p)),
             Strategy::DropPartition => "partitioned by expires_at: detach + drop, create next".to_owned(),
         }
     }
@@ -59,7 +59,8 @@ impl Strategy {
                 library(1_000, None, false),
                 library(10_000, None, false),
                 library(1_000, Some(3), false),
-                library(200, Some(3), false),
+                Strategy::Other { batch: 1_000, pace: None },
+                Strategy::Other { batch: 1_000, pace: Some(3) },
             ],
             Kind::Postgres => vec![
                 library(1_000, None, false),
@@ -74,8 +75,8 @@ impl Strategy {
                 library(1_000, Some(3), false),
                 library(1_000, None, true),
                 library(1_000, Some(3), true),
-                Strategy::ById { batch: 1_000, pace: None },
-                Strategy::ById { batch: 1_000, pace: Some(3) },
+                Strategy::Other { batch: 1_000, pace: None },
+                Strategy::Other { batch: 1_000, pace: Some(3) },
             ],
         }
     }
@@ -143,9 +144,9 @@ pub fn measure<C: BenchDb>(
                 continue; // a table of its own: see `partition_trial`
             }
             admin.fill(0, lapsed, &format!("lapsed{n}"), "fill", true);
-            eprintln!("  {}...", strategy.label());
+            eprintln!("  {}...", strategy.label::<C>());
             let mut pruner = connect();
-            let trial = run_trial(&phase, &samples, baseline, strategy, || prune_with(&mut pruner, strategy));
+            let trial = run_trial::<C>(&phase, &samples, baseline, strategy, || prune_with(&mut pruner, strategy));
             eprintln!("    {trial:?}");
             trials.push(trial);
         }
@@ -190,7 +191,7 @@ fn claim_loop<C: BenchDb>(mut conn: C, worker: usize, phase: &AtomicU8, samples:
 }
 
 /// Before, during (`prune`), after; then the figures.
-fn run_trial(
+fn run_trial<C: BenchDb>(
     phase: &AtomicU8,
     samples: &Samples,
     baseline: Duration,
@@ -219,7 +220,7 @@ fn run_trial(
     let (base_p99, during_p99) = (percentile(base, 99.0), percentile(during, 99.0));
     let (throughput_ratio, p99_ratio) = (during_rate / base_rate, during_p99 / base_p99);
     PruneTrial {
-        strategy: strategy.label(),
+        strategy: strategy.label::<C>(),
         removed,
         prune_seconds,
         baseline_jobs_per_second: base_rate,
@@ -250,8 +251,8 @@ fn prune_with<C: BenchDb>(conn: &mut C, strategy: Strategy) -> u64 {
                 }),
             }
         }
-        Strategy::ById { batch, pace } => paced(batch, pace.unwrap_or(0), || {
-            conn.delete_lapsed_by_id(batch).expect("a delete by id")
+        Strategy::Other { batch, pace } => paced(batch, pace.unwrap_or(0), || {
+            conn.other_prune_batch(batch).expect("a prune batch")
         }),
         Strategy::DropPartition => unreachable!("partition_trial"),
     }
@@ -310,7 +311,7 @@ pub fn partition_trial(
             scope.spawn(move || claim_loop(connect(), worker, &phase, &samples));
         }
         let mut pruner = connect();
-        let trial = run_trial(&phase, &samples, baseline, Strategy::DropPartition, || {
+        let trial = run_trial::<PgConnection>(&phase, &samples, baseline, Strategy::DropPartition, || {
             pruner
                 .batch_execute(
                     "ALTER TABLE done_jobs DETACH PARTITION done_jobs_2000_01; DROP TABLE done_jobs_2000_01; \

@@ -99,8 +99,8 @@ pub struct Count {
 }
 
 /// What is counted: the variants on fresh keys, then replays.
-const CASES: [&str; 10] = [
-    "floor", "floor_value", "hand", "hand_value", "macro", "macro_value", "macro_empty",
+const CASES: [&str; 11] = [
+    "floor_empty", "floor", "floor_value", "hand", "hand_value", "macro", "macro_value", "macro_empty",
     "replay read first", "replay via claim", "read",
 ];
 
@@ -142,6 +142,7 @@ pub fn count<C: BenchDb>(conn: &mut C, proxy: Option<&Proxy>, calls: i64) -> Vec
 fn one<C: BenchDb>(conn: &mut C, case: &str, job: i64, warm: bool) {
     let fresh = if warm { job + 1_000_000 } else { job };
     let variant = match case {
+        "floor_empty" => Variant::FloorEmpty,
         "floor" => Variant::Floor,
         "floor_value" => Variant::FloorValue,
         "hand" => Variant::Hand,

@@ -66,3 +66,33 @@ pub struct Count {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub n: i64,
 }
+
+/// `UPDATE done_jobs SET result = ? WHERE key_digest = ?`, cached.
+pub struct RecordResult<'a> {
+    pub digest: &'a [u8; 32],
+    pub json: &'a str,
+}
+
+impl QueryId for RecordResult<'_> {
+    type QueryId = RecordResult<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<DB> QueryFragment<DB> for RecordResult<'_>
+where
+    DB: Backend
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Text>
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Binary>,
+    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+    [u8]: diesel::serialize::ToSql<diesel::sql_types::Binary, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        pass.push_sql("UPDATE done_jobs SET result = ");
+        pass.push_bind_param::<diesel::sql_types::Text, str>(self.json)?;
+        pass.push_sql(" WHERE key_digest = ");
+        pass.push_bind_param::<diesel::sql_types::Binary, [u8]>(&self.digest[..])?;
+        Ok(())
+    }
+}
+
+impl<C> diesel::RunQueryDsl<C> for RecordResult<'_> {}

@@ -102,7 +102,7 @@ pub const PGBENCH_TOOL: &str = "pgbench (prepared BEGIN, claim, body, COMMIT: 4 
 /// A hand-written job as a pgbench script: the key's digest is the job number, zero-padded.
 pub const PGBENCH_SCRIPT: &str = "\\set n random(1, 9000000000000000)
 BEGIN;
-INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (decode(lpad(to_hex(:n), 64, '0'), 'hex'), 'native:' || CAST(:n AS text), 'native', NULL, :n, (clock_timestamp() AT TIME ZONE 'UTC')) ON CONFLICT DO NOTHING;
+INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, done_at) VALUES (decode(lpad(to_hex(CAST(:n AS bigint)), 64, '0'), 'hex'), 'native:' || CAST(:n AS text), 'native', NULL, :n, (clock_timestamp() AT TIME ZONE 'UTC')) ON CONFLICT DO NOTHING;
 INSERT INTO bench_effects (job) VALUES (:n);
 COMMIT;
 ";
