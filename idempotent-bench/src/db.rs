@@ -103,6 +103,14 @@ pub trait BenchDb: JobStore + diesel::Connection + SimpleConnection + Sized + Se
         Ok(())
     }
 
+    /// PostgreSQL: a replay through the claim as it could be: `BEGIN`, the claim and the read in
+    /// one statement ([`crate::transport::ClaimOrRead`]), `COMMIT`: three round trips where the
+    /// library sends four. None elsewhere.
+    fn one_statement_replay(&mut self, key: &str, digest: &[u8; 32]) -> Option<QueryResult<()>> {
+        let _ = (key, digest);
+        None
+    }
+
     /// What [`other_prune_batch`](Self::other_prune_batch) does ("": nothing).
     const OTHER_PRUNE: &'static str = "";
 
@@ -344,6 +352,17 @@ impl BenchDb for PgConnection {
 
     fn fast_rollback(&mut self) -> QueryResult<()> {
         self.batch_execute("ROLLBACK")
+    }
+
+    fn one_statement_replay(&mut self, key: &str, digest: &[u8; 32]) -> Option<QueryResult<()>> {
+        let mut replay = || -> QueryResult<()> {
+            self.fast_begin()?;
+            let rows: Vec<crate::transport::Text> =
+                crate::transport::ClaimOrRead { digest, key }.load(self)?;
+            assert!(rows.len() == 1 && rows[0].s == "macro_job", "{key} was claimed before");
+            self.fast_commit()
+        };
+        Some(replay())
     }
 
     fn before_fill(&mut self) -> QueryResult<()> {

@@ -20,6 +20,9 @@ pub struct GrowthPoint {
     pub claim_path: Spread,
     pub read_first: Spread,
     pub read: Spread,
+    /// PostgreSQL: `BEGIN`, claim-or-read in one statement, `COMMIT` (what the claim path could
+    /// send), on the same kind of key.
+    pub one_statement: Option<Spread>,
     /// Replay through the claim over one indexed read, p50; target ≤ 2.
     pub claim_path_over_read: f64,
     /// Replay read first over one indexed read, p50.
@@ -60,8 +63,8 @@ fn at_size<C: BenchDb>(conn: &mut C, rows: u64, samples: usize, fresh_next: &mut
             return n;
         }
     };
-    let mut kinds: [Vec<f64>; 4] = Default::default();
-    let mut order = [0usize, 1, 2, 3];
+    let mut kinds: [Vec<f64>; 5] = Default::default();
+    let mut order = [0usize, 1, 2, 3, 4];
     for _ in 0..samples {
         rng.shuffle(&mut order);
         for kind in order {
@@ -74,12 +77,22 @@ fn at_size<C: BenchDb>(conn: &mut C, rows: u64, samples: usize, fresh_next: &mut
                 }
                 1 => time_us(|| replay(conn, key, false)),
                 2 => time_us(|| replay(conn, key, true)),
-                _ => time_us(|| read(conn, key)),
+                3 => time_us(|| read(conn, key)),
+                _ => {
+                    let (text, digest) = hand_key("bench", key);
+                    let started = std::time::Instant::now();
+                    match conn.one_statement_replay(&text, &digest) {
+                        Some(done) => done.expect("a one-statement replay"),
+                        None => continue,
+                    }
+                    started.elapsed().as_secs_f64() * 1e6
+                }
             };
             kinds[kind].push(micros);
         }
     }
-    let [fresh, claim_path, read_first, read] = kinds.map(|k| Spread::of(&k));
+    let one_statement = (!kinds[4].is_empty()).then(|| Spread::of(&kinds[4]));
+    let [fresh, claim_path, read_first, read, _] = kinds.map(|k| Spread::of(&k));
     GrowthPoint {
         rows,
         size: conn.size(),
@@ -88,6 +101,7 @@ fn at_size<C: BenchDb>(conn: &mut C, rows: u64, samples: usize, fresh_next: &mut
         claim_path,
         read_first,
         read,
+        one_statement,
         claim_path_over_read: claim_path.p50_us / read.p50_us,
         read_first_over_read: read_first.p50_us / read.p50_us,
     }

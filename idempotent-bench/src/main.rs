@@ -13,7 +13,9 @@
 //!   servers, and the prune of 1,000,000 lapsed of 6,000,000 rows (about an hour; ~6 GB of disk at
 //!   the peak, each big database dropped as soon as it is measured);
 //! * `--only=throughput,round-trips,growth,prune,workers,compile` (`IDEMPOTENT_BENCH_ONLY`);
-//! * `--backends=sqlite,sqlite-wal,postgres,mariadb` (`IDEMPOTENT_BENCH_BACKENDS`).
+//! * `--backends=sqlite,sqlite-wal,postgres,mariadb` (`IDEMPOTENT_BENCH_BACKENDS`);
+//! * `IDEMPOTENT_BENCH_ROUNDS`, `IDEMPOTENT_BENCH_JOBS` (9 rounds of 500 jobs of each variant) and
+//!   `IDEMPOTENT_BENCH_WORKER_ROUNDS` (9).
 //!
 //! It prints a table and writes `target/bench/jobs.json` (every figure) and `target/bench/jobs.svg`
 //! (throughput by variant and backend).
@@ -93,8 +95,8 @@ impl Options {
         Plan {
             throughput: self.wants("throughput"),
             round_trips: self.wants("round-trips"),
-            rounds: if self.quick { 2 } else { 9 },
-            jobs_per_round: if self.quick { 100 } else { 500 },
+            rounds: number("IDEMPOTENT_BENCH_ROUNDS").unwrap_or(if self.quick { 2 } else { 9 }),
+            jobs_per_round: number("IDEMPOTENT_BENCH_JOBS").unwrap_or(if self.quick { 100 } else { 500 }),
             growth_sizes: if grows && self.wants("growth") { growth_sizes } else { Vec::new() },
             growth_samples: if self.quick { 200 } else { 1_000 },
             prune: (grows && self.wants("prune")).then_some(prune),
@@ -177,7 +179,7 @@ fn partition_trial(dbs: &mut Databases, plan: &Plan, postgres: &mut BackendRepor
 
 fn workers(options: &Options, out: &Path, pg_base: &str, my_base: &str, report: &mut Report) {
     eprintln!("workers against pgbench and mariadb-slap...");
-    let rounds = if options.quick { 1 } else { 9 };
+    let rounds = number("IDEMPOTENT_BENCH_WORKER_ROUNDS").unwrap_or(if options.quick { 1 } else { 9 });
     if options.backend("postgres") {
         let mut dbs = Databases::postgres(pg_base);
         let url = dbs.create("workers");
@@ -196,6 +198,11 @@ fn workers(options: &Options, out: &Path, pg_base: &str, my_base: &str, report: 
         let native = |clients: usize, jobs: u64| workers::mariadb_slap(&server, &name, clients, jobs);
         report.workers.push(workers::measure::<MysqlConnection>(&url, &native, workers::SLAP_TOOL, rounds));
     }
+}
+
+/// A number from the environment.
+fn number<T: std::str::FromStr>(var: &str) -> Option<T> {
+    std::env::var(var).ok()?.parse().ok()
 }
 
 fn machine(options: &Options) -> Machine {

@@ -150,14 +150,15 @@ fn print_growth(report: &Report) {
     println!("cost growth: p50 / p99 µs, cold random keys, kinds taking turns call by call (rows 0: replays of keys claimed just before)");
     println!(
         "{:<12}{:>10}{:>16}{:>16}{:>18}{:>18}{:>16}{:>11}{:>11}  size",
-        "backend", "rows", "fresh claim", "via claim", "read first", "indexed read", "", "claim/read", "first/read"
+        "backend", "rows", "fresh claim", "via claim", "read first", "indexed read", "1-stmt claim", "claim/read", "first/read"
     );
     for (name, points) in grown {
         for p in points {
             let pair = |s: crate::stats::Spread| format!("{:.0} / {:.0}", s.p50_us, s.p99_us);
             println!(
                 "{name:<12}{:>10}{:>16}{:>16}{:>18}{:>18}{:>16}{:>10.2}x{:>10.2}x  {}",
-                p.rows, pair(p.fresh), pair(p.claim_path), pair(p.read_first), pair(p.read), "",
+                p.rows, pair(p.fresh), pair(p.claim_path), pair(p.read_first), pair(p.read),
+                p.one_statement.map_or("-".to_owned(), pair),
                 p.claim_path_over_read, p.read_first_over_read, p.size
             );
         }

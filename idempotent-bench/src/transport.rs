@@ -96,3 +96,47 @@ where
 }
 
 impl<C> diesel::RunQueryDsl<C> for RecordResult<'_> {}
+
+/// PostgreSQL: the claim and, when the key is there already, its row, in one statement (cached):
+/// what a replay through the claim could send instead of the claim and then a read.
+pub struct ClaimOrRead<'a> {
+    pub digest: &'a [u8; 32],
+    pub key: &'a str,
+}
+
+impl QueryId for ClaimOrRead<'_> {
+    type QueryId = ClaimOrRead<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl QueryFragment<diesel::pg::Pg> for ClaimOrRead<'_> {
+    fn walk_ast<'b>(&'b self, mut pass: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        use diesel::sql_types::{Binary, Text};
+        pass.push_sql(
+            "WITH claimed AS (INSERT INTO done_jobs (key_digest, job_key, job_name, claim_token, done_at) VALUES (",
+        );
+        pass.push_bind_param::<Binary, [u8]>(&self.digest[..])?;
+        pass.push_sql(", ");
+        pass.push_bind_param::<Text, str>(self.key)?;
+        pass.push_sql(
+            ", 'macro_job', 1, (clock_timestamp() AT TIME ZONE 'UTC')) ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT job_name AS s FROM done_jobs WHERE key_digest = ",
+        );
+        pass.push_bind_param::<Binary, [u8]>(&self.digest[..])?;
+        pass.push_sql(" AND NOT EXISTS (SELECT 1 FROM claimed)");
+        Ok(())
+    }
+}
+
+impl Query for ClaimOrRead<'_> {
+    type SqlType = Untyped;
+}
+
+impl<C> diesel::RunQueryDsl<C> for ClaimOrRead<'_> {}
+
+/// One text column `s`.
+#[derive(diesel::QueryableByName)]
+pub struct Text {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub s: String,
+}
