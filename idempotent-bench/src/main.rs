@@ -15,7 +15,8 @@
 //! * `--only=throughput,round-trips,growth,prune,workers,compile` (`IDEMPOTENT_BENCH_ONLY`);
 //! * `--backends=sqlite,sqlite-wal,postgres,mariadb` (`IDEMPOTENT_BENCH_BACKENDS`);
 //! * `IDEMPOTENT_BENCH_ROUNDS`, `IDEMPOTENT_BENCH_JOBS` (9 rounds of 500 jobs of each variant) and
-//!   `IDEMPOTENT_BENCH_WORKER_ROUNDS` (9).
+//!   `IDEMPOTENT_BENCH_WORKER_ROUNDS` (9); `IDEMPOTENT_BENCH_GROWTH=0,1000000,5000000`: the
+//!   growth sizes.
 //!
 //! It prints a table and writes `target/bench/jobs.json` (every figure) and `target/bench/jobs.svg`
 //! (throughput by variant and backend).
@@ -92,6 +93,9 @@ impl Options {
             (false, false) => (500_000, 100_000),
             (false, true) => (5_000_000, 1_000_000),
         };
+        let growth_sizes = std::env::var("IDEMPOTENT_BENCH_GROWTH").ok().map_or(growth_sizes, |sizes| {
+            sizes.split(',').filter_map(|n| n.trim().parse().ok()).collect()
+        });
         Plan {
             throughput: self.wants("throughput"),
             round_trips: self.wants("round-trips"),
