@@ -1,6 +1,7 @@
 //! Beyond one database server: a three-node MariaDB Galera cluster, a PostgreSQL primary with a
 //! standby that is promoted when the primary dies (synchronous and asynchronous replication), and
-//! PgBouncer in transaction pooling mode. Each setup runs on servers this test starts for itself
+//! PgBouncer in transaction pooling mode; and a MariaDB server with statement-based binary
+//! logging. Each setup runs on servers this test starts for itself
 //! on loopback (its own ports and data directories, never the machine's servers on 5432/3306),
 //! and stops and removes them however the test ends.
 //!
@@ -25,6 +26,8 @@ mod cluster_workers;
 mod figures;
 #[path = "support/galera.rs"]
 mod galera;
+#[path = "support/mariadb.rs"]
+mod mariadb;
 #[path = "support/postgres_cluster.rs"]
 mod postgres_cluster;
 #[path = "support/processes.rs"]
@@ -1085,4 +1088,61 @@ fn redeliveries_on_a_lagging_standby_never_replay_what_the_primary_forgot() {
         stale.is_empty(),
         "a lagging standby answered redeliveries from its old snapshot: {stale:?}"
     );
+}
+
+// ---- a prune under statement-based binary logging --------------------------------------------------
+
+/// A prune runs each batch at READ COMMITTED on MySQL/MariaDB (no gap locks in front of new
+/// claims). With statement-based binary logging the server refuses a DELETE on InnoDB at that
+/// isolation (error 1665): the prune must go on at the session's own and remove every lapsed key,
+/// and the live ones stay.
+#[test]
+fn a_prune_under_statement_based_binary_logging_removes_every_lapsed_key() {
+    let _serial = serial();
+    let server = mariadb::MariaDb::start(
+        "binlog-statement",
+        &[
+            "--log-bin=binlog",
+            "--binlog-format=STATEMENT",
+            "--server-id=1",
+        ],
+    );
+    let mut admin = MysqlConnection::establish(&server.url("mysql")).expect("the server");
+    admin
+        .batch_execute("CREATE DATABASE jobs")
+        .expect("a database");
+    let mut conn = MysqlConnection::establish(&server.url("jobs")).expect("the database");
+    idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+    let rows = |prefix: &str, count: usize, expires_at: &str| {
+        let values: Vec<String> = (0..count)
+            .map(|i| {
+                format!(
+                    "(UNHEX(SHA2('{prefix}:{i}', 256)), '{prefix}:{i}', 'bulk', '2000-01-01', {expires_at})"
+                )
+            })
+            .collect();
+        format!(
+            "INSERT INTO done_jobs (key_digest, job_key, job_name, done_at, expires_at) VALUES {}",
+            values.join(", ")
+        )
+    };
+    conn.batch_execute(&rows("lapsed", 2_500, "'2000-01-02'"))
+        .expect("lapsed keys");
+    conn.batch_execute(&rows("live", 10, "NULL"))
+        .expect("live keys");
+    let report = idempotent_jobs::prune(
+        &mut conn,
+        &idempotent_jobs::Prune::default().batch_size(1_000).pace(0),
+    )
+    .unwrap_or_else(|e| panic!("the prune: {}", cluster_workers::with_causes(&e)));
+    assert_eq!((report.removed, report.batches), (2_500, 3));
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let left = diesel::sql_query("SELECT COUNT(*) AS n FROM done_jobs")
+        .get_result::<N>(&mut conn)
+        .expect("counting");
+    assert_eq!(left.n, 10, "the live keys stay");
 }

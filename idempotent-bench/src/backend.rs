@@ -57,7 +57,14 @@ pub fn run<C: BenchDb>(name: &'static str, dbs: &mut Databases, plan: &Plan) -> 
         dbs.drop("prune");
         figures
     });
-    BackendReport { backend: name, settings, throughput, round_trips, growth, prune }
+    BackendReport {
+        backend: name,
+        settings,
+        throughput,
+        round_trips,
+        growth,
+        prune,
+    }
 }
 
 /// A connection to `url` with the library's tables and the benchmark's.

@@ -15,14 +15,17 @@ pub fn svg(report: &Report) -> String {
     const BOTTOM: f64 = 90.0;
     const LEFT: f64 = 56.0;
     let colors = [
-        "#9e9e9e", "#bab0ac", "#79706e", "#d6d6d6", "#c9b8a0", "#f58518", "#ffbf79", "#4c78a8", "#72b7b2", "#54a24b", "#e45756",
+        "#9e9e9e", "#bab0ac", "#79706e", "#d6d6d6", "#c9b8a0", "#f58518", "#ffbf79", "#4c78a8",
+        "#72b7b2", "#54a24b", "#e45756",
     ];
     let measured: Vec<(&str, &Throughput)> = report
         .backends
         .iter()
         .filter_map(|b| Some((b.backend, b.throughput.as_ref()?)))
         .collect();
-    let (rounds, jobs) = measured.first().map_or((0, 0), |(_, t)| (t.rounds, t.jobs_per_round));
+    let (rounds, jobs) = measured
+        .first()
+        .map_or((0, 0), |(_, t)| (t.rounds, t.jobs_per_round));
     let width = PANEL_WIDTH * measured.len() as f64 + 40.0;
     let plot_height = HEIGHT - TOP - BOTTOM;
     let mut svg = format!(

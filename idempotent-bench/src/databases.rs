@@ -7,9 +7,18 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 
 enum Place {
-    Sqlite { dir: PathBuf, wal: bool },
-    Postgres { admin: PgConnection, base: String },
-    Mysql { admin: MysqlConnection, server: String },
+    Sqlite {
+        dir: PathBuf,
+        wal: bool,
+    },
+    Postgres {
+        admin: PgConnection,
+        base: String,
+    },
+    Mysql {
+        admin: MysqlConnection,
+        server: String,
+    },
 }
 
 pub struct Databases {
@@ -27,19 +36,28 @@ impl Databases {
         let admin = PgConnection::establish(base).unwrap_or_else(|e| {
             panic!("PostgreSQL at {base}: {e}; start it (scripts/test does) or set IDEMPOTENT_POSTGRES_URL")
         });
-        Self::new(Place::Postgres { admin, base: base.to_owned() })
+        Self::new(Place::Postgres {
+            admin,
+            base: base.to_owned(),
+        })
     }
 
     pub fn mysql(base: &str) -> Self {
         let admin = MysqlConnection::establish(base).unwrap_or_else(|e| {
-            panic!("MariaDB at {base}: {e}; start it (scripts/test does) or set IDEMPOTENT_MYSQL_URL")
+            panic!(
+                "MariaDB at {base}: {e}; start it (scripts/test does) or set IDEMPOTENT_MYSQL_URL"
+            )
         });
         let server = base.rsplit_once('/').map_or(base, |(s, _)| s).to_owned();
         Self::new(Place::Mysql { admin, server })
     }
 
     fn new(place: Place) -> Self {
-        Self { place, prefix: format!("idempotent_bench_{}", std::process::id()), created: Vec::new() }
+        Self {
+            place,
+            prefix: format!("idempotent_bench_{}", std::process::id()),
+            created: Vec::new(),
+        }
     }
 
     /// The name of the database `part`.
@@ -56,7 +74,10 @@ impl Databases {
         self.drop_database(&name);
         let url = match &mut self.place {
             Place::Sqlite { dir, wal } => {
-                let url = dir.join(format!("{name}.db")).to_string_lossy().into_owned();
+                let url = dir
+                    .join(format!("{name}.db"))
+                    .to_string_lossy()
+                    .into_owned();
                 if *wal {
                     SqliteConnection::establish(&url)
                         .expect("SQLite")
@@ -66,12 +87,16 @@ impl Databases {
                 url
             }
             Place::Postgres { admin, base } => {
-                admin.batch_execute(&format!("CREATE SCHEMA {name}")).expect("a schema");
+                admin
+                    .batch_execute(&format!("CREATE SCHEMA {name}"))
+                    .expect("a schema");
                 let separator = if base.contains('?') { '&' } else { '?' };
                 format!("{base}{separator}options=-csearch_path%3D{name}")
             }
             Place::Mysql { admin, server } => {
-                admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("a database");
+                admin
+                    .batch_execute(&format!("CREATE DATABASE {name}"))
+                    .expect("a database");
                 format!("{server}/{name}")
             }
         };

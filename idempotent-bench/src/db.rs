@@ -50,7 +50,9 @@ pub enum Kind {
 }
 
 /// What the variants need from a backend.
-pub trait BenchDb: JobStore + diesel::Connection + SimpleConnection + Sized + Send + 'static {
+pub trait BenchDb:
+    JobStore + diesel::Connection + SimpleConnection + Sized + Send + 'static
+{
     const NAME: &'static str;
     const KIND: Kind;
     fn create_tables(&mut self) -> QueryResult<()>;
@@ -68,10 +70,7 @@ pub trait BenchDb: JobStore + diesel::Connection + SimpleConnection + Sized + Se
     fn read_done(&mut self, digest: &[u8; 32]) -> QueryResult<Option<(String, Option<String>)>>;
     /// `f` in a transaction the idiomatic Diesel way (`transaction`, or `immediate_transaction`
     /// on SQLite, as a writer should open it there).
-    fn idiomatic(
-        &mut self,
-        f: &mut dyn FnMut(&mut Self) -> QueryResult<()>,
-    ) -> QueryResult<()>;
+    fn idiomatic(&mut self, f: &mut dyn FnMut(&mut Self) -> QueryResult<()>) -> QueryResult<()>;
     /// `BEGIN` with the best transport the backend offers (one round trip; prepared on MySQL).
     fn fast_begin(&mut self) -> QueryResult<()>;
     fn fast_commit(&mut self) -> QueryResult<()>;
@@ -135,7 +134,8 @@ pub trait BenchDb: JobStore + diesel::Connection + SimpleConnection + Sized + Se
     fn settle(&mut self) {
         // One statement at a time: PostgreSQL runs VACUUM only outside a transaction block.
         for statement in Self::SETTLE.split(';') {
-            self.batch_execute(statement).expect("settling after a fill");
+            self.batch_execute(statement)
+                .expect("settling after a fill");
         }
     }
 
@@ -147,18 +147,23 @@ pub trait BenchDb: JobStore + diesel::Connection + SimpleConnection + Sized + Se
         }
         self.before_fill().expect("the fill's functions");
         let held: u64 = self
-            .query_text(&format!("SELECT CAST(COUNT(*) AS {}) AS s FROM done_jobs", Self::TEXT))
+            .query_text(&format!(
+                "SELECT CAST(COUNT(*) AS {}) AS s FROM done_jobs",
+                Self::TEXT
+            ))
             .trim()
             .parse()
             .unwrap_or(u64::MAX);
         let rebuild = held < to - from && !Self::DROP_INDEXES.is_empty();
         if rebuild {
-            self.batch_execute(Self::DROP_INDEXES).expect("dropping indexes");
+            self.batch_execute(Self::DROP_INDEXES)
+                .expect("dropping indexes");
         }
         self.batch_execute(&Self::fill_sql(from, to, prefix, job, lapsed, !rebuild))
             .expect("filling done_jobs");
         if rebuild {
-            self.batch_execute(Self::ADD_INDEXES).expect("building indexes");
+            self.batch_execute(Self::ADD_INDEXES)
+                .expect("building indexes");
         }
         self.settle();
     }
@@ -197,8 +202,12 @@ macro_rules! common {
 
         fn create_tables(&mut self) -> QueryResult<()> {
             self.batch_execute(concat!(
-                "CREATE TABLE bench_effects (id ", $id, ", job BIGINT NOT NULL);",
-                "CREATE TABLE two_phase_jobs (key_digest ", $binary, " PRIMARY KEY NOT NULL, status VARCHAR(20) NOT NULL);"
+                "CREATE TABLE bench_effects (id ",
+                $id,
+                ", job BIGINT NOT NULL);",
+                "CREATE TABLE two_phase_jobs (key_digest ",
+                $binary,
+                " PRIMARY KEY NOT NULL, status VARCHAR(20) NOT NULL);"
             ))
         }
 
@@ -217,7 +226,12 @@ macro_rules! common {
                 dj::job_name.eq("hand"),
                 dj::done_at.eq(chrono::Utc::now().naive_utc()),
             );
-            insert_unless_present!($insert, self, idempotent_jobs::schema::done_jobs::table, values)
+            insert_unless_present!(
+                $insert,
+                self,
+                idempotent_jobs::schema::done_jobs::table,
+                values
+            )
         }
 
         fn two_phase_start(&mut self, digest: &[u8; 32]) -> QueryResult<bool> {
@@ -244,10 +258,15 @@ macro_rules! common {
         }
 
         fn fast_record(&mut self, digest: &[u8; 32], json: &str) -> QueryResult<()> {
-            crate::transport::RecordResult { digest, json }.execute(self).map(drop)
+            crate::transport::RecordResult { digest, json }
+                .execute(self)
+                .map(drop)
         }
 
-        fn read_done(&mut self, digest: &[u8; 32]) -> QueryResult<Option<(String, Option<String>)>> {
+        fn read_done(
+            &mut self,
+            digest: &[u8; 32],
+        ) -> QueryResult<Option<(String, Option<String>)>> {
             use idempotent_jobs::schema::done_jobs::dsl as dj;
             dj::done_jobs
                 .filter(dj::key_digest.eq(&digest[..]))
@@ -261,7 +280,11 @@ macro_rules! common {
 impl BenchDb for SqliteConnection {
     const NAME: &'static str = "SQLite";
     const KIND: Kind = Kind::Sqlite;
-    common!("INTEGER PRIMARY KEY AUTOINCREMENT", "BLOB", on_conflict_do_nothing);
+    common!(
+        "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "BLOB",
+        on_conflict_do_nothing
+    );
     const DROP_INDEXES: &'static str = "";
     const ADD_INDEXES: &'static str = "";
     const SETTLE: &'static str = "PRAGMA wal_checkpoint(TRUNCATE)";
@@ -307,7 +330,9 @@ impl BenchDb for SqliteConnection {
 
     fn before_fill(&mut self) -> QueryResult<()> {
         self.batch_execute("PRAGMA temp_store = MEMORY")?;
-        bench_sha256_utils::register_impl(self, |text: String| Sha256::digest(text.as_bytes()).to_vec())
+        bench_sha256_utils::register_impl(self, |text: String| {
+            Sha256::digest(text.as_bytes()).to_vec()
+        })
     }
 
     fn fill_sql(from: u64, to: u64, prefix: &str, job: &str, lapsed: bool, sorted: bool) -> String {
@@ -359,7 +384,10 @@ impl BenchDb for PgConnection {
             self.fast_begin()?;
             let rows: Vec<crate::transport::Text> =
                 crate::transport::ClaimOrRead { digest, key }.load(self)?;
-            assert!(rows.len() == 1 && rows[0].s == "macro_job", "{key} was claimed before");
+            assert!(
+                rows.len() == 1 && rows[0].s == "macro_job",
+                "{key} was claimed before"
+            );
             self.fast_commit()
         };
         Some(replay())
@@ -384,7 +412,11 @@ impl BenchDb for MysqlConnection {
     const NAME: &'static str = "MariaDB";
     const KIND: Kind = Kind::Mysql;
     const TEXT: &'static str = "CHAR";
-    common!("BIGINT AUTO_INCREMENT PRIMARY KEY", "BINARY(32)", duplicate_key_error);
+    common!(
+        "BIGINT AUTO_INCREMENT PRIMARY KEY",
+        "BINARY(32)",
+        duplicate_key_error
+    );
     const DROP_INDEXES: &'static str =
         "ALTER TABLE done_jobs DROP INDEX done_jobs_key_digest, DROP INDEX done_jobs_expires_at";
     const ADD_INDEXES: &'static str = "ALTER TABLE done_jobs ADD UNIQUE KEY done_jobs_key_digest (key_digest), \
@@ -421,11 +453,15 @@ impl BenchDb for MysqlConnection {
 
     fn check_in_transaction(&mut self) -> QueryResult<()> {
         let open: Vec<Count> = Fixed::<InTransaction>::new().load(self)?;
-        assert_eq!(open.first().map(|r| r.n), Some(1), "still in the transaction");
+        assert_eq!(
+            open.first().map(|r| r.n),
+            Some(1),
+            "still in the transaction"
+        );
         Ok(())
     }
 
-    const OTHER_PRUNE: &'static str = "read ids, delete by id";
+    const OTHER_PRUNE: &'static str = "REPEATABLE READ, read ids, delete by id";
 
     fn other_prune_batch(&mut self, batch: u32) -> QueryResult<u64> {
         let ids: Vec<Id> = diesel::sql_query(format!(
@@ -457,5 +493,9 @@ impl BenchDb for MysqlConnection {
 }
 
 fn expires(lapsed: bool) -> &'static str {
-    if lapsed { "'2000-01-02 00:00:00'" } else { "NULL" }
+    if lapsed {
+        "'2000-01-02 00:00:00'"
+    } else {
+        "NULL"
+    }
 }

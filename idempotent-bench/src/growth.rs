@@ -45,9 +45,16 @@ pub fn measure<C: BenchDb>(conn: &mut C, sizes: &[u64], samples: usize) -> Vec<G
     points
 }
 
-fn at_size<C: BenchDb>(conn: &mut C, rows: u64, samples: usize, fresh_next: &mut i64) -> GrowthPoint {
+fn at_size<C: BenchDb>(
+    conn: &mut C,
+    rows: u64,
+    samples: usize,
+    fresh_next: &mut i64,
+) -> GrowthPoint {
     // Warm the connection's statements; on an empty table, these are the keys replayed.
-    let warm: Vec<i64> = (0..samples.max(50) as i64).map(|i| *fresh_next + i).collect();
+    let warm: Vec<i64> = (0..samples.max(50) as i64)
+        .map(|i| *fresh_next + i)
+        .collect();
     for &job in &warm {
         macro_job(conn, job).expect("a warm-up claim");
     }

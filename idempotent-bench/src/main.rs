@@ -61,19 +61,27 @@ impl Options {
                 .find_map(|a| a.strip_prefix(&format!("--{flag}=")).map(str::to_owned))
                 .or_else(|| std::env::var(var).ok())
         };
-        let list = |s: String| s.split(',').map(|p| p.trim().to_owned()).collect::<Vec<_>>();
+        let list = |s: String| {
+            s.split(',')
+                .map(|p| p.trim().to_owned())
+                .collect::<Vec<_>>()
+        };
         let truthy = |var: &str| std::env::var(var).is_ok_and(|v| v == "1" || v == "true");
         Self {
             quick: args.iter().any(|a| a == "--quick") || truthy("IDEMPOTENT_BENCH_QUICK"),
             big: args.iter().any(|a| a == "--big") || truthy("IDEMPOTENT_BENCH_BIG"),
             only: value("only", "IDEMPOTENT_BENCH_ONLY").map(list),
-            backends: value("backends", "IDEMPOTENT_BENCH_BACKENDS")
-                .map_or_else(|| list("sqlite,sqlite-wal,postgres,mariadb".to_owned()), list),
+            backends: value("backends", "IDEMPOTENT_BENCH_BACKENDS").map_or_else(
+                || list("sqlite,sqlite-wal,postgres,mariadb".to_owned()),
+                list,
+            ),
         }
     }
 
     fn wants(&self, section: &str) -> bool {
-        self.only.as_ref().is_none_or(|only| only.iter().any(|s| s == section))
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|s| s == section))
     }
 
     fn backend(&self, name: &str) -> bool {
@@ -93,18 +101,38 @@ impl Options {
             (false, false) => (500_000, 100_000),
             (false, true) => (5_000_000, 1_000_000),
         };
-        let growth_sizes = std::env::var("IDEMPOTENT_BENCH_GROWTH").ok().map_or(growth_sizes, |sizes| {
-            sizes.split(',').filter_map(|n| n.trim().parse().ok()).collect()
-        });
+        let growth_sizes =
+            std::env::var("IDEMPOTENT_BENCH_GROWTH")
+                .ok()
+                .map_or(growth_sizes, |sizes| {
+                    sizes
+                        .split(',')
+                        .filter_map(|n| n.trim().parse().ok())
+                        .collect()
+                });
         Plan {
             throughput: self.wants("throughput"),
             round_trips: self.wants("round-trips"),
             rounds: number("IDEMPOTENT_BENCH_ROUNDS").unwrap_or(if self.quick { 2 } else { 9 }),
-            jobs_per_round: number("IDEMPOTENT_BENCH_JOBS").unwrap_or(if self.quick { 100 } else { 500 }),
-            growth_sizes: if grows && self.wants("growth") { growth_sizes } else { Vec::new() },
+            jobs_per_round: number("IDEMPOTENT_BENCH_JOBS").unwrap_or(if self.quick {
+                100
+            } else {
+                500
+            }),
+            growth_sizes: if grows && self.wants("growth") {
+                growth_sizes
+            } else {
+                Vec::new()
+            },
             growth_samples: if self.quick { 200 } else { 1_000 },
             prune: (grows && self.wants("prune")).then_some(prune),
-            prune_baseline: Duration::from_secs(if self.quick { 1 } else if self.big { 5 } else { 3 }),
+            prune_baseline: Duration::from_secs(if self.quick {
+                1
+            } else if self.big {
+                5
+            } else {
+                3
+            }),
             default_port,
         }
     }
@@ -128,7 +156,10 @@ fn main() {
     std::fs::create_dir_all(&out).expect("target/bench");
     let started = Instant::now();
     let options = Options::parse();
-    let mut report = Report { machine: machine(&options), ..Report::default() };
+    let mut report = Report {
+        machine: machine(&options),
+        ..Report::default()
+    };
     let pg_base = std::env::var("IDEMPOTENT_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let my_base = std::env::var("IDEMPOTENT_MYSQL_URL")
@@ -139,12 +170,18 @@ fn main() {
     if options.backend("sqlite") {
         let plan = options.plan(None, false);
         let mut dbs = Databases::sqlite(out.clone(), false);
-        report.backends.push(backend::run::<SqliteConnection>("SQLite", &mut dbs, &plan));
+        report
+            .backends
+            .push(backend::run::<SqliteConnection>("SQLite", &mut dbs, &plan));
     }
     if options.backend("sqlite-wal") {
         let plan = options.plan(None, true);
         let mut dbs = Databases::sqlite(out.clone(), true);
-        report.backends.push(backend::run::<SqliteConnection>("SQLite WAL", &mut dbs, &plan));
+        report.backends.push(backend::run::<SqliteConnection>(
+            "SQLite WAL",
+            &mut dbs,
+            &plan,
+        ));
     }
     if options.backend("postgres") {
         let plan = options.plan(Some(5432), true);
@@ -156,7 +193,9 @@ fn main() {
     if options.backend("mariadb") {
         let plan = options.plan(Some(3306), true);
         let mut dbs = Databases::mysql(&my_base);
-        report.backends.push(backend::run::<MysqlConnection>("MariaDB", &mut dbs, &plan));
+        report
+            .backends
+            .push(backend::run::<MysqlConnection>("MariaDB", &mut dbs, &plan));
     }
     if options.wants("workers") {
         workers(&options, &out, &pg_base, &my_base, &mut report);
@@ -177,13 +216,19 @@ fn partition_trial(dbs: &mut Databases, plan: &Plan, postgres: &mut BackendRepor
     let url = dbs.create("partition");
     drop(prepared::<PgConnection>(&url));
     let connect = move || PgConnection::establish(&url).expect("PostgreSQL");
-    figures.trials.push(prune::partition_trial(&connect, live, lapsed, plan.prune_baseline));
+    figures.trials.push(prune::partition_trial(
+        &connect,
+        live,
+        lapsed,
+        plan.prune_baseline,
+    ));
     dbs.drop("partition");
 }
 
 fn workers(options: &Options, out: &Path, pg_base: &str, my_base: &str, report: &mut Report) {
     eprintln!("workers against pgbench and mariadb-slap...");
-    let rounds = number("IDEMPOTENT_BENCH_WORKER_ROUNDS").unwrap_or(if options.quick { 1 } else { 9 });
+    let rounds =
+        number("IDEMPOTENT_BENCH_WORKER_ROUNDS").unwrap_or(if options.quick { 1 } else { 9 });
     if options.backend("postgres") {
         let mut dbs = Databases::postgres(pg_base);
         let url = dbs.create("workers");
@@ -191,7 +236,12 @@ fn workers(options: &Options, out: &Path, pg_base: &str, my_base: &str, report: 
         let script = out.join("pgbench-job.sql");
         std::fs::write(&script, workers::PGBENCH_SCRIPT).expect("the pgbench script");
         let native = |clients: usize, jobs: u64| workers::pgbench(&url, &script, clients, jobs);
-        report.workers.push(workers::measure::<PgConnection>(&url, &native, workers::PGBENCH_TOOL, rounds));
+        report.workers.push(workers::measure::<PgConnection>(
+            &url,
+            &native,
+            workers::PGBENCH_TOOL,
+            rounds,
+        ));
     }
     if options.backend("mariadb") {
         let mut dbs = Databases::mysql(my_base);
@@ -199,8 +249,14 @@ fn workers(options: &Options, out: &Path, pg_base: &str, my_base: &str, report: 
         drop(prepared::<MysqlConnection>(&url));
         let server = workers::MysqlServer::parse(my_base);
         let name = dbs.name("workers");
-        let native = |clients: usize, jobs: u64| workers::mariadb_slap(&server, &name, clients, jobs);
-        report.workers.push(workers::measure::<MysqlConnection>(&url, &native, workers::SLAP_TOOL, rounds));
+        let native =
+            |clients: usize, jobs: u64| workers::mariadb_slap(&server, &name, clients, jobs);
+        report.workers.push(workers::measure::<MysqlConnection>(
+            &url,
+            &native,
+            workers::SLAP_TOOL,
+            rounds,
+        ));
     }
 }
 
@@ -213,7 +269,14 @@ fn machine(options: &Options) -> Machine {
     let busiest = std::process::Command::new("ps")
         .args(["-eo", "pcpu,comm", "--sort=-pcpu"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().skip(1).take(6).map(|l| l.trim().to_owned()).collect())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .skip(1)
+                .take(6)
+                .map(|l| l.trim().to_owned())
+                .collect()
+        })
         .unwrap_or_default();
     Machine {
         cores: std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get),

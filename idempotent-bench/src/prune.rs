@@ -1,9 +1,9 @@
 //! Pruning while workers claim: `done_jobs` holds live claims and a block of lapsed ones; two
 //! workers claim fresh keys before, during and after a prune of the lapsed block, and the figures
 //! are their throughput and p99 during the prune against before and after. Each way of pruning
-//! gets a fresh lapsed block: the library's prune as it is, and the candidate fixes applied as
-//! settings or SQL here (the prune's session at READ COMMITTED, deletes by primary key, pacing,
-//! and on PostgreSQL dropping a partition of a time-partitioned `done_jobs`).
+//! gets a fresh lapsed block: the library's prune at its default (batches of 1,000 paced 9x) and
+//! unpaced, and the alternatives measured against it as SQL here (MariaDB: deletes by primary key
+//! at REPEATABLE READ; PostgreSQL: dropping a partition of a time-partitioned `done_jobs`).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,14 +21,10 @@ use crate::variants::macro_job;
 /// How one trial prunes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Strategy {
-    /// `idempotent_jobs::prune` with this batch size; `pace`: after each batch, a pause of this
-    /// many times the batch's own duration (1 batch per call); `read_committed`: the prune's
-    /// session at READ COMMITTED (MariaDB).
-    Library {
-        batch: u32,
-        pace: Option<u32>,
-        read_committed: bool,
-    },
+    /// `idempotent_jobs::prune` with this batch size and [`Prune::pace`] (0: no pause between
+    /// batches; the library's default is 9). On MariaDB the library's prune runs its batches at
+    /// READ COMMITTED, on SQLite in `BEGIN IMMEDIATE`.
+    Library { batch: u32, pace: u32 },
     /// [`BenchDb::other_prune_batch`] until none are left: on MariaDB (at REPEATABLE READ) by
     /// primary key, on SQLite in `BEGIN IMMEDIATE`.
     Other { batch: u32, pace: Option<u32> },
@@ -41,42 +37,43 @@ impl Strategy {
     pub fn label<C: BenchDb>(self) -> String {
         let pace = |p: Option<u32>| p.map_or(String::new(), |k| format!(", paced {k}x"));
         match self {
-            Strategy::Library { batch, pace: p, read_committed } => format!(
-                "library prune, batch {batch}{}{}",
-                pace(p),
-                if read_committed { ", session READ COMMITTED" } else { "" }
-            ),
-            Strategy::Other { batch, pace: p } => format!("{}, batch {batch}{}", C::OTHER_PRUNE, pace(p)),
-            Strategy::DropPartition => "partitioned by expires_at: detach + drop, create next".to_owned(),
+            Strategy::Library { batch, pace: p } => {
+                let is_default = Prune::default().batch_size(batch).pace(p) == Prune::default();
+                format!(
+                    "library prune, batch {batch}, pace {p}{}",
+                    if is_default { " (the default)" } else { "" }
+                )
+            }
+            Strategy::Other { batch, pace: p } => {
+                format!("{}, batch {batch}{}", C::OTHER_PRUNE, pace(p))
+            }
+            Strategy::DropPartition => {
+                "partitioned by expires_at: detach + drop, create next".to_owned()
+            }
         }
     }
 
     /// The strategies tried on a backend.
     pub fn for_kind(kind: Kind) -> Vec<Strategy> {
-        let library = |batch, pace, read_committed| Strategy::Library { batch, pace, read_committed };
+        let library = |batch, pace| Strategy::Library { batch, pace };
         match kind {
-            Kind::Sqlite => vec![
-                library(1_000, None, false),
-                library(10_000, None, false),
-                library(1_000, Some(3), false),
-                Strategy::Other { batch: 1_000, pace: None },
-                Strategy::Other { batch: 1_000, pace: Some(3) },
-            ],
+            Kind::Sqlite => vec![library(1_000, 0), library(10_000, 0), library(1_000, 9)],
             Kind::Postgres => vec![
-                library(1_000, None, false),
-                library(10_000, None, false),
-                library(1_000, Some(3), false),
-                library(1_000, Some(9), false),
+                library(1_000, 0),
+                library(10_000, 0),
+                library(1_000, 3),
+                library(1_000, 9),
                 Strategy::DropPartition,
             ],
             Kind::Mysql => vec![
-                library(1_000, None, false),
-                library(10_000, None, false),
-                library(1_000, Some(3), false),
-                library(1_000, None, true),
-                library(1_000, Some(3), true),
-                Strategy::Other { batch: 1_000, pace: None },
-                Strategy::Other { batch: 1_000, pace: Some(3) },
+                library(1_000, 0),
+                library(10_000, 0),
+                library(1_000, 3),
+                library(1_000, 9),
+                Strategy::Other {
+                    batch: 1_000,
+                    pace: None,
+                },
             ],
         }
     }
@@ -146,7 +143,9 @@ pub fn measure<C: BenchDb>(
             admin.fill(0, lapsed, &format!("lapsed{n}"), "fill", true);
             eprintln!("  {}...", strategy.label::<C>());
             let mut pruner = connect();
-            let trial = run_trial::<C>(&phase, &samples, baseline, strategy, || prune_with(&mut pruner, strategy));
+            let trial = run_trial::<C>(&phase, &samples, baseline, strategy, || {
+                prune_with(&mut pruner, strategy)
+            });
             eprintln!("    {trial:?}");
             trials.push(trial);
         }
@@ -213,7 +212,11 @@ fn run_trial<C: BenchDb>(
     phase.store(IDLE, Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(200)); // every worker hands its samples in
     let all = samples.lock().expect("samples");
-    let base: Vec<f64> = all[BEFORE as usize].iter().chain(&all[AFTER as usize]).copied().collect();
+    let base: Vec<f64> = all[BEFORE as usize]
+        .iter()
+        .chain(&all[AFTER as usize])
+        .copied()
+        .collect();
     let during = all[DURING as usize].clone();
     let base_rate = base.len() as f64 / (baseline.as_secs_f64() * 2.0);
     let during_rate = during.len() as f64 / during_seconds;
@@ -236,20 +239,11 @@ fn run_trial<C: BenchDb>(
 /// Prunes every lapsed row the strategy's way; the rows removed.
 fn prune_with<C: BenchDb>(conn: &mut C, strategy: Strategy) -> u64 {
     match strategy {
-        Strategy::Library { batch, pace, read_committed } => {
-            if read_committed {
-                conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .expect("READ COMMITTED");
-            }
-            let options = Prune::default().batch_size(batch);
-            match pace {
-                None => idempotent_jobs::prune(conn, &options).expect("prune").removed,
-                Some(k) => paced(batch, k, || {
-                    idempotent_jobs::prune(conn, &options.clone().max_batches(1))
-                        .expect("prune")
-                        .removed
-                }),
-            }
+        Strategy::Library { batch, pace } => {
+            let options = Prune::default().batch_size(batch).pace(pace);
+            idempotent_jobs::prune(conn, &options)
+                .expect("prune")
+                .removed
         }
         Strategy::Other { batch, pace } => paced(batch, pace.unwrap_or(0), || {
             conn.other_prune_batch(batch).expect("a prune batch")
@@ -294,7 +288,9 @@ pub fn partition_trial(
     let fill = |admin: &mut PgConnection, from, to, prefix: &str, lapsed| {
         admin.before_fill().expect("fill settings");
         admin
-            .batch_execute(&PgConnection::fill_sql(from, to, prefix, "fill", lapsed, false))
+            .batch_execute(&PgConnection::fill_sql(
+                from, to, prefix, "fill", lapsed, false,
+            ))
             .expect("filling");
     };
     fill(&mut admin, 0, live, "live", false);
@@ -311,15 +307,21 @@ pub fn partition_trial(
             scope.spawn(move || claim_loop(connect(), worker, &phase, &samples));
         }
         let mut pruner = connect();
-        let trial = run_trial::<PgConnection>(&phase, &samples, baseline, Strategy::DropPartition, || {
-            pruner
+        let trial = run_trial::<PgConnection>(
+            &phase,
+            &samples,
+            baseline,
+            Strategy::DropPartition,
+            || {
+                pruner
                 .batch_execute(
                     "ALTER TABLE done_jobs DETACH PARTITION done_jobs_2000_01; DROP TABLE done_jobs_2000_01; \
                      CREATE TABLE done_jobs_2000_02 PARTITION OF done_jobs FOR VALUES FROM ('2000-02-01') TO ('2000-03-01')",
                 )
                 .expect("dropping the lapsed partition");
-            lapsed
-        });
+                lapsed
+            },
+        );
         phase.store(STOP, Ordering::SeqCst);
         eprintln!("    {trial:?}");
         trial

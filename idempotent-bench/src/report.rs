@@ -54,8 +54,14 @@ pub fn print(report: &Report) {
 fn print_machine(report: &Report) {
     let m = &report.machine;
     println!();
-    println!("machine     {} cores, {} memory; load average {} at the start, {} at the end", m.cores, m.memory, m.load_at_start, m.load_at_end);
-    println!("busiest other processes at the start: {}", m.busiest_at_start.join("; "));
+    println!(
+        "machine     {} cores, {} memory; load average {} at the start, {} at the end",
+        m.cores, m.memory, m.load_at_start, m.load_at_end
+    );
+    println!(
+        "busiest other processes at the start: {}",
+        m.busiest_at_start.join("; ")
+    );
     println!("options     {}", m.options);
     for backend in &report.backends {
         println!("{:<12}{}", backend.backend, backend.settings);
@@ -68,7 +74,9 @@ fn print_throughput(report: &Report) {
         .iter()
         .filter_map(|b| Some((b.backend, b.throughput.as_ref()?)))
         .collect();
-    let Some((_, first)) = measured.first() else { return };
+    let Some((_, first)) = measured.first() else {
+        return;
+    };
     println!();
     println!(
         "jobs per second (median of {} rounds of {} jobs of each variant, taking turns job by job, after a warm-up round)",
@@ -93,7 +101,9 @@ fn print_throughput(report: &Report) {
         println!("  {:<14}{}", variant.name(), variant.legend());
     }
     println!();
-    println!("time per job, one variant over another (median of the rounds' own ratios; targets: macro*/floor* <= 1.05)");
+    println!(
+        "time per job, one variant over another (median of the rounds' own ratios; targets: macro*/floor* <= 1.05)"
+    );
     print!("{:<12}", "backend");
     for (name, ..) in RATIOS {
         print!("{name:>25}");
@@ -117,9 +127,13 @@ fn print_round_trips(report: &Report) {
         .iter()
         .filter_map(|b| Some((b.backend, b.round_trips.as_ref()?)))
         .collect();
-    let Some((_, first)) = counted.first() else { return };
+    let Some((_, first)) = counted.first() else {
+        return;
+    };
     println!();
-    println!("round trips per job, counted by a loopback proxy (client flights); statements per job in parentheses, counted by Diesel's instrumentation");
+    println!(
+        "round trips per job, counted by a loopback proxy (client flights); statements per job in parentheses, counted by Diesel's instrumentation"
+    );
     print!("{:<12}", "backend");
     for count in first.iter() {
         print!("{:>19}", count.job);
@@ -128,59 +142,106 @@ fn print_round_trips(report: &Report) {
     for (name, counts) in &counted {
         print!("{name:<12}");
         for count in counts.iter() {
-            let trips = count.round_trips.map_or("-".to_owned(), |r| format!("{r:.1}"));
+            let trips = count
+                .round_trips
+                .map_or("-".to_owned(), |r| format!("{r:.1}"));
             print!("{:>19}", format!("{trips} ({:.1})", count.statements));
         }
         println!();
     }
     for (name, counts) in &counted {
-        for count in counts.iter().filter(|c| c.job.starts_with("macro") || c.job.starts_with("replay")) {
+        for count in counts
+            .iter()
+            .filter(|c| c.job.starts_with("macro") || c.job.starts_with("replay"))
+        {
             println!("{name:<12}{:<18}{}", count.job, count.sent.join(" | "));
         }
     }
 }
 
 fn print_growth(report: &Report) {
-    let grown: Vec<(&str, &Vec<GrowthPoint>)> =
-        report.backends.iter().filter_map(|b| Some((b.backend, b.growth.as_ref()?))).collect();
+    let grown: Vec<(&str, &Vec<GrowthPoint>)> = report
+        .backends
+        .iter()
+        .filter_map(|b| Some((b.backend, b.growth.as_ref()?)))
+        .collect();
     if grown.is_empty() {
         return;
     }
     println!();
-    println!("cost growth: p50 / p99 µs, cold random keys, kinds taking turns call by call (rows 0: replays of keys claimed just before)");
+    println!(
+        "cost growth: p50 / p99 µs, cold random keys, kinds taking turns call by call (rows 0: replays of keys claimed just before)"
+    );
     println!(
         "{:<12}{:>10}{:>16}{:>16}{:>18}{:>18}{:>16}{:>11}{:>11}  size",
-        "backend", "rows", "fresh claim", "via claim", "read first", "indexed read", "1-stmt claim", "claim/read", "first/read"
+        "backend",
+        "rows",
+        "fresh claim",
+        "via claim",
+        "read first",
+        "indexed read",
+        "1-stmt claim",
+        "claim/read",
+        "first/read"
     );
     for (name, points) in grown {
         for p in points {
             let pair = |s: crate::stats::Spread| format!("{:.0} / {:.0}", s.p50_us, s.p99_us);
             println!(
                 "{name:<12}{:>10}{:>16}{:>16}{:>18}{:>18}{:>16}{:>10.2}x{:>10.2}x  {}",
-                p.rows, pair(p.fresh), pair(p.claim_path), pair(p.read_first), pair(p.read),
+                p.rows,
+                pair(p.fresh),
+                pair(p.claim_path),
+                pair(p.read_first),
+                pair(p.read),
                 p.one_statement.map_or("-".to_owned(), pair),
-                p.claim_path_over_read, p.read_first_over_read, p.size
+                p.claim_path_over_read,
+                p.read_first_over_read,
+                p.size
             );
         }
     }
 }
 
 fn print_prune(report: &Report) {
-    for (name, prune) in report.backends.iter().filter_map(|b| Some((b.backend, b.prune.as_ref()?))) {
+    for (name, prune) in report
+        .backends
+        .iter()
+        .filter_map(|b| Some((b.backend, b.prune.as_ref()?)))
+    {
         println!();
         println!(
             "{name}: prune {} lapsed of {} rows ({}) while {} workers claim; baseline = {:.0} s before and after together",
-            prune.lapsed_rows, prune.live_rows + prune.lapsed_rows, prune.size, prune.workers, prune.baseline_seconds
+            prune.lapsed_rows,
+            prune.live_rows + prune.lapsed_rows,
+            prune.size,
+            prune.workers,
+            prune.baseline_seconds
         );
         println!(
             "  {:<58}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>8}{:>8}  meets",
-            "strategy", "removed", "prune s", "base j/s", "during", "base p99", "during", "ratio", "p99 x"
+            "strategy",
+            "removed",
+            "prune s",
+            "base j/s",
+            "during",
+            "base p99",
+            "during",
+            "ratio",
+            "p99 x"
         );
         for t in &prune.trials {
             println!(
                 "  {:<58}{:>9}{:>10.1}{:>10.0}{:>10.0}{:>10.0}{:>10.0}{:>8.2}{:>8.2}  {}",
-                t.strategy, t.removed, t.prune_seconds, t.baseline_jobs_per_second, t.during_jobs_per_second,
-                t.baseline_p99_us, t.during_p99_us, t.throughput_ratio, t.p99_ratio,
+                t.strategy,
+                t.removed,
+                t.prune_seconds,
+                t.baseline_jobs_per_second,
+                t.during_jobs_per_second,
+                t.baseline_p99_us,
+                t.during_p99_us,
+                t.throughput_ratio,
+                t.p99_ratio,
                 if t.meets_targets { "yes" } else { "no" }
             );
         }
@@ -194,9 +255,22 @@ fn print_workers(report: &Report) {
         let line: Vec<String> = w
             .points
             .iter()
-            .map(|p| format!("{} workers: {:.0} vs {:.0} ({:.3}x)", p.workers, p.library_jobs_per_second, p.native_jobs_per_second, p.library_over_native))
+            .map(|p| {
+                format!(
+                    "{} workers: {:.0} vs {:.0} ({:.3}x)",
+                    p.workers,
+                    p.library_jobs_per_second,
+                    p.native_jobs_per_second,
+                    p.library_over_native
+                )
+            })
             .collect();
-        println!("{:<12}macro against {}, jobs per second: {}", w.backend, w.tool, line.join(", "));
+        println!(
+            "{:<12}macro against {}, jobs per second: {}",
+            w.backend,
+            w.tool,
+            line.join(", ")
+        );
     }
     if let Some(c) = &report.compile_time {
         println!(

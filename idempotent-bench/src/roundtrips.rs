@@ -84,8 +84,15 @@ pub fn via(url: &str, addr: &str, default_port: u16) -> (String, String) {
     };
     let end = host_path.find(['/', '?']).unwrap_or(host_path.len());
     let host = &host_path[..end];
-    let upstream = if host.contains(':') { host.to_owned() } else { format!("{host}:{default_port}") };
-    (format!("{scheme}://{credentials}{addr}{}", &host_path[end..]), upstream)
+    let upstream = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    };
+    (
+        format!("{scheme}://{credentials}{addr}{}", &host_path[end..]),
+        upstream,
+    )
 }
 
 #[derive(Debug, Serialize)]
@@ -100,8 +107,17 @@ pub struct Count {
 
 /// What is counted: the variants on fresh keys, then replays.
 const CASES: [&str; 11] = [
-    "floor_empty", "floor", "floor_value", "hand", "hand_value", "macro", "macro_value", "macro_empty",
-    "replay read first", "replay via claim", "read",
+    "floor_empty",
+    "floor",
+    "floor_value",
+    "hand",
+    "hand_value",
+    "macro",
+    "macro_value",
+    "macro_empty",
+    "replay read first",
+    "replay via claim",
+    "read",
 ];
 
 /// Counts each case over `calls` calls on `conn` (connected through `proxy`, if any).
@@ -129,7 +145,9 @@ pub fn count<C: BenchDb>(conn: &mut C, proxy: Option<&Proxy>, calls: i64) -> Vec
         let sent = log.lock().expect("log").clone();
         counts.push(Count {
             job: case,
-            round_trips: proxy.zip(before).map(|(p, b)| (p.flights() - b) as f64 / calls as f64),
+            round_trips: proxy
+                .zip(before)
+                .map(|(p, b)| (p.flights() - b) as f64 / calls as f64),
             statements: sent.len() as f64 / calls as f64,
             sent: sent[last..].to_vec(),
         });

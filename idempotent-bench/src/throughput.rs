@@ -25,10 +25,22 @@ pub struct Throughput {
 /// over the first.
 pub const RATIOS: [(&str, Variant, Variant); 9] = [
     ("macro/floor", Variant::Floor, Variant::Macro),
-    ("macro_value/floor_value", Variant::FloorValue, Variant::MacroValue),
-    ("macro_empty/floor_empty", Variant::FloorEmpty, Variant::MacroEmpty),
+    (
+        "macro_value/floor_value",
+        Variant::FloorValue,
+        Variant::MacroValue,
+    ),
+    (
+        "macro_empty/floor_empty",
+        Variant::FloorEmpty,
+        Variant::MacroEmpty,
+    ),
     ("macro/hand", Variant::Hand, Variant::Macro),
-    ("macro_value/hand_value", Variant::HandValue, Variant::MacroValue),
+    (
+        "macro_value/hand_value",
+        Variant::HandValue,
+        Variant::MacroValue,
+    ),
     ("hand/floor", Variant::Floor, Variant::Hand),
     ("floor/bare", Variant::Bare, Variant::Floor),
     ("two_phase/macro", Variant::Macro, Variant::TwoPhase),
@@ -40,7 +52,10 @@ pub const RATIOS: [(&str, Variant, Variant); 9] = [
 /// meets the same disk and server weather (fsync times drift by tens of percent over seconds) and
 /// follows every other one equally often (a commit slows the next one down a little).
 pub fn measure<C: BenchDb>(conn: &mut C, rounds: usize, jobs: u64) -> Throughput {
-    let variants: Vec<Variant> = VARIANTS.into_iter().filter(|v| v.applies(C::KIND)).collect();
+    let variants: Vec<Variant> = VARIANTS
+        .into_iter()
+        .filter(|v| v.applies(C::KIND))
+        .collect();
     let mut rates: BTreeMap<Variant, Vec<f64>> = BTreeMap::new();
     let mut next_job: i64 = 1;
     let mut rng = Xorshift::new(0x9E37_79B9_7F4A_7C15);
@@ -49,7 +64,10 @@ pub fn measure<C: BenchDb>(conn: &mut C, rounds: usize, jobs: u64) -> Throughput
         next_job += jobs as i64 * variants.len() as i64;
         if round > 0 {
             for (variant, time) in spent {
-                rates.entry(variant).or_default().push(jobs as f64 / time.as_secs_f64());
+                rates
+                    .entry(variant)
+                    .or_default()
+                    .push(jobs as f64 / time.as_secs_f64());
             }
         }
     }
@@ -64,7 +82,10 @@ pub fn measure<C: BenchDb>(conn: &mut C, rounds: usize, jobs: u64) -> Throughput
     Throughput {
         rounds,
         jobs_per_round: jobs,
-        jobs_per_second: rates.iter().map(|(v, r)| (v.name(), median(r.clone()))).collect(),
+        jobs_per_second: rates
+            .iter()
+            .map(|(v, r)| (v.name(), median(r.clone())))
+            .collect(),
         rounds_jobs_per_second: rates.into_iter().map(|(v, r)| (v.name(), r)).collect(),
         ratios,
     }

@@ -129,14 +129,22 @@ impl Variant {
             Variant::Bare => "the body in a transaction, no idempotency (best transport)",
             Variant::FloorEmpty => "true floor of macro_empty: the claim alone (best transport)",
             Variant::Floor => "true floor of macro: claim + body (best transport)",
-            Variant::FloorValue => "true floor of macro_value: claim + body + UPDATE of the result (best transport)",
-            Variant::FloorChecked => "floor + SELECT @@in_transaction before COMMIT (MariaDB: the old implicit-commit check)",
+            Variant::FloorValue => {
+                "true floor of macro_value: claim + body + UPDATE of the result (best transport)"
+            }
+            Variant::FloorChecked => {
+                "floor + SELECT @@in_transaction before COMMIT (MariaDB: the old implicit-commit check)"
+            }
             Variant::Hand => "idiomatic Diesel (conn.transaction), claim + body: not a floor",
-            Variant::HandValue => "idiomatic Diesel, claim + body + UPDATE of the result: not a floor",
+            Variant::HandValue => {
+                "idiomatic Diesel, claim + body + UPDATE of the result: not a floor"
+            }
             Variant::Macro => "#[idempotent_job] around the body",
             Variant::MacroEmpty => "#[idempotent_job] around nothing",
             Variant::MacroValue => "#[idempotent_job] around the body, returning a stored receipt",
-            Variant::TwoPhase => "record in progress, commit, work, mark complete (best transport, 3 transactions)",
+            Variant::TwoPhase => {
+                "record in progress, commit, work, mark complete (best transport, 3 transactions)"
+            }
         }
     }
 
@@ -176,7 +184,13 @@ enum Body {
 
 /// The fewest statements and round trips a correct hand-written job sends: `BEGIN` (prepared on
 /// MySQL), the claim, the body if claimed (and the result's `UPDATE`), `COMMIT`.
-fn floor<C: BenchDb>(conn: &mut C, prefix: &str, job: i64, body: Body, check: bool) -> QueryResult<()> {
+fn floor<C: BenchDb>(
+    conn: &mut C,
+    prefix: &str,
+    job: i64,
+    body: Body,
+    check: bool,
+) -> QueryResult<()> {
     let (key, digest) = hand_key(prefix, job);
     fast_transaction(conn, |c| {
         if c.hand_claim(&digest, &key)? {

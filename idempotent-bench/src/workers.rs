@@ -66,7 +66,13 @@ pub fn measure<C: BenchDb>(
             library_over_native: median(ratios),
         });
     }
-    Workers { backend: C::NAME, tool, jobs_per_worker: JOBS_PER_WORKER, rounds, points }
+    Workers {
+        backend: C::NAME,
+        tool,
+        jobs_per_worker: JOBS_PER_WORKER,
+        rounds,
+        points,
+    }
 }
 
 /// Jobs per second of `macro` on `workers` connections, `jobs` each, timed from when all are
@@ -121,7 +127,11 @@ pub fn pgbench(url: &str, script: &Path, clients: usize, jobs: u64) -> f64 {
             panic!("running pgbench: {e}; install PostgreSQL's client programs (Debian: apt-get install postgresql-client)")
         });
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "pgbench failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     stdout
         .lines()
         .find_map(|line| line.strip_prefix("tps = "))
@@ -157,7 +167,12 @@ impl MysqlServer {
             None => (credentials, None),
         };
         let (host, port) = address.split_once(':').unwrap_or((address, "3306"));
-        Self { host: host.to_owned(), port: port.to_owned(), user: user.to_owned(), password }
+        Self {
+            host: host.to_owned(),
+            port: port.to_owned(),
+            user: user.to_owned(),
+            password,
+        }
     }
 }
 
@@ -172,7 +187,10 @@ pub fn mariadb_slap(server: &MysqlServer, database: &str, clients: usize, jobs: 
         .args(["--no-drop", "--iterations=1", "--delimiter=;"])
         .arg(format!("--concurrency={clients}"))
         // The limit is on all clients together.
-        .arg(format!("--number-of-queries={}", clients as u64 * jobs * SLAP_STATEMENTS))
+        .arg(format!(
+            "--number-of-queries={}",
+            clients as u64 * jobs * SLAP_STATEMENTS
+        ))
         .arg(format!("--query={SLAP_QUERY}"));
     if let Some(password) = &server.password {
         command.arg(format!("--password={password}"));
@@ -181,10 +199,17 @@ pub fn mariadb_slap(server: &MysqlServer, database: &str, clients: usize, jobs: 
         panic!("running mariadb-slap: {e}; install MariaDB's client programs (Debian: apt-get install mariadb-client)")
     });
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "mariadb-slap failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "mariadb-slap failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let seconds: f64 = stdout
         .lines()
-        .find_map(|line| line.trim().strip_prefix("Average number of seconds to run all queries:"))
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("Average number of seconds to run all queries:")
+        })
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no time in mariadb-slap's output: {stdout}"));

@@ -74,6 +74,10 @@ pub enum Command {
         /// Rows deleted per statement, each statement a short transaction of its own
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
+        /// After each batch, pause this many times as long as the batch took, leaving the
+        /// database to the workers (0: no pause, for a maintenance window)
+        #[arg(long, default_value_t = 9)]
+        pace: u32,
     },
     /// Check, reading only, that the runtime's tables are present, current and usable
     Verify,

@@ -45,7 +45,8 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
         Command::Prune {
             dry_run,
             batch_size,
-        } => prune(conn, cx, *dry_run, *batch_size),
+            pace,
+        } => prune(conn, cx, *dry_run, *batch_size, *pace),
         Command::Verify => verify(conn, cx),
         // Needs no database: main prints it before connecting.
         Command::Completions { .. } => Ok(()),
@@ -649,6 +650,7 @@ fn prune<C: JobStore>(
     cx: &Context<'_>,
     dry_run: bool,
     batch_size: u32,
+    pace: u32,
 ) -> Result<(), Failure> {
     if dry_run {
         let counts = keys::job_counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
@@ -692,8 +694,9 @@ fn prune<C: JobStore>(
         emit(&text);
         return Ok(());
     }
-    let report = idempotent_runtime::prune(conn, &Prune::default().batch_size(batch_size))
-        .map_err(|e| db_failure(conn, cx.target, e))?;
+    let report =
+        idempotent_runtime::prune(conn, &Prune::default().batch_size(batch_size).pace(pace))
+            .map_err(|e| db_failure(conn, cx.target, e))?;
     if cx.json {
         #[derive(Serialize)]
         struct Pruned {

@@ -1,6 +1,6 @@
 //! The one duration grammar of `idempotent-jobs`: what `keep = "..."` and
 //! `in_progress = "wait at most ..."` take at compile time, and the CLI's `--since` and
-//! `--older-than` at run time. It is [humantime](https://docs.rs/humantime)'s: a number and a unit,
+//! `--before` at run time. It is [humantime](https://docs.rs/humantime)'s: a number and a unit,
 //! several of them one after the other, with or without spaces: `"90s"`, `"500ms"`, `"15min"` (or
 //! `"15m"`), `"12h"`, `"30d"` (or `"30 days"`), `"2w"`, `"1d 12h"`, `"1h30m"`. Units: `ms`, `s`,
 //! `m`/`min`, `h`, `d`, `w`, `M` (a month, 30.44 days) and `y` (365.25 days), and their long names.

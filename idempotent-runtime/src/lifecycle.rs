@@ -129,12 +129,12 @@ where
     F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
 {
     if call.read_first
-        && !S::Db::READ_FIRST_IN_TRANSACTION
+        && !S::READ_FIRST_IN_TRANSACTION
         && let Some(value) = replay_before_claim::<S, T>(reach(conn), call).await
     {
         return Ok(Outcome::Replayed(value));
     }
-    let read_inside = call.read_first && S::Db::READ_FIRST_IN_TRANSACTION;
+    let read_inside = call.read_first && S::READ_FIRST_IN_TRANSACTION;
     // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
     // result is recorded by every run, and the claim marks the row unfinished until then.
     let stores_result = std::mem::size_of::<T>() != 0;
@@ -443,7 +443,7 @@ async fn catch_panic<O>(
 /// retrying the whole transaction on transient errors within the retry window.
 ///
 /// `read_inside`: a redelivery on a database whose read-first runs inside the transaction
-/// ([`Database::READ_FIRST_IN_TRANSACTION`]) reads the key's committed row first, and replays a live
+/// ([`Store::READ_FIRST_IN_TRANSACTION`]) reads the key's committed row first, and replays a live
 /// one without claiming.
 async fn begin_and_claim<S: Store>(
     store: &mut S,

@@ -332,14 +332,18 @@ async fn prune_delivered_on<S: Store>(
     options: &Prune,
 ) -> Result<PruneReport, Error> {
     let older_than = crate::time::micros(older_than, "prune_delivered's `older_than`")?;
-    crate::prune::in_batches::<S>(options, "delivered outbox messages", async |limit| {
-        outside_transactions(conn, "outbox", async |conn: &mut S| {
-            S::Db::prune_delivered(conn, older_than, limit).await
-        })
+    let batches = crate::prune::Batches {
+        what: "delivered outbox messages",
+        table: "outbox",
+    };
+    batches
+        .run(
+            conn,
+            options,
+            async |conn: &mut S, limit| S::Db::prune_delivered(conn, older_than, limit).await,
+            outbox_error("prune delivered outbox messages"),
+        )
         .await
-        .map_err(outbox_error("prune delivered outbox messages"))
-    })
-    .await
 }
 
 /// How many messages are pending, leased, delivered and parked, in one query; with the `metrics`

@@ -190,7 +190,30 @@ pub(crate) async fn outside_transactions<S: Store, T>(
     table: &'static str,
     statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Outside> {
-    match in_own_transaction(conn, statements).await {
+    outside_transactions_as(conn, table, Own::Look, statements).await
+}
+
+/// What a transaction of the runtime's own is for, which decides how it begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Own {
+    /// Looking up, listing, forgetting, inspecting: a transaction that takes no lock until it needs
+    /// one, so that it never waits for a job in progress (SQLite's `BEGIN DEFERRED`).
+    Look,
+    /// A batch of a prune: it will delete, so it takes SQLite's write lock at `BEGIN` (a deferred
+    /// one that read first would lose its upgrade to any claim committed in between, and start
+    /// over); `fewest_locks`: at the isolation that takes the fewest locks where the database
+    /// chooses one per transaction (MySQL: READ COMMITTED, no gap locks in front of new claims).
+    Prune { fewest_locks: bool },
+}
+
+/// [`outside_transactions`], beginning as `own` says.
+pub(crate) async fn outside_transactions_as<S: Store, T>(
+    conn: &mut S,
+    table: &'static str,
+    own: Own,
+    statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
+) -> Result<T, Outside> {
+    match in_own_transaction(conn, own, statements).await {
         // The usual first mistake, named: a failure that does not pass, on a table not there.
         Err(Outside::Failed(error))
             if !S::Db::classify(&error).is_transient()
@@ -205,6 +228,7 @@ pub(crate) async fn outside_transactions<S: Store, T>(
 
 async fn in_own_transaction<S: Store, T>(
     conn: &mut S,
+    own: Own,
     mut statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Outside> {
     if conn.transaction_depth()? > 0 || S::Db::session_in_transaction(conn).await? {
@@ -213,7 +237,15 @@ async fn in_own_transaction<S: Store, T>(
     let mut retry = Retry::new();
     loop {
         let attempt = async {
-            let (mut transaction, _) = Transaction::begin_deferred(&mut *conn, itself::<S>).await?;
+            let (mut transaction, _) = match own {
+                Own::Look => Transaction::begin_deferred(&mut *conn, itself::<S>).await?,
+                Own::Prune { fewest_locks } => {
+                    if fewest_locks {
+                        S::Db::fewest_locks_next(&mut *conn).await?;
+                    }
+                    Transaction::begin(&mut *conn, itself::<S>).await?
+                }
+            };
             match S::Db::begun_inside_another(transaction.store()).await {
                 Ok(false) => {}
                 Ok(true) => {

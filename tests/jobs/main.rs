@@ -28,6 +28,7 @@ mod outbox_faults;
 #[cfg(feature = "sqlite")]
 mod pools;
 mod proxy;
+mod prune;
 mod receiver;
 mod schema;
 mod second_run;
@@ -669,4 +670,36 @@ fn mysql_jobs_switch_no_multi_statement_mode() {
     ));
     assert_eq!(options, 0, "no job switched multi-statement mode");
     assert_eq!(Mysql::count_charges(&mut conn, "order-3"), 1);
+}
+
+/// A redelivery's replay on Diesel's sync `PgConnection` is the read alone: one statement, one
+/// round trip, no transaction (`AsyncPgConnection` reads inside the job's transaction, where a
+/// transaction pooler keeps its prepare and execute on one server connection).
+#[cfg(feature = "postgres")]
+#[test]
+fn a_postgres_redelivery_replays_in_one_statement() {
+    use std::sync::{Arc, Mutex};
+
+    use crate::backends::{Backend as _, Postgres};
+    use diesel::connection::{Connection as _, InstrumentationEvent};
+
+    let db = harness::Db::<Postgres>::fresh();
+    let mut conn = db.connect();
+    Postgres::charge_redelivered(&mut conn, "order-1", 100, false).expect("the first run");
+    let statements = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&statements);
+    conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = event {
+            seen.lock().expect("statements").push(query.to_string());
+        }
+    });
+    let receipt = Postgres::charge_redelivered(&mut conn, "order-1", 100, true).expect("a replay");
+    let statements = statements.lock().expect("statements").clone();
+    assert_eq!(statements.len(), 1, "{statements:?}");
+    assert!(statements[0].starts_with("SELECT"), "{statements:?}");
+    assert_eq!(
+        Postgres::count_charges(&mut conn, "order-1"),
+        1,
+        "{receipt:?}"
+    );
 }

@@ -92,7 +92,7 @@ pub fn prune_removes_lapsed_claims_in_batches<B: Backend>() {
     B::charge(&mut conn, "kept-for-ever", 4200, Mode::Succeed).unwrap();
     assert_eq!(B::count_done(&mut conn), 100_000 + 10 + 1);
 
-    let report = B::prune(&mut conn, &Prune::default().batch_size(10_000));
+    let report = B::prune(&mut conn, &Prune::default().batch_size(10_000).pace(0));
     assert_eq!(report.removed, LAPSED);
     assert_eq!(
         report.batches, 11,
@@ -109,13 +109,13 @@ pub fn prune_removes_lapsed_claims_in_batches<B: Backend>() {
             .is_replayed()
     );
 
-    let report = B::prune(&mut conn, &Prune::default().batch_size(10_000));
+    let report = B::prune(&mut conn, &Prune::default().batch_size(10_000).pace(0));
     assert_eq!((report.removed, report.batches), (0, 1));
 }
 
 /// `INSERT ... SELECT` of `claims` claims (the literal `100000` sets the count) that lapse at
 /// `expires_at`, without a round trip per row.
-fn bulk_claims(server: Server, prefix: &str, expires_at: &str) -> String {
+pub(crate) fn bulk_claims(server: Server, prefix: &str, expires_at: &str) -> String {
     let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
          UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
     let numbers = format!(

@@ -280,9 +280,10 @@ macro_rules! sync_store {
 /// `AnsiTransactionManager`, whose transactions begin with `$begin`.
 #[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
 macro_rules! async_store {
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, read_first_in_transaction: $inside:expr)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
+            $(const READ_FIRST_IN_TRANSACTION: bool = $inside;)?
             fn finish_in_one_batch(&mut self) -> bool {
                 true
             }
@@ -859,6 +860,7 @@ mod pooled {
         M::Type: crate::connection::AsyncJobStore,
     {
         type Db = <Inner<M> as Store>::Db;
+        const READ_FIRST_IN_TRANSACTION: bool = <Inner<M> as Store>::READ_FIRST_IN_TRANSACTION;
 
         fn begin(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
             inner(self).begin()

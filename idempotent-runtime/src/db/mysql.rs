@@ -183,6 +183,8 @@ sql! {
     // Prepared, like every other statement: one round trip, where a text batch takes three on the
     // sync connection.
     SetLockWaitTimeout = "SET SESSION innodb_lock_wait_timeout = ?";
+    // The next transaction only (no SESSION or GLOBAL): a prune's batch.
+    ReadCommittedNext = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
 }
 
 /// What `max_allowed_packet` must hold beside a result: the statement that records it, the key's
@@ -314,6 +316,26 @@ impl Database for MysqlDb {
                 "Connection refused",
             ],
         )
+    }
+
+    async fn fewest_locks_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+        match conn
+            .execute(Statement::<ReadCommittedNext, _>::new(()))
+            .await
+        {
+            Err(error) if refuses_prepared(&error) => {
+                conn.batch(<ReadCommittedNext as crate::sql::SqlText>::SQL)
+                    .await
+            }
+            result => result.map(drop),
+        }
+    }
+
+    fn fewest_locks_refused(error: &DieselError) -> bool {
+        // ER_BINLOG_STMT_MODE_AND_ROW_ENGINE (1665): "... BINLOG_FORMAT = STATEMENT and at least
+        // one table uses a storage engine limited to row-based logging. InnoDB is limited to
+        // row-logging when transaction isolation level is READ COMMITTED or READ UNCOMMITTED."
+        super::message(error).is_some_and(|m| m.contains("BINLOG_FORMAT = STATEMENT"))
     }
 
     async fn session_in_transaction<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {

@@ -262,7 +262,6 @@ impl Database for PostgresDb {
 
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
-    const READ_FIRST_IN_TRANSACTION: bool = true;
 
     fn classify(error: &DieselError) -> Fault {
         match error {
@@ -504,4 +503,4 @@ const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
 sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
 
 #[cfg(feature = "async-postgres")]
-async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB);
+async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true);

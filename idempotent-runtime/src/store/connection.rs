@@ -45,6 +45,16 @@ pub trait Store: Send + Sized {
     #[doc(hidden)]
     type Db: Database;
 
+    /// Whether a redelivery reads its key inside the job's transaction, before the claim, rather
+    /// than in a statement of its own before it: diesel-async's PostgreSQL connection, which
+    /// prepares and executes a statement in two exchanges that a transaction pooler may send,
+    /// outside a transaction, to two server connections (or to one where another client's
+    /// statement has the same name); inside a transaction both go to one. Diesel's sync
+    /// `PgConnection` sends an uncached statement with its values in one message, so its read
+    /// goes alone, in one round trip. See [`crate::redelivery`].
+    #[doc(hidden)]
+    const READ_FIRST_IN_TRANSACTION: bool = false;
+
     /// Opens a transaction (on SQLite taking the write lock first), or a savepoint inside the
     /// caller's.
     #[doc(hidden)]

@@ -14,14 +14,6 @@ use crate::sql::Statement;
 /// taken from the database's clock inside the statement, never from the worker's: workers whose
 /// clocks disagree still agree on what has lapsed.
 pub trait Database: Sized + Send + Sync + 'static {
-    /// Whether a redelivery reads its key inside the job's transaction, before the claim, rather
-    /// than in a statement of its own before it (PostgreSQL: behind a transaction pooler a
-    /// statement outside a transaction may be prepared on one server connection and executed on
-    /// another, where a statement of another client may have its name; inside one, both are on the
-    /// same connection). See [`crate::redelivery`].
-    #[doc(hidden)]
-    const READ_FIRST_IN_TRANSACTION: bool = false;
-
     /// Whether DDL is part of the transaction it runs in (PostgreSQL, SQLite), rather than
     /// committing by itself (MySQL): then a migration is all or nothing.
     #[doc(hidden)]
@@ -208,6 +200,29 @@ pub trait Database: Sized + Send + Sync + 'static {
         result: Option<&str>,
         keep_micros: Option<i64>,
     ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Outside any transaction, just before a prune's `BEGIN`: makes that one transaction take the
+    /// fewest locks its statement allows. MySQL/MariaDB: `SET TRANSACTION ISOLATION LEVEL READ
+    /// COMMITTED` (the next transaction only). At the default REPEATABLE READ, `DELETE ... ORDER
+    /// BY expires_at LIMIT n` takes next-key locks on the `expires_at` index, among them the gap
+    /// just before the first lapsed entry, which is where every new claim's `NULL` entry goes:
+    /// claims wait for the batch. At READ COMMITTED that gap is not locked. Elsewhere nothing.
+    #[doc(hidden)]
+    fn fewest_locks_next<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let _ = conn;
+        std::future::ready(Ok(()))
+    }
+
+    /// Whether `error` says a prune's statement cannot run at the isolation
+    /// [`fewest_locks_next`](Self::fewest_locks_next) chose (MySQL/MariaDB with statement-based
+    /// binary logging, error 1665), so that the prune goes on at the session's own.
+    #[doc(hidden)]
+    fn fewest_locks_refused(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
 
     /// Deletes up to `limit` lapsed claims in one statement; returns how many.
     #[doc(hidden)]

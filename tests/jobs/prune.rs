@@ -1,0 +1,208 @@
+//! A prune leaves the database to the workers: paced by its own batches, and on MySQL/MariaDB
+//! holding no lock a new claim needs.
+
+use std::time::{Duration, Instant};
+
+use idempotent_jobs::Prune;
+
+use crate::backends::Backend;
+use crate::harness::Db;
+
+/// After each batch but the last, a prune pauses nine times as long as that batch took (and
+/// does pause: the run lasts at least as long as its pauses); `pace(0)` never pauses.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_prune_pauses_after_each_batch_as_long_as_its_pace_says() {
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    Sqlite::execute(
+        &mut conn,
+        &crate::second_run::bulk_claims(
+            crate::harness::Server::Sqlite,
+            "lapsed",
+            "2000-01-02 00:00:00",
+        )
+        .replace("100000", "3500"),
+    );
+    let started = Instant::now();
+    let (report, events) =
+        crate::capture::events(|| Sqlite::prune(&mut conn, &Prune::default().batch_size(1_000)));
+    let elapsed = started.elapsed();
+    assert_eq!((report.removed, report.batches), (3_500, 4));
+    let batches = batch_events(&events);
+    assert_eq!(batches.len(), 4, "{events:?}");
+    let mut paused = Duration::ZERO;
+    for (i, (took_us, pause_us)) in batches.iter().enumerate() {
+        if i == 3 {
+            assert_eq!(*pause_us, 0, "no pause after the last batch");
+        } else {
+            // Both in whole microseconds, rounded down from the same duration.
+            let paced = took_us * 9;
+            assert!(
+                (paced..paced + 9).contains(pause_us),
+                "batch {i} took {took_us} µs and paused {pause_us} µs"
+            );
+        }
+        paused += Duration::from_micros(*pause_us);
+    }
+    assert!(
+        elapsed >= paused,
+        "paused {paused:?} in a run of {elapsed:?}"
+    );
+
+    Sqlite::execute(
+        &mut conn,
+        &crate::second_run::bulk_claims(
+            crate::harness::Server::Sqlite,
+            "again",
+            "2000-01-02 00:00:00",
+        )
+        .replace("100000", "2500"),
+    );
+    let (report, events) = crate::capture::events(|| {
+        Sqlite::prune(&mut conn, &Prune::default().batch_size(1_000).pace(0))
+    });
+    assert_eq!((report.removed, report.batches), (2_500, 3));
+    assert!(
+        batch_events(&events)
+            .iter()
+            .all(|(_, pause_us)| *pause_us == 0),
+        "{events:?}"
+    );
+}
+
+/// `(took_us, pause_us)` of each "pruned a batch" event.
+#[cfg(feature = "sqlite")]
+fn batch_events(events: &[crate::capture::Fields]) -> Vec<(u64, u64)> {
+    events
+        .iter()
+        .filter(|e| e.get("message").is_some_and(|m| m == "pruned a batch"))
+        .map(|e| {
+            let number = |field: &str| -> u64 {
+                e[field]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{field}: {e:?}"))
+            };
+            (number("took_us"), number("pause_us"))
+        })
+        .collect()
+}
+
+/// On MySQL/MariaDB a prune's batch holds no lock a new claim needs. The batch is made to stop
+/// half-way, waiting for a lapsed row another transaction holds, with the rows before it deleted
+/// and locked; a job claiming a fresh key then runs and commits before the batch goes on. At
+/// REPEATABLE READ the batch's next-key locks on `expires_at` cover the gap where every new
+/// claim's entry goes, and the claim waited for the batch.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_claim_never_waits_for_a_prune_batch_on_mysql() {
+    use diesel::connection::SimpleConnection as _;
+
+    use crate::backends::Mysql;
+    use crate::handlers::Mode;
+
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    Mysql::execute(
+        &mut conn,
+        &crate::second_run::bulk_claims(
+            crate::harness::Server::Mysql,
+            "lapsed",
+            "2000-01-02 00:00:00",
+        )
+        .replace("100000", "3"),
+    );
+    Mysql::charge(&mut conn, "kept", 1, Mode::Succeed).expect("a live claim");
+    // The last lapsed row the batch reaches, locked by its primary key alone.
+    let mut holder = db.connect();
+    holder
+        .batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN")
+        .expect("a transaction");
+    let held = ids(
+        &mut holder,
+        "SELECT id FROM done_jobs WHERE id = \
+         (SELECT MAX(id) FROM done_jobs WHERE job_key LIKE 'lapsed:%') FOR UPDATE",
+    );
+    assert_eq!(held.len(), 1, "the last lapsed row, locked");
+
+    let pruning = {
+        let mut conn = db.connect();
+        std::thread::spawn(move || Mysql::prune(&mut conn, &Prune::default().pace(0)))
+    };
+    let mut watcher = db.connect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lock_waits(&mut watcher) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the prune never waited for the held row"
+        );
+        assert!(!pruning.is_finished(), "the prune finished past a held row");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let (done, claimed) = std::sync::mpsc::channel();
+    let claiming = {
+        let mut conn = db.connect();
+        std::thread::spawn(move || {
+            let result = Mysql::charge(&mut conn, "fresh", 1, Mode::Succeed);
+            let _ = done.send(());
+            result
+        })
+    };
+    // A claim takes milliseconds; the bound is for a machine under load.
+    let waited = claimed.recv_timeout(Duration::from_secs(30)).is_err();
+    holder.batch_execute("ROLLBACK").expect("releasing the row");
+    let report = pruning.join().expect("the prune's thread");
+    claiming
+        .join()
+        .expect("the claim's thread")
+        .expect("the claim");
+    assert!(
+        !waited,
+        "a fresh claim waited for a prune batch that was itself waiting"
+    );
+    assert_eq!(report.removed, 3);
+    assert_eq!(
+        Mysql::count_done(&mut conn),
+        2,
+        "the live claim and the fresh one"
+    );
+}
+
+/// The `id` column of `sql`'s rows.
+#[cfg(feature = "mysql")]
+fn ids(conn: &mut diesel::MysqlConnection, sql: &str) -> Vec<i64> {
+    use diesel::prelude::*;
+
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+    let rows: Vec<Id> = diesel::sql_query(sql)
+        .load(conn)
+        .unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+    rows.into_iter().map(|row| row.id).collect()
+}
+
+/// Transactions of this database waiting for a lock.
+#[cfg(feature = "mysql")]
+fn lock_waits(conn: &mut diesel::MysqlConnection) -> i64 {
+    use diesel::prelude::*;
+
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT COUNT(*) AS n FROM information_schema.innodb_trx \
+         WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id IN \
+         (SELECT id FROM information_schema.processlist WHERE db = DATABASE())",
+    )
+    .get_result::<N>(conn)
+    .expect("reading lock waits")
+    .n
+}
