@@ -12,13 +12,12 @@
 mod controller;
 #[path = "explore/driver.rs"]
 mod driver;
-#[path = "support/figures.rs"]
-mod figures;
 #[path = "explore/model.rs"]
 mod model;
 #[path = "explore/worker.rs"]
 mod worker;
 
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use model::{Db, Delivery, Effect, Forget, History, Observed, Res, check};
@@ -39,7 +38,7 @@ fn explore() {
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let schedule: model::Schedule = serde_json::from_str(&text).expect("a schedule");
         let report = controller::run_schedule(&schedule);
-        figures::report(&driver::describe(&report.figures, schedule.db));
+        say(&driver::describe(&report.figures, schedule.db));
         assert!(
             report.verdict.violations.is_empty(),
             "{}",
@@ -80,11 +79,13 @@ fn explore() {
                     let limit = left.min(driver::EPOCH);
                     let (schedule, report) = driver::explore_epoch(db, seed + epoch, limit, steps);
                     let f = &report.figures;
-                    figures::report(&format!(
-                        "  epoch {epoch} (seed {}): {}",
-                        seed + epoch,
-                        driver::describe(f, db)
-                    ));
+                    if explore_for > driver::EPOCH {
+                        say(&format!(
+                            "  epoch {epoch} (seed {}): {}",
+                            seed + epoch,
+                            driver::describe(f, db)
+                        ));
+                    }
                     add(&mut total, f);
                     if !report.verdict.violations.is_empty() {
                         failures.push(driver::report_failure(&schedule, &report, shrink_for));
@@ -94,7 +95,7 @@ fn explore() {
                         break;
                     }
                 }
-                figures::report(&driver::describe(&total, db));
+                say(&driver::describe(&total, db));
                 failures
             })
         })
@@ -110,6 +111,20 @@ fn explore() {
         settings.seed,
         failures.join("\n")
     );
+}
+
+/// Prints a line of figures past libtest's capture (so that a passing run shows what it covered),
+/// and appends it to the file `IDEMPOTENT_FIGURES` names, which `scripts/test` prints at the end.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+    if let Ok(path) = std::env::var("IDEMPOTENT_FIGURES")
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(file, "{line}");
+    }
 }
 
 fn add(total: &mut controller::Figures, f: &controller::Figures) {
@@ -329,6 +344,38 @@ fn the_checker_reports_outbox_losses_duplicates_and_early_parking() {
     assert_eq!(
         kinds(&history, &observed),
         vec!["parked-only-when-attempts-spent"]
+    );
+}
+
+/// End to end: workers that do their work without the library (no claim, no transaction) make
+/// double effects, which the explorer reports; the shrinker then cuts the schedule down.
+#[test]
+fn the_explorer_catches_workers_without_the_library() {
+    let schedule = model::Generator::schedule(7, Db::Sqlite, 40);
+    let report = controller::run_schedule_with(&schedule, true);
+    let found = model::signature(&report.verdict.violations);
+    assert!(
+        found.contains("one-effect-per-window"),
+        "the sabotaged run was not caught: {:?}",
+        report.verdict.violations
+    );
+    let (small, violations) = driver::shrink_with(
+        &schedule,
+        &report.verdict.violations,
+        Duration::from_secs(25),
+        true,
+    );
+    assert!(!violations.is_empty());
+    assert!(
+        small.steps.len() < schedule.steps.len(),
+        "the shrinker removed nothing from {} steps",
+        schedule.steps.len()
+    );
+    eprintln!(
+        "sabotage caught, shrunk from {} to {} steps:\n{}",
+        schedule.steps.len(),
+        small.steps.len(),
+        driver::schedule_text(&small)
     );
 }
 

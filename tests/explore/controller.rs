@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -326,10 +326,13 @@ impl Drop for Database {
 const PASS: u8 = 0;
 const STALL: u8 = 1;
 const LOSE_REPLIES: u8 = 2;
+/// Counting the client's writes down; at zero, [`LOSE_REPLIES`].
+const ARMED: u8 = 3;
 
 pub struct Proxy {
     port: u16,
     mode: Arc<AtomicU8>,
+    countdown: Arc<AtomicU32>,
     sockets: Arc<Mutex<Vec<TcpStream>>>,
 }
 
@@ -338,8 +341,13 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let port = listener.local_addr().expect("its address").port();
         let mode = Arc::new(AtomicU8::new(PASS));
+        let countdown = Arc::new(AtomicU32::new(0));
         let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (m, s) = (Arc::clone(&mode), Arc::clone(&sockets));
+        let (m, s, d) = (
+            Arc::clone(&mode),
+            Arc::clone(&sockets),
+            Arc::clone(&countdown),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
@@ -356,15 +364,26 @@ impl Proxy {
                     client.try_clone().expect("a handle"),
                     server.try_clone().expect("a handle"),
                     Arc::clone(&m),
-                    false,
+                    Some(Arc::clone(&d)),
                 );
-                pump(server, client, Arc::clone(&m), true);
+                pump(server, client, Arc::clone(&m), None);
             }
         });
         Proxy {
             port,
             mode,
+            countdown,
             sockets,
+        }
+    }
+
+    /// Drops the server's replies once the client has written `after` more times.
+    fn lose_replies_after(&self, after: u32) {
+        if after == 0 {
+            self.set(LOSE_REPLIES);
+        } else {
+            self.countdown.store(after, Ordering::SeqCst);
+            self.set(ARMED);
         }
     }
 
@@ -381,7 +400,15 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, replies: bool) {
+/// Forwards `from` to `to`: the client's writes when `countdown` is given (which they count down
+/// while armed), else the server's replies.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    mode: Arc<AtomicU8>,
+    countdown: Option<Arc<AtomicU32>>,
+) {
+    let replies = countdown.is_none();
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
@@ -389,6 +416,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, replies: bo
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            if let Some(countdown) = &countdown
+                && mode.load(Ordering::SeqCst) == ARMED
+                && countdown.fetch_sub(1, Ordering::SeqCst) <= 1
+            {
+                mode.store(LOSE_REPLIES, Ordering::SeqCst);
+            }
             while mode.load(Ordering::SeqCst) == STALL {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -467,6 +500,12 @@ pub struct Runner {
     next_final: u64,
     keys: BTreeMap<String, (u8, bool)>,
     dir: std::path::PathBuf,
+    sabotage: bool,
+}
+
+thread_local! {
+    /// Set while shrinking: the trials' worker logs are not kept.
+    pub static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -475,6 +514,11 @@ const HANG: Duration = Duration::from_secs(90);
 
 impl Runner {
     pub fn new(db: Db, modes: &[Mode]) -> Runner {
+        Runner::with_sabotage(db, modes, false)
+    }
+
+    /// A runner whose sync workers skip the library (see [`Config::sabotage`]).
+    pub fn with_sabotage(db: Db, modes: &[Mode], sabotage: bool) -> Runner {
         let database = Database::fresh(db);
         let (sender, events) = channel();
         let dir = std::env::temp_dir().join(format!("{}-logs", database.name));
@@ -491,6 +535,7 @@ impl Runner {
             keys: BTreeMap::new(),
             dir,
             db: database,
+            sabotage,
         };
         for (i, mode) in modes.iter().enumerate() {
             let proxy = db
@@ -522,6 +567,7 @@ impl Runner {
             db: self.db.db,
             mode: slot.mode,
             url: self.db.worker_url(slot.proxy.as_ref()),
+            sabotage: self.sabotage,
         };
         let mut command = Command::new(std::env::current_exe().expect("the test binary"));
         command
@@ -757,9 +803,9 @@ impl Runner {
                 }
                 self.send(w, &WorkerCommand::Go);
             }
-            (Nemesis::LoseReplies, _) => {
+            (Nemesis::LoseReplies { after }, _) => {
                 if let Some(p) = &self.slots[w].proxy {
-                    p.set(LOSE_REPLIES);
+                    p.lose_replies_after(after);
                 }
                 self.send(w, &WorkerCommand::Go);
                 self.timers.push((
@@ -1028,7 +1074,9 @@ impl Runner {
         figures.duplicates_received = self.history.received.len() - distinct.len();
         figures.effects = observed.effects.len();
         figures.duration = started.elapsed();
-        if !verdict.violations.is_empty() || std::env::var_os("IDEMPOTENT_EXPLORE_KEEP").is_some() {
+        let keep = std::env::var_os("IDEMPOTENT_EXPLORE_KEEP").is_some()
+            || (!verdict.violations.is_empty() && !self.sabotage && !QUIET.with(|q| q.get()));
+        if keep {
             eprintln!("explore: worker logs are in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -1086,8 +1134,13 @@ fn signal(signal: &str, pid: u32) {
 
 /// Runs `schedule` from start to end (no time limit), then the final round and the checks.
 pub fn run_schedule(schedule: &Schedule) -> Report {
+    run_schedule_with(schedule, false)
+}
+
+/// [`run_schedule`], with sabotaged workers when `sabotage`.
+pub fn run_schedule_with(schedule: &Schedule, sabotage: bool) -> Report {
     let started = Instant::now();
-    let mut runner = Runner::new(schedule.db, &schedule.modes);
+    let mut runner = Runner::with_sabotage(schedule.db, &schedule.modes, sabotage);
     for step in &schedule.steps {
         runner.step(step);
     }

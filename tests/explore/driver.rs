@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::controller::{Figures, Report, Runner, run_schedule};
+use super::controller::{Figures, Report, Runner, run_schedule_with};
 use super::model::{Db, Generator, Schedule, Violation, signature};
 
 /// Parses `30m`, `20min`, `90s`, `1h`, `2h30m`, `500ms`, a bare number of seconds.
@@ -40,7 +40,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 /// The default run's exploration time: what leaves the whole test under 3 minutes.
-pub const DEFAULT_FOR: Duration = Duration::from_secs(105);
+pub const DEFAULT_FOR: Duration = Duration::from_secs(140);
 /// The longest single schedule: longer runs are a sequence of such epochs, each on a fresh
 /// database with its own seed, so that a failure's schedule stays short enough to shrink.
 pub const EPOCH: Duration = Duration::from_secs(150);
@@ -90,7 +90,11 @@ impl Settings {
         let shrink_for = std::env::var("IDEMPOTENT_EXPLORE_SHRINK_FOR")
             .ok()
             .and_then(|s| parse_duration(&s))
-            .unwrap_or(Duration::from_secs(300));
+            .unwrap_or(if explore_for > DEFAULT_FOR {
+                Duration::from_secs(600)
+            } else {
+                Duration::from_secs(45)
+            });
         let fresh = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64 ^ u64::from(std::process::id()));
@@ -206,7 +210,18 @@ pub fn shrink(
     violations: &[Violation],
     bound: Duration,
 ) -> (Schedule, Vec<Violation>) {
+    shrink_with(schedule, violations, bound, false)
+}
+
+/// [`shrink`], with sabotaged workers when `sabotage` (to test the shrinker itself).
+pub fn shrink_with(
+    schedule: &Schedule,
+    violations: &[Violation],
+    bound: Duration,
+    sabotage: bool,
+) -> (Schedule, Vec<Violation>) {
     let started = Instant::now();
+    super::controller::QUIET.with(|q| q.set(true));
     let wanted = signature(violations);
     let mut best = schedule.clone();
     let mut best_violations = violations.to_vec();
@@ -227,7 +242,7 @@ pub fn shrink(
                 continue;
             }
             trials += 1;
-            let report = run_schedule(&candidate);
+            let report = run_schedule_with(&candidate, sabotage);
             let found = signature(&report.verdict.violations);
             if found.intersection(&wanted).next().is_some() {
                 eprintln!(
@@ -249,6 +264,7 @@ pub fn shrink(
             chunks = (chunks * 2).min(best.steps.len());
         }
     }
+    super::controller::QUIET.with(|q| q.set(false));
     eprintln!(
         "explore: shrinking took {:.0} s and {trials} trials: {} of {} steps left",
         started.elapsed().as_secs_f64(),

@@ -22,7 +22,7 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5eed_0f_e8_91_0e_u64)
+        Rng(seed ^ 0x5eed_0fe8_910e_u64)
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -105,8 +105,9 @@ pub enum Nemesis {
     Terminate,
     /// Cut the worker's TCP connections (through its proxy), then go on.
     Cut,
-    /// Go on while the proxy drops the server's replies, then cut: a commit whose reply is lost.
-    LoseReplies,
+    /// Go on; after the worker's next `after` writes the proxy drops the server's replies, and
+    /// 300 ms later it cuts: a statement (the record, the commit) whose reply is lost.
+    LoseReplies { after: u32 },
     /// Go on while the proxy forwards nothing for `ms`.
     Stall { ms: u64 },
 }
@@ -188,7 +189,7 @@ impl Step {
             Nemesis::StopFor { .. } => Some("stop-past-keep"),
             Nemesis::Terminate => Some("terminate-connection"),
             Nemesis::Cut => Some("cut-tcp"),
-            Nemesis::LoseReplies => Some("lose-replies-then-cut"),
+            Nemesis::LoseReplies { .. } => Some("lose-replies-then-cut"),
             Nemesis::Stall { .. } => Some("stall-tcp"),
         };
         match self {
@@ -315,7 +316,9 @@ impl Generator {
             },
             4 => Nemesis::Terminate,
             5 => Nemesis::Cut,
-            6 => Nemesis::LoseReplies,
+            6 => Nemesis::LoseReplies {
+                after: self.rng.range(0, 6) as u32,
+            },
             _ => Nemesis::Stall {
                 ms: self.rng.range(100, 1500),
             },
@@ -747,7 +750,7 @@ pub fn check(history: &History, observed: &Observed) -> Verdict {
             }
             Res::Replayed(value) => {
                 v.check("replay-returns-a-committed-result");
-                if effect_by_run.get(d.id.as_str()).is_some() {
+                if effect_by_run.contains_key(d.id.as_str()) {
                     v.fail(
                         "replay-returns-a-committed-result",
                         key,

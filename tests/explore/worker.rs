@@ -24,6 +24,10 @@ pub struct Config {
     pub db: Db,
     pub mode: Mode,
     pub url: String,
+    /// A broken worker, to prove the checker catches one: its sync deliveries that neither fail
+    /// nor hold do their work without the library (no claim, no transaction) and report `Ran`.
+    #[serde(default)]
+    pub sabotage: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -418,6 +422,22 @@ fn sync_worker(config: &Config) {
         }
         let c = conn.as_mut().expect("connected");
         match command {
+            Command::Job(spec)
+                if config.sabotage && spec.fail == Fail::No && spec.hold.is_none() =>
+            {
+                let sql = effect_sql(config.db);
+                let done = on_sync!(c, |c| diesel::sql_query(sql)
+                    .bind::<Text, _>(&spec.key)
+                    .bind::<Text, _>(&spec.id)
+                    .bind::<Nullable<Text>, _>(value(&spec))
+                    .bind::<Nullable<Text>, _>(None::<String>)
+                    .execute(c));
+                let res = match done {
+                    Ok(_) => Res::Ran(value(&spec)),
+                    Err(e) => Res::BodyDbErr(e.to_string()),
+                };
+                emit(&Event::Outcome { id: spec.id, res });
+            }
             Command::Job(spec) => {
                 let res = run_sync_job(c, &spec, config.db);
                 if !res.completed() {
@@ -456,6 +476,7 @@ mod asynchronous {
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
     use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
 
+    #[allow(clippy::large_enum_variant)] // one per worker process
     pub enum AsyncConn {
         Sqlite(SyncConnectionWrapper<SqliteConnection>),
         Pg(AsyncPgConnection),
@@ -601,7 +622,10 @@ mod asynchronous {
     }
 
     pub fn worker(config: &Config) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // Multi-threaded: diesel-async's SyncConnectionWrapper blocks in place, which a
+        // current-thread runtime refuses (with a panic in a destructor, which aborts).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()
             .expect("a tokio runtime");
