@@ -52,10 +52,6 @@
 //! ```
 
 use std::fmt;
-use std::future::{Future, poll_fn};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::pin;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -63,6 +59,7 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest as _, Sha256};
 
 use crate::context;
+use crate::drive::catch_panic;
 use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
@@ -744,21 +741,6 @@ impl Relay {
             .saturating_mul(1u32 << doublings)
             .min(self.max_backoff)
     }
-}
-
-/// Polls `future`, turning a panic into `Err`.
-async fn catch_panic<O>(
-    future: impl Future<Output = O>,
-) -> Result<O, Box<dyn std::any::Any + Send>> {
-    let mut future = pin!(future);
-    poll_fn(
-        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        },
-    )
-    .await
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
