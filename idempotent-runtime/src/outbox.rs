@@ -62,6 +62,7 @@ use crate::context;
 use crate::drive::catch_panic;
 use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
+use crate::stats::Settled;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
 use crate::transaction::{Outside, outside_transactions};
 
@@ -470,31 +471,6 @@ fn error_text(error: &str) -> String {
 enum Delivery {
     Delivered,
     Failed(String),
-}
-
-/// What became of one leased message, as its round recorded it (and as the metrics label it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
-    /// Delivered and marked so.
-    Delivered,
-    /// Delivered, but another round had taken the lease meanwhile: it was not marked here.
-    LeaseLost,
-    /// Failed; tried again after a backoff.
-    Failed,
-    /// Failed with its attempts spent: parked until an operator retries it.
-    Parked,
-}
-
-impl Settled {
-    /// The label of metrics and events.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Settled::Delivered => "delivered",
-            Settled::LeaseLost => "lease_lost",
-            Settled::Failed => "failed",
-            Settled::Parked => "parked",
-        }
-    }
 }
 
 /// Runs one delivery, a panic in it turned into a failure of that message alone.
