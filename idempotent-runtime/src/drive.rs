@@ -6,7 +6,8 @@
 //! blocking calls behave exactly as in sync code). Should a future ever be pending, the thread
 //! parks until it is woken, so this is a correct executor in any case, not a busy loop.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -40,6 +41,22 @@ pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
             std::thread::park();
         }
     })
+}
+
+/// Polls `future`, turning a panic in any poll into `Err`, so that the caller can clean up (roll a
+/// job's transaction back, back a delivery off) before the panic goes on or is reported.
+pub(crate) async fn catch_panic<O>(
+    future: impl Future<Output = O>,
+) -> Result<O, Box<dyn std::any::Any + Send>> {
+    let mut future = pin!(future);
+    poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        },
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -22,12 +22,12 @@
 use std::future::{Future, poll_fn};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::pin;
-use std::task::Poll;
 
 use tracing::Instrument as _;
 
 use crate::call::{Call, JobCall, JobError, JobOutput};
 use crate::context;
+use crate::drive::catch_panic;
 use crate::error::{Error, Step};
 use crate::outcome::Outcome;
 use crate::retry::Retry;
@@ -420,22 +420,6 @@ async fn with_context<O>(call: &Call, future: impl Future<Output = O>) -> O {
             crate::redelivery::cleared(|| future.as_mut().poll(cx))
         })
     })
-    .await
-}
-
-/// Polls `future`, turning a panic in any poll into `Err` so the transaction can be rolled back
-/// before the panic goes on.
-async fn catch_panic<O>(
-    future: impl Future<Output = O>,
-) -> Result<O, Box<dyn std::any::Any + Send>> {
-    let mut future = pin!(future);
-    poll_fn(
-        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        },
-    )
     .await
 }
 

@@ -26,7 +26,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable};
 
 use crate::error::Error;
 use crate::schema_problem::SchemaProblem;
-use crate::store::{Database, Store};
+use crate::store::{Database, Step, Store};
 
 /// The schema version this release creates.
 pub(crate) const LATEST: i32 = 3;
@@ -122,29 +122,6 @@ impl Migrate {
         conn: &mut C,
     ) -> Result<(), Error> {
         run(conn.idempotent_store(), self.lock_timeout).await
-    }
-}
-
-/// One step of the schema: creates `table`, or adds `column` to it.
-#[derive(Debug)]
-pub struct Step {
-    /// The version the step records.
-    pub version: i32,
-    /// The table it creates, or adds `column` to.
-    pub table: &'static str,
-    /// The column it adds, if that is all it does.
-    pub column: Option<&'static str>,
-    /// Its DDL.
-    pub sql: &'static str,
-}
-
-impl Step {
-    /// What `idempotent_schema.description` says of it: the table, or `table.column`.
-    pub(crate) fn description(&self) -> String {
-        match self.column {
-            Some(column) => format!("{}.{column}", self.table),
-            None => self.table.to_owned(),
-        }
     }
 }
 
@@ -318,20 +295,20 @@ pub(crate) async fn not_migrated<S: Store>(conn: &mut S, table: &'static str) ->
 /// A database's migration steps and version table, from `idempotent-runtime/sql/<$db>/`.
 macro_rules! migration_steps {
     ($db:literal) => {
-        const STEPS: &'static [$crate::migrations::Step] = &[
-            $crate::migrations::Step {
+        const STEPS: &'static [$crate::store::Step] = &[
+            $crate::store::Step {
                 version: 1,
                 table: "done_jobs",
                 column: None,
                 sql: include_str!(concat!("../../sql/", $db, "/001_done_jobs.sql")),
             },
-            $crate::migrations::Step {
+            $crate::store::Step {
                 version: 2,
                 table: "outbox",
                 column: None,
                 sql: include_str!(concat!("../../sql/", $db, "/002_outbox.sql")),
             },
-            $crate::migrations::Step {
+            $crate::store::Step {
                 version: 3,
                 table: "done_jobs",
                 column: Some("claim_token"),

@@ -52,10 +52,6 @@
 //! ```
 
 use std::fmt;
-use std::future::{Future, poll_fn};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::pin;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -63,8 +59,10 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest as _, Sha256};
 
 use crate::context;
+use crate::drive::catch_panic;
 use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
+use crate::stats::Settled;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
 use crate::transaction::{Outside, outside_transactions};
 
@@ -475,31 +473,6 @@ enum Delivery {
     Failed(String),
 }
 
-/// What became of one leased message, as its round recorded it (and as the metrics label it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
-    /// Delivered and marked so.
-    Delivered,
-    /// Delivered, but another round had taken the lease meanwhile: it was not marked here.
-    LeaseLost,
-    /// Failed; tried again after a backoff.
-    Failed,
-    /// Failed with its attempts spent: parked until an operator retries it.
-    Parked,
-}
-
-impl Settled {
-    /// The label of metrics and events.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Settled::Delivered => "delivered",
-            Settled::LeaseLost => "lease_lost",
-            Settled::Failed => "failed",
-            Settled::Parked => "parked",
-        }
-    }
-}
-
 /// Runs one delivery, a panic in it turned into a failure of that message alone.
 async fn attempt<E: fmt::Display>(
     deliver: &mut impl AsyncFnMut(&OutboxMessage) -> Result<(), E>,
@@ -744,21 +717,6 @@ impl Relay {
             .saturating_mul(1u32 << doublings)
             .min(self.max_backoff)
     }
-}
-
-/// Polls `future`, turning a panic into `Err`.
-async fn catch_panic<O>(
-    future: impl Future<Output = O>,
-) -> Result<O, Box<dyn std::any::Any + Send>> {
-    let mut future = pin!(future);
-    poll_fn(
-        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        },
-    )
-    .await
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -254,6 +254,31 @@ pub(crate) fn retried(job: &'static Job, attempts: u32, error: &diesel::result::
     tracing::debug!(attempts, %error, "transient error while claiming; retrying");
 }
 
+/// What became of one leased message, as its round recorded it (and as the metrics label it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Delivered and marked so.
+    Delivered,
+    /// Delivered, but another round had taken the lease meanwhile: it was not marked here.
+    LeaseLost,
+    /// Failed; tried again after a backoff.
+    Failed,
+    /// Failed with its attempts spent: parked until an operator retries it.
+    Parked,
+}
+
+impl Settled {
+    /// The label of metrics and events.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Settled::Delivered => "delivered",
+            Settled::LeaseLost => "lease_lost",
+            Settled::Failed => "failed",
+            Settled::Parked => "parked",
+        }
+    }
+}
+
 /// Records one outbox delivery: a DEBUG event with the message's id, topic, outcome and attempt,
 /// and (with the `metrics` feature) [`DELIVERIES`](crate::telemetry::DELIVERIES) and the delay from
 /// the push to this delivery in [`DELIVERY_DELAY`](crate::telemetry::DELIVERY_DELAY).
@@ -261,7 +286,7 @@ pub(crate) fn delivery(
     message_id: &str,
     topic: &str,
     attempt: u32,
-    settled: crate::outbox::Settled,
+    settled: Settled,
     delay: std::time::Duration,
 ) {
     let outcome = settled.as_str();
@@ -271,7 +296,7 @@ pub(crate) fn delivery(
         crate::telemetry::described();
         metrics::counter!(crate::telemetry::DELIVERIES.name, "topic" => topic.clone(), "outcome" => outcome)
             .increment(1);
-        if settled == crate::outbox::Settled::Delivered {
+        if settled == Settled::Delivered {
             metrics::histogram!(crate::telemetry::DELIVERY_DELAY.name, "topic" => topic)
                 .record(delay.as_secs_f64());
         }

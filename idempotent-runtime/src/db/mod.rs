@@ -57,31 +57,48 @@ where
     <AnsiTransactionManager as TransactionManager<C>>::rollback_transaction(conn)
 }
 
-/// Puts back the wait a bounded `BEGIN` set, when the `BEGIN` failed before it could.
+/// Opens a transaction with `sql`, a `BEGIN` bounded by
+/// [`Database::bounded_begin_sql`](crate::store::Database::bounded_begin_sql), as [`begin_sync`]
+/// does; when it fails, puts back the wait the bound set (it must not outlive the attempt).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn after_failed_bounded_begin<D, C>(conn: &mut C)
+pub(crate) fn begin_bounded_sync<D, C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
 where
     D: crate::store::Database,
-    C: diesel::connection::SimpleConnection,
+    C: Connection<TransactionManager = AnsiTransactionManager>,
 {
-    if let Some(sql) = D::bounded_begin_failed_sql()
-        && let Err(error) = conn.batch_execute(sql)
+    let begun = begin_sync(conn, sql);
+    if begun.is_err()
+        && let Some(reset) = D::bounded_begin_failed_sql()
+        && let Err(error) = conn.batch_execute(reset)
     {
         tracing::warn!(%error, "putting the connection's busy timeout back failed");
     }
+    begun
 }
 
-/// How many transactions a sync connection has open.
+/// How many transactions a transaction manager's status says are open.
+fn depth(status: &mut diesel::connection::TransactionManagerStatus) -> diesel::QueryResult<u32> {
+    Ok(status
+        .transaction_depth()?
+        .map_or(0, std::num::NonZeroU32::get))
+}
+
+/// [`depth`] for a sync connection.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn depth_sync<C>(conn: &mut C) -> QueryResult<u32>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
-    let status =
-        <AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(conn);
-    Ok(status
-        .transaction_depth()?
-        .map_or(0, std::num::NonZeroU32::get))
+    depth(<AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(conn))
+}
+
+/// [`depth`] for a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn depth_async<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+) -> diesel::QueryResult<u32> {
+    use diesel_async::TransactionManager as _;
+    depth(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
 /// The text of a database error, for databases that report some conditions only in words.
@@ -167,13 +184,10 @@ macro_rules! sync_store {
             ) -> diesel::QueryResult<$crate::store::Nesting> {
                 let bounded = bound.and_then(<$db as $crate::store::Database>::bounded_begin_sql);
                 match bounded {
-                    Some(sql) => {
-                        let begun = $crate::db::begin_sync(self, &format!("{sql}; {}", $crate::store::SET_JOB_SAVEPOINT));
-                        if begun.is_err() {
-                            $crate::db::after_failed_bounded_begin::<$db, _>(self);
-                        }
-                        begun
-                    }
+                    Some(sql) => $crate::db::begin_bounded_sync::<$db, _>(
+                        self,
+                        &format!("{sql}; {}", $crate::store::SET_JOB_SAVEPOINT),
+                    ),
                     None => $open_job(self, $job_begin),
                 }
             }
@@ -187,13 +201,7 @@ macro_rules! sync_store {
                 limit: std::time::Duration,
             ) -> diesel::QueryResult<$crate::store::Nesting> {
                 match <$db as $crate::store::Database>::bounded_begin_sql(limit) {
-                    Some(sql) => {
-                        let begun = $crate::db::begin_sync(self, &sql);
-                        if begun.is_err() {
-                            $crate::db::after_failed_bounded_begin::<$db, _>(self);
-                        }
-                        begun
-                    }
+                    Some(sql) => $crate::db::begin_bounded_sync::<$db, _>(self, &sql),
                     None => $open(self, $begin),
                 }
             }
@@ -264,14 +272,89 @@ macro_rules! sync_store {
             }
         }
 
+        job_store!($conn, $crate::connection::JobStore);
+    };
+}
+
+/// Implements `Sealed` and `$job_store` (`JobStore` or `AsyncJobStore`) for `$conn`, whose
+/// `Store` is itself.
+macro_rules! job_store {
+    ($conn:ty, $job_store:path) => {
         impl $crate::connection::Sealed for $conn {}
 
-        impl $crate::connection::JobStore for $conn {
+        impl $job_store for $conn {
             type Runtime = Self;
 
             fn idempotent_store(&mut self) -> &mut Self {
                 self
             }
+        }
+    };
+}
+
+/// The `Store` methods no diesel-async connection differs in (everything but how a transaction
+/// begins): its own transaction manager commits, rolls back and counts; a dropped transaction marks
+/// the connection broken; statements go through diesel-async's `RunQueryDsl`.
+#[cfg(feature = "async")]
+macro_rules! async_store_methods {
+    () => {
+        fn forget_transaction(&mut self, broken: bool) {
+            $crate::db::forget_async(self, broken);
+        }
+
+        async fn commit(&mut self) -> diesel::QueryResult<()> {
+            <<Self as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<Self>>::commit_transaction(self).await
+        }
+
+        async fn rollback(&mut self) -> diesel::QueryResult<()> {
+            <<Self as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<Self>>::rollback_transaction(self).await
+        }
+
+        fn abandon(&mut self, _unfinished: $crate::store::Unfinished) {
+            $crate::db::mark_broken(self);
+        }
+
+        fn transaction_depth(&mut self) -> diesel::QueryResult<u32> {
+            $crate::db::depth_async(self)
+        }
+
+        async fn pause(duration: std::time::Duration) {
+            tokio::time::sleep(duration).await;
+        }
+
+        async fn execute<S, B>(
+            &mut self,
+            statement: $crate::sql::Statement<S, B>,
+        ) -> diesel::QueryResult<usize>
+        where
+            S: $crate::sql::SqlText,
+            B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+        {
+            diesel_async::RunQueryDsl::execute(statement, self).await
+        }
+
+        async fn load<S, B, U>(
+            &mut self,
+            statement: $crate::sql::Statement<S, B>,
+        ) -> diesel::QueryResult<Vec<U>>
+        where
+            S: $crate::sql::SqlText,
+            B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+            U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
+                + Send
+                + 'static,
+        {
+            diesel_async::RunQueryDsl::load(statement, self).await
+        }
+
+        async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
+            diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
+        }
+
+        async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
+            let rows: Vec<$crate::db::TextRow> =
+                diesel_async::RunQueryDsl::load(diesel::sql_query(sql), self).await?;
+            Ok(rows.into_iter().map(|r| r.row).collect())
         }
     };
 }
@@ -299,76 +382,10 @@ macro_rules! async_store {
                 $crate::db::begin_async(self, $job_begin).await
             }
 
-            fn forget_transaction(&mut self, broken: bool) {
-                $crate::db::forget_async(self, broken);
-            }
-
-            async fn commit(&mut self) -> diesel::QueryResult<()> {
-                <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<Self>>::commit_transaction(self).await
-            }
-
-            async fn rollback(&mut self) -> diesel::QueryResult<()> {
-                <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<Self>>::rollback_transaction(self).await
-            }
-
-            fn abandon(&mut self, _unfinished: $crate::store::Unfinished) {
-                $crate::db::mark_broken(self);
-            }
-
-            fn transaction_depth(&mut self) -> diesel::QueryResult<u32> {
-                let status = <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<Self>>::transaction_manager_status_mut(self);
-                Ok(status.transaction_depth()?.map_or(0, std::num::NonZeroU32::get))
-            }
-
-            async fn pause(duration: std::time::Duration) {
-                tokio::time::sleep(duration).await;
-            }
-
-            async fn execute<S, B>(
-                &mut self,
-                statement: $crate::sql::Statement<S, B>,
-            ) -> diesel::QueryResult<usize>
-            where
-                S: $crate::sql::SqlText,
-                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
-            {
-                diesel_async::RunQueryDsl::execute(statement, self).await
-            }
-
-            async fn load<S, B, U>(
-                &mut self,
-                statement: $crate::sql::Statement<S, B>,
-            ) -> diesel::QueryResult<Vec<U>>
-            where
-                S: $crate::sql::SqlText,
-                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
-                U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
-                    + Send
-                    + 'static,
-            {
-                diesel_async::RunQueryDsl::load(statement, self).await
-            }
-
-            async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
-                diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
-            }
-
-            async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
-                let rows: Vec<$crate::db::TextRow> =
-                    diesel_async::RunQueryDsl::load(diesel::sql_query(sql), self).await?;
-                Ok(rows.into_iter().map(|r| r.row).collect())
-            }
+            async_store_methods!();
         }
 
-        impl $crate::connection::Sealed for $conn {}
-
-        impl $crate::connection::AsyncJobStore for $conn {
-            type Runtime = Self;
-
-            fn idempotent_store(&mut self) -> &mut Self {
-                self
-            }
-        }
+        job_store!($conn, $crate::connection::AsyncJobStore);
     };
 }
 
@@ -479,7 +496,6 @@ macro_rules! shared_statements {
                  FROM done_jobs WHERE key_digest = ?", read_guard!()
             );
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
-            SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
             Record = concat!(
                 "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
                 " WHERE key_digest = ?"
@@ -801,6 +817,8 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+
+mod shared;
 
 /// deadpool's pooled connection as a job connection of its own: everything is the connection's,
 /// except that a job dropped inside its transaction also takes the connection out of the pool.

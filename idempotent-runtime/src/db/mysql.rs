@@ -28,7 +28,7 @@ use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
-use crate::migrations::{TableCount, Version};
+use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
 use crate::store::{
@@ -168,10 +168,7 @@ macro_rules! read_guard {
 
 shared_statements!();
 
-/// The microseconds bound in `now_plus!()`.
-fn later(micros: Option<i64>) -> crate::sql::Bind<Nullable<BigInt>, Option<i64>> {
-    bind(micros)
-}
+use super::shared::later;
 
 sql! {
     // A transaction the session holds that Diesel does not know of. MariaDB says so
@@ -383,14 +380,9 @@ impl Database for MysqlDb {
         claim: &Claim<'_>,
     ) -> QueryResult<ClaimAttempt> {
         let inserted = conn
-            .execute(Statement::<ClaimInsert, _>::new((
-                bind::<Binary, _>(&claim.digest[..]),
-                bind::<Text, _>(claim.key),
-                bind::<Text, _>(claim.job),
-                bind::<Nullable<Binary>, _>(claim.fingerprint),
-                bind::<BigInt, _>(claim.token),
-                bind::<Nullable<Text>, _>(claim.result),
-            )))
+            .execute(Statement::<ClaimInsert, _>::new(
+                super::shared::claim_values(claim),
+            ))
             .await;
         match inserted {
             Ok(_) => return Ok(ClaimAttempt::Inserted),
@@ -402,20 +394,14 @@ impl Database for MysqlDb {
                 &claim.digest[..],
             ),)))
             .await?;
-        Ok(rows
-            .into_iter()
-            .next()
-            .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+        Ok(super::shared::found(rows.into_iter().next()))
     }
 
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
     ) -> QueryResult<Vec<LeasedRow>> {
-        conn.execute(Statement::<ParkAbandoned, _>::new((bind::<Integer, _>(
-            lease.max_attempts,
-        ),)))
-            .await?;
+        super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
         let mut ids: Vec<Id> = conn.load(Statement::<FindAbandoned, _>::new(())).await?;
         if ids.is_empty() {
             ids = conn
@@ -441,13 +427,7 @@ impl Database for MysqlDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        if !MysqlDb::table_exists(conn, "idempotent_schema").await? {
-            return Ok(None);
-        }
-        let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
-        Ok(Some(
-            rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
-        ))
+        super::shared::recorded_version(conn).await
     }
 
     async fn migrate<C: Store<Db = Self>>(

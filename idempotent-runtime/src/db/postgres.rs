@@ -31,7 +31,7 @@ use diesel::pg::Pg;
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
-use crate::migrations::{TableCount, Version};
+use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
 use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Store};
@@ -186,10 +186,7 @@ macro_rules! read_guard {
 
 shared_statements!();
 
-/// The microseconds bound in `now_plus!()`.
-fn later(micros: Option<i64>) -> crate::sql::Bind<Nullable<BigInt>, Option<i64>> {
-    bind(micros)
-}
+use super::shared::later;
 
 sql! {
     // Whether this transaction has written: a `BEGIN` inside a transaction of the caller's is
@@ -299,34 +296,14 @@ impl Database for PostgresDb {
         conn: &mut C,
         claim: &Claim<'_>,
     ) -> QueryResult<ClaimAttempt> {
-        let inserted = conn
-            .execute(Statement::<ClaimInsert, _>::new((
-                bind::<Binary, _>(&claim.digest[..]),
-                bind::<Text, _>(claim.key),
-                bind::<Text, _>(claim.job),
-                bind::<Nullable<Binary>, _>(claim.fingerprint),
-                bind::<BigInt, _>(claim.token),
-                bind::<Nullable<Text>, _>(claim.result),
-            )))
-            .await?;
-        if inserted == 1 {
-            return Ok(ClaimAttempt::Inserted);
-        }
-        // At READ COMMITTED this statement's snapshot sees the row whose insert the claim waited
-        // for; a row pruned meanwhile is missing, and the claim goes round again.
-        Ok(Self::done_row(conn, claim.digest)
-            .await?
-            .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+        super::shared::insert_or_read::<ClaimInsert, _>(conn, claim).await
     }
 
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
     ) -> QueryResult<Vec<LeasedRow>> {
-        conn.execute(Statement::<ParkAbandoned, _>::new((bind::<Integer, _>(
-            lease.max_attempts,
-        ),)))
-            .await?;
+        super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
         let abandoned: Vec<LeasedRow> = conn
             .load(Statement::<TakeAbandoned, _>::new((
                 bind::<Text, _>(lease.owner),
@@ -354,13 +331,7 @@ impl Database for PostgresDb {
         // ("prepared statement \"s3\" does not exist"). This is the one read that runs before
         // any transaction, when every worker migrates at start.
         crate::transaction::in_transaction(conn, async |conn| {
-            if !PostgresDb::table_exists(conn, "idempotent_schema").await? {
-                return Ok(None);
-            }
-            let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
-            Ok(Some(
-                rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
-            ))
+            super::shared::recorded_version(conn).await
         })
         .await
     }

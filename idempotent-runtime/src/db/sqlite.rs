@@ -17,9 +17,8 @@ use diesel::result::{Error as DieselError, QueryResult};
 use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
-use crate::migrations::Version;
 use crate::sql::{Statement, bind};
-use crate::store::{Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Store};
+use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Store};
 
 /// SQLite, with the bundled library (feature `sqlite`).
 #[derive(Debug, Clone, Copy)]
@@ -66,12 +65,6 @@ sql! {
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
         ") ON CONFLICT DO NOTHING"
-    );
-    ClaimRead = concat!(
-        "SELECT job_name, result, fingerprint, \
-         CAST(ROUND((julianday(done_at) - 2440587.5) * 86400000.0) AS INTEGER) * 1000 AS done_at_micros, \
-         (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
-         FROM done_jobs WHERE key_digest = ?"
     );
     PruneLapsed = concat!(
         "DELETE FROM done_jobs WHERE key_digest IN \
@@ -192,38 +185,14 @@ impl Database for SqliteDb {
         conn: &mut C,
         claim: &Claim<'_>,
     ) -> QueryResult<ClaimAttempt> {
-        let inserted = conn
-            .execute(Statement::<ClaimInsert, _>::new((
-                bind::<Binary, _>(&claim.digest[..]),
-                bind::<Text, _>(claim.key),
-                bind::<Text, _>(claim.job),
-                bind::<Nullable<Binary>, _>(claim.fingerprint),
-                bind::<BigInt, _>(claim.token),
-                bind::<Nullable<Text>, _>(claim.result),
-            )))
-            .await?;
-        if inserted == 1 {
-            return Ok(ClaimAttempt::Inserted);
-        }
-        let rows: Vec<DoneRow> = conn
-            .load(Statement::<ClaimRead, _>::new((bind::<Binary, _>(
-                &claim.digest[..],
-            ),)))
-            .await?;
-        Ok(rows
-            .into_iter()
-            .next()
-            .map_or(ClaimAttempt::Missing, ClaimAttempt::Found))
+        super::shared::insert_or_read::<ClaimInsert, _>(conn, claim).await
     }
 
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
     ) -> QueryResult<Vec<LeasedRow>> {
-        conn.execute(Statement::<ParkAbandoned, _>::new((bind::<Integer, _>(
-            lease.max_attempts,
-        ),)))
-            .await?;
+        super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
         let abandoned = conn
             .execute(Statement::<TakeAbandoned, _>::new((
                 bind::<Text, _>(lease.owner),
@@ -245,13 +214,7 @@ impl Database for SqliteDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        if !SqliteDb::table_exists(conn, "idempotent_schema").await? {
-            return Ok(None);
-        }
-        let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
-        Ok(Some(
-            rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
-        ))
+        super::shared::recorded_version(conn).await
     }
 
     async fn migrate<C: Store<Db = Self>>(
@@ -274,12 +237,10 @@ impl Database for SqliteDb {
         conn: &mut C,
         table: &str,
     ) -> QueryResult<Vec<String>> {
-        let columns: Vec<super::Name> = conn
-            .load(Statement::<TableColumns, _>::new((bind::<Text, _>(table),)))
-            .await?;
+        let columns = Self::table_columns(conn, table).await?;
         let row = columns
             .iter()
-            .map(|c| format!("quote({})", super::double_quoted(&c.name)))
+            .map(|name| format!("quote({})", super::double_quoted(name)))
             .collect::<Vec<_>>()
             .join(" || ', ' || ");
         conn.text_rows(&format!(
@@ -309,10 +270,8 @@ sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN_JOB, de
 mod wrapper {
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-    use diesel_async::{AsyncConnection, TransactionManager};
 
-    use crate::sql::{Binds, SqlText, Statement};
-    use crate::store::{Database, Nesting, Store, Unfinished};
+    use crate::store::{Database, Nesting, Store};
 
     type Wrapper = SyncConnectionWrapper<SqliteConnection>;
 
@@ -331,11 +290,7 @@ mod wrapper {
             let sql = <super::SqliteDb as Database>::bounded_begin_sql(limit)
                 .unwrap_or_else(|| super::BEGIN.to_owned());
             self.spawn_blocking(move |conn| {
-                let begun = crate::db::begin_sync(conn, &sql);
-                if begun.is_err() {
-                    crate::db::after_failed_bounded_begin::<super::SqliteDb, _>(conn);
-                }
-                begun
+                crate::db::begin_bounded_sync::<super::SqliteDb, _>(conn, &sql)
             })
             .await
         }
@@ -349,11 +304,7 @@ mod wrapper {
                 None => super::BEGIN_JOB.to_owned(),
             };
             self.spawn_blocking(move |conn| {
-                let begun = crate::db::begin_sync(conn, &sql);
-                if begun.is_err() {
-                    crate::db::after_failed_bounded_begin::<super::SqliteDb, _>(conn);
-                }
-                begun
+                crate::db::begin_bounded_sync::<super::SqliteDb, _>(conn, &sql)
             })
             .await
         }
@@ -363,71 +314,8 @@ mod wrapper {
                 .await
         }
 
-        fn forget_transaction(&mut self, broken: bool) {
-            crate::db::forget_async(self, broken);
-        }
-
-        async fn commit(&mut self) -> diesel::QueryResult<()> {
-            <Wrapper as AsyncConnection>::TransactionManager::commit_transaction(self).await
-        }
-
-        async fn rollback(&mut self) -> diesel::QueryResult<()> {
-            <Wrapper as AsyncConnection>::TransactionManager::rollback_transaction(self).await
-        }
-
-        fn abandon(&mut self, _unfinished: Unfinished) {
-            crate::db::mark_broken(self);
-        }
-
-        fn transaction_depth(&mut self) -> diesel::QueryResult<u32> {
-            let status =
-                <Wrapper as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
-                    self,
-                );
-            Ok(status
-                .transaction_depth()?
-                .map_or(0, std::num::NonZeroU32::get))
-        }
-
-        async fn pause(duration: std::time::Duration) {
-            tokio::time::sleep(duration).await;
-        }
-
-        async fn execute<S, B>(&mut self, statement: Statement<S, B>) -> diesel::QueryResult<usize>
-        where
-            S: SqlText,
-            B: Binds<<Self::Db as Database>::Backend> + Send,
-        {
-            diesel_async::RunQueryDsl::execute(statement, self).await
-        }
-
-        async fn load<S, B, U>(&mut self, statement: Statement<S, B>) -> diesel::QueryResult<Vec<U>>
-        where
-            S: SqlText,
-            B: Binds<<Self::Db as Database>::Backend> + Send,
-            U: diesel::QueryableByName<<Self::Db as Database>::Backend> + Send + 'static,
-        {
-            diesel_async::RunQueryDsl::load(statement, self).await
-        }
-
-        async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
-            diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
-        }
-
-        async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
-            let rows: Vec<crate::db::TextRow> =
-                diesel_async::RunQueryDsl::load(diesel::sql_query(sql), self).await?;
-            Ok(rows.into_iter().map(|r| r.row).collect())
-        }
+        async_store_methods!();
     }
 
-    impl crate::connection::Sealed for Wrapper {}
-
-    impl crate::connection::AsyncJobStore for Wrapper {
-        type Runtime = Self;
-
-        fn idempotent_store(&mut self) -> &mut Self {
-            self
-        }
-    }
+    job_store!(Wrapper, crate::connection::AsyncJobStore);
 }

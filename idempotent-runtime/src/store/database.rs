@@ -102,6 +102,29 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { Ok(Vec::new()) }
     }
 
+    /// Outside any transaction, just before a prune's `BEGIN`: makes that one transaction take the
+    /// fewest locks its statement allows. MySQL/MariaDB: `SET TRANSACTION ISOLATION LEVEL READ
+    /// COMMITTED` (the next transaction only). At the default REPEATABLE READ, `DELETE ... ORDER
+    /// BY expires_at LIMIT n` takes next-key locks on the `expires_at` index, among them the gap
+    /// just before the first lapsed entry, which is where every new claim's `NULL` entry goes:
+    /// claims wait for the batch. At READ COMMITTED that gap is not locked. Elsewhere nothing.
+    #[doc(hidden)]
+    fn fewest_locks_next<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let _ = conn;
+        std::future::ready(Ok(()))
+    }
+
+    /// Whether `error` says a prune's statement cannot run at the isolation
+    /// [`fewest_locks_next`](Self::fewest_locks_next) chose (MySQL/MariaDB with statement-based
+    /// binary logging, error 1665), so that the prune goes on at the session's own.
+    #[doc(hidden)]
+    fn fewest_locks_refused(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Diesel's backend type.
     #[doc(hidden)]
     type Backend: Backend;
@@ -200,29 +223,6 @@ pub trait Database: Sized + Send + Sync + 'static {
         result: Option<&str>,
         keep_micros: Option<i64>,
     ) -> impl Future<Output = QueryResult<()>> + Send;
-
-    /// Outside any transaction, just before a prune's `BEGIN`: makes that one transaction take the
-    /// fewest locks its statement allows. MySQL/MariaDB: `SET TRANSACTION ISOLATION LEVEL READ
-    /// COMMITTED` (the next transaction only). At the default REPEATABLE READ, `DELETE ... ORDER
-    /// BY expires_at LIMIT n` takes next-key locks on the `expires_at` index, among them the gap
-    /// just before the first lapsed entry, which is where every new claim's `NULL` entry goes:
-    /// claims wait for the batch. At READ COMMITTED that gap is not locked. Elsewhere nothing.
-    #[doc(hidden)]
-    fn fewest_locks_next<C: Store<Db = Self>>(
-        conn: &mut C,
-    ) -> impl Future<Output = QueryResult<()>> + Send {
-        let _ = conn;
-        std::future::ready(Ok(()))
-    }
-
-    /// Whether `error` says a prune's statement cannot run at the isolation
-    /// [`fewest_locks_next`](Self::fewest_locks_next) chose (MySQL/MariaDB with statement-based
-    /// binary logging, error 1665), so that the prune goes on at the session's own.
-    #[doc(hidden)]
-    fn fewest_locks_refused(error: &DieselError) -> bool {
-        let _ = error;
-        false
-    }
 
     /// Deletes up to `limit` lapsed claims in one statement; returns how many.
     #[doc(hidden)]
@@ -363,7 +363,7 @@ pub trait Database: Sized + Send + Sync + 'static {
 
     /// The schema's steps, in order (`idempotent-runtime/sql/<database>/`).
     #[doc(hidden)]
-    const STEPS: &'static [crate::migrations::Step];
+    const STEPS: &'static [Step];
 
     /// The version table's DDL.
     #[doc(hidden)]

@@ -217,3 +217,26 @@ pub struct SettingRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub previous: String,
 }
+
+/// One step of the schema: creates `table`, or adds `column` to it.
+#[derive(Debug)]
+pub struct Step {
+    /// The version the step records.
+    pub version: i32,
+    /// The table it creates, or adds `column` to.
+    pub table: &'static str,
+    /// The column it adds, if that is all it does.
+    pub column: Option<&'static str>,
+    /// Its DDL.
+    pub sql: &'static str,
+}
+
+impl Step {
+    /// What `idempotent_schema.description` says of it: the table, or `table.column`.
+    pub(crate) fn description(&self) -> String {
+        match self.column {
+            Some(column) => format!("{}.{column}", self.table),
+            None => self.table.to_owned(),
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Steps that two or three databases take alike, written once: generic over the connection's
+//! [`Store`] and, where the SQL text is each database's own, over the statement ([`SqlText`]).
+//! (The statements whose text is the same template everywhere are in `shared_statements!`.)
+
+use diesel::QueryableByName;
+use diesel::result::QueryResult;
+use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
+
+use crate::migrations::Version;
+use crate::sql::{Bind, Binds, SqlText, Statement, bind};
+use crate::store::{Claim, ClaimAttempt, Database, DoneRow, Lease, Store};
+
+sql! {
+    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
+}
+
+/// A claim's values, in the order of the `?`s of every database's `ClaimInsert`: `key_digest`,
+/// `job_key`, `job_name`, `fingerprint`, `claim_token`, `result`.
+pub(crate) type ClaimValues<'a> = (
+    Bind<Binary, &'a [u8]>,
+    Bind<Text, &'a str>,
+    Bind<Text, &'a str>,
+    Bind<Nullable<Binary>, Option<&'a [u8]>>,
+    Bind<BigInt, i64>,
+    Bind<Nullable<Text>, Option<&'a str>>,
+);
+
+/// The values `claim` binds to its database's `ClaimInsert`.
+pub(crate) fn claim_values<'a>(claim: &Claim<'a>) -> ClaimValues<'a> {
+    (
+        bind::<Binary, _>(&claim.digest[..]),
+        bind::<Text, _>(claim.key),
+        bind::<Text, _>(claim.job),
+        bind::<Nullable<Binary>, _>(claim.fingerprint),
+        bind::<BigInt, _>(claim.token),
+        bind::<Nullable<Text>, _>(claim.result),
+    )
+}
+
+/// What a claim that did not insert found: the row that holds the key, or `Missing` when there is
+/// none to read (pruned meanwhile, or not yet visible to the read): the claim goes round again.
+pub(crate) fn found(row: Option<DoneRow>) -> ClaimAttempt {
+    row.map_or(ClaimAttempt::Missing, ClaimAttempt::Found)
+}
+
+/// One claim on a database whose `Insert` does nothing where the key is taken (`ON CONFLICT DO
+/// NOTHING`: SQLite, PostgreSQL): the insert, and only when it inserted nothing, the key's row in
+/// a statement of its own ([`Database::done_row`]). At READ COMMITTED that statement's snapshot
+/// sees the row whose insert the claim waited for.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "async-postgres"))]
+pub(crate) async fn insert_or_read<'a, Insert, C>(
+    conn: &mut C,
+    claim: &Claim<'a>,
+) -> QueryResult<ClaimAttempt>
+where
+    Insert: SqlText,
+    C: Store,
+    ClaimValues<'a>: Binds<<C::Db as Database>::Backend>,
+{
+    let inserted = conn
+        .execute(Statement::<Insert, _>::new(claim_values(claim)))
+        .await?;
+    if inserted == 1 {
+        return Ok(ClaimAttempt::Inserted);
+    }
+    Ok(found(C::Db::done_row(conn, claim.digest).await?))
+}
+
+/// A lease's first step on every database: `Park` (each database's own `ParkAbandoned`) parks the
+/// messages whose relay died during their last allowed attempt (`lease.max_attempts`).
+pub(crate) async fn park_abandoned<Park, C>(conn: &mut C, lease: &Lease<'_>) -> QueryResult<()>
+where
+    Park: SqlText,
+    C: Store,
+    (Bind<Integer, i32>,): Binds<<C::Db as Database>::Backend>,
+{
+    conn.execute(Statement::<Park, _>::new((bind::<Integer, _>(
+        lease.max_attempts,
+    ),)))
+        .await
+        .map(drop)
+}
+
+/// The version `idempotent_schema` records (0 when it holds none); `None` when the table does not
+/// exist. No lock is taken.
+pub(crate) async fn recorded_version<C: Store>(conn: &mut C) -> QueryResult<Option<i32>>
+where
+    Version: QueryableByName<<C::Db as Database>::Backend>,
+{
+    if !C::Db::table_exists(conn, "idempotent_schema").await? {
+        return Ok(None);
+    }
+    let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
+    Ok(Some(
+        rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
+    ))
+}
+
+/// The microseconds bound at the `?` of `now_plus!()`, on a database whose `now_plus!()` has one
+/// (PostgreSQL, MySQL; SQLite's binds it twice, see `db::sqlite`).
+#[cfg(any(
+    feature = "postgres",
+    feature = "async-postgres",
+    feature = "mysql",
+    feature = "async-mysql"
+))]
+pub(crate) fn later(micros: Option<i64>) -> Bind<Nullable<BigInt>, Option<i64>> {
+    bind(micros)
+}
