@@ -493,6 +493,11 @@ mod asynchronous {
         };
     }
 
+    fn no_socket(url: &str) -> String {
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{separator}prefer_socket=false")
+    }
+
     async fn connect(config: &Config) -> Result<AsyncConn, String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -511,7 +516,9 @@ mod asynchronous {
                     .await
                     .map(AsyncConn::Pg)
                     .map_err(|e| e.to_string()),
-                Db::Mariadb => AsyncMysqlConnection::establish(&config.url)
+                // mysql_async moves a loopback connection to the server's Unix socket unless told
+                // not to, which would take it past the proxy (and its cuts and stalls).
+                Db::Mariadb => AsyncMysqlConnection::establish(&no_socket(&config.url))
                     .await
                     .map(AsyncConn::My)
                     .map_err(|e| e.to_string()),
