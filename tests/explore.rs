@@ -46,7 +46,7 @@ fn explore() {
         );
         return;
     }
-    eprintln!(
+    say(&format!(
         "explore: seed {} ({}), {:?} on {:?}; replay with IDEMPOTENT_EXPLORE_SEED={}",
         settings.seed,
         if settings.seed_given {
@@ -57,7 +57,7 @@ fn explore() {
         settings.explore_for,
         settings.dbs,
         settings.seed
-    );
+    ));
     let started = Instant::now();
     let threads: Vec<_> = settings
         .dbs
@@ -221,6 +221,7 @@ fn the_checker_reports_a_double_effect_in_one_window() {
         start_us: 5_000_000,
         end_us: 5_001_000,
         found: true,
+        error: None,
     });
     assert_eq!(kinds(&history, &observed), Vec::<&str>::new());
     // A keep of 1 s that lapsed between them does too, one that did not does not.

@@ -899,24 +899,52 @@ impl Runner {
                     None
                 }));
             }
-            Step::Forget { key } => {
+            Step::Forget { key, cli } => {
                 let db = self.db.db;
                 let url = self.db.url.clone();
                 let key = key.clone();
+                let wanted = *cli;
+                let cli = cli_binary().filter(|_| wanted);
+                if wanted && cli.is_none() {
+                    *self
+                        .figures
+                        .faults
+                        .entry("forget-cli-not-built".into())
+                        .or_default() += 1;
+                }
                 self.ops.push(std::thread::spawn(move || {
                     let mut conn = connect_to(db, &url);
                     let start_us = now_us();
-                    let found = on_conn!(&mut conn, |c| idempotent_jobs::keys::forget(
-                        c,
-                        &JobKey::new(key.clone()),
-                        "explore"
-                    ));
+                    let found = match cli {
+                        // Exit 0: forgotten, 1: no such key; anything else: an error, after
+                        // which the row may be gone or not.
+                        Some(binary) => Command::new(binary)
+                            .args([
+                                "keys", "forget", "--yes", "--reason", "explore", "-D", &url, &key,
+                            ])
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .status()
+                            .map_err(|e| e.to_string())
+                            .and_then(|status| match status.code() {
+                                Some(0) => Ok(true),
+                                Some(1) => Ok(false),
+                                _ => Err(format!("the CLI exited with {status}")),
+                            }),
+                        None => on_conn!(&mut conn, |c| idempotent_jobs::keys::forget(
+                            c,
+                            &JobKey::new(key.clone()),
+                            "explore"
+                        ))
+                        .map_err(|e| e.to_string()),
+                    };
                     let end_us = now_us();
                     Some(Forget {
                         key,
                         start_us,
                         end_us,
-                        found: found.unwrap_or(true),
+                        found: *found.as_ref().unwrap_or(&true),
+                        error: found.err(),
                     })
                 }));
             }
@@ -1073,6 +1101,17 @@ impl Runner {
         let distinct: std::collections::BTreeSet<&String> = self.history.received.iter().collect();
         figures.duplicates_received = self.history.received.len() - distinct.len();
         figures.effects = observed.effects.len();
+        let failed_forgets = self
+            .history
+            .forgets
+            .iter()
+            .filter(|f| f.error.is_some())
+            .count();
+        if failed_forgets > 0 {
+            figures
+                .faults
+                .insert("forget-failed".into(), failed_forgets as u64);
+        }
         figures.duration = started.elapsed();
         let keep = std::env::var_os("IDEMPOTENT_EXPLORE_KEEP").is_some()
             || (!verdict.violations.is_empty() && !self.sabotage && !QUIET.with(|q| q.get()));
@@ -1112,6 +1151,17 @@ fn connect_to(db: Db, url: &str) -> Conn {
             Conn::My(MysqlConnection::establish(url).unwrap_or_else(|e| down(db, url, e)))
         }
     }
+}
+
+/// The CLI binary (`idempotent-jobs`), when built: `IDEMPOTENT_EXPLORE_CLI`, or beside this test
+/// binary's directory (`target/debug/idempotent-jobs`, which `cargo test --workspace` builds).
+fn cli_binary() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("IDEMPOTENT_EXPLORE_CLI") {
+        return Some(path.into());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.parent()?.parent()?.join("idempotent-jobs");
+    path.is_file().then_some(path)
 }
 
 fn delivery(spec: &JobSpec, worker: usize, final_round: bool, res: Res) -> Delivery {

@@ -156,8 +156,12 @@ pub enum Step {
         cancel_ms: Option<u64>,
     },
     Prune,
+    /// Forget a key through the keys API, or through the CLI binary (`idempotent-jobs keys
+    /// forget`) when `cli` and the binary is built.
     Forget {
         key: String,
+        #[serde(default)]
+        cli: bool,
     },
     Sleep {
         ms: u64,
@@ -232,7 +236,8 @@ impl Step {
                 }
             }
             Step::Prune => Some("prune".to_owned()),
-            Step::Forget { .. } => Some("forget".to_owned()),
+            Step::Forget { cli: false, .. } => Some("forget".to_owned()),
+            Step::Forget { cli: true, .. } => Some("forget-cli".to_owned()),
             Step::Sleep { .. } => None,
             Step::Kill { .. } => Some("kill-at-random".to_owned()),
             Step::Cut { .. } => Some("cut-tcp-at-random".to_owned()),
@@ -451,6 +456,7 @@ impl Generator {
                 let index = self.keys.len() - 1 - self.rng.below(recent) as usize;
                 Step::Forget {
                     key: self.keys[index].key.clone(),
+                    cli: self.rng.chance(30),
                 }
             }
             88..=91 => Step::Kill { w: self.worker() },
@@ -557,6 +563,9 @@ pub struct Forget {
     pub start_us: i64,
     pub end_us: i64,
     pub found: bool,
+    /// The forget failed (then the row may be gone or not, and `found` is `true`).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
