@@ -1032,6 +1032,7 @@ impl Runner {
                     slow_ms: 0,
                     hold: None,
                     cancel_ms: None,
+                    in_progress_ms: None,
                 };
                 self.figures.final_deliveries += 1;
                 self.slots[w].busy = Some(Busy::Job(spec.clone()));

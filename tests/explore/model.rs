@@ -139,6 +139,10 @@ pub struct JobSpec {
     pub hold: Option<Hold>,
     /// Async workers: drop the call's future after this long.
     pub cancel_ms: Option<u64>,
+    /// While another run of the key is in progress: `None` waits (the default), `Some(0)` fails at
+    /// once, `Some(ms)` waits at most that long (`WhileInProgress`).
+    #[serde(default)]
+    pub in_progress_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -393,7 +397,15 @@ impl Generator {
         });
         let cancel_ms = (hold.is_none() && self.modes[w] == Mode::Async && self.rng.chance(8))
             .then(|| self.rng.range(5, 300));
+        let in_progress_ms = (!fresh && self.rng.chance(15)).then(|| {
+            if self.rng.chance(40) {
+                0
+            } else {
+                self.rng.range(10, 1500)
+            }
+        });
         JobSpec {
+            in_progress_ms,
             id: format!("d{}", self.next_id),
             key,
             job,

@@ -11,7 +11,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use idempotent_jobs::fingerprint::Fingerprint;
 use idempotent_jobs::outbox::{self, OutboxMessage, Relay};
-use idempotent_jobs::{Job, JobCall, JobKey, Outcome};
+use idempotent_jobs::{Job, JobCall, JobKey, Outcome, WhileInProgress};
 use serde::{Deserialize, Serialize};
 
 use super::model::{Db, Fail, HoldPoint, JobSpec, MAX_ATTEMPTS, Mode, Res};
@@ -308,6 +308,13 @@ fn run_sync_job(conn: &mut SyncConn, spec: &JobSpec, db: Db) -> Res {
     let key = JobKey::new(spec.key.clone());
     let job: &'static Job = &JOBS[spec.job as usize];
     let mut call = JobCall::new(job, &key).redelivered(spec.redelivered);
+    if let Some(ms) = spec.in_progress_ms {
+        call = call.while_in_progress(if ms == 0 {
+            WhileInProgress::Fail
+        } else {
+            WhileInProgress::WaitAtMost(Duration::from_millis(ms))
+        });
+    }
     if let Some(fp) = spec.fp {
         call = call.fingerprint(fingerprint(fp));
     }
@@ -539,6 +546,13 @@ mod asynchronous {
         let key = JobKey::new(spec.key.clone());
         let job: &'static Job = &JOBS[spec.job as usize];
         let mut call = JobCall::new(job, &key).redelivered(spec.redelivered);
+        if let Some(ms) = spec.in_progress_ms {
+            call = call.while_in_progress(if ms == 0 {
+                WhileInProgress::Fail
+            } else {
+                WhileInProgress::WaitAtMost(Duration::from_millis(ms))
+            });
+        }
         if let Some(fp) = spec.fp {
             call = call.fingerprint(fingerprint(fp));
         }
