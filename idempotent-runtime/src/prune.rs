@@ -68,7 +68,9 @@ impl Prune {
 
     /// After each batch, a pause of `factor` times that batch's own duration (at most 30 s): the
     /// prune then takes at most `1 / (factor + 1)` of the database's time, however busy it is,
-    /// since a batch that waited for locks or a busy disk is followed by a longer pause. 9 by
+    /// since a batch slowed by row locks or a busy disk is followed by a longer pause. A batch's
+    /// duration runs from when its transaction has begun: waiting for SQLite's write lock is not
+    /// work, and does not lengthen the pause. 9 by
     /// default: in the benchmark (`docs/performance.md`), claims running beside a prune of
     /// 100,000 lapsed rows kept their throughput and p99 latency on PostgreSQL only from about
     /// 9; unpaced, they lost 43% of their throughput there and 93% on MariaDB. `0` turns pacing
@@ -166,12 +168,16 @@ impl Batches {
         let mut report = PruneReport::default();
         let mut fewest_locks = true;
         loop {
-            let started = Instant::now();
+            // The batch's own time runs from when its transaction has begun: waiting for
+            // SQLite's write lock (`BEGIN IMMEDIATE` behind the workers' claims) puts no load on
+            // the database, and charged to the pace it made a prune beside busy workers pause
+            // seconds per batch and fall behind the keys lapsing.
             let limit = i64::from(options.batch_size);
-            let removed = loop {
+            let (removed, began) = loop {
                 let own = Own::Prune { fewest_locks };
                 match outside_transactions_as(conn, self.table, own, async |conn: &mut S| {
-                    delete(conn, limit).await
+                    let began = Instant::now();
+                    delete(conn, limit).await.map(|removed| (removed, began))
                 })
                 .await
                 {
@@ -188,7 +194,7 @@ impl Batches {
                     result => break result.map_err(&error)?,
                 }
             };
-            let took = started.elapsed();
+            let took = began.elapsed();
             report.removed += removed as u64;
             report.batches += 1;
             let finished = removed < options.batch_size as usize
