@@ -73,13 +73,14 @@ pub enum Error {
     },
 
     /// Another run of the key is in progress and the job's in-progress policy does not wait for
-    /// it (or waited as long as it allows). Nothing ran and nothing was recorded; a retry later
-    /// replays the other run's result or, if it rolled back, runs.
+    /// it (or waited as long as it allows); on SQLite, whose one writer locks the whole database,
+    /// any job that holds the write lock counts. Nothing ran and nothing was recorded; a retry
+    /// later replays the other run's result or, if it rolled back, runs.
     ///
     /// What to do: retry later (requeue with a delay). The retry replays the other run's result
     /// once it commits, or runs if it rolls back.
     #[error(
-        "job `{job}` (key `{key}`): another run of this key is in progress{waited}; nothing ran; retrying later is safe",
+        "job `{job}` (key `{key}`): another transaction holds the key (another run of it; on SQLite, any job writing){waited}; nothing ran; retrying later is safe",
         waited = if waited.is_zero() { String::new() } else { format!(" (waited {waited:?})") }
     )]
     InProgress {
