@@ -402,6 +402,18 @@ pub fn in_progress_policies_bound_the_wait<B: Backend>() {
                 5_000,
                 "the busy timeout is back after a BEGIN that did not get the lock"
             );
+            // SQLite's one writer: a job of another key is held up too, and the error says so
+            // instead of naming another run of its own key (found by the explorer).
+            let other = runtime_error(B::held_with_policy(
+                &mut conn,
+                &format!("{id}-other"),
+                WhileInProgress::Fail,
+            ));
+            assert!(matches!(other, Error::InProgress { .. }), "{other}");
+            assert!(
+                other.to_string().contains("on SQLite, any job writing"),
+                "the error blames another run of the key, while any job writing holds SQLite: {other}"
+            );
         }
 
         let started = Instant::now();
