@@ -17,15 +17,7 @@ fn a_prune_pauses_after_each_batch_as_long_as_its_pace_says() {
 
     let db = Db::<Sqlite>::fresh();
     let mut conn = db.connect();
-    Sqlite::execute(
-        &mut conn,
-        &crate::second_run::bulk_claims(
-            crate::harness::Server::Sqlite,
-            "lapsed",
-            "2000-01-02 00:00:00",
-        )
-        .replace("100000", "3500"),
-    );
+    lapsed::<Sqlite>(&mut conn, "lapsed", 3500);
     let started = Instant::now();
     let (report, events) =
         crate::capture::events(|| Sqlite::prune(&mut conn, &Prune::default().batch_size(1_000)));
@@ -52,15 +44,7 @@ fn a_prune_pauses_after_each_batch_as_long_as_its_pace_says() {
         "paused {paused:?} in a run of {elapsed:?}"
     );
 
-    Sqlite::execute(
-        &mut conn,
-        &crate::second_run::bulk_claims(
-            crate::harness::Server::Sqlite,
-            "again",
-            "2000-01-02 00:00:00",
-        )
-        .replace("100000", "2500"),
-    );
+    lapsed::<Sqlite>(&mut conn, "again", 2500);
     let (report, events) = crate::capture::events(|| {
         Sqlite::prune(&mut conn, &Prune::default().batch_size(1_000).pace(0))
     });
@@ -87,15 +71,7 @@ fn a_prune_pauses_for_its_work_not_for_its_wait_for_the_write_lock() {
     const HOLD: Duration = Duration::from_secs(2);
     let db = Db::<Sqlite>::fresh();
     let mut conn = db.connect();
-    Sqlite::execute(
-        &mut conn,
-        &crate::second_run::bulk_claims(
-            crate::harness::Server::Sqlite,
-            "lapsed",
-            "2000-01-02 00:00:00",
-        )
-        .replace("100000", "1500"),
-    );
+    lapsed::<Sqlite>(&mut conn, "lapsed", 1500);
     let mut holder = db.connect();
     Sqlite::execute(&mut holder, "BEGIN IMMEDIATE");
     let (report, events, released) = std::thread::scope(|scope| {
@@ -124,6 +100,16 @@ fn a_prune_pauses_for_its_work_not_for_its_wait_for_the_write_lock() {
     assert!(
         Duration::from_micros(pause_us) < HOLD * 9,
         "the first batch waited {HOLD:?} for the write lock and paused {pause_us} µs after it (its duration: {took_us} µs): the wait was charged as work"
+    );
+}
+
+/// Inserts `rows` claims of the job `job` that lapsed in 2000.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+fn lapsed<B: Backend>(conn: &mut B::Conn, job: &str, rows: u32) {
+    B::execute(
+        conn,
+        &crate::second_run::bulk_claims(B::SERVER, job, "2000-01-02 00:00:00")
+            .replace("100000", &rows.to_string()),
     );
 }
 
@@ -159,15 +145,7 @@ fn a_claim_never_waits_for_a_prune_batch_on_mysql() {
 
     let db = Db::<Mysql>::fresh();
     let mut conn = db.connect();
-    Mysql::execute(
-        &mut conn,
-        &crate::second_run::bulk_claims(
-            crate::harness::Server::Mysql,
-            "lapsed",
-            "2000-01-02 00:00:00",
-        )
-        .replace("100000", "3"),
-    );
+    lapsed::<Mysql>(&mut conn, "lapsed", 3);
     Mysql::charge(&mut conn, "kept", 1, Mode::Succeed).expect("a live claim");
     // The last lapsed row the batch reaches, locked by its primary key alone.
     let mut holder = db.connect();
