@@ -690,7 +690,7 @@ fn certification_conflict(galera: &Galera) -> (Failure, String) {
         Some(&1),
         "the conflicting key's effect, once"
     );
-    (failure, errors[0].to_string())
+    (failure, cluster_workers::with_causes(errors[0]))
 }
 
 /// Six workers (sync and async, two per node) on three Galera nodes, keys raced across nodes, and
