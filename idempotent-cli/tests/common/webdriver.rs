@@ -320,17 +320,31 @@ impl Browser {
             .to_owned()
     }
 
-    /// The element the CSS selector finds first.
+    /// The element the CSS selector finds first. A click's navigation may not have begun when
+    /// `settle` saw the old page complete, and between the old page and the new one there is no
+    /// element at all (not even `body`): a selector that finds nothing is tried again, as the
+    /// page loads, for up to 15 s.
     fn find(&self, css: &str) -> String {
-        let found = self.session_call(
-            "POST",
-            "/element",
-            &json!({"using": "css selector", "value": css}),
-        );
-        found[ELEMENT]
-            .as_str()
-            .unwrap_or_else(|| panic!("no element {css} on {}", self.url()))
-            .to_owned()
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match self.try_call(
+                "POST",
+                &format!("/session/{}/element", self.session),
+                &json!({"using": "css selector", "value": css}),
+            ) {
+                Ok(found) => {
+                    return found[ELEMENT]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("no element {css} on {}", self.url()))
+                        .to_owned();
+                }
+                Err(error) if error["error"] == "no such element" && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                    self.settle();
+                }
+                Err(error) => panic!("finding {css} on {}: {error}", self.url()),
+            }
+        }
     }
 
     /// Whether the CSS selector finds anything.
