@@ -369,9 +369,25 @@ impl Browser {
     }
 
     /// Clicks an element (a button submits its form), and waits for the next page to load.
+    /// The page is marked before the click, and the wait lasts until a page without the mark
+    /// has loaded: `settle` alone may see the old page still complete, before the navigation the
+    /// click started has begun (at most 10 s, for a click that loads nothing).
     pub fn click(&self, css: &str) {
         let id = self.find(css);
+        self.script("window.__before_click = true; return null;");
         self.session_call("POST", &format!("/element/{id}/click"), &json!({}));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let marked = self.try_call(
+                "POST",
+                &format!("/session/{}/execute/sync", self.session),
+                &json!({"script": "return window.__before_click === true;", "args": []}),
+            );
+            if marked.is_ok_and(|m| m == false) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
         self.settle();
     }
 
