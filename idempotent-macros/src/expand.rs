@@ -14,7 +14,8 @@
 //! `outcome` that calls the handler and says whether it ran or replayed, aliased under the
 //! function's name (types and functions live in different namespaces). The handler itself reaches
 //! the hidden type by its own name, so a type or module of the user's that takes the function's
-//! name fails only the alias, with one error. A method, an associated function (one that mentions `Self`) and
+//! name fails only the alias, with one error. A method, an associated function (one that mentions
+//! `Self`, or that its source file shows in an `impl` or `trait` block: `crate::scope`) and
 //! `no_companion` get none: the job's description then lives in the function.
 //!
 //! Generated paths go through the runtime's versioned private module, so a facade and a macro crate
@@ -101,15 +102,14 @@ pub struct Expansion<'a> {
     pub handler: &'a Handler<'a>,
     pub key: &'a KeyTemplate,
     pub args: &'a Args,
+    /// Whether a companion stands beside the function (see `wants_companion`).
+    pub companion: bool,
 }
 
 impl Expansion<'_> {
     pub fn expand(&self) -> TokenStream {
         let handler = self.handler;
-        let companion = handler.receiver.is_none()
-            && !handler.mentions_self
-            && self.args.no_companion.is_none();
-        if companion {
+        if self.companion {
             let hidden = format_ident!(
                 "__IdempotentJob_{}",
                 handler.name(),

@@ -24,6 +24,7 @@ mod args;
 mod check;
 mod ctxt;
 mod expand;
+mod scope;
 mod signature;
 
 use proc_macro::TokenStream;
@@ -77,6 +78,9 @@ fn entry(
     if let Some(key) = &key {
         check::check(key, &args, handler.as_ref(), &cx);
     }
+    let companion = handler
+        .as_ref()
+        .is_some_and(|handler| wants_companion(handler, &args, &cx));
 
     // Expand, only when nothing was found.
     match (cx.check(), handler, key) {
@@ -84,6 +88,7 @@ fn entry(
             handler: &handler,
             key: &key,
             args: &args,
+            companion,
         }
         .expand(),
         (result, _, _) => {
@@ -105,4 +110,30 @@ fn take_repeated_attribute(item: &mut signature::ItemFn) -> Option<syn::Attribut
             .is_some_and(|segment| segment.ident == "idempotent_job")
     })?;
     Some(item.attrs.remove(position))
+}
+
+/// Whether the handler gets a companion: a free function does, unless `no_companion` says not; a
+/// method or an associated function does not, which the signature shows when it has a receiver or
+/// names `Self`, and the source file shows otherwise ([`scope`]). A free function whose name a
+/// type or module beside it already takes gets an error that says what to write.
+fn wants_companion(handler: &signature::Handler<'_>, args: &args::Args, cx: &ctxt::Ctxt) -> bool {
+    if handler.receiver.is_some() || handler.mentions_self || args.no_companion.is_some() {
+        return false;
+    }
+    match scope::locate(handler.item) {
+        scope::Place::Associated => false,
+        scope::Place::Free {
+            taken_by: Some(kind),
+        } => {
+            let name = &handler.item.sig.ident;
+            cx.error_at(
+                name.span(),
+                format!(
+                    "`{name}` is also the name of a {kind} here, and the companion that `#[idempotent_job]` gives a free function takes the function's name among types and modules; add `no_companion` to the attribute (the function itself is the job), or rename one of the two"
+                ),
+            );
+            false
+        }
+        scope::Place::Free { taken_by: None } | scope::Place::Unknown => true,
+    }
 }

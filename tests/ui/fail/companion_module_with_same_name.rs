@@ -9,4 +9,18 @@ fn report(conn: &mut SqliteConnection, day: u32) -> Result<u32, idempotent_jobs:
     Ok(day)
 }
 
+mod nested {
+    use diesel::SqliteConnection;
+    use idempotent_jobs::idempotent_job;
+
+    #[allow(non_camel_case_types)]
+    pub trait summary {}
+
+    #[idempotent_job(key = "summary:<day>")]
+    pub fn summary(conn: &mut SqliteConnection, day: u32) -> Result<u32, idempotent_jobs::Error> {
+        let _ = conn;
+        Ok(day)
+    }
+}
+
 fn main() {}
