@@ -159,6 +159,8 @@ fn delivery(id: &str, key: &str, job: u8, final_round: bool, res: Res) -> Delive
         final_round,
         null_result: false,
         res,
+        start_us: 0,
+        end_us: 0,
     }
 }
 
@@ -313,6 +315,33 @@ fn the_checker_reports_a_wrong_replay() {
         kinds(&history, &observed),
         vec!["replay-returns-a-committed-result"]
     );
+}
+
+#[test]
+fn the_checker_reports_a_replay_of_an_earlier_window() {
+    // Keep 1 s: d1 at 1 s, d3 ran in a later window at 3 s and reported it at 3.2 s; d4, sent at
+    // 4 s (before d3's window lapsed), replayed d1's result from a row d3 had replaced.
+    let (mut history, mut observed) = clean();
+    for d in &mut history.deliveries {
+        d.job = 1;
+    }
+    let mut d3 = delivery("d3", "k", 1, false, ran("d3"));
+    (d3.start_us, d3.end_us) = (2_900_000, 3_200_000);
+    let mut d4 = delivery("d4", "k", 1, false, Res::Replayed(Some("res:d1".into())));
+    (d4.start_us, d4.end_us) = (4_000_000, 4_100_000);
+    history.deliveries.extend([d3, d4]);
+    observed.effects.push(effect("k", "d3", 3_000_000));
+    assert_eq!(
+        kinds(&history, &observed),
+        vec!["replay-returns-the-latest-window"]
+    );
+    // Sent before d3 reported, d4 may have read the row before d3's claim replaced it.
+    history.deliveries[4].start_us = 3_100_000;
+    assert_eq!(kinds(&history, &observed), Vec::<&str>::new());
+    // Replaying d3 itself is right.
+    history.deliveries[4].start_us = 4_000_000;
+    history.deliveries[4].res = Res::Replayed(Some("res:d3".into()));
+    assert_eq!(kinds(&history, &observed), Vec::<&str>::new());
 }
 
 #[test]

@@ -17,8 +17,8 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use idempotent_jobs::JobKey;
 
 use super::model::{
-    Db, Delivery, Effect, Fail, Forget, History, HoldPoint, JobSpec, Mode, Nemesis, Observed, Res,
-    Schedule, Step, Verdict, check,
+    Db, Delivery, Effect, Fail, Forget, History, HoldPoint, JobSpec, Mode, Nemesis, Observed,
+    Operation, Res, Schedule, Step, Verdict, check,
 };
 use super::worker::{self, Command as WorkerCommand, Config, Event};
 
@@ -442,7 +442,8 @@ fn pump(
 #[derive(Debug, Clone)]
 enum Busy {
     Starting,
-    Job(JobSpec),
+    /// A delivery, and when it was sent (µs since the epoch).
+    Job(JobSpec, i64),
     Relay,
 }
 
@@ -494,7 +495,7 @@ pub struct Runner {
     events: Receiver<(usize, u64, Event)>,
     sender: Sender<(usize, u64, Event)>,
     history: History,
-    ops: Vec<std::thread::JoinHandle<Option<Forget>>>,
+    ops: Vec<std::thread::JoinHandle<OpDone>>,
     timers: Vec<(Instant, Timer)>,
     figures: Figures,
     next_final: u64,
@@ -623,10 +624,14 @@ impl Runner {
             let _ = child.wait();
         }
         slot.stdin = None;
-        if let Some(Busy::Job(spec)) = slot.busy.take() {
-            self.history
-                .deliveries
-                .push(delivery(&spec, w, false, Res::Unknown(why.into())));
+        if let Some(Busy::Job(spec, start_us)) = slot.busy.take() {
+            self.history.deliveries.push(delivery(
+                &spec,
+                w,
+                false,
+                start_us,
+                Res::Unknown(why.into()),
+            ));
         }
         slot.held = None;
         self.timers
@@ -719,12 +724,16 @@ impl Runner {
                 let slot = &mut self.slots[w];
                 slot.held = None;
                 match slot.busy.take() {
-                    Some(Busy::Job(spec)) if spec.id == id => {
+                    Some(Busy::Job(spec, start_us)) if spec.id == id => {
                         let final_round = spec.id.starts_with('f');
                         *self.figures.outcomes.entry(res.label()).or_default() += 1;
-                        self.history
-                            .deliveries
-                            .push(delivery(&spec, w, final_round, res));
+                        self.history.deliveries.push(delivery(
+                            &spec,
+                            w,
+                            final_round,
+                            start_us,
+                            res,
+                        ));
                     }
                     other => {
                         self.history.anomalies.push(format!(
@@ -851,7 +860,7 @@ impl Runner {
                 self.keys
                     .insert(job.key.clone(), (job.job, job.null_result));
                 self.figures.deliveries += 1;
-                self.slots[w].busy = Some(Busy::Job(job.clone()));
+                self.slots[w].busy = Some(Busy::Job(job.clone(), now_us()));
                 self.send(w, &WorkerCommand::Job(job.clone()));
                 if let Some(hold) = job.hold
                     && let Some((_, pid)) = self.wait_held(w)
@@ -896,7 +905,7 @@ impl Runner {
                         let _ =
                             idempotent_jobs::prune(c, &idempotent_jobs::Prune::default().pace(0));
                     });
-                    None
+                    OpDone::Nothing
                 }));
             }
             Step::Forget { key, cli } => {
@@ -939,7 +948,7 @@ impl Runner {
                         .map_err(|e| e.to_string()),
                     };
                     let end_us = now_us();
-                    Some(Forget {
+                    OpDone::Forget(Forget {
                         key,
                         start_us,
                         end_us,
@@ -947,6 +956,11 @@ impl Runner {
                         error: found.err(),
                     })
                 }));
+            }
+            Step::Operate { op } => {
+                let (db, url, op) = (self.db.db, self.db.url.clone(), *op);
+                self.ops
+                    .push(std::thread::spawn(move || operate(db, &url, op)));
             }
             Step::Sleep { ms } => {
                 let until = Instant::now() + Duration::from_millis(*ms);
@@ -984,8 +998,17 @@ impl Runner {
         let mut left = Vec::new();
         for op in self.ops.drain(..) {
             if all || op.is_finished() {
-                if let Ok(Some(forget)) = op.join() {
-                    self.history.forgets.push(forget);
+                match op.join() {
+                    Ok(OpDone::Forget(forget)) => self.history.forgets.push(forget),
+                    Ok(OpDone::Anomaly(anomaly)) => self.history.anomalies.push(anomaly),
+                    Ok(OpDone::Figure(figure)) => {
+                        *self.figures.faults.entry(figure).or_default() += 1;
+                    }
+                    Ok(OpDone::Nothing) => {}
+                    Err(_) => self
+                        .history
+                        .anomalies
+                        .push("an operator's command panicked".into()),
                 }
             } else {
                 left.push(op);
@@ -1035,7 +1058,7 @@ impl Runner {
                     in_progress_ms: None,
                 };
                 self.figures.final_deliveries += 1;
-                self.slots[w].busy = Some(Busy::Job(spec.clone()));
+                self.slots[w].busy = Some(Busy::Job(spec.clone(), now_us()));
                 self.send(w, &WorkerCommand::Job(spec));
                 self.wait_idle(w);
                 let last = self.history.deliveries.last().map(|d| d.res.clone());
@@ -1165,7 +1188,80 @@ fn cli_binary() -> Option<std::path::PathBuf> {
     path.is_file().then_some(path)
 }
 
-fn delivery(spec: &JobSpec, worker: usize, final_round: bool, res: Res) -> Delivery {
+/// What an operator's command left for the history.
+enum OpDone {
+    Nothing,
+    Forget(Forget),
+    /// A violation: what the command said that was not true.
+    Anomaly(String),
+    /// A figure: an outcome worth counting (a command that failed under the faults).
+    Figure(String),
+}
+
+/// Runs an operator's command beside the workers. Errors of the API's commands and the CLI's exit
+/// codes 3 and 5 (cannot connect, a database error: under the nemesis, a lock timeout) are counted;
+/// a CLI that says the runtime's tables are missing (exit 4) while workers use them, or exits with a
+/// code it does not document, is a violation.
+fn operate(db: Db, url: &str, op: Operation) -> OpDone {
+    let failed = |what: String| OpDone::Figure(format!("{}-failed ({what})", op.label()));
+    let args: &[&str] = match op {
+        Operation::RetryParked | Operation::PruneDelivered => {
+            let mut conn = connect_to(db, url);
+            let done = on_conn!(&mut conn, |c| match op {
+                Operation::RetryParked =>
+                    idempotent_jobs::outbox::retry_parked(c, None).map(|_| ()),
+                _ => idempotent_jobs::outbox::prune_delivered(
+                    c,
+                    Duration::ZERO,
+                    &idempotent_jobs::Prune::default().pace(0)
+                )
+                .map(|_| ()),
+            });
+            return match done {
+                Ok(()) => OpDone::Nothing,
+                Err(e) => failed(error_variant(&e)),
+            };
+        }
+        Operation::CliPrune => &["prune", "--pace", "0"],
+        Operation::CliRetryParked => &["outbox", "retry", "--all"],
+        Operation::CliVerify => &["verify"],
+        Operation::CliList => &["keys", "list", "--json"],
+    };
+    let Some(binary) = cli_binary() else {
+        return OpDone::Figure(format!("{}-not-built", op.label()));
+    };
+    let output = Command::new(binary)
+        .args(args)
+        .args(["-D", url])
+        .stdin(Stdio::null())
+        .output();
+    let output = match output {
+        Ok(output) => output,
+        Err(e) => return failed(e.to_string()),
+    };
+    match output.status.code() {
+        Some(0) => OpDone::Nothing,
+        // `outbox retry --all` with nothing parked is "not found".
+        Some(1) if op == Operation::CliRetryParked => OpDone::Nothing,
+        Some(code @ (3 | 5)) => failed(format!("exit {code}")),
+        code => OpDone::Anomaly(format!(
+            "`idempotent-jobs {}` exited with {code:?} beside the workers: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+    }
+}
+
+/// The runtime error's variant, for a figure.
+fn error_variant(error: &idempotent_jobs::Error) -> String {
+    let text = format!("{error:?}");
+    text.split(['(', ' ', '{'])
+        .next()
+        .unwrap_or("error")
+        .to_owned()
+}
+
+fn delivery(spec: &JobSpec, worker: usize, final_round: bool, start_us: i64, res: Res) -> Delivery {
     Delivery {
         id: spec.id.clone(),
         key: spec.key.clone(),
@@ -1174,6 +1270,8 @@ fn delivery(spec: &JobSpec, worker: usize, final_round: bool, res: Res) -> Deliv
         final_round,
         null_result: spec.null_result,
         res,
+        start_us,
+        end_us: now_us(),
     }
 }
 

@@ -145,6 +145,45 @@ pub struct JobSpec {
     pub in_progress_ms: Option<u64>,
 }
 
+/// What an operator does beside the workers, through the runtime's API or the CLI binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operation {
+    /// `outbox::retry_parked(conn, None)`: every parked message back to the relays.
+    RetryParked,
+    /// `outbox::prune_delivered(conn, 0 s, unpaced)`: delete every delivered message.
+    PruneDelivered,
+    /// `idempotent-jobs prune --pace 0`.
+    CliPrune,
+    /// `idempotent-jobs outbox retry --all`.
+    CliRetryParked,
+    /// `idempotent-jobs verify`: reading only, it must find the tables present and usable.
+    CliVerify,
+    /// `idempotent-jobs keys list --json` and `outbox pending --json`, reading only.
+    CliList,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 6] = [
+        Operation::RetryParked,
+        Operation::PruneDelivered,
+        Operation::CliPrune,
+        Operation::CliRetryParked,
+        Operation::CliVerify,
+        Operation::CliList,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Operation::RetryParked => "retry-parked",
+            Operation::PruneDelivered => "prune-delivered",
+            Operation::CliPrune => "prune-cli",
+            Operation::CliRetryParked => "retry-parked-cli",
+            Operation::CliVerify => "verify-cli",
+            Operation::CliList => "list-cli",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
     Deliver {
@@ -169,6 +208,10 @@ pub enum Step {
     },
     Sleep {
         ms: u64,
+    },
+    /// An operator's command beside the workers.
+    Operate {
+        op: Operation,
     },
     /// SIGKILL worker `w` whatever it is doing, and start it again.
     Kill {
@@ -243,6 +286,7 @@ impl Step {
             Step::Forget { cli: false, .. } => Some("forget".to_owned()),
             Step::Forget { cli: true, .. } => Some("forget-cli".to_owned()),
             Step::Sleep { .. } => None,
+            Step::Operate { op } => Some(op.label().to_owned()),
             Step::Kill { .. } => Some("kill-at-random".to_owned()),
             Step::Cut { .. } => Some("cut-tcp-at-random".to_owned()),
             Step::Stall { .. } => Some("stall-tcp-at-random".to_owned()),
@@ -435,8 +479,11 @@ impl Generator {
                     job: self.job(w),
                 }
             }
-            62..=73 => Step::Sleep {
+            62..=70 => Step::Sleep {
                 ms: self.rng.range(5, 200),
+            },
+            71..=73 => Step::Operate {
+                op: Operation::ALL[self.rng.below(Operation::ALL.len() as u64) as usize],
             },
             74..=80 => {
                 let w = self.worker();
@@ -565,6 +612,12 @@ pub struct Delivery {
     pub final_round: bool,
     pub null_result: bool,
     pub res: Res,
+    /// When the controller sent the job to its worker, and when the outcome came back (or the
+    /// worker was killed), µs since the epoch on the controller's clock.
+    #[serde(default)]
+    pub start_us: i64,
+    #[serde(default)]
+    pub end_us: i64,
 }
 
 /// A forget through the keys API: when it started and ended (µs since the epoch) and whether it
@@ -785,7 +838,24 @@ pub fn check(history: &History, observed: &Observed) -> Verdict {
                     Some(text) => {
                         let run = text.strip_prefix("res:").unwrap_or(text);
                         match effect_by_run.get(run) {
-                            Some(e) if e.key == d.key && run != d.id => {}
+                            Some(e) if e.key == d.key && run != d.id => {
+                                v.check("replay-returns-the-latest-window");
+                                if let Some(newer) = newer_run_done_before(
+                                    d,
+                                    e,
+                                    &effects_by_key,
+                                    &delivered,
+                                ) {
+                                    v.fail(
+                                        "replay-returns-the-latest-window",
+                                        key,
+                                        format!(
+                                            "delivery {} replayed run {run}, but run {newer} of a later window had committed (and reported Ran) before the delivery began",
+                                            d.id
+                                        ),
+                                    );
+                                }
+                            }
                             _ => v.fail(
                                 "replay-returns-a-committed-result",
                                 key,
@@ -920,6 +990,25 @@ pub fn check(history: &History, observed: &Observed) -> Verdict {
         }
     }
     v
+}
+
+/// A run of `replayed`'s key from a later window than `replayed` whose delivery reported `Ran`
+/// before `d` was sent: the key's row then held that run, so `d` could not have read `replayed`.
+fn newer_run_done_before<'a>(
+    d: &Delivery,
+    replayed: &Effect,
+    effects_by_key: &BTreeMap<&str, Vec<&Effect>>,
+    delivered: &BTreeMap<&str, &'a Delivery>,
+) -> Option<&'a str> {
+    effects_by_key
+        .get(d.key.as_str())?
+        .iter()
+        .filter(|e| e.at_us > replayed.at_us)
+        .filter_map(|e| delivered.get(e.run_id.as_str()))
+        .find(|newer| {
+            matches!(newer.res, Res::Ran(_)) && newer.end_us > 0 && newer.end_us < d.start_us
+        })
+        .map(|newer| newer.id.as_str())
 }
 
 /// Shortens a violation for matching during shrinking: its kind.
