@@ -16,6 +16,13 @@ mod driver;
 mod model;
 #[path = "explore/worker.rs"]
 mod worker;
+// The servers of the cluster tests' own, shared with tests/cluster.rs, which uses the rest.
+#[path = "support/postgres_cluster.rs"]
+#[allow(dead_code)]
+mod postgres_cluster;
+#[path = "support/processes.rs"]
+#[allow(dead_code)]
+mod processes;
 
 use std::io::Write as _;
 use std::time::{Duration, Instant};

@@ -20,6 +20,13 @@ mod model;
 #[path = "explore/worker.rs"]
 #[allow(dead_code)]
 mod worker;
+// The servers of the cluster tests' own, shared with tests/cluster.rs, which uses the rest.
+#[path = "support/postgres_cluster.rs"]
+#[allow(dead_code)]
+mod postgres_cluster;
+#[path = "support/processes.rs"]
+#[allow(dead_code)]
+mod processes;
 
 use model::{Db, Fail, Hold, HoldPoint, JobSpec, Mode, Nemesis, Res, Schedule, Step};
 
@@ -193,6 +200,57 @@ fn lost_connections(db: Db) {
     steps.push(relay(0));
     for (id, res) in run(db, steps) {
         eprintln!("{} {id}: {}", db.name(), res.label());
+    }
+}
+
+/// The server crashes (SIGKILL to every process of it) and restarts on its data while one run is
+/// stopped inside its transaction and another between its commit and its acknowledgement: the
+/// first must not report success; the second's commit survives the crash, and its redeliveries
+/// replay it. The checker holds every outcome to what the restarted
+/// server holds.
+#[test]
+fn postgres_server_crashes() {
+    let stopped = |at| Some((at, Nemesis::StopFor { ms: 3_000 }));
+    let outcomes = run(
+        Db::Postgres,
+        vec![
+            deliver(0, job("d1", "crash-in-tx", 0, stopped(HoldPoint::Body))),
+            deliver(
+                1,
+                job("d2", "crash-acked", 0, stopped(HoldPoint::AfterCommit)),
+            ),
+            Step::RestartServer,
+            deliver(0, job("d3", "crash-in-tx", 0, None)),
+            deliver(1, job("d4", "crash-acked", 0, None)),
+            relay(0),
+        ],
+    );
+    assert!(
+        !outcomes["d1"].completed(),
+        "the run whose transaction the crash ended reported {:?}",
+        outcomes["d1"]
+    );
+    assert_eq!(outcomes["d2"], Res::Ran(Some("res:d2".into())));
+    // The next call on a connection the crash closed fails before it claims anything, saying so;
+    // the worker then connects again. The final round, which the checker holds to the database,
+    // runs d1's key and replays d2's.
+    for (id, done) in [
+        ("d3", Res::Ran(Some("res:d3".into()))),
+        ("d4", Res::Replayed(Some("res:d2".into()))),
+    ] {
+        let outcome = &outcomes[id];
+        assert!(
+            *outcome == done
+                || matches!(
+                    outcome,
+                    Res::Error {
+                        retryable: true,
+                        nothing_committed: true,
+                        ..
+                    }
+                ),
+            "{id}: {outcome:?}"
+        );
     }
 }
 

@@ -20,6 +20,7 @@ use super::model::{
     Db, Delivery, Effect, Fail, Forget, History, HoldPoint, JobSpec, Mode, Nemesis, Observed,
     Operation, Res, Schedule, Step, Verdict, check,
 };
+use super::postgres_cluster::Postgres;
 use super::worker::{self, Command as WorkerCommand, Config, Event};
 
 pub fn now_us() -> i64 {
@@ -76,6 +77,9 @@ pub struct Database {
     /// What the controller connects to.
     pub url: String,
     dir: Option<std::path::PathBuf>,
+    /// The PostgreSQL server of the run's own, which `Step::RestartServer` crashes and starts
+    /// again; `None` on the machine's server (`IDEMPOTENT_POSTGRES_URL`).
+    server: Option<Postgres>,
 }
 
 pub enum Conn {
@@ -107,7 +111,9 @@ fn down(db: Db, url: &str, e: impl std::fmt::Display) -> ! {
 }
 
 impl Database {
-    pub fn fresh(db: Db) -> Database {
+    /// A database of its own for one run; on PostgreSQL with `own_server`, on a server the run
+    /// starts for itself (so that it can crash it), else on the machine's.
+    pub fn fresh(db: Db, own_server: bool) -> Database {
         let name = unique(&format!("explore_{}", db.name()));
         match db {
             Db::Sqlite => {
@@ -119,12 +125,14 @@ impl Database {
                     name,
                     url,
                     dir: Some(dir),
+                    server: None,
                 };
                 database.setup();
                 database
             }
             Db::Postgres => {
-                let base = postgres_url();
+                let server = own_server.then(|| Postgres::single("explore"));
+                let base = server.as_ref().map_or_else(postgres_url, Postgres::url);
                 let mut admin =
                     PgConnection::establish(&base).unwrap_or_else(|e| down(db, &base, e));
                 admin
@@ -139,6 +147,7 @@ impl Database {
                     name,
                     url,
                     dir: None,
+                    server,
                 };
                 database.setup();
                 database
@@ -159,6 +168,7 @@ impl Database {
                     name,
                     url,
                     dir: None,
+                    server: None,
                 };
                 database.setup();
                 database
@@ -222,7 +232,7 @@ impl Database {
     fn terminate(&self, pid: i64) {
         match self.db {
             Db::Postgres => {
-                let mut c = PgConnection::establish(&postgres_url()).expect("PostgreSQL");
+                let mut c = PgConnection::establish(&self.url).expect("PostgreSQL");
                 let _ = c.batch_execute(&format!("SELECT pg_terminate_backend({pid}, 5000)"));
             }
             Db::Mariadb => {
@@ -514,13 +524,15 @@ const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 const HANG: Duration = Duration::from_secs(90);
 
 impl Runner {
-    pub fn new(db: Db, modes: &[Mode]) -> Runner {
-        Runner::with_sabotage(db, modes, false)
+    /// A runner on `db`; on PostgreSQL with `own_server`, on a server of its own (see
+    /// [`Database::fresh`]).
+    pub fn new(db: Db, modes: &[Mode], own_server: bool) -> Runner {
+        Runner::with_sabotage(db, modes, own_server, false)
     }
 
     /// A runner whose sync workers skip the library (see [`Config::sabotage`]).
-    pub fn with_sabotage(db: Db, modes: &[Mode], sabotage: bool) -> Runner {
-        let database = Database::fresh(db);
+    pub fn with_sabotage(db: Db, modes: &[Mode], own_server: bool, sabotage: bool) -> Runner {
+        let database = Database::fresh(db, own_server);
         let (sender, events) = channel();
         let dir = std::env::temp_dir().join(format!("{}-logs", database.name));
         std::fs::create_dir_all(&dir).expect("a log directory");
@@ -957,6 +969,16 @@ impl Runner {
                     })
                 }));
             }
+            Step::RestartServer => match &mut self.db.server {
+                Some(server) => server.crash_and_restart_primary(),
+                None => {
+                    *self
+                        .figures
+                        .faults
+                        .entry("restart-server-skipped (the machine's server)".into())
+                        .or_default() += 1;
+                }
+            },
             Step::Operate { op } => {
                 let (db, url, op) = (self.db.db, self.db.url.clone(), *op);
                 self.ops
@@ -1163,16 +1185,24 @@ impl Drop for Runner {
     }
 }
 
+/// A connection of the controller's own; a server that refuses is asked again for a minute (the
+/// nemesis may be restarting it).
 fn connect_to(db: Db, url: &str) -> Conn {
-    match db {
-        Db::Sqlite => {
-            let mut c = SqliteConnection::establish(url).expect("the SQLite file");
-            let _ = c.batch_execute("PRAGMA busy_timeout = 10000");
-            Conn::Sqlite(c)
-        }
-        Db::Postgres => Conn::Pg(PgConnection::establish(url).unwrap_or_else(|e| down(db, url, e))),
-        Db::Mariadb => {
-            Conn::My(MysqlConnection::establish(url).unwrap_or_else(|e| down(db, url, e)))
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let connected = match db {
+            Db::Sqlite => {
+                let mut c = SqliteConnection::establish(url).expect("the SQLite file");
+                let _ = c.batch_execute("PRAGMA busy_timeout = 10000");
+                return Conn::Sqlite(c);
+            }
+            Db::Postgres => PgConnection::establish(url).map(Conn::Pg),
+            Db::Mariadb => MysqlConnection::establish(url).map(Conn::My),
+        };
+        match connected {
+            Ok(conn) => return conn,
+            Err(e) if Instant::now() >= deadline => down(db, url, e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
 }
@@ -1289,7 +1319,8 @@ pub fn run_schedule(schedule: &Schedule) -> Report {
 /// [`run_schedule`], with sabotaged workers when `sabotage`.
 pub fn run_schedule_with(schedule: &Schedule, sabotage: bool) -> Report {
     let started = Instant::now();
-    let mut runner = Runner::with_sabotage(schedule.db, &schedule.modes, sabotage);
+    let own_server = schedule.steps.contains(&Step::RestartServer);
+    let mut runner = Runner::with_sabotage(schedule.db, &schedule.modes, own_server, sabotage);
     for step in &schedule.steps {
         runner.step(step);
     }

@@ -120,7 +120,10 @@ pub fn explore_epoch(
     let started = Instant::now();
     let mut generator = Generator::new(seed, db);
     let modes = generator.modes.clone();
-    let mut runner = Runner::new(db, &modes);
+    // PostgreSQL's epochs run on a server of their own, which the nemesis crashes and restarts,
+    // unless IDEMPOTENT_POSTGRES_URL names the server to use.
+    let own_server = db == Db::Postgres && std::env::var_os("IDEMPOTENT_POSTGRES_URL").is_none();
+    let mut runner = Runner::new(db, &modes, own_server);
     let mut executed = Vec::new();
     loop {
         let more = match steps {

@@ -213,6 +213,9 @@ pub enum Step {
     Operate {
         op: Operation,
     },
+    /// Crash the database server (SIGKILL to every process of it) and start it again on its data:
+    /// PostgreSQL, on a server of the explorer's own, started for a schedule that has this step.
+    RestartServer,
     /// SIGKILL worker `w` whatever it is doing, and start it again.
     Kill {
         w: usize,
@@ -287,6 +290,7 @@ impl Step {
             Step::Forget { cli: true, .. } => Some("forget-cli".to_owned()),
             Step::Sleep { .. } => None,
             Step::Operate { op } => Some(op.label().to_owned()),
+            Step::RestartServer => Some("restart-server".to_owned()),
             Step::Kill { .. } => Some("kill-at-random".to_owned()),
             Step::Cut { .. } => Some("cut-tcp-at-random".to_owned()),
             Step::Stall { .. } => Some("stall-tcp-at-random".to_owned()),
@@ -479,6 +483,7 @@ impl Generator {
                     job: self.job(w),
                 }
             }
+            70 if self.db == Db::Postgres => Step::RestartServer,
             62..=70 => Step::Sleep {
                 ms: self.rng.range(5, 200),
             },

@@ -203,6 +203,14 @@ impl Postgres {
         }
     }
 
+    /// SIGKILL to the primary and every process of it, then the same server started again on its
+    /// data (crash recovery); returns once it accepts connections.
+    pub fn crash_and_restart_primary(&mut self) {
+        self.kill_primary();
+        let (data, port) = (self.primary.data.clone(), self.primary.port);
+        self.primary = start(&mut self.dir, self.owner, "primary", data, port, &[]);
+    }
+
     /// Promotes the standby; returns once it accepts writes.
     pub fn promote_standby(&mut self) {
         let standby = self.standby.as_ref().expect("a standby");
