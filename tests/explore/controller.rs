@@ -316,6 +316,8 @@ impl Drop for Database {
                     let _ = std::fs::remove_dir_all(dir);
                 }
             }
+            // A server of the run's own goes with its data when `server` drops.
+            Db::Postgres if self.server.is_some() => {}
             Db::Postgres => {
                 if let Ok(mut c) = PgConnection::establish(&postgres_url()) {
                     let _ =
