@@ -22,7 +22,7 @@ Exit codes:
   1  not found: the key or outbox message does not exist (nothing was changed)
   2  bad usage, or a confirmation that was refused or could not be asked (nothing was changed)
   3  cannot connect: bad URL, server down, SQLite file missing
-  4  the database lacks the runtime's tables, or they are incomplete: run idempotent_jobs::migrate
+  4  the database lacks the runtime's tables, or they are incomplete: run idempotent-jobs migrate
   5  any other database error";
 
 /// The `idempotent-jobs` command line.
@@ -81,6 +81,9 @@ pub enum Command {
     },
     /// Check, reading only, that the runtime's tables are present, current and usable
     Verify,
+    /// Create or upgrade the runtime's tables (what idempotent_jobs::migrate does), as the
+    /// schema's owner: for the deploy step
+    Migrate,
     /// Serve the operator's dashboard over HTTP (read-only unless --allow-writes)
     #[cfg(feature = "serve")]
     #[command(after_help = SERVE_HELP)]

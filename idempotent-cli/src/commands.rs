@@ -48,6 +48,7 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
             pace,
         } => prune(conn, cx, *dry_run, *batch_size, *pace),
         Command::Verify => verify(conn, cx),
+        Command::Migrate => migrate(conn, cx),
         // Needs no database: main prints it before connecting.
         Command::Completions { .. } => Ok(()),
         // Main runs the server instead.
@@ -758,6 +759,29 @@ fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     }
 }
 
+/// `migrate`: creates or upgrades the runtime's tables, then checks them as `verify` does (the
+/// role that migrates may not be the one that runs jobs, but what it created must be usable by it).
+fn migrate<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+    #[derive(Serialize)]
+    struct Migrated {
+        ok: bool,
+    }
+    match idempotent_runtime::migrate(conn) {
+        Ok(()) => {
+            if cx.json {
+                emit_json(&Migrated { ok: true });
+            } else {
+                emit(&format!(
+                    "ok: the idempotent-jobs tables at {} are created and current\n",
+                    cx.target.shown
+                ));
+            }
+            Ok(())
+        }
+        Err(error) => Err(db_failure(conn, cx.target, error)),
+    }
+}
+
 // --- errors and output -----------------------------------------------------------------------
 
 /// The failure for a runtime error: a lost connection (3), tables that are missing or not ready
@@ -802,10 +826,12 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
 fn is_closed_connection(error: &Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error as Diesel};
     match error {
-        Error::Keys { source, .. } | Error::Outbox(source) | Error::Prune(source) => matches!(
-            source,
-            Diesel::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-        ),
+        Error::Keys { source, .. } | Error::Outbox { source, .. } | Error::Prune { source, .. } => {
+            matches!(
+                source,
+                Diesel::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+            )
+        }
         _ => false,
     }
 }
@@ -826,19 +852,19 @@ pub fn schema_failure(target: &Target, problems: &[SchemaProblem]) -> Failure {
         return Failure::new(
             Code::Schema,
             format!(
-                "the database at {} has no idempotent-jobs tables (done_jobs, outbox, idempotent_schema): run idempotent_jobs::migrate as the schema's owner",
+                "the database at {} has no idempotent-jobs tables (done_jobs, outbox, idempotent_schema): run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner",
                 target.shown
             ),
         );
     }
     let mut message = if missing.is_empty() {
         format!(
-            "the idempotent-jobs tables at {} are incomplete or not usable by this connection: run idempotent_jobs::migrate as the schema's owner, or grant what is missing",
+            "the idempotent-jobs tables at {} are incomplete or not usable by this connection: run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner, or grant what is missing",
             target.shown
         )
     } else {
         format!(
-            "the database at {} lacks idempotent-jobs tables ({}): run idempotent_jobs::migrate as the schema's owner",
+            "the database at {} lacks idempotent-jobs tables ({}): run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner",
             target.shown,
             missing.join(", ")
         )

@@ -43,13 +43,22 @@ fn operate<C: Backend>() {
         let run = db.cli(args).exit(4);
         assert!(run.stdout.is_empty(), "{args:?}: {run:#?}");
         assert!(
-            run.stderr.contains("run idempotent_jobs::migrate"),
+            run.stderr.contains("run `idempotent-jobs migrate`"),
             "{args:?}: {run:#?}"
         );
     }
 
+    // `migrate` creates the tables the messages above ask for; a second is a no-op.
+    let run = db.cli(&["migrate"]).ok();
+    assert!(
+        run.stdout.starts_with("ok: the idempotent-jobs tables at")
+            && run.stdout.contains("created and current"),
+        "{run:#?}"
+    );
+    let run = db.cli(&["--json", "migrate"]).ok();
+    assert_eq!(run.json()["ok"], true, "{run:#?}");
     let mut conn: C = db.connect();
-    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    idempotent_runtime::verify(&mut conn).expect("the tables `migrate` created");
     let run = db.cli(&["verify"]).ok();
     assert!(run.stdout.starts_with("ok"), "{run:#?}");
 

@@ -264,14 +264,11 @@ impl Call {
                 source,
             };
         }
-        let passes = lost
-            || D::classify(&source).is_transient()
-            || matches!(source, diesel::result::Error::BrokenTransactionManager);
         Error::Database {
             job: self.job.name(),
             key: self.key_text.clone(),
             step,
-            retryable: passes,
+            retryable: D::passes(&source),
             source,
         }
     }

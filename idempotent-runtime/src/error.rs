@@ -281,9 +281,18 @@ pub enum Error {
 
     /// A batch of [`prune`](crate::prune::prune()) failed; the batches before it stay deleted.
     #[error(
-        "pruning lapsed claims failed; the batches before it stay deleted, and the next prune continues where this one stopped"
+        "pruning lapsed claims failed{hint}; the batches before it stay deleted, and the next prune continues where this one stopped{retry}",
+        hint = hint(source),
+        retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
     )]
-    Prune(#[source] diesel::result::Error),
+    Prune {
+        /// The database's error.
+        #[source]
+        source: diesel::result::Error,
+        /// Whether the failure passes (busy, a lock wait, a deadlock, a lost connection), as for
+        /// every other error of the database's.
+        retryable: bool,
+    },
 
     /// [`outbox::push`](crate::outbox::push) was called outside a job's body.
     ///
@@ -313,7 +322,11 @@ pub enum Error {
 
     /// A look-up, list or forget of [`keys`](crate::keys) failed; a forget is one statement, so
     /// either the key's row is gone or it is untouched.
-    #[error("{action} failed{hint}; nothing was changed", hint = hint(source))]
+    #[error(
+        "{action} failed{hint}; nothing was changed{retry}",
+        hint = hint(source),
+        retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
+    )]
     Keys {
         /// What was being done.
         action: &'static str,
@@ -359,9 +372,22 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// A statement of the outbox or its relay failed.
-    #[error("an outbox statement failed in the database")]
-    Outbox(#[source] diesel::result::Error),
+    /// A statement of the outbox or its relay failed, and changed nothing: a push inside a job
+    /// recorded no message (the job decides, by returning the error or not, whether it commits);
+    /// what a relay marked before the failure stays marked.
+    #[error(
+        "an outbox statement failed in the database{hint}; the statement changed nothing{retry}",
+        hint = hint(source),
+        retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
+    )]
+    Outbox {
+        /// The database's error.
+        #[source]
+        source: diesel::result::Error,
+        /// Whether the failure passes (busy, a lock wait, a deadlock, a lost connection), as for
+        /// every other error of the database's.
+        retryable: bool,
+    },
 
     /// A table of the runtime's is missing where the connection finds its tables: `migrate` has
     /// not run on this database (or, on PostgreSQL, not into a schema on this connection's
@@ -445,17 +471,9 @@ impl Error {
             | Error::ClaimRetriesExhausted { .. }
             | Error::TransactionRolledBackInBody { .. }
             | Error::InProgress { .. } => true,
-            Error::Keys { retryable, .. } => *retryable,
-            Error::Prune(source) | Error::Outbox(source) => {
-                matches!(
-                    source,
-                    diesel::result::Error::DatabaseError(
-                        diesel::result::DatabaseErrorKind::SerializationFailure
-                            | diesel::result::DatabaseErrorKind::ClosedConnection,
-                        _
-                    )
-                )
-            }
+            Error::Keys { retryable, .. }
+            | Error::Prune { retryable, .. }
+            | Error::Outbox { retryable, .. } => *retryable,
             _ => false,
         }
     }

@@ -397,7 +397,7 @@ fn keys_error<S: Store>(
         Outside::NotMigrated(table) => Error::NotMigrated { table },
         Outside::Failed(source) => Error::Keys {
             action,
-            retryable: S::Db::classify(&source).is_transient() || S::Db::connection_lost(&source),
+            retryable: S::Db::passes(&source),
             source,
         },
     }

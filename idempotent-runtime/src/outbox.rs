@@ -216,7 +216,7 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
         },
     )
     .await
-    .map_err(Error::Outbox)?;
+    .map_err(failed::<S::Db>)?;
     Ok(id)
 }
 
@@ -246,7 +246,7 @@ async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessa
         S::Db::unsent(conn, limit).await
     })
     .await
-    .map_err(outbox_error("list unsent outbox messages"))?;
+    .map_err(outbox_error::<S::Db>("list unsent outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
@@ -269,7 +269,7 @@ async fn parked_on<S: Store>(conn: &mut S) -> Result<Vec<OutboxMessage>, Error> 
         S::Db::parked(conn).await
     })
     .await
-    .map_err(outbox_error("list parked outbox messages"))?;
+    .map_err(outbox_error::<S::Db>("list parked outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
@@ -296,7 +296,7 @@ async fn retry_parked_on<S: Store>(conn: &mut S, message_id: Option<&str>) -> Re
         S::Db::retry_parked(conn, message_id).await
     })
     .await
-    .map_err(outbox_error("retry parked outbox messages"))
+    .map_err(outbox_error::<S::Db>("retry parked outbox messages"))
 }
 
 /// Deletes messages delivered more than `older_than` ago, in batches as `options` says (as
@@ -339,7 +339,7 @@ async fn prune_delivered_on<S: Store>(
             conn,
             options,
             async |conn: &mut S, limit| S::Db::prune_delivered(conn, older_than, limit).await,
-            outbox_error("prune delivered outbox messages"),
+            outbox_error::<S::Db>("prune delivered outbox messages"),
         )
         .await
 }
@@ -364,7 +364,7 @@ async fn counts_on<S: Store>(conn: &mut S) -> Result<OutboxCounts, Error> {
         S::Db::outbox_counts(conn).await
     })
     .await
-    .map_err(outbox_error("count outbox messages"))?;
+    .map_err(outbox_error::<S::Db>("count outbox messages"))?;
     crate::stats::outbox_counts(&counts);
     Ok(counts)
 }
@@ -633,7 +633,7 @@ impl Relay {
             S::Db::lease(conn, &lease).await
         })
         .await
-        .map_err(relay_error)?;
+        .map_err(relay_error::<S::Db>)?;
         let mut report = RelayReport {
             leased: rows.len() as u64,
             ..RelayReport::default()
@@ -672,7 +672,7 @@ impl Relay {
                     S::Db::mark_delivered(conn, message.id, owner).await
                 })
                 .await
-                .map_err(relay_error)?;
+                .map_err(relay_error::<S::Db>)?;
                 return Ok(if held {
                     Settled::Delivered
                 } else {
@@ -699,7 +699,7 @@ impl Relay {
             S::Db::mark_failed(conn, &failure).await
         })
         .await
-        .map_err(relay_error)?;
+        .map_err(relay_error::<S::Db>)?;
         let (message_id, attempts) = (message.message_id(), message.attempts());
         if park {
             tracing::warn!(message_id, attempts, %error, "outbox message parked");
@@ -728,20 +728,27 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// The error of an outbox operation that runs in a transaction of its own, for `what`.
-fn outbox_error(what: &'static str) -> impl Fn(Outside) -> Error + Copy {
+fn outbox_error<D: Database>(what: &'static str) -> impl Fn(Outside) -> Error + Copy {
     move |outside| match outside {
         Outside::InsideTransaction => Error::InsideTransaction { what },
         Outside::NotMigrated(table) => Error::NotMigrated { table },
-        Outside::Failed(source) => Error::Outbox(source),
+        Outside::Failed(source) => failed::<D>(source),
     }
 }
 
 /// The error of a relay's statement.
-fn relay_error(outside: Outside) -> Error {
+fn relay_error<D: Database>(outside: Outside) -> Error {
     match outside {
         Outside::InsideTransaction => Error::RelayInsideTransaction,
         Outside::NotMigrated(table) => Error::NotMigrated { table },
-        Outside::Failed(source) => Error::Outbox(source),
+        Outside::Failed(source) => failed::<D>(source),
+    }
+}
+
+fn failed<D: Database>(source: diesel::result::Error) -> Error {
+    Error::Outbox {
+        retryable: D::passes(&source),
+        source,
     }
 }
 

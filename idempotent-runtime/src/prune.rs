@@ -140,7 +140,10 @@ async fn prune_lapsed<S: Store>(conn: &mut S, options: &Prune) -> Result<PruneRe
                     what: "prune lapsed claims",
                 },
                 Outside::NotMigrated(table) => Error::NotMigrated { table },
-                Outside::Failed(source) => Error::Prune(source),
+                Outside::Failed(source) => Error::Prune {
+                    retryable: S::Db::passes(&source),
+                    source,
+                },
             },
         )
         .await

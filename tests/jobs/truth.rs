@@ -339,3 +339,66 @@ pub fn without_tables_every_operation_says_to_migrate<B: Backend>() {
     );
     assert_eq!(B::count_charges(&mut conn, "order-1"), 0, "nothing ran");
 }
+
+/// Every operation that meets a database kept busy past its retries says that retrying can
+/// succeed: the keys API, a prune and the outbox's commands decide it by one rule, the one jobs
+/// use (issue 25: SQLite's "database is locked" was retryable from `keys` and not from a prune or
+/// the outbox, whose errors were classified by Diesel's error kinds alone). Another connection
+/// holds SQLite's write lock for longer than the operations retry (30 s).
+#[cfg(feature = "sqlite")]
+#[test]
+fn every_operation_kept_waiting_by_a_busy_database_says_retrying_can_succeed() {
+    use crate::backends::{Backend as _, Sqlite};
+    use idempotent_jobs::{Prune, keys, outbox};
+
+    let db = Db::<Sqlite>::fresh();
+    let mut holder = db.connect();
+    Sqlite::charge(&mut holder, "order-1", 1, crate::handlers::Mode::Succeed).expect("a job");
+    Sqlite::execute(&mut holder, "BEGIN IMMEDIATE");
+    let errors: Vec<(&str, Option<Error>)> = std::thread::scope(|scope| {
+        let db = &db;
+        let key = crate::handlers::charge_key("order-1");
+        let operations = [
+            (
+                "keys::forget",
+                scope.spawn(move || keys::forget(&mut db.connect(), &key, "test").err()),
+            ),
+            (
+                "prune",
+                scope.spawn(move || {
+                    idempotent_jobs::prune(&mut db.connect(), &Prune::default()).err()
+                }),
+            ),
+            (
+                "outbox::retry_parked",
+                scope.spawn(move || outbox::retry_parked(&mut db.connect(), None).err()),
+            ),
+            (
+                "outbox::prune_delivered",
+                scope.spawn(move || {
+                    outbox::prune_delivered(
+                        &mut db.connect(),
+                        std::time::Duration::ZERO,
+                        &Prune::default(),
+                    )
+                    .err()
+                }),
+            ),
+        ];
+        operations
+            .into_iter()
+            .map(|(what, handle)| (what, handle.join().expect("no panic")))
+            .collect()
+    });
+    Sqlite::execute(&mut holder, "ROLLBACK");
+    for (what, error) in errors {
+        let error = error.unwrap_or_else(|| panic!("{what} succeeded beside the write lock"));
+        assert!(error.is_retryable(), "{what}: {error}");
+        assert!(
+            error
+                .to_string()
+                .contains("retrying is safe and can succeed"),
+            "{what} does not say so: {error}"
+        );
+    }
+}

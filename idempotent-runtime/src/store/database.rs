@@ -137,6 +137,17 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     fn classify(error: &DieselError) -> Fault;
 
+    /// Whether trying again can succeed after `error`, which rolled back what it was part of: a
+    /// transient fault ([`classify`](Self::classify)), a lost connection, or a transaction state
+    /// Diesel no longer trusts (a new connection, as a pool hands out, fixes both). The one rule
+    /// behind every database error's `Error::is_retryable`: jobs, keys, prune and the outbox.
+    #[doc(hidden)]
+    fn passes(error: &DieselError) -> bool {
+        Self::classify(error).is_transient()
+            || Self::connection_lost(error)
+            || matches!(error, DieselError::BrokenTransactionManager)
+    }
+
     /// Deletes the claim of the key with `digest`, in a statement of its own; returns whether
     /// there was one.
     #[doc(hidden)]
