@@ -36,6 +36,8 @@ use serde::{Deserialize, Serialize};
 
 #[path = "support/figures.rs"]
 mod figures;
+#[path = "support/names.rs"]
+mod names;
 
 /// How long one step may take: a worker starting, a task reaching a worker, a dead worker's task
 /// coming back. Generous, so that a loaded machine makes a run slower, not red.
@@ -54,12 +56,7 @@ struct Payment {
     amount: i64,
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{prefix}_{}_{nanos}", std::process::id())
-}
+use names::unique_name as unique;
 
 fn block_on<F: Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()

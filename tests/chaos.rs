@@ -34,6 +34,8 @@ use lapin::{BasicProperties, Connection as Amqp, ConnectionProperties};
 
 #[path = "support/figures.rs"]
 mod figures;
+#[path = "support/names.rs"]
+mod names;
 
 /// One chaos test at a time.
 fn serial() -> MutexGuard<'static, ()> {
@@ -46,12 +48,7 @@ fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{prefix}_{}_{nanos}", std::process::id())
-}
+use names::unique_name as unique;
 
 // ---- databases ---------------------------------------------------------------------------------
 

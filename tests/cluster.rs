@@ -28,6 +28,8 @@ mod figures;
 mod galera;
 #[path = "support/mariadb.rs"]
 mod mariadb;
+#[path = "support/names.rs"]
+mod names;
 #[path = "support/postgres_cluster.rs"]
 mod postgres_cluster;
 #[path = "support/processes.rs"]

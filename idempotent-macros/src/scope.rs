@@ -127,11 +127,11 @@ fn walk_items(items: &[&Item], found: &mut Vec<Found>) {
             }
             Item::Trait(block) => {
                 for item in &block.items {
-                    if let TraitItem::Fn(function) = item {
-                        if let Some(body) = &function.default {
-                            found.push(associated(&function.sig));
-                            walk_block(body, found);
-                        }
+                    if let TraitItem::Fn(function) = item
+                        && let Some(body) = &function.default
+                    {
+                        found.push(associated(&function.sig));
+                        walk_block(body, found);
                     }
                 }
             }

@@ -29,12 +29,7 @@ pub fn now_us() -> i64 {
         .map_or(0, |d| d.as_micros() as i64)
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{prefix}_{}_{nanos}", std::process::id())
-}
+use super::names::unique_name as unique;
 
 pub fn postgres_url() -> String {
     std::env::var("IDEMPOTENT_POSTGRES_URL")

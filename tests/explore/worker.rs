@@ -197,16 +197,7 @@ fn error_res(error: WorkerError) -> Res {
     }
 }
 
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+use super::names::with_causes;
 
 fn outcome_res(outcome: Outcome<Option<String>>) -> Res {
     match outcome {

@@ -5,7 +5,6 @@
 //! tests with a message saying how to start it.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::backends::Backend;
 
@@ -52,18 +51,7 @@ impl Server {
     }
 }
 
-/// A name no other test (in this process or another) uses.
-pub fn unique_name(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}_{}_{}_{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+pub use crate::names::{unique_name, with_causes};
 
 /// A fresh database for one test, with the runtime's and the tests' tables, dropped at the end.
 pub struct Db<B: Backend> {
@@ -298,17 +286,4 @@ pub fn finish(mut child: std::process::Child) {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-}
-
-/// An error and its causes, as a reporter (anyhow, eyre) prints them: the runtime's message says
-/// what happened to the job, and the database's own error is its source.
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(source) = cause {
-        text.push_str(": ");
-        text.push_str(&source.to_string());
-        cause = source.source();
-    }
-    text
 }

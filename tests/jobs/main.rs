@@ -23,6 +23,8 @@ mod isolation;
 mod key_spaces;
 #[cfg(feature = "sqlite")]
 mod keys;
+#[path = "../support/names.rs"]
+mod names;
 mod operate;
 mod outbox_faults;
 #[cfg(feature = "sqlite")]

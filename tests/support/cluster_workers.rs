@@ -602,21 +602,7 @@ fn is_deadlock(error: &diesel::result::Error) -> bool {
     }
 }
 
-/// An error and its causes, each once (the runtime's message says what happened to the job; the
-/// database's own error is its source).
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(source) = cause {
-        let line = source.to_string();
-        if !text.contains(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        cause = source.source();
-    }
-    text
-}
+pub use super::names::with_causes;
 
 pub fn classify(error: &WorkerError) -> Failure {
     use idempotent_jobs::Error;

@@ -205,7 +205,10 @@ impl Postgres {
 
     /// SIGKILL to the primary and every process of it, then the same server started again on its
     /// data (crash recovery); returns once it accepts connections.
-    #[allow(dead_code, reason = "the explorer's fault; tests/cluster.rs fails over instead")]
+    #[allow(
+        dead_code,
+        reason = "the explorer's fault; tests/cluster.rs fails over instead"
+    )]
     pub fn crash_and_restart_primary(&mut self) {
         self.kill_primary();
         let (data, port) = (self.primary.data.clone(), self.primary.port);
