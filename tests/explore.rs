@@ -17,6 +17,9 @@ mod model;
 #[path = "explore/worker.rs"]
 mod worker;
 // The servers of the cluster tests' own, shared with tests/cluster.rs, which uses the rest.
+#[path = "support/mariadb.rs"]
+#[allow(dead_code)]
+mod mariadb;
 #[path = "support/names.rs"]
 mod names;
 #[path = "support/postgres_cluster.rs"]

@@ -21,6 +21,9 @@ mod model;
 #[allow(dead_code)]
 mod worker;
 // The servers of the cluster tests' own, shared with tests/cluster.rs, which uses the rest.
+#[path = "support/mariadb.rs"]
+#[allow(dead_code)]
+mod mariadb;
 #[path = "support/names.rs"]
 mod names;
 #[path = "support/postgres_cluster.rs"]
@@ -212,9 +215,18 @@ fn lost_connections(db: Db) {
 /// server holds.
 #[test]
 fn postgres_server_crashes() {
+    server_crashes(Db::Postgres);
+}
+
+#[test]
+fn mariadb_server_crashes() {
+    server_crashes(Db::Mariadb);
+}
+
+fn server_crashes(db: Db) {
     let stopped = |at| Some((at, Nemesis::StopFor { ms: 3_000 }));
     let outcomes = run(
-        Db::Postgres,
+        db,
         vec![
             deliver(0, job("d1", "crash-in-tx", 0, stopped(HoldPoint::Body))),
             deliver(

@@ -16,6 +16,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use idempotent_jobs::JobKey;
 
+use super::mariadb::MariaDb;
 use super::model::{
     Db, Delivery, Effect, Fail, Forget, History, HoldPoint, JobSpec, Mode, Nemesis, Observed,
     Operation, Res, Schedule, Step, Verdict, check,
@@ -72,9 +73,24 @@ pub struct Database {
     /// What the controller connects to.
     pub url: String,
     dir: Option<std::path::PathBuf>,
-    /// The PostgreSQL server of the run's own, which `Step::RestartServer` crashes and starts
-    /// again; `None` on the machine's server (`IDEMPOTENT_POSTGRES_URL`).
-    server: Option<Postgres>,
+    /// The server of the run's own, which `Step::RestartServer` crashes and starts again; `None`
+    /// on the machine's server (`IDEMPOTENT_POSTGRES_URL`, `IDEMPOTENT_MYSQL_URL`) and for SQLite.
+    server: Option<OwnServer>,
+}
+
+/// A database server a run starts for itself.
+enum OwnServer {
+    Postgres(Postgres),
+    Mariadb(MariaDb),
+}
+
+impl OwnServer {
+    fn crash_and_restart(&mut self) {
+        match self {
+            OwnServer::Postgres(server) => server.crash_and_restart_primary(),
+            OwnServer::Mariadb(server) => server.crash_and_restart(),
+        }
+    }
 }
 
 pub enum Conn {
@@ -106,8 +122,8 @@ fn down(db: Db, url: &str, e: impl std::fmt::Display) -> ! {
 }
 
 impl Database {
-    /// A database of its own for one run; on PostgreSQL with `own_server`, on a server the run
-    /// starts for itself (so that it can crash it), else on the machine's.
+    /// A database of its own for one run; on PostgreSQL and MariaDB with `own_server`, on a
+    /// server the run starts for itself (so that it can crash it), else on the machine's.
     pub fn fresh(db: Db, own_server: bool) -> Database {
         let name = unique(&format!("explore_{}", db.name()));
         match db {
@@ -128,6 +144,7 @@ impl Database {
             Db::Postgres => {
                 let server = own_server.then(|| Postgres::single("explore"));
                 let base = server.as_ref().map_or_else(postgres_url, Postgres::url);
+                let server = server.map(OwnServer::Postgres);
                 let mut admin =
                     PgConnection::establish(&base).unwrap_or_else(|e| down(db, &base, e));
                 admin
@@ -148,7 +165,11 @@ impl Database {
                 database
             }
             Db::Mariadb => {
-                let base = mysql_url();
+                let server = own_server.then(|| MariaDb::start("explore", &[]));
+                let base = server
+                    .as_ref()
+                    .map_or_else(mysql_url, |server| server.url("mysql"));
+                let server = server.map(OwnServer::Mariadb);
                 let mut admin =
                     MysqlConnection::establish(&base).unwrap_or_else(|e| down(db, &base, e));
                 admin
@@ -156,14 +177,14 @@ impl Database {
                         "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
                     ))
                     .expect("CREATE DATABASE");
-                let server = base.rsplit_once('/').map_or(base.as_str(), |(s, _)| s);
-                let url = format!("{server}/{name}");
+                let address = base.rsplit_once('/').map_or(base.as_str(), |(s, _)| s);
+                let url = format!("{address}/{name}");
                 let database = Database {
                     db,
                     name,
                     url,
                     dir: None,
-                    server: None,
+                    server,
                 };
                 database.setup();
                 database
@@ -231,7 +252,7 @@ impl Database {
                 let _ = c.batch_execute(&format!("SELECT pg_terminate_backend({pid}, 5000)"));
             }
             Db::Mariadb => {
-                let mut c = MysqlConnection::establish(&mysql_url()).expect("MariaDB");
+                let mut c = MysqlConnection::establish(&self.url).expect("MariaDB");
                 let _ = c.batch_execute(&format!("KILL {pid}"));
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -312,7 +333,7 @@ impl Drop for Database {
                 }
             }
             // A server of the run's own goes with its data when `server` drops.
-            Db::Postgres if self.server.is_some() => {}
+            _ if self.server.is_some() => {}
             Db::Postgres => {
                 if let Ok(mut c) = PgConnection::establish(&postgres_url()) {
                     let _ =
@@ -967,7 +988,7 @@ impl Runner {
                 }));
             }
             Step::RestartServer => match &mut self.db.server {
-                Some(server) => server.crash_and_restart_primary(),
+                Some(server) => server.crash_and_restart(),
                 None => {
                     *self
                         .figures

@@ -120,9 +120,13 @@ pub fn explore_epoch(
     let started = Instant::now();
     let mut generator = Generator::new(seed, db);
     let modes = generator.modes.clone();
-    // PostgreSQL's epochs run on a server of their own, which the nemesis crashes and restarts,
-    // unless IDEMPOTENT_POSTGRES_URL names the server to use.
-    let own_server = db == Db::Postgres && std::env::var_os("IDEMPOTENT_POSTGRES_URL").is_none();
+    // PostgreSQL's and MariaDB's epochs run on a server of their own, which the nemesis crashes
+    // and restarts, unless IDEMPOTENT_POSTGRES_URL / IDEMPOTENT_MYSQL_URL names the server to use.
+    let own_server = match db {
+        Db::Postgres => std::env::var_os("IDEMPOTENT_POSTGRES_URL").is_none(),
+        Db::Mariadb => std::env::var_os("IDEMPOTENT_MYSQL_URL").is_none(),
+        Db::Sqlite => false,
+    };
     let mut runner = Runner::new(db, &modes, own_server);
     let mut executed = Vec::new();
     loop {

@@ -214,7 +214,8 @@ pub enum Step {
         op: Operation,
     },
     /// Crash the database server (SIGKILL to every process of it) and start it again on its data:
-    /// PostgreSQL, on a server of the explorer's own, started for a schedule that has this step.
+    /// PostgreSQL and MariaDB, on a server of the explorer's own, started for a schedule that has
+    /// this step.
     RestartServer,
     /// SIGKILL worker `w` whatever it is doing, and start it again.
     Kill {
@@ -483,7 +484,7 @@ impl Generator {
                     job: self.job(w),
                 }
             }
-            70 if self.db == Db::Postgres => Step::RestartServer,
+            70 if server => Step::RestartServer,
             62..=70 => Step::Sleep {
                 ms: self.rng.range(5, 200),
             },
