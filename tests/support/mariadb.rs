@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 
-use super::processes::{RunDir, free_ports, require};
+use super::processes::{RunDir, free_ports, require, start_again};
 
 const MARIADBD: &str = "/usr/sbin/mariadbd";
 
@@ -58,29 +58,15 @@ impl MariaDb {
     }
 
     /// SIGKILL to the server (a machine that dies), then the same server started again on its
-    /// data (InnoDB's crash recovery); returns once it takes connections. A start that exits at
-    /// once (the killed server's files still locked) is tried again.
+    /// data (InnoDB's crash recovery); returns once it takes connections.
     #[allow(
         dead_code,
         reason = "the explorer's fault; the other tests start servers only"
     )]
     pub fn crash_and_restart(&mut self) {
         self.dir.kill(self.server);
-        let mut failures = Vec::new();
-        while failures.len() < 10 {
-            match spawn(&mut self.dir, &self.command, self.port) {
-                Ok(server) => {
-                    self.server = server;
-                    return;
-                }
-                Err(error) => failures.push(error),
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        panic!(
-            "mariadbd did not start again after a crash, 10 tries:\n{}",
-            failures.join("\n---\n")
-        );
+        let (dir, command, port) = (&mut self.dir, &self.command, self.port);
+        self.server = start_again("mariadbd", || spawn(dir, command, port));
     }
 
     /// The URL of database `db`.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection as _;
 use diesel::prelude::*;
 
-use super::processes::{Owner, RunDir, free_ports, require, signal, wait_until};
+use super::processes::{Owner, RunDir, free_ports, require, signal, start_again, wait_until};
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -212,30 +212,10 @@ impl Postgres {
     pub fn crash_and_restart_primary(&mut self) {
         self.kill_primary();
         let (data, port) = (self.primary.data.clone(), self.primary.port);
-        // The killed server's processes take a moment to be gone (its shared memory, its port,
-        // its lock file): a start that exits at once is tried again.
-        let mut failures = Vec::new();
-        while failures.len() < 10 {
-            match try_start(
-                &mut self.dir,
-                self.owner,
-                "primary",
-                data.clone(),
-                port,
-                &[],
-            ) {
-                Ok(primary) => {
-                    self.primary = primary;
-                    return;
-                }
-                Err(error) => failures.push(error),
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        panic!(
-            "PostgreSQL did not start again after a crash, 10 tries:\n{}",
-            failures.join("\n---\n")
-        );
+        let (dir, owner) = (&mut self.dir, self.owner);
+        self.primary = start_again("PostgreSQL", || {
+            try_start(dir, owner, "primary", data.clone(), port, &[])
+        });
     }
 
     /// Promotes the standby; returns once it accepts writes.

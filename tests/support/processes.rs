@@ -221,6 +221,24 @@ pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Starts a server again after a crash: `start` is tried up to ten times, half a second apart,
+/// since the killed server's processes take a moment to be gone (its shared memory, its port, its
+/// lock files) and a start meanwhile exits at once; panics with every failure.
+pub fn start_again<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
+    let mut failures = Vec::new();
+    while failures.len() < 10 {
+        match start() {
+            Ok(server) => return server,
+            Err(error) => failures.push(error),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!(
+        "{what} did not start again after a crash, 10 tries:\n{}",
+        failures.join("\n---\n")
+    );
+}
+
 /// A system user that owns a server's files when the tests run as root: PostgreSQL refuses to run
 /// as root, and the rsync that copies a Galera node's data drops to `nobody`.
 #[derive(Debug, Clone, Copy)]
