@@ -153,9 +153,17 @@ fn check_float(value: f64) -> Result<(), NotFinite> {
     }
 }
 
+/// A scalar with no float in it: accepted.
 macro_rules! accept {
     ($($method:ident($($arg:ty),*);)*) => {
         $(fn $method(self, $(_: $arg),*) -> Result<(), NotFinite> { Ok(()) })*
+    };
+}
+
+/// A compound value's start: its parts are checked one by one as they come.
+macro_rules! descend {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<Self, NotFinite> { Ok(self) })*
     };
 }
 
@@ -221,44 +229,14 @@ impl serde::Serializer for FiniteFloats {
         value.serialize(self)
     }
 
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self, NotFinite> {
-        Ok(self)
-    }
-
-    fn serialize_tuple(self, _: usize) -> Result<Self, NotFinite> {
-        Ok(self)
-    }
-
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, NotFinite> {
-        Ok(self)
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self, NotFinite> {
-        Ok(self)
-    }
-
-    fn serialize_map(self, _: Option<usize>) -> Result<Self, NotFinite> {
-        Ok(self)
-    }
-
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NotFinite> {
-        Ok(self)
-    }
-
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self, NotFinite> {
-        Ok(self)
+    descend! {
+        serialize_seq(Option<usize>);
+        serialize_tuple(usize);
+        serialize_tuple_struct(&'static str, usize);
+        serialize_tuple_variant(&'static str, u32, &'static str, usize);
+        serialize_map(Option<usize>);
+        serialize_struct(&'static str, usize);
+        serialize_struct_variant(&'static str, u32, &'static str, usize);
     }
 }
 

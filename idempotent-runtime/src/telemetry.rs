@@ -28,68 +28,87 @@ pub struct Metric {
     pub description: &'static str,
 }
 
+impl Metric {
+    /// A metric: its name, kind, unit, labels and description.
+    const fn new(
+        name: &'static str,
+        kind: MetricKind,
+        unit: &'static str,
+        labels: &'static [&'static str],
+        description: &'static str,
+    ) -> Self {
+        Metric {
+            name,
+            kind,
+            unit,
+            labels,
+            description,
+        }
+    }
+}
+
 /// Job calls, by job and outcome (`ran`, `replayed`, `failed`, ...; see [`crate::stats::Ending`]).
-pub const CALLS: Metric = Metric {
-    name: "idempotent_jobs_calls_total",
-    kind: MetricKind::Counter,
-    unit: "calls",
-    labels: &["job", "outcome"],
-    description: "Job calls, by how they ended (ran, replayed, failed, panicked, fingerprint_mismatch, key_conflict, error, in_progress).",
-};
+pub const CALLS: Metric = Metric::new(
+    "idempotent_jobs_calls_total",
+    MetricKind::Counter,
+    "calls",
+    &["job", "outcome"],
+    "Job calls, by how they ended (ran, replayed, failed, panicked, fingerprint_mismatch, key_conflict, error, in_progress).",
+);
 
 /// How long job calls took, from the claim's start to the commit or rollback.
-pub const CALL_DURATION: Metric = Metric {
-    name: "idempotent_jobs_call_duration_seconds",
-    kind: MetricKind::Histogram,
-    unit: "seconds",
-    labels: &["job", "outcome"],
-    description: "How long a job call took, from the claim's start to its commit or rollback.",
-};
+pub const CALL_DURATION: Metric = Metric::new(
+    "idempotent_jobs_call_duration_seconds",
+    MetricKind::Histogram,
+    "seconds",
+    &["job", "outcome"],
+    "How long a job call took, from the claim's start to its commit or rollback.",
+);
 
 /// Claims tried again after a transient failure.
-pub const CLAIM_RETRIES: Metric = Metric {
-    name: "idempotent_jobs_claim_retries_total",
-    kind: MetricKind::Counter,
-    unit: "retries",
-    labels: &["job"],
-    description: "Claims tried again after a transient failure (a busy database, a deadlock, a lock wait timeout, a serialization failure).",
-};
+pub const CLAIM_RETRIES: Metric = Metric::new(
+    "idempotent_jobs_claim_retries_total",
+    MetricKind::Counter,
+    "retries",
+    &["job"],
+    "Claims tried again after a transient failure (a busy database, a deadlock, a lock wait timeout, a serialization failure).",
+);
 
 /// Keys an operator forgot.
-pub const KEYS_FORGOTTEN: Metric = Metric {
-    name: "idempotent_jobs_keys_forgotten_total",
-    kind: MetricKind::Counter,
-    unit: "keys",
-    labels: &["job"],
-    description: "Keys forgotten with keys::forget, so that their job runs again.",
-};
+pub const KEYS_FORGOTTEN: Metric = Metric::new(
+    "idempotent_jobs_keys_forgotten_total",
+    MetricKind::Counter,
+    "keys",
+    &["job"],
+    "Keys forgotten with keys::forget, so that their job runs again.",
+);
 
 /// Outbox deliveries, by topic and outcome.
-pub const DELIVERIES: Metric = Metric {
-    name: "idempotent_jobs_outbox_deliveries_total",
-    kind: MetricKind::Counter,
-    unit: "deliveries",
-    labels: &["topic", "outcome"],
-    description: "Outbox deliveries, by how they ended (delivered, lease_lost, failed, parked).",
-};
+pub const DELIVERIES: Metric = Metric::new(
+    "idempotent_jobs_outbox_deliveries_total",
+    MetricKind::Counter,
+    "deliveries",
+    &["topic", "outcome"],
+    "Outbox deliveries, by how they ended (delivered, lease_lost, failed, parked).",
+);
 
 /// The delay from a message's push to its delivery.
-pub const DELIVERY_DELAY: Metric = Metric {
-    name: "idempotent_jobs_outbox_delivery_delay_seconds",
-    kind: MetricKind::Histogram,
-    unit: "seconds",
-    labels: &["topic"],
-    description: "The time from a message's push (its job's commit) to its delivery.",
-};
+pub const DELIVERY_DELAY: Metric = Metric::new(
+    "idempotent_jobs_outbox_delivery_delay_seconds",
+    MetricKind::Histogram,
+    "seconds",
+    &["topic"],
+    "The time from a message's push (its job's commit) to its delivery.",
+);
 
 /// Outbox messages by state, as `outbox::counts` last found them.
-pub const MESSAGES: Metric = Metric {
-    name: "idempotent_jobs_outbox_messages",
-    kind: MetricKind::Gauge,
-    unit: "messages",
-    labels: &["state"],
-    description: "Outbox messages by state (pending, leased, delivered, parked), as outbox::counts last found them.",
-};
+pub const MESSAGES: Metric = Metric::new(
+    "idempotent_jobs_outbox_messages",
+    MetricKind::Gauge,
+    "messages",
+    &["state"],
+    "Outbox messages by state (pending, leased, delivered, parked), as outbox::counts last found them.",
+);
 
 /// Every metric, in the order the guide lists them.
 pub const METRICS: &[Metric] = &[

@@ -156,6 +156,53 @@ pub(crate) fn backticked(name: &str) -> String {
     format!("`{}`", name.replace('`', "``"))
 }
 
+/// The `Store` methods that run statements, through `$dsl`'s `RunQueryDsl` (`diesel` for a sync
+/// connection, `diesel_async` with `await` for an async one) and `$simple`'s `batch_execute`.
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "async"
+))]
+macro_rules! statement_methods {
+    ($dsl:ident, $simple:path $(, $await:ident)?) => {
+        async fn execute<S, B>(
+            &mut self,
+            statement: $crate::sql::Statement<S, B>,
+        ) -> diesel::QueryResult<usize>
+        where
+            S: $crate::sql::SqlText,
+            B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+        {
+            $dsl::RunQueryDsl::execute(statement, self)$(.$await)?
+        }
+
+        async fn load<S, B, U>(
+            &mut self,
+            statement: $crate::sql::Statement<S, B>,
+        ) -> diesel::QueryResult<Vec<U>>
+        where
+            S: $crate::sql::SqlText,
+            B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+            U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
+                + Send
+                + 'static,
+        {
+            $dsl::RunQueryDsl::load(statement, self)$(.$await)?
+        }
+
+        async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
+            <Self as $simple>::batch_execute(self, sql)$(.$await)?
+        }
+
+        async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
+            let rows: Vec<$crate::db::TextRow> =
+                $dsl::RunQueryDsl::load(diesel::sql_query(sql), self)$(.$await)??;
+            Ok(rows.into_iter().map(|r| r.row).collect())
+        }
+    };
+}
+
 /// Implements `Store` (and `JobStore`) for a sync Diesel connection whose transactions begin with
 /// `$begin`.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -236,40 +283,7 @@ macro_rules! sync_store {
                 std::thread::sleep(duration);
             }
 
-            async fn execute<S, B>(
-                &mut self,
-                statement: $crate::sql::Statement<S, B>,
-            ) -> diesel::QueryResult<usize>
-            where
-                S: $crate::sql::SqlText,
-                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
-            {
-                diesel::RunQueryDsl::execute(statement, self)
-            }
-
-            async fn load<S, B, U>(
-                &mut self,
-                statement: $crate::sql::Statement<S, B>,
-            ) -> diesel::QueryResult<Vec<U>>
-            where
-                S: $crate::sql::SqlText,
-                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
-                U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
-                    + Send
-                    + 'static,
-            {
-                diesel::RunQueryDsl::load(statement, self)
-            }
-
-            async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
-                diesel::connection::SimpleConnection::batch_execute(self, sql)
-            }
-
-            async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
-                let rows: Vec<$crate::db::TextRow> =
-                    diesel::RunQueryDsl::load(diesel::sql_query(sql), self)?;
-                Ok(rows.into_iter().map(|r| r.row).collect())
-            }
+            statement_methods!(diesel, diesel::connection::SimpleConnection);
         }
 
         job_store!($conn, $crate::connection::JobStore);
@@ -322,40 +336,7 @@ macro_rules! async_store_methods {
             tokio::time::sleep(duration).await;
         }
 
-        async fn execute<S, B>(
-            &mut self,
-            statement: $crate::sql::Statement<S, B>,
-        ) -> diesel::QueryResult<usize>
-        where
-            S: $crate::sql::SqlText,
-            B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
-        {
-            diesel_async::RunQueryDsl::execute(statement, self).await
-        }
-
-        async fn load<S, B, U>(
-            &mut self,
-            statement: $crate::sql::Statement<S, B>,
-        ) -> diesel::QueryResult<Vec<U>>
-        where
-            S: $crate::sql::SqlText,
-            B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
-            U: diesel::QueryableByName<<Self::Db as $crate::store::Database>::Backend>
-                + Send
-                + 'static,
-        {
-            diesel_async::RunQueryDsl::load(statement, self).await
-        }
-
-        async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
-            diesel_async::SimpleAsyncConnection::batch_execute(self, sql).await
-        }
-
-        async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
-            let rows: Vec<$crate::db::TextRow> =
-                diesel_async::RunQueryDsl::load(diesel::sql_query(sql), self).await?;
-            Ok(rows.into_iter().map(|r| r.row).collect())
-        }
+        statement_methods!(diesel_async, diesel_async::SimpleAsyncConnection, await);
     };
 }
 
