@@ -477,17 +477,31 @@ async fn attempt_claim<S: Store>(
     read_inside: bool,
     retry: &Retry,
 ) -> Result<(Nesting, Option<DoneRow>), Attempt> {
-    let (mut transaction, nesting) =
-        Transaction::begin_job(&mut *store, itself::<S>, call.in_progress)
+    // The common case, a first delivery with no bound on the wait: `BEGIN` and the first claim
+    // go together, in one flight where the connection pipelines.
+    let together = !read_inside && call.in_progress.is_none();
+    let (mut transaction, nesting, first) = match together {
+        true => Transaction::begin_job_claiming(&mut *store, itself::<S>, claim)
             .await
-            .map_err(|error| Attempt::Failed(Step::Begin, error))?;
-    let claimed = match read_inside && nesting == Nesting::Outermost {
-        true => match live_row(transaction.store(), call).await {
+            .map(|(transaction, nesting, first)| (transaction, nesting, Some(first))),
+        false => Transaction::begin_job(&mut *store, itself::<S>, call.in_progress)
+            .await
+            .map(|(transaction, nesting)| (transaction, nesting, None)),
+    }
+    .map_err(|error| Attempt::Failed(Step::Begin, error))?;
+    let claimed = match (first, read_inside && nesting == Nesting::Outermost) {
+        (Some(first), _) => match first {
+            Ok(first) => claim_key(transaction.store(), claim, Some(first))
+                .await
+                .map_err(|error| (error, None)),
+            Err(error) => Err((error, None)),
+        },
+        (None, true) => match live_row(transaction.store(), call).await {
             Ok(Some(row)) => Ok(Some(row)),
             Ok(None) => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
             Err(error) => Err((error, None)),
         },
-        false => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
+        (None, false) => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
     };
     let (error, previous) = match claimed {
         Ok(state) => {
@@ -555,7 +569,7 @@ async fn bounded_claim_key<S: Store>(
             .map_err(|error| (error, None))?,
         None => None,
     };
-    let claimed = claim_key(store, claim).await;
+    let claimed = claim_key(store, claim, None).await;
     match (claimed, previous) {
         (Ok(state), Some(previous)) => match S::Db::restore_lock_wait(store, &previous).await {
             Ok(()) => Ok(state),
@@ -576,13 +590,19 @@ fn in_progress(call: &Call, waited: std::time::Duration) -> Error {
 
 /// Claims in the open transaction: each turn either claims, or finds a live row; a row that
 /// vanishes (pruned), is not visible yet, or lapses between statements sends it round again.
-/// Three turns cover every interleaving of two writers.
+/// Three turns cover every interleaving of two writers. `first`: the first turn's attempt, made
+/// already (with `BEGIN`).
 async fn claim_key<S: Store>(
     store: &mut S,
     claim: &crate::store::Claim<'_>,
+    mut first: Option<ClaimAttempt>,
 ) -> diesel::QueryResult<Option<DoneRow>> {
     for _ in 0..3 {
-        match S::Db::claim(store, claim).await? {
+        let attempt = match first.take() {
+            Some(attempt) => attempt,
+            None => S::Db::claim(store, claim).await?,
+        };
+        match attempt {
             ClaimAttempt::Inserted => return Ok(None),
             ClaimAttempt::Found(row) if !row.lapsed && !row.unfinished() => return Ok(Some(row)),
             ClaimAttempt::Found(row) if S::Db::renew(store, claim).await? => {

@@ -87,6 +87,28 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         }
     }
 
+    /// Opens a job's own transaction, guarded from before `BEGIN` is sent, and makes the first
+    /// claim in it ([`Database::begin_and_claim`]): the claim's result comes back with the open
+    /// transaction.
+    pub(crate) async fn begin_job_claiming(
+        conn: &'a mut Conn,
+        reach: R,
+        claim: &crate::store::Claim<'_>,
+    ) -> diesel::QueryResult<(
+        Self,
+        Nesting,
+        diesel::QueryResult<crate::store::ClaimAttempt>,
+    )> {
+        let mut transaction = Self::opened(conn, reach);
+        match S::Db::begin_and_claim(transaction.store(), claim).await {
+            Ok((nesting, first)) => Ok((transaction, nesting, first)),
+            Err(error) => {
+                transaction.open = false;
+                Err(error)
+            }
+        }
+    }
+
     /// Commits a job's transaction, if it is still the job's own; see [`finish_job`].
     pub(crate) async fn finish_job(&mut self, nesting: Nesting) -> Result<(), Finish> {
         let finished = finish_job(self.store(), nesting).await;

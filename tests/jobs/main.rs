@@ -27,6 +27,8 @@ mod keys;
 mod names;
 mod operate;
 mod outbox_faults;
+#[cfg(feature = "async-postgres")]
+mod pipeline;
 #[cfg(feature = "sqlite")]
 mod pools;
 mod proxy;

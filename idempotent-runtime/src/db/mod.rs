@@ -344,7 +344,7 @@ macro_rules! async_store_methods {
 /// `AnsiTransactionManager`, whose transactions begin with `$begin`.
 #[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
 macro_rules! async_store {
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, read_first_in_transaction: $inside:expr)?) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, read_first_in_transaction: $inside:expr)? $(, pipelined: $pipelined:path)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
             $(const READ_FIRST_IN_TRANSACTION: bool = $inside;)?
@@ -363,11 +363,51 @@ macro_rules! async_store {
                 $crate::db::begin_async(self, $job_begin).await
             }
 
+            $(async fn begin_job_with<S, B>(
+                &mut self,
+                first: $crate::sql::Statement<S, B>,
+            ) -> diesel::QueryResult<($crate::store::Nesting, diesel::QueryResult<usize>)>
+            where
+                S: $crate::sql::SqlText,
+                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+            {
+                $pipelined(self, first).await
+            })?
+
             async_store_methods!();
         }
 
         job_store!($conn, $crate::connection::AsyncJobStore);
     };
+}
+
+/// Runs `a` and `b` concurrently on this task, `a` polled first: two requests on a connection that
+/// pipelines go out in that order, in one flight.
+#[cfg(feature = "async-postgres")]
+pub(crate) async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    use std::task::Poll;
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut a_done, mut b_done) = (None, None);
+    std::future::poll_fn(|cx| {
+        if a_done.is_none()
+            && let Poll::Ready(output) = a.as_mut().poll(cx)
+        {
+            a_done = Some(output);
+        }
+        if b_done.is_none()
+            && let Poll::Ready(output) = b.as_mut().poll(cx)
+        {
+            b_done = Some(output);
+        }
+        match (a_done.take(), b_done.take()) {
+            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (a, b) => {
+                (a_done, b_done) = (a, b);
+                Poll::Pending
+            }
+        }
+    })
+    .await
 }
 
 /// Opens a transaction with `sql` on a diesel-async connection, or a savepoint inside the caller's.
@@ -885,6 +925,17 @@ mod pooled {
 
         fn finish_in_one_batch(&mut self) -> bool {
             inner(self).finish_in_one_batch()
+        }
+
+        fn begin_job_with<S, B>(
+            &mut self,
+            first: Statement<S, B>,
+        ) -> impl Future<Output = QueryResult<(Nesting, QueryResult<usize>)>> + Send
+        where
+            S: SqlText,
+            B: Binds<<Self::Db as Database>::Backend> + Send,
+        {
+            inner(self).begin_job_with(first)
         }
 
         fn forget_transaction(&mut self, broken: bool) {

@@ -34,7 +34,7 @@ use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
-use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Store};
+use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Nesting, Store};
 
 /// PostgreSQL (features `postgres`, `async-postgres`).
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +83,15 @@ sql! {
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
          VALUES (?, ?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING"
+    );
+    // A job's first claim in its own transaction, which may go out in the same flight as its
+    // `BEGIN` (diesel-async pipelines): it inserts only inside a transaction that `BEGIN_JOB`
+    // opened, marked with a transaction-local setting. Were that `BEGIN` to fail, this insert
+    // would run on its own and commit a claim for a job that never ran; it inserts nothing then.
+    FirstClaimInsert = concat!(
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
+         SELECT ?, ?, ?, ?, ?, ?, ", now!(), " \
+         WHERE current_setting('idempotent.job', true) = 'on' ON CONFLICT DO NOTHING"
     );
     // Rows a claim is renewing right now are skipped, not waited for.
     PruneLapsed = concat!(
@@ -299,6 +308,27 @@ impl Database for PostgresDb {
         super::shared::insert_or_read::<ClaimInsert, _>(conn, claim).await
     }
 
+    async fn begin_and_claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> QueryResult<(Nesting, QueryResult<ClaimAttempt>)> {
+        if conn.transaction_depth()? > 0 {
+            // Inside a caller's transaction: Diesel's savepoint, without the mark.
+            let nesting = conn.begin_job(None).await?;
+            return Ok((nesting, Self::claim(conn, claim).await));
+        }
+        let first = Statement::<FirstClaimInsert, _>::new(super::shared::claim_values(claim));
+        let (nesting, inserted) = conn.begin_job_with(first).await?;
+        let attempt = match inserted {
+            Ok(1) => Ok(ClaimAttempt::Inserted),
+            Ok(_) => Self::done_row(conn, claim.digest)
+                .await
+                .map(super::shared::found),
+            Err(error) => Err(error),
+        };
+        Ok((nesting, attempt))
+    }
+
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
@@ -467,11 +497,53 @@ impl Database for PostgresDb {
     }
 }
 
-/// A job's own transaction: `BEGIN` and the job's savepoint, one round trip.
-const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+/// A job's own transaction, in one round trip: `BEGIN`, the mark its first claim checks
+/// ([`FirstClaimInsert`]; a simple query stops at its first error, so the mark is set only if
+/// `BEGIN` opened the transaction, and it goes with the transaction), and the job's savepoint.
+const BEGIN_JOB: &str = "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job";
 
 #[cfg(feature = "postgres")]
 sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
 
 #[cfg(feature = "async-postgres")]
-async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true);
+async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true, pipelined: begin_job_pipelined);
+
+/// [`Store::begin_job_with`] on diesel-async's PostgreSQL connection: [`BEGIN_JOB`] and `first`
+/// sent together, one round trip.
+///
+/// The transaction is counted open before anything is sent: a future dropped in flight leaves
+/// the job's guard to mark the connection broken. When `BEGIN` fails, whatever is open is rolled
+/// back here (a `ROLLBACK` with none open only warns) and nothing is.
+#[cfg(feature = "async-postgres")]
+async fn begin_job_pipelined<S, B>(
+    conn: &mut diesel_async::AsyncPgConnection,
+    first: Statement<S, B>,
+) -> QueryResult<(Nesting, QueryResult<usize>)>
+where
+    S: crate::sql::SqlText,
+    B: crate::sql::Binds<Pg> + Send,
+{
+    use diesel::connection::TransactionDepthChange;
+    use diesel_async::SimpleAsyncConnection as _;
+    if super::depth_async(conn)? > 0 {
+        let nesting = conn.begin_job(None).await?;
+        return Ok((nesting, conn.execute(first).await));
+    }
+    <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<_>>::transaction_manager_status_mut(conn)
+        .transaction_state()?
+        .change_transaction_depth(TransactionDepthChange::IncreaseDepth)?;
+    let shared: &diesel_async::AsyncPgConnection = conn;
+    let (begun, ran) = super::both(
+        async { (&mut &*shared).batch_execute(BEGIN_JOB).await },
+        diesel_async::RunQueryDsl::execute(first, &mut &*shared),
+    )
+    .await;
+    match begun {
+        Ok(()) => Ok((Nesting::Outermost, ran)),
+        Err(error) => {
+            let rolled_back = conn.batch_execute("ROLLBACK").await;
+            super::forget_async(conn, rolled_back.is_err());
+            Err(error)
+        }
+    }
+}

@@ -72,6 +72,29 @@ pub trait Store: Send + Sized {
         bound: Option<Duration>,
     ) -> impl Future<Output = QueryResult<Nesting>> + Send;
 
+    /// Opens a job's own outermost transaction as [`begin_job`](Self::begin_job) does, and runs
+    /// `first` in it. By default one after the other; diesel-async's PostgreSQL connection
+    /// pipelines the two, one round trip instead of two, so `first` must do nothing unless the
+    /// `BEGIN` before it took effect (see `db::postgres`).
+    ///
+    /// `Err`: nothing is open (`first`'s result is then of no account). `Ok`: the transaction is
+    /// open, whatever `first` returned.
+    #[doc(hidden)]
+    fn begin_job_with<S, B>(
+        &mut self,
+        first: Statement<S, B>,
+    ) -> impl Future<Output = QueryResult<(Nesting, QueryResult<usize>)>> + Send
+    where
+        S: SqlText,
+        B: Binds<<Self::Db as Database>::Backend> + Send,
+    {
+        async move {
+            let nesting = self.begin_job(None).await?;
+            let ran = self.execute(first).await;
+            Ok((nesting, ran))
+        }
+    }
+
     /// Tells Diesel's transaction manager that no transaction is open on this connection, after
     /// the runtime ended the outermost one with statements of its own (or found it ended by the
     /// body); `broken`: the connection may be in any state, and must not be used for another job.

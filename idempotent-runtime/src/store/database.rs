@@ -217,6 +217,20 @@ pub trait Database: Sized + Send + Sync + 'static {
         claim: &Claim<'_>,
     ) -> impl Future<Output = QueryResult<ClaimAttempt>> + Send;
 
+    /// Opens the job's own transaction ([`Store::begin_job`], with no bound on its wait) and makes
+    /// the first claim in it. `Err`: nothing is open. By default one after the other; PostgreSQL
+    /// sends both in one flight where the connection pipelines ([`Store::begin_job_with`]).
+    #[doc(hidden)]
+    fn begin_and_claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = QueryResult<(Nesting, QueryResult<ClaimAttempt>)>> + Send {
+        async move {
+            let nesting = conn.begin_job(None).await?;
+            Ok((nesting, Self::claim(conn, claim).await))
+        }
+    }
+
     /// Takes over a claim that has lapsed, or a committed one whose run never recorded its result
     /// ([`UNFINISHED`]): `true` if this transaction now holds it.
     #[doc(hidden)]

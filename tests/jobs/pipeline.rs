@@ -1,0 +1,201 @@
+//! diesel-async's PostgreSQL connection sends a job's `BEGIN` and its first claim in one flight
+//! (pipelined): counted by a loopback proxy, and made safe for the case where that `BEGIN` fails
+//! while the claim behind it runs anyway.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use diesel_async::{AsyncConnection as _, AsyncPgConnection};
+
+use crate::backends::{AsyncConn, AsyncPostgres, Backend as _};
+use crate::handlers::{self, Mode};
+use crate::harness::Db;
+
+/// A proxy on loopback that counts the client's flights (what it sends between two answers of the
+/// server) and can spoil the next job's `BEGIN` so that the server refuses it.
+struct Watch {
+    address: String,
+    upstream: String,
+    flights: Arc<AtomicUsize>,
+    spoil: Arc<AtomicBool>,
+}
+
+/// The start of the text batch that opens a job's transaction on PostgreSQL.
+const JOB_BEGIN: &[u8] = b"BEGIN; SET LOCAL idempotent.job";
+
+impl Watch {
+    fn start(locator: &str) -> Watch {
+        let after_at = locator.split_once('@').map_or(locator, |(_, rest)| rest);
+        let upstream = after_at
+            .split(['/', '?'])
+            .next()
+            .expect("a host")
+            .to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let address = listener.local_addr().expect("its address").to_string();
+        let (flights, spoil) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (to, counted, spoiling) = (upstream.clone(), Arc::clone(&flights), Arc::clone(&spoil));
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(&to) else {
+                    continue;
+                };
+                relay(client, server, Arc::clone(&counted), Arc::clone(&spoiling));
+            }
+        });
+        Watch {
+            address,
+            upstream,
+            flights,
+            spoil,
+        }
+    }
+
+    fn url(&self, locator: &str) -> String {
+        let url = locator.replacen(&self.upstream, &self.address, 1);
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{separator}sslmode=disable")
+    }
+
+    fn flights(&self) -> usize {
+        self.flights.load(Ordering::SeqCst)
+    }
+}
+
+fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicUsize>, spoil: Arc<AtomicBool>) {
+    let (mut client_in, mut server_out) = (
+        client.try_clone().expect("a client handle"),
+        server.try_clone().expect("a server handle"),
+    );
+    let (mut server_in, mut client_out) = (server, client);
+    // Whether the server has spoken since the client last sent: the client's next send starts a
+    // new flight.
+    let answered = Arc::new(AtomicBool::new(true));
+    let heard = Arc::clone(&answered);
+    std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(read) = client_in.read(&mut buffer) {
+            if read == 0 {
+                break;
+            }
+            let chunk = &mut buffer[..read];
+            if let Some(at) = chunk.windows(JOB_BEGIN.len()).position(|w| w == JOB_BEGIN)
+                && spoil.swap(false, Ordering::SeqCst)
+            {
+                // Same length, so the message's framing holds: `XEGIN` is a syntax error, and
+                // PostgreSQL runs none of the batch.
+                chunk[at] = b'X';
+            }
+            if answered.swap(false, Ordering::SeqCst) {
+                flights.fetch_add(1, Ordering::SeqCst);
+            }
+            if server_out.write_all(chunk).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(read) = server_in.read(&mut buffer) {
+            if read == 0 {
+                break;
+            }
+            heard.store(true, Ordering::SeqCst);
+            if client_out.write_all(&buffer[..read]).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// A connection through `watch` on a current-thread runtime: the connection's own task runs only
+/// when the job's future waits, so what the job queues before it waits goes out together.
+fn connect(db: &Db<AsyncPostgres>, watch: &Watch) -> AsyncConn<AsyncPgConnection> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let url = watch.url(db.locator());
+    let conn = runtime
+        .block_on(AsyncPgConnection::establish(&url))
+        .unwrap_or_else(|e| panic!("PostgreSQL through the proxy at {url}: {e}"));
+    AsyncConn { runtime, conn }
+}
+
+fn charge(c: &mut AsyncConn<AsyncPgConnection>, order: &str) -> Result<(), handlers::TestError> {
+    c.runtime
+        .block_on(handlers::charge_async(
+            &mut c.conn,
+            order,
+            100,
+            Mode::Succeed,
+        ))
+        .map(drop)
+}
+
+fn done_rows(c: &mut AsyncConn<AsyncPgConnection>, order: &str) -> i64 {
+    AsyncPostgres::query_i64(
+        c,
+        &format!("SELECT COUNT(*) AS n FROM done_jobs WHERE job_key = 'charge:{order}'"),
+    )
+}
+
+/// A fresh job: `BEGIN` with the claim, the body's two inserts, the result's record, the release
+/// and `COMMIT`: 5 flights (6 sent one after the other). A replay: `BEGIN` with the claim, the read
+/// of the key's row, the end: 3 (4).
+#[test]
+fn async_postgres_sends_begin_with_the_first_claim() {
+    let db = Db::<AsyncPostgres>::fresh();
+    let watch = Watch::start(db.locator());
+    let mut c = connect(&db, &watch);
+    // Every statement prepared once, on this connection, before counting.
+    charge(&mut c, "warm-up").expect("a first job");
+    charge(&mut c, "warm-up").expect("its replay");
+
+    let before = watch.flights();
+    charge(&mut c, "order-1").expect("a job");
+    let fresh = watch.flights() - before;
+    let before = watch.flights();
+    charge(&mut c, "order-1").expect("its replay");
+    let replay = watch.flights() - before;
+    crate::figures::report(&format!(
+        "async PostgreSQL round trips: a fresh job with two statements and a result {fresh}, its replay {replay}"
+    ));
+    assert_eq!(AsyncPostgres::count_charges(&mut c, "order-1"), 1);
+    assert_eq!((fresh, replay), (5, 3), "flights: fresh job, replay");
+}
+
+/// The worst case of sending the claim behind `BEGIN` before `BEGIN` answers: the server refuses
+/// `BEGIN` and runs the claim anyway, on its own, committing at once. The claim must then insert
+/// nothing: the call fails saying nothing was committed, no row holds the key, and the retry runs
+/// the job once.
+#[test]
+fn async_postgres_claim_behind_a_failed_begin_commits_nothing() {
+    let db = Db::<AsyncPostgres>::fresh();
+    let watch = Watch::start(db.locator());
+    let mut c = connect(&db, &watch);
+    charge(&mut c, "warm-up").expect("a first job");
+
+    watch.spoil.store(true, Ordering::SeqCst);
+    let error = charge(&mut c, "order-2").expect_err("a job whose BEGIN the server refused");
+    assert!(
+        !watch.spoil.load(Ordering::SeqCst),
+        "the proxy spoiled the BEGIN"
+    );
+    let shown = crate::names::with_causes(&error);
+    assert!(
+        shown.contains("nothing of the job was committed"),
+        "{shown}"
+    );
+    assert_eq!(done_rows(&mut c, "order-2"), 0, "no claim left behind");
+    assert_eq!(AsyncPostgres::count_charges(&mut c, "order-2"), 0);
+
+    charge(&mut c, "order-2").expect("the retry");
+    assert_eq!(done_rows(&mut c, "order-2"), 1);
+    assert_eq!(AsyncPostgres::count_charges(&mut c, "order-2"), 1);
+}
