@@ -20,6 +20,7 @@ struct Watch {
     upstream: String,
     flights: Arc<AtomicUsize>,
     spoil: Arc<AtomicBool>,
+    begins: Arc<AtomicUsize>,
 }
 
 /// The start of the text batch that opens a job's transaction on PostgreSQL.
@@ -35,17 +36,28 @@ impl Watch {
             .to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let address = listener.local_addr().expect("its address").to_string();
-        let (flights, spoil) = (
+        let (flights, spoil, begins) = (
             Arc::new(AtomicUsize::new(0)),
             Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
         );
-        let (to, counted, spoiling) = (upstream.clone(), Arc::clone(&flights), Arc::clone(&spoil));
+        let (to, counted, spoiling, begun) = (
+            upstream.clone(),
+            Arc::clone(&flights),
+            Arc::clone(&spoil),
+            Arc::clone(&begins),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(&to) else {
                     continue;
                 };
-                relay(client, server, Arc::clone(&counted), Arc::clone(&spoiling));
+                let watched = Watched {
+                    flights: Arc::clone(&counted),
+                    spoil: Arc::clone(&spoiling),
+                    begins: Arc::clone(&begun),
+                };
+                relay(client, server, watched);
             }
         });
         Watch {
@@ -53,6 +65,7 @@ impl Watch {
             upstream,
             flights,
             spoil,
+            begins,
         }
     }
 
@@ -67,7 +80,19 @@ impl Watch {
     }
 }
 
-fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicUsize>, spoil: Arc<AtomicBool>) {
+/// What one relayed connection reports to its [`Watch`].
+struct Watched {
+    flights: Arc<AtomicUsize>,
+    spoil: Arc<AtomicBool>,
+    begins: Arc<AtomicUsize>,
+}
+
+fn relay(client: TcpStream, server: TcpStream, watched: Watched) {
+    let Watched {
+        flights,
+        spoil,
+        begins,
+    } = watched;
     let (mut client_in, mut server_out) = (
         client.try_clone().expect("a client handle"),
         server.try_clone().expect("a server handle"),
@@ -84,12 +109,13 @@ fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicUsize>, spoil:
                 break;
             }
             let chunk = &mut buffer[..read];
-            if let Some(at) = chunk.windows(JOB_BEGIN.len()).position(|w| w == JOB_BEGIN)
-                && spoil.swap(false, Ordering::SeqCst)
-            {
-                // Same length, so the message's framing holds: `XEGIN` is a syntax error, and
-                // PostgreSQL runs none of the batch.
-                chunk[at] = b'X';
+            if let Some(at) = chunk.windows(JOB_BEGIN.len()).position(|w| w == JOB_BEGIN) {
+                begins.fetch_add(1, Ordering::SeqCst);
+                if spoil.swap(false, Ordering::SeqCst) {
+                    // Same length, so the message's framing holds: `XEGIN` is a syntax error,
+                    // and PostgreSQL runs none of the batch.
+                    chunk[at] = b'X';
+                }
             }
             if answered.swap(false, Ordering::SeqCst) {
                 flights.fetch_add(1, Ordering::SeqCst);
@@ -98,6 +124,9 @@ fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicUsize>, spoil:
                 break;
             }
         }
+        // The client hung up: so does the proxy, and the server ends the session (rolling back
+        // whatever it left open) as it would without a proxy between them.
+        let _ = server_out.shutdown(std::net::Shutdown::Both);
     });
     std::thread::spawn(move || {
         let mut buffer = vec![0u8; 64 * 1024];
@@ -110,6 +139,7 @@ fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicUsize>, spoil:
                 break;
             }
         }
+        let _ = client_out.shutdown(std::net::Shutdown::Both);
     });
 }
 
@@ -198,4 +228,43 @@ fn async_postgres_claim_behind_a_failed_begin_commits_nothing() {
     charge(&mut c, "order-2").expect("the retry");
     assert_eq!(done_rows(&mut c, "order-2"), 1);
     assert_eq!(AsyncPostgres::count_charges(&mut c, "order-2"), 1);
+}
+
+/// A job dropped with its `BEGIN` and claim queued but not yet answered (here: not even sent, the
+/// connection's task not having run): the connection goes on to send them, so the server holds an
+/// open transaction with an uncommitted claim. The job's guard marks the connection broken: the
+/// next job on it fails instead of committing into that transaction, nothing of the dropped job is
+/// ever committed, and its redelivery on a new connection runs it once.
+#[test]
+fn async_postgres_job_dropped_with_its_begin_in_flight_commits_nothing() {
+    use std::task::Poll;
+
+    let db = Db::<AsyncPostgres>::fresh();
+    let watch = Watch::start(db.locator());
+    let mut c = connect(&db, &watch);
+    charge(&mut c, "warm-up").expect("a first job");
+
+    let begins = watch.begins.load(Ordering::SeqCst);
+    let AsyncConn { runtime, conn } = &mut c;
+    runtime.block_on(async {
+        let mut job = std::pin::pin!(handlers::charge_async(conn, "order-3", 100, Mode::Succeed));
+        let first = std::future::poll_fn(|cx| Poll::Ready(job.as_mut().poll(cx))).await;
+        assert!(first.is_pending(), "the job waits for its first answer");
+    });
+    // The next job lets the connection's task send what the dropped one queued.
+    let next = charge(&mut c, "order-4");
+    assert_eq!(
+        watch.begins.load(Ordering::SeqCst),
+        begins + 1,
+        "the dropped job's BEGIN went out (and no later one)"
+    );
+    assert!(next.is_err(), "a job on the broken connection: {next:?}");
+
+    let mut direct = AsyncPostgres::connect(db.locator());
+    assert_eq!(done_rows(&mut direct, "order-3"), 0, "the claim committed");
+    assert_eq!(done_rows(&mut direct, "order-4"), 0);
+    drop(c);
+    charge(&mut direct, "order-3").expect("the redelivery");
+    assert_eq!(AsyncPostgres::count_charges(&mut direct, "order-3"), 1);
+    assert_eq!(done_rows(&mut direct, "order-3"), 1);
 }
