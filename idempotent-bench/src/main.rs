@@ -12,7 +12,8 @@
 //! * `--big` (`IDEMPOTENT_BENCH_BIG=1`): the sizes: growth to 10,000,000 rows on the
 //!   servers, and the prune of 1,000,000 lapsed of 6,000,000 rows (about an hour; ~6 GB of disk at
 //!   the peak, each big database dropped as soon as it is measured);
-//! * `--only=throughput,round-trips,growth,prune,workers,compile` (`IDEMPOTENT_BENCH_ONLY`);
+//! * `--only=throughput,round-trips,growth,prune,async,workers,compile` (`IDEMPOTENT_BENCH_ONLY`;
+//!   `async`: diesel-async's PostgreSQL connection, macro beside hand-written);
 //! * `--backends=sqlite,sqlite-wal,postgres,mariadb` (`IDEMPOTENT_BENCH_BACKENDS`);
 //! * `IDEMPOTENT_BENCH_ROUNDS`, `IDEMPOTENT_BENCH_JOBS` (9 rounds of 500 jobs of each variant) and
 //!   `IDEMPOTENT_BENCH_WORKER_ROUNDS` (9); `IDEMPOTENT_BENCH_GROWTH=0,1000000,5000000`: the
@@ -21,6 +22,7 @@
 //! It prints a table and writes `target/bench/jobs.json` (every figure) and `target/bench/jobs.svg`
 //! (throughput by variant and backend).
 
+mod async_pg;
 mod backend;
 mod chart;
 mod compile;
@@ -189,6 +191,13 @@ fn main() {
         let mut postgres = backend::run::<PgConnection>("PostgreSQL", &mut dbs, &plan);
         partition_trial(&mut dbs, &plan, &mut postgres);
         report.backends.push(postgres);
+        if options.wants("async") {
+            eprintln!("async PostgreSQL...");
+            let url = dbs.create("async");
+            drop(prepared::<PgConnection>(&url));
+            report.async_postgres = Some(async_pg::measure(&url, plan.rounds, plan.jobs_per_round));
+            dbs.drop("async");
+        }
     }
     if options.backend("mariadb") {
         let plan = options.plan(Some(3306), true);

@@ -15,6 +15,8 @@ pub struct Report {
     pub machine: Machine,
     pub backends: Vec<BackendReport>,
     pub workers: Vec<Workers>,
+    /// diesel-async's PostgreSQL connection: the attribute beside the hand-written job.
+    pub async_postgres: Option<crate::async_pg::AsyncFigures>,
     pub compile_time: Option<CompileTime>,
     pub seconds: f64,
 }
@@ -48,7 +50,35 @@ pub fn print(report: &Report) {
     print_round_trips(report);
     print_growth(report);
     print_prune(report);
+    print_async(report);
     print_workers(report);
+}
+
+fn print_async(report: &Report) {
+    let Some(figures) = &report.async_postgres else {
+        return;
+    };
+    println!();
+    println!(
+        "async PostgreSQL (diesel-async, one connection, current-thread runtime; {} rounds of {} jobs of each, taking turns)",
+        figures.rounds, figures.jobs_per_round
+    );
+    let rates: Vec<String> = figures
+        .jobs_per_second
+        .iter()
+        .map(|(name, rate)| format!("{name} {rate:.0}"))
+        .collect();
+    println!("  jobs per second: {}", rates.join(", "));
+    let trips: Vec<String> = figures
+        .round_trips
+        .iter()
+        .map(|(name, n)| format!("{name} {n:.1}"))
+        .collect();
+    println!("  round trips per job: {}", trips.join(", "));
+    println!(
+        "  time per job: macro/hand {:.3}x, macro_value/hand_value {:.3}x (hand: conn.transaction, BEGIN and the claim one after the other)",
+        figures.macro_over_hand, figures.macro_value_over_hand_value
+    );
 }
 
 fn print_machine(report: &Report) {

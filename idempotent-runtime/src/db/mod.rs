@@ -363,7 +363,10 @@ macro_rules! async_store {
                 $crate::db::begin_async(self, $job_begin).await
             }
 
-            $(async fn begin_job_with<S, B>(
+            // True wherever `pipelined` is given (the repetition has to name it).
+            $(const PIPELINES: bool = !stringify!($pipelined).is_empty();
+
+            async fn begin_job_with<S, B>(
                 &mut self,
                 first: $crate::sql::Statement<S, B>,
             ) -> diesel::QueryResult<($crate::store::Nesting, diesel::QueryResult<usize>)>
@@ -900,6 +903,7 @@ mod pooled {
     {
         type Db = <Inner<M> as Store>::Db;
         const READ_FIRST_IN_TRANSACTION: bool = <Inner<M> as Store>::READ_FIRST_IN_TRANSACTION;
+        const PIPELINES: bool = <Inner<M> as Store>::PIPELINES;
 
         fn begin(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
             inner(self).begin()

@@ -84,8 +84,8 @@ sql! {
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
          VALUES (?, ?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING"
     );
-    // A job's first claim in its own transaction, which may go out in the same flight as its
-    // `BEGIN` (diesel-async pipelines): it inserts only inside a transaction that `BEGIN_JOB`
+    // A job's first claim in its own transaction, sent in the same flight as its `BEGIN`
+    // (diesel-async pipelines): it inserts only inside a transaction that `PIPELINED_BEGIN_JOB`
     // opened, marked with a transaction-local setting. Were that `BEGIN` to fail, this insert
     // would run on its own and commit a claim for a job that never ran; it inserts nothing then.
     FirstClaimInsert = concat!(
@@ -312,8 +312,9 @@ impl Database for PostgresDb {
         conn: &mut C,
         claim: &Claim<'_>,
     ) -> QueryResult<(Nesting, QueryResult<ClaimAttempt>)> {
-        if conn.transaction_depth()? > 0 {
-            // Inside a caller's transaction: Diesel's savepoint, without the mark.
+        if !C::PIPELINES || conn.transaction_depth()? > 0 {
+            // One after the other (the claim only ever sent once `BEGIN` returned), or inside a
+            // caller's transaction: the plain claim, no mark.
             let nesting = conn.begin_job(None).await?;
             return Ok((nesting, Self::claim(conn, claim).await));
         }
@@ -497,10 +498,15 @@ impl Database for PostgresDb {
     }
 }
 
-/// A job's own transaction, in one round trip: `BEGIN`, the mark its first claim checks
-/// ([`FirstClaimInsert`]; a simple query stops at its first error, so the mark is set only if
-/// `BEGIN` opened the transaction, and it goes with the transaction), and the job's savepoint.
-const BEGIN_JOB: &str = "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job";
+/// A job's own transaction: `BEGIN` and the job's savepoint, one round trip.
+const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+
+/// [`BEGIN_JOB`] with its first claim ([`FirstClaimInsert`]) behind it in the same flight: with
+/// the mark that claim checks, set only if `BEGIN` opened the transaction (a simple query stops at
+/// its first error), and gone with the transaction.
+#[cfg(feature = "async-postgres")]
+const PIPELINED_BEGIN_JOB: &str =
+    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job";
 
 #[cfg(feature = "postgres")]
 sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
@@ -508,8 +514,8 @@ sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, on
 #[cfg(feature = "async-postgres")]
 async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true, pipelined: begin_job_pipelined);
 
-/// [`Store::begin_job_with`] on diesel-async's PostgreSQL connection: [`BEGIN_JOB`] and `first`
-/// sent together, one round trip.
+/// [`Store::begin_job_with`] on diesel-async's PostgreSQL connection: [`PIPELINED_BEGIN_JOB`] and
+/// `first` sent together, one round trip.
 ///
 /// The transaction is counted open before anything is sent: a future dropped in flight leaves
 /// the job's guard to mark the connection broken. When `BEGIN` fails, whatever is open is rolled
@@ -534,7 +540,7 @@ where
         .change_transaction_depth(TransactionDepthChange::IncreaseDepth)?;
     let shared: &diesel_async::AsyncPgConnection = conn;
     let (begun, ran) = super::both(
-        async { (&mut &*shared).batch_execute(BEGIN_JOB).await },
+        async { (&mut &*shared).batch_execute(PIPELINED_BEGIN_JOB).await },
         diesel_async::RunQueryDsl::execute(first, &mut &*shared),
     )
     .await;

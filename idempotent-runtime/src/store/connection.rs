@@ -72,6 +72,11 @@ pub trait Store: Send + Sized {
         bound: Option<Duration>,
     ) -> impl Future<Output = QueryResult<Nesting>> + Send;
 
+    /// Whether [`begin_job_with`](Self::begin_job_with) sends `BEGIN` and its statement in one
+    /// flight (diesel-async's PostgreSQL connection).
+    #[doc(hidden)]
+    const PIPELINES: bool = false;
+
     /// Opens a job's own outermost transaction as [`begin_job`](Self::begin_job) does, and runs
     /// `first` in it. By default one after the other; diesel-async's PostgreSQL connection
     /// pipelines the two, one round trip instead of two, so `first` must do nothing unless the
