@@ -72,6 +72,7 @@ pub fn prepared<C: BenchDb>(url: &str) -> C {
     let mut conn = C::establish(url).unwrap_or_else(|e| panic!("{}: {e}", C::NAME));
     idempotent_jobs::migrate(&mut conn).expect("migrations");
     conn.create_tables().expect("bench tables");
+    conn.create_procedures().expect("bench procedures");
     conn
 }
 

@@ -53,9 +53,19 @@ impl Strategy {
         }
     }
 
-    /// The strategies tried on a backend.
+    /// The strategies tried on a backend; `IDEMPOTENT_BENCH_PRUNE=1000:9,250:9` tries the
+    /// library's prune at those batch sizes and paces instead.
     pub fn for_kind(kind: Kind) -> Vec<Strategy> {
         let library = |batch, pace| Strategy::Library { batch, pace };
+        if let Ok(chosen) = std::env::var("IDEMPOTENT_BENCH_PRUNE") {
+            return chosen
+                .split(',')
+                .filter_map(|pair| {
+                    let (batch, pace) = pair.trim().split_once(':')?;
+                    Some(library(batch.parse().ok()?, pace.parse().ok()?))
+                })
+                .collect();
+        }
         match kind {
             Kind::Sqlite => vec![library(1_000, 0), library(10_000, 0), library(1_000, 9)],
             Kind::Postgres => vec![

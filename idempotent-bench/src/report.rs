@@ -172,6 +172,11 @@ fn print_round_trips(report: &Report) {
     for (name, counts) in &counted {
         print!("{name:<12}");
         for count in counts.iter() {
+            if count.statements == 0.0 {
+                // Not run on this backend.
+                print!("{:>19}", "-");
+                continue;
+            }
             let trips = count
                 .round_trips
                 .map_or("-".to_owned(), |r| format!("{r:.1}"));

@@ -106,9 +106,10 @@ pub struct Count {
 }
 
 /// What is counted: the variants on fresh keys, then replays.
-const CASES: [&str; 11] = [
+const CASES: [&str; 12] = [
     "floor_empty",
     "floor",
+    "floor_procedures",
     "floor_value",
     "hand",
     "hand_value",
@@ -163,6 +164,8 @@ fn one<C: BenchDb>(conn: &mut C, case: &str, job: i64, warm: bool) {
         "floor_empty" => Variant::FloorEmpty,
         "floor" => Variant::Floor,
         "floor_value" => Variant::FloorValue,
+        "floor_procedures" if C::KIND == crate::db::Kind::Mysql => Variant::FloorProcedures,
+        "floor_procedures" => return,
         "hand" => Variant::Hand,
         "hand_value" => Variant::HandValue,
         "macro" => Variant::Macro,

@@ -23,7 +23,7 @@ pub struct Throughput {
 
 /// The ratios reported, as (name, the faster variant, the slower one): time per job of the second
 /// over the first.
-pub const RATIOS: [(&str, Variant, Variant); 9] = [
+pub const RATIOS: [(&str, Variant, Variant); 10] = [
     ("macro/floor", Variant::Floor, Variant::Macro),
     (
         "macro_value/floor_value",
@@ -45,6 +45,11 @@ pub const RATIOS: [(&str, Variant, Variant); 9] = [
     ("floor/bare", Variant::Bare, Variant::Floor),
     ("two_phase/macro", Variant::Macro, Variant::TwoPhase),
     ("floor_checked/floor", Variant::Floor, Variant::FloorChecked),
+    (
+        "floor_procedures/floor",
+        Variant::Floor,
+        Variant::FloorProcedures,
+    ),
 ];
 
 /// One warm-up round, then `rounds` rounds of `jobs` jobs of every variant that applies, over

@@ -58,6 +58,8 @@ fixed! {
     Commit = "COMMIT";
     Rollback = "ROLLBACK";
     InTransaction = "SELECT CAST(@@in_transaction AS SIGNED) AS n";
+    CallBeginJob = "CALL idempotent_bench_begin_job()";
+    CallCommitJob = "CALL idempotent_bench_commit_job()";
 }
 
 /// One integer column `n`.

@@ -84,6 +84,7 @@ pub enum Variant {
     Floor,
     FloorValue,
     FloorChecked,
+    FloorProcedures,
     Hand,
     HandValue,
     Macro,
@@ -92,12 +93,13 @@ pub enum Variant {
     TwoPhase,
 }
 
-pub const VARIANTS: [Variant; 11] = [
+pub const VARIANTS: [Variant; 12] = [
     Variant::Bare,
     Variant::FloorEmpty,
     Variant::Floor,
     Variant::FloorValue,
     Variant::FloorChecked,
+    Variant::FloorProcedures,
     Variant::Hand,
     Variant::HandValue,
     Variant::Macro,
@@ -114,6 +116,7 @@ impl Variant {
             Variant::Floor => "floor",
             Variant::FloorValue => "floor_value",
             Variant::FloorChecked => "floor_checked",
+            Variant::FloorProcedures => "floor_procedures",
             Variant::Hand => "hand",
             Variant::HandValue => "hand_value",
             Variant::Macro => "macro",
@@ -135,6 +138,9 @@ impl Variant {
             Variant::FloorChecked => {
                 "floor + SELECT @@in_transaction before COMMIT (MariaDB: the old implicit-commit check)"
             }
+            Variant::FloorProcedures => {
+                "floor with BEGIN + SAVEPOINT and RELEASE + COMMIT each one prepared CALL of a stored procedure (MariaDB: the implicit-commit check in 4 round trips)"
+            }
             Variant::Hand => "idiomatic Diesel (conn.transaction), claim + body: not a floor",
             Variant::HandValue => {
                 "idiomatic Diesel, claim + body + UPDATE of the result: not a floor"
@@ -150,7 +156,7 @@ impl Variant {
 
     /// Whether the variant runs on this backend.
     pub fn applies(self, kind: Kind) -> bool {
-        self != Variant::FloorChecked || kind == Kind::Mysql
+        !matches!(self, Variant::FloorChecked | Variant::FloorProcedures) || kind == Kind::Mysql
     }
 
     /// One job of this variant; `job` is fresh for every call.
@@ -161,6 +167,7 @@ impl Variant {
             Variant::Floor => floor(conn, "floor", job, Body::Effect, false)?,
             Variant::FloorValue => floor(conn, "floor-value", job, Body::EffectAndRecord, false)?,
             Variant::FloorChecked => floor(conn, "floor-checked", job, Body::Effect, true)?,
+            Variant::FloorProcedures => procedure_floor(conn, job)?,
             Variant::Hand => hand(conn, "hand", job, false)?,
             Variant::HandValue => hand(conn, "hand-value", job, true)?,
             Variant::Macro => macro_job(conn, job)?,
@@ -209,6 +216,25 @@ fn floor<C: BenchDb>(
         }
         Ok(())
     })
+}
+
+/// [`floor`] opened and closed by the stored procedures of [`BenchDb::create_procedures`].
+fn procedure_floor<C: BenchDb>(conn: &mut C, job: i64) -> QueryResult<()> {
+    let (key, digest) = hand_key("floor-procedures", job);
+    conn.call_begin_job()?;
+    let body = (|| {
+        if conn.hand_claim(&digest, &key)? {
+            conn.insert_effect(job)?;
+        }
+        Ok(())
+    })();
+    match body {
+        Ok(()) => conn.call_commit_job(),
+        Err(error) => {
+            conn.fast_rollback()?;
+            Err(error)
+        }
+    }
 }
 
 /// The pattern as a Diesel user writes it: `conn.transaction(|c| ...)`.
