@@ -66,9 +66,19 @@ pub fn fast_transaction<C: BenchDb>(
     conn: &mut C,
     f: impl FnOnce(&mut C) -> QueryResult<()>,
 ) -> QueryResult<()> {
-    conn.fast_begin()?;
+    framed(conn, C::fast_begin, C::fast_commit, f)
+}
+
+/// `f` between `begin` and `commit`, rolled back (best transport) when it fails.
+fn framed<C: BenchDb>(
+    conn: &mut C,
+    begin: fn(&mut C) -> QueryResult<()>,
+    commit: fn(&mut C) -> QueryResult<()>,
+    f: impl FnOnce(&mut C) -> QueryResult<()>,
+) -> QueryResult<()> {
+    begin(conn)?;
     match f(conn) {
-        Ok(()) => conn.fast_commit(),
+        Ok(()) => commit(conn),
         Err(error) => {
             conn.fast_rollback()?;
             Err(error)
@@ -221,20 +231,12 @@ fn floor<C: BenchDb>(
 /// [`floor`] opened and closed by the stored procedures of [`BenchDb::create_procedures`].
 fn procedure_floor<C: BenchDb>(conn: &mut C, job: i64) -> QueryResult<()> {
     let (key, digest) = hand_key("floor-procedures", job);
-    conn.call_begin_job()?;
-    let body = (|| {
-        if conn.hand_claim(&digest, &key)? {
-            conn.insert_effect(job)?;
+    framed(conn, C::call_begin_job, C::call_commit_job, |c| {
+        if c.hand_claim(&digest, &key)? {
+            c.insert_effect(job)?;
         }
         Ok(())
-    })();
-    match body {
-        Ok(()) => conn.call_commit_job(),
-        Err(error) => {
-            conn.fast_rollback()?;
-            Err(error)
-        }
-    }
+    })
 }
 
 /// The pattern as a Diesel user writes it: `conn.transaction(|c| ...)`.

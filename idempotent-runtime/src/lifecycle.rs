@@ -490,12 +490,10 @@ async fn attempt_claim<S: Store>(
     }
     .map_err(|error| Attempt::Failed(Step::Begin, error))?;
     let claimed = match (first, read_inside && nesting == Nesting::Outermost) {
-        (Some(first), _) => match first {
-            Ok(first) => claim_key(transaction.store(), claim, Some(first))
-                .await
-                .map_err(|error| (error, None)),
-            Err(error) => Err((error, None)),
-        },
+        (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
+            .await
+            .map_err(|error| (error, None)),
+        (Some(Err(error)), _) => Err((error, None)),
         (None, true) => match live_row(transaction.store(), call).await {
             Ok(Some(row)) => Ok(Some(row)),
             Ok(None) => bounded_claim_key(transaction.store(), claim, call.in_progress).await,

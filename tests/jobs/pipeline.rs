@@ -28,12 +28,7 @@ const JOB_BEGIN: &[u8] = b"BEGIN; SET LOCAL idempotent.job";
 
 impl Watch {
     fn start(locator: &str) -> Watch {
-        let after_at = locator.split_once('@').map_or(locator, |(_, rest)| rest);
-        let upstream = after_at
-            .split(['/', '?'])
-            .next()
-            .expect("a host")
-            .to_owned();
+        let upstream = crate::proxy::host_port(locator);
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let address = listener.local_addr().expect("its address").to_string();
         let (flights, spoil, begins) = (

@@ -73,7 +73,7 @@ impl CommitCutter {
 }
 
 /// `host:port` of a `scheme://user@host:port/...` URL.
-fn host_port(locator: &str) -> String {
+pub fn host_port(locator: &str) -> String {
     let after_at = locator.split_once('@').map_or(locator, |(_, rest)| rest);
     after_at
         .split(['/', '?'])

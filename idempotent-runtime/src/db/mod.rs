@@ -363,13 +363,10 @@ macro_rules! async_store {
                 $crate::db::begin_async(self, $job_begin).await
             }
 
-            // True wherever `pipelined` is given (the repetition has to name it).
-            $(const PIPELINES: bool = !stringify!($pipelined).is_empty();
-
-            async fn begin_job_with<S, B>(
+            $(async fn begin_job_pipelined<S, B>(
                 &mut self,
                 first: $crate::sql::Statement<S, B>,
-            ) -> diesel::QueryResult<($crate::store::Nesting, diesel::QueryResult<usize>)>
+            ) -> Option<diesel::QueryResult<($crate::store::Nesting, diesel::QueryResult<usize>)>>
             where
                 S: $crate::sql::SqlText,
                 B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
@@ -903,7 +900,6 @@ mod pooled {
     {
         type Db = <Inner<M> as Store>::Db;
         const READ_FIRST_IN_TRANSACTION: bool = <Inner<M> as Store>::READ_FIRST_IN_TRANSACTION;
-        const PIPELINES: bool = <Inner<M> as Store>::PIPELINES;
 
         fn begin(&mut self) -> impl Future<Output = QueryResult<Nesting>> + Send {
             inner(self).begin()
@@ -931,15 +927,15 @@ mod pooled {
             inner(self).finish_in_one_batch()
         }
 
-        fn begin_job_with<S, B>(
+        fn begin_job_pipelined<S, B>(
             &mut self,
             first: Statement<S, B>,
-        ) -> impl Future<Output = QueryResult<(Nesting, QueryResult<usize>)>> + Send
+        ) -> impl Future<Output = Option<QueryResult<(Nesting, QueryResult<usize>)>>> + Send
         where
             S: SqlText,
             B: Binds<<Self::Db as Database>::Backend> + Send,
         {
-            inner(self).begin_job_with(first)
+            inner(self).begin_job_pipelined(first)
         }
 
         fn forget_transaction(&mut self, broken: bool) {

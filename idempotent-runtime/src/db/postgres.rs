@@ -312,14 +312,14 @@ impl Database for PostgresDb {
         conn: &mut C,
         claim: &Claim<'_>,
     ) -> QueryResult<(Nesting, QueryResult<ClaimAttempt>)> {
-        if !C::PIPELINES || conn.transaction_depth()? > 0 {
-            // One after the other (the claim only ever sent once `BEGIN` returned), or inside a
-            // caller's transaction: the plain claim, no mark.
+        let first = Statement::<FirstClaimInsert, _>::new(super::shared::claim_values(claim));
+        let Some(begun) = conn.begin_job_pipelined(first).await else {
+            // One after the other (the claim sent once `BEGIN` has answered), or inside a caller's
+            // transaction: the plain claim, no mark.
             let nesting = conn.begin_job(None).await?;
             return Ok((nesting, Self::claim(conn, claim).await));
-        }
-        let first = Statement::<FirstClaimInsert, _>::new(super::shared::claim_values(claim));
-        let (nesting, inserted) = conn.begin_job_with(first).await?;
+        };
+        let (nesting, inserted) = begun?;
         let attempt = match inserted {
             Ok(1) => Ok(ClaimAttempt::Inserted),
             Ok(_) => Self::done_row(conn, claim.digest)
@@ -512,44 +512,50 @@ const PIPELINED_BEGIN_JOB: &str =
 sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
 
 #[cfg(feature = "async-postgres")]
-async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true, pipelined: begin_job_pipelined);
+async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true, pipelined: pipeline_begin_job);
 
-/// [`Store::begin_job_with`] on diesel-async's PostgreSQL connection: [`PIPELINED_BEGIN_JOB`] and
-/// `first` sent together, one round trip.
+/// [`Store::begin_job_pipelined`] on diesel-async's PostgreSQL connection: [`PIPELINED_BEGIN_JOB`]
+/// and `first` sent together, one round trip; `None` inside a caller's transaction.
 ///
 /// The transaction is counted open before anything is sent: a future dropped in flight leaves
 /// the job's guard to mark the connection broken. When `BEGIN` fails, whatever is open is rolled
 /// back here (a `ROLLBACK` with none open only warns) and nothing is.
 #[cfg(feature = "async-postgres")]
-async fn begin_job_pipelined<S, B>(
+async fn pipeline_begin_job<S, B>(
     conn: &mut diesel_async::AsyncPgConnection,
     first: Statement<S, B>,
-) -> QueryResult<(Nesting, QueryResult<usize>)>
+) -> Option<QueryResult<(Nesting, QueryResult<usize>)>>
 where
     S: crate::sql::SqlText,
     B: crate::sql::Binds<Pg> + Send,
 {
     use diesel::connection::TransactionDepthChange;
     use diesel_async::SimpleAsyncConnection as _;
-    if super::depth_async(conn)? > 0 {
-        let nesting = conn.begin_job(None).await?;
-        return Ok((nesting, conn.execute(first).await));
+    match super::depth_async(conn) {
+        Ok(0) => {}
+        Ok(_) => return None,
+        Err(error) => return Some(Err(error)),
     }
-    <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<_>>::transaction_manager_status_mut(conn)
-        .transaction_state()?
-        .change_transaction_depth(TransactionDepthChange::IncreaseDepth)?;
+    if let Err(error) = <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<
+        _,
+    >>::transaction_manager_status_mut(conn)
+    .transaction_state()
+    .and_then(|state| state.change_transaction_depth(TransactionDepthChange::IncreaseDepth))
+    {
+        return Some(Err(error));
+    }
     let shared: &diesel_async::AsyncPgConnection = conn;
     let (begun, ran) = super::both(
         async { (&mut &*shared).batch_execute(PIPELINED_BEGIN_JOB).await },
         diesel_async::RunQueryDsl::execute(first, &mut &*shared),
     )
     .await;
-    match begun {
+    Some(match begun {
         Ok(()) => Ok((Nesting::Outermost, ran)),
         Err(error) => {
             let rolled_back = conn.batch_execute("ROLLBACK").await;
             super::forget_async(conn, rolled_back.is_err());
             Err(error)
         }
-    }
+    })
 }

@@ -72,32 +72,24 @@ pub trait Store: Send + Sized {
         bound: Option<Duration>,
     ) -> impl Future<Output = QueryResult<Nesting>> + Send;
 
-    /// Whether [`begin_job_with`](Self::begin_job_with) sends `BEGIN` and its statement in one
-    /// flight (diesel-async's PostgreSQL connection).
-    #[doc(hidden)]
-    const PIPELINES: bool = false;
-
-    /// Opens a job's own outermost transaction as [`begin_job`](Self::begin_job) does, and runs
-    /// `first` in it. By default one after the other; diesel-async's PostgreSQL connection
-    /// pipelines the two, one round trip instead of two, so `first` must do nothing unless the
-    /// `BEGIN` before it took effect (see `db::postgres`).
+    /// Opens a job's own outermost transaction and runs `first` in it, the two in one flight, where
+    /// the connection pipelines requests (diesel-async's PostgreSQL connection) and no transaction
+    /// is open yet; `None` elsewhere, having sent nothing. `first` goes out before `BEGIN` has
+    /// answered, so it must do nothing unless that `BEGIN` took effect (see `db::postgres`).
     ///
-    /// `Err`: nothing is open (`first`'s result is then of no account). `Ok`: the transaction is
-    /// open, whatever `first` returned.
+    /// `Some(Err)`: nothing is open (`first`'s result is then of no account). `Some(Ok)`: the
+    /// transaction is open, whatever `first` returned.
     #[doc(hidden)]
-    fn begin_job_with<S, B>(
+    fn begin_job_pipelined<S, B>(
         &mut self,
         first: Statement<S, B>,
-    ) -> impl Future<Output = QueryResult<(Nesting, QueryResult<usize>)>> + Send
+    ) -> impl Future<Output = Option<QueryResult<(Nesting, QueryResult<usize>)>>> + Send
     where
         S: SqlText,
         B: Binds<<Self::Db as Database>::Backend> + Send,
     {
-        async move {
-            let nesting = self.begin_job(None).await?;
-            let ran = self.execute(first).await;
-            Ok((nesting, ran))
-        }
+        drop(first);
+        async { None }
     }
 
     /// Tells Diesel's transaction manager that no transaction is open on this connection, after

@@ -219,7 +219,7 @@ pub trait Database: Sized + Send + Sync + 'static {
 
     /// Opens the job's own transaction ([`Store::begin_job`], with no bound on its wait) and makes
     /// the first claim in it. `Err`: nothing is open. By default one after the other; PostgreSQL
-    /// sends both in one flight where the connection pipelines ([`Store::begin_job_with`]).
+    /// sends both in one flight where the connection pipelines ([`Store::begin_job_pipelined`]).
     #[doc(hidden)]
     fn begin_and_claim<C: Store<Db = Self>>(
         conn: &mut C,
