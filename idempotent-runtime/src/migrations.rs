@@ -28,8 +28,10 @@ use crate::error::Error;
 use crate::schema_problem::SchemaProblem;
 use crate::store::{Database, Step, Store};
 
-/// The schema version this release creates.
-pub(crate) const LATEST: i32 = 3;
+/// The schema version this release creates on `D`: its last step's.
+pub(crate) fn latest<D: Database>() -> i32 {
+    D::STEPS.last().map_or(0, |step| step.version)
+}
 
 /// The runtime's tables and the columns its statements use, as `verify` checks them.
 pub(crate) const TABLES: &[(&str, &[&str])] = &[
@@ -157,14 +159,15 @@ pub(crate) async fn run<S: Store>(
     let current = crate::retry::retrying::<S, _>(async || S::Db::schema_version(conn).await)
         .await
         .map_err(failed("idempotent_schema"))?;
-    if current == Some(LATEST) {
+    let latest = latest::<S::Db>();
+    if current == Some(latest) {
         return Ok(());
     }
-    if let Some(newer) = current.filter(|version| *version > LATEST) {
+    if let Some(newer) = current.filter(|version| *version > latest) {
         return Err(Error::Migration {
             table: "idempotent_schema",
             source: format!(
-                "the schema is at version {newer}, made by a newer release of idempotent-jobs than this one (which knows versions up to {LATEST}); upgrade this worker"
+                "the schema is at version {newer}, made by a newer release of idempotent-jobs than this one (which knows versions up to {latest}); upgrade this worker"
             )
             .into(),
         });
@@ -220,14 +223,15 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
     if present.contains(&"idempotent_schema")
         && !problems.iter().any(SchemaProblem::hides_the_version)
     {
+        let latest = latest::<S::Db>();
         match S::Db::schema_version(conn).await? {
-            Some(found) if found < LATEST => problems.push(SchemaProblem::Older {
+            Some(found) if found < latest => problems.push(SchemaProblem::Older {
                 found,
-                needed: LATEST,
+                needed: latest,
             }),
-            Some(found) if found > LATEST => problems.push(SchemaProblem::Newer {
+            Some(found) if found > latest => problems.push(SchemaProblem::Newer {
                 found,
-                known: LATEST,
+                known: latest,
             }),
             _ => {}
         }
@@ -292,28 +296,33 @@ pub(crate) async fn not_migrated<S: Store>(conn: &mut S, table: &'static str) ->
     }
 }
 
-/// A database's migration steps and version table, from `idempotent-runtime/sql/<$db>/`.
+/// A database's migration steps and version table, from `idempotent-runtime/sql/<$db>/`, with
+/// the steps that database alone has after the shared three.
 macro_rules! migration_steps {
-    ($db:literal) => {
+    ($db:literal $(, $own:expr)*) => {
         const STEPS: &'static [$crate::store::Step] = &[
             $crate::store::Step {
                 version: 1,
                 table: "done_jobs",
                 column: None,
+                routines: &[],
                 sql: include_str!(concat!("../../sql/", $db, "/001_done_jobs.sql")),
             },
             $crate::store::Step {
                 version: 2,
                 table: "outbox",
                 column: None,
+                routines: &[],
                 sql: include_str!(concat!("../../sql/", $db, "/002_outbox.sql")),
             },
             $crate::store::Step {
                 version: 3,
                 table: "done_jobs",
                 column: Some("claim_token"),
+                routines: &[],
                 sql: include_str!(concat!("../../sql/", $db, "/003_claim_token.sql")),
             },
+            $($own,)*
         ];
         const VERSION_TABLE: &'static str =
             include_str!(concat!("../../sql/", $db, "/000_idempotent_schema.sql"));
@@ -367,8 +376,11 @@ pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> R
     Ok(())
 }
 
-/// Whether `step`'s table (or column) is there.
+/// Whether `step`'s table (or column, or routines) is there.
 async fn step_made<S: Store>(conn: &mut S, step: &Step) -> diesel::QueryResult<bool> {
+    if !step.routines.is_empty() {
+        return S::Db::routines_exist(conn, step.routines).await;
+    }
     if !S::Db::table_exists(conn, step.table).await? {
         return Ok(false);
     }
@@ -410,6 +422,16 @@ async fn create<S: Store>(
     }
     .map_err(failed(table))?;
     if !made_meanwhile {
+        if let Some(step) = step.filter(|step| !step.routines.is_empty())
+            && S::Db::privilege_denied(&error)
+        {
+            tracing::warn!(
+                %error,
+                routines = step.routines.join(", "),
+                "this role may not create stored procedures: jobs run correctly without them, with two more round trips each; to add them, run this step's SQL (idempotent-runtime/sql/) as a role that may"
+            );
+            return record_version(conn, step).await;
+        }
         return Err(failed(table)(error));
     }
     tracing::info!(table, "another migration created this table meanwhile");

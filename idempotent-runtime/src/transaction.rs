@@ -336,7 +336,7 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
         return store.commit().await.map_err(Finish::NotOwn);
     }
     if store.finish_in_one_batch() {
-        return match store.batch(crate::store::RELEASE_AND_COMMIT).await {
+        return match store.release_and_commit().await {
             Ok(()) => {
                 store.forget_transaction(false);
                 Ok(())
@@ -345,15 +345,7 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
                 store.forget_transaction(true);
                 Err(Finish::Commit(error))
             }
-            // The release's errors (no such savepoint, no transaction, an aborted transaction) are
-            // none of the kinds Diesel names; a failing `COMMIT` (a serialization failure, a
-            // deferred constraint) names its kind, and has ended the transaction.
-            Err(
-                error @ diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::Unknown,
-                    _,
-                ),
-            ) => Err(Finish::NotOwn(error)),
+            Err(error) if S::Db::release_failed(&error) => Err(Finish::NotOwn(error)),
             Err(error) => {
                 abort_job(store, nesting).await;
                 Err(Finish::Commit(error))

@@ -210,11 +210,15 @@ macro_rules! sync_store {
     ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)?) => {
         sync_store!($conn, $db, begin: $begin, job: $job_begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback $(, deferred: $deferred)? $(, one_batch: $one_batch)?);
     };
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)?) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)? $(, finish: $finish:path)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
             $(fn finish_in_one_batch(&mut self) -> bool {
                 $one_batch
+            })?
+
+            $(async fn release_and_commit(&mut self) -> diesel::QueryResult<()> {
+                $finish(self)
             })?
 
             $(async fn begin_deferred(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {
@@ -925,6 +929,10 @@ mod pooled {
 
         fn finish_in_one_batch(&mut self) -> bool {
             inner(self).finish_in_one_batch()
+        }
+
+        fn release_and_commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+            inner(self).release_and_commit()
         }
 
         fn begin_job_pipelined<S, B>(

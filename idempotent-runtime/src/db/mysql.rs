@@ -145,6 +145,8 @@ sql! {
         "INSERT IGNORE INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
     TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired");
+    RoutineExists = "SELECT COUNT(*) AS n FROM information_schema.routines \
+         WHERE routine_schema = DATABASE() AND routine_name = ? AND routine_type = 'PROCEDURE'";
     TableNames = "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1";
     TableColumns = "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
@@ -258,7 +260,46 @@ struct Column {
 
 impl Database for MysqlDb {
     shared_methods!();
-    migration_steps!("mysql");
+    migration_steps!(
+        "mysql",
+        crate::store::Step {
+            version: 4,
+            table: "done_jobs",
+            column: None,
+            routines: &[BEGIN_JOB_PROCEDURE, FINISH_JOB_PROCEDURE],
+            sql: include_str!("../../sql/mysql/004_job_procedures.sql"),
+        }
+    );
+
+    async fn routines_exist<C: Store<Db = Self>>(
+        conn: &mut C,
+        names: &[&str],
+    ) -> QueryResult<bool> {
+        let mut all = true;
+        for name in names {
+            let rows: Vec<TableCount> = conn
+                .load(Statement::<RoutineExists, _>::new(
+                    (bind::<Text, _>(*name),),
+                ))
+                .await?;
+            all &= rows.first().is_some_and(|r| r.n > 0);
+        }
+        Ok(all)
+    }
+
+    fn release_failed(error: &DieselError) -> bool {
+        // ER_SP_DOES_NOT_EXIST (1305): "SAVEPOINT idempotent_job does not exist", also outside
+        // a transaction. Not "PROCEDURE ... does not exist", whose kind is the same.
+        super::message(error)
+            .is_some_and(|m| m.starts_with("SAVEPOINT") && m.contains("does not exist"))
+    }
+
+    fn privilege_denied(error: &DieselError) -> bool {
+        // ER_TABLEACCESS_DENIED_ERROR, ER_PROCACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR,
+        // ER_SPECIFIC_ACCESS_DENIED_ERROR: "... command denied ...", "Access denied ...".
+        super::message(error)
+            .is_some_and(|m| m.contains("command denied") || m.contains("Access denied"))
+    }
 
     async fn bound_lock_wait<C: Store<Db = Self>>(
         conn: &mut C,
@@ -620,6 +661,60 @@ impl<S: Store> Drop for SessionLock<'_, S> {
 const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
 const RELEASE_JOB: &str = "RELEASE SAVEPOINT idempotent_job";
 
+/// The stored procedures of schema version 4 (`sql/mysql/004_job_procedures.sql`): `BEGIN` with
+/// the job's savepoint, and the savepoint's release with `COMMIT`, each one prepared `CALL`.
+const BEGIN_JOB_PROCEDURE: &str = "idempotent_begin_job";
+const FINISH_JOB_PROCEDURE: &str = "idempotent_finish_job";
+
+/// When this process tries the job procedures again after a `CALL` found them missing (or not
+/// callable): milliseconds since [`epoch`]; 0 while they are called. Process-wide, as the
+/// statement cache's knowledge of the server is: a process whose procedures are missing pays one
+/// failed `CALL` a minute, and takes them up within a minute of a `migrate` that makes them.
+static PROCEDURES_RETRY_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long a process runs jobs without the procedures once a `CALL` found them missing.
+const WITHOUT_PROCEDURES_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+fn millis_since_epoch() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether jobs open and close their transactions with the procedures now.
+fn procedures_callable() -> bool {
+    let retry_at = PROCEDURES_RETRY_AT.load(std::sync::atomic::Ordering::Relaxed);
+    retry_at == 0 || millis_since_epoch() >= retry_at
+}
+
+/// A `CALL` of a job procedure succeeded.
+fn procedures_called() {
+    PROCEDURES_RETRY_AT.store(0, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A `CALL` of a job procedure failed with `error`: when the procedure is missing or may not be
+/// called, this process goes on without them for a while (correct, two round trips more per
+/// job) and says so. Whether it did.
+fn without_procedures(error: &DieselError) -> bool {
+    let missing = super::message(error).is_some_and(|m| {
+        (m.starts_with("PROCEDURE") && m.contains("does not exist"))
+            || m.contains("command denied")
+            || m.contains("definer")
+    });
+    if missing {
+        let retry_at = millis_since_epoch()
+            .saturating_add(WITHOUT_PROCEDURES_FOR.as_millis() as u64)
+            .max(1);
+        if PROCEDURES_RETRY_AT.swap(retry_at, std::sync::atomic::Ordering::Relaxed) == 0 {
+            tracing::warn!(%error, "the stored procedures of the runtime's schema version 4 are missing or may not be called: jobs run without them, with two more round trips each, and try them again in a minute; run migrate (as a role that may create routines) and grant EXECUTE on them to the workers' role");
+        }
+    }
+    missing
+}
+
 /// Set once a server refused a prepared `BEGIN` or savepoint statement (MySQL, up to 9, refuses
 /// them with `ER_UNSUPPORTED_PS`; MariaDB prepares them): from then on this process sends them as
 /// text.
@@ -640,7 +735,7 @@ fn refuses_prepared(error: &DieselError) -> bool {
 }
 
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text());
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit);
 
 /// `BEGIN`, `COMMIT` and `ROLLBACK` on the sync `MysqlConnection` as cached prepared statements:
 /// one round trip each. Diesel sends them as a text batch, which for MySQL is three (multi-statement
@@ -667,10 +762,40 @@ pub(crate) mod prepared {
         SetJobSavepoint = "SAVEPOINT idempotent_job";
         Commit = "COMMIT";
         Rollback = "ROLLBACK";
+        CallBeginJob = "CALL idempotent_begin_job()";
+        CallFinishJob = "CALL idempotent_finish_job()";
     }
 
     fn prepared_top_level(conn: &mut MysqlConnection) -> QueryResult<bool> {
         Ok(!super::savepoints_as_text() && crate::db::depth_sync(conn)? == 1)
+    }
+
+    /// Whether the next transaction is a top-level one sent as prepared statements.
+    fn prepared_top_level_next(conn: &mut MysqlConnection) -> QueryResult<bool> {
+        Ok(!super::savepoints_as_text() && crate::db::depth_sync(conn)? == 0)
+    }
+
+    /// Releases the job's savepoint and commits in one round trip (`Store::release_and_commit`):
+    /// a prepared `CALL` of `idempotent_finish_job`, which stops before its `COMMIT` when the
+    /// release fails; as text where the server refuses savepoints in prepared statements. A
+    /// procedure gone since the job began: the release and the commit one after the other.
+    pub(crate) fn release_and_commit(conn: &mut MysqlConnection) -> QueryResult<()> {
+        if super::savepoints_as_text() {
+            return diesel::connection::SimpleConnection::batch_execute(
+                conn,
+                crate::store::RELEASE_AND_COMMIT,
+            );
+        }
+        match diesel::RunQueryDsl::execute(Statement::<CallFinishJob, _>::new(()), conn) {
+            Err(error) if super::without_procedures(&error) => {
+                diesel::RunQueryDsl::execute(
+                    Statement::<crate::store::ReleaseJob, _>::new(()),
+                    conn,
+                )?;
+                diesel::RunQueryDsl::execute(Statement::<Commit, _>::new(()), conn).map(drop)
+            }
+            finished => finished.map(drop),
+        }
     }
 
     fn change_depth(conn: &mut MysqlConnection, change: TransactionDepthChange) -> QueryResult<()> {
@@ -710,7 +835,23 @@ pub(crate) mod prepared {
     /// Opens a job's own transaction (`text` as a fallback: `BEGIN` and the job's savepoint), or a
     /// savepoint inside the caller's: two prepared statements, one round trip each, where a text
     /// batch takes three (multi-statement mode on, the batch, off).
+    ///
+    /// With the schema's stored procedures (version 4), one prepared `CALL` of
+    /// `idempotent_begin_job` does both: one round trip.
     pub(crate) fn begin_job(conn: &mut MysqlConnection, text: &str) -> QueryResult<Nesting> {
+        if super::procedures_callable() && prepared_top_level_next(conn)? {
+            match diesel::RunQueryDsl::execute(Statement::<CallBeginJob, _>::new(()), conn) {
+                Ok(_) => {
+                    super::procedures_called();
+                    change_depth(conn, TransactionDepthChange::IncreaseDepth)?;
+                    return Ok(Nesting::Outermost);
+                }
+                // Missing: the `BEGIN` below opens the transaction (ending, empty, any the
+                // procedure had begun before it failed).
+                Err(error) if super::without_procedures(&error) => {}
+                Err(error) => return Err(error),
+            }
+        }
         let nesting = begin(conn, text)?;
         if nesting == Nesting::Savepoint || super::savepoints_as_text() {
             // A savepoint of Diesel's, or the text batch that set the job's savepoint too.

@@ -41,6 +41,15 @@ pub trait Store: Send + Sized {
         false
     }
 
+    /// Releases the job's savepoint and commits, the `COMMIT` only when the release succeeded,
+    /// in one round trip: where [`finish_in_one_batch`](Self::finish_in_one_batch) says so.
+    /// A text batch by default; Diesel's sync MySQL connection calls the stored procedure
+    /// `idempotent_finish_job` (see `db::mysql`).
+    #[doc(hidden)]
+    fn release_and_commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+        self.batch(super::RELEASE_AND_COMMIT)
+    }
+
     /// The database this connection talks to.
     #[doc(hidden)]
     type Db: Database;

@@ -364,6 +364,40 @@ pub trait Database: Sized + Send + Sync + 'static {
         table: &str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Whether `error`, from releasing the job's savepoint and committing in one round trip
+    /// ([`Store::release_and_commit`]), is the release's (no such savepoint, no transaction, an
+    /// aborted transaction: the transaction is no longer the job's own) rather than the
+    /// `COMMIT`'s. By default: an error of none of the kinds Diesel names; a failing `COMMIT` (a
+    /// serialization failure, a deferred constraint) names its kind, and has ended the
+    /// transaction.
+    #[doc(hidden)]
+    fn release_failed(error: &DieselError) -> bool {
+        matches!(
+            error,
+            DieselError::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
+        )
+    }
+
+    /// Whether every one of the stored procedures `names` exists in the connection's database
+    /// (only MySQL's schema has any).
+    #[doc(hidden)]
+    fn routines_exist<C: Store<Db = Self>>(
+        conn: &mut C,
+        names: &[&str],
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        let none = names.is_empty();
+        async move { Ok(none) }
+    }
+
+    /// Whether `error` says the role lacks a privilege (a migration step that only speeds jobs
+    /// up is then left out, with a warning, rather than failing `migrate`).
+    #[doc(hidden)]
+    fn privilege_denied(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
     /// does not exist (as seen through the connection's own name resolution).
     #[doc(hidden)]

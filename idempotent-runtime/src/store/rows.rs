@@ -218,23 +218,27 @@ pub struct SettingRow {
     pub previous: String,
 }
 
-/// One step of the schema: creates `table`, or adds `column` to it.
+/// One step of the schema: creates `table`, adds `column` to it, or creates `routines`.
 #[derive(Debug)]
 pub struct Step {
     /// The version the step records.
     pub version: i32,
-    /// The table it creates, or adds `column` to.
+    /// The table it creates, adds `column` to, or whose jobs its `routines` serve.
     pub table: &'static str,
     /// The column it adds, if that is all it does.
     pub column: Option<&'static str>,
+    /// The stored procedures it creates, if that is all it does (MySQL).
+    pub routines: &'static [&'static str],
     /// Its DDL.
     pub sql: &'static str,
 }
 
 impl Step {
-    /// What `idempotent_schema.description` says of it: the table, or `table.column`.
+    /// What `idempotent_schema.description` says of it: the table, `table.column`, or the
+    /// routines' names.
     pub(crate) fn description(&self) -> String {
         match self.column {
+            _ if !self.routines.is_empty() => self.routines.join(", "),
             Some(column) => format!("{}.{column}", self.table),
             None => self.table.to_owned(),
         }
