@@ -1,7 +1,8 @@
 //! Sync MySQL opens a job's transaction with the job's savepoint, and releases the savepoint
 //! with the `COMMIT`, in one prepared `CALL` each: the stored procedures of schema version 4
-//! (`idempotent-runtime/sql/mysql/004_job_procedures.sql`). A job of one statement is then the
-//! floor's 4 round trips. Where the procedures are missing (dropped, never made by a role that
+//! (`idempotent-runtime/sql/mysql/004_job_procedures.sql`), the first of which inserts the job's
+//! claim too. A job of one statement then takes 3 round trips, one fewer than a hand-written
+//! `BEGIN`, claim, statement, `COMMIT`. Where the procedures are missing (dropped, never made by a role that
 //! could not create routines, or not callable by this role), or vanish while a job runs, jobs
 //! lose nothing: they go the way of the statements of their own. Its own test binary: whether the
 //! procedures are called is process-wide, and one test walks through the cases in order.
@@ -135,7 +136,11 @@ fn admin_of(base: &str) -> MysqlConnection {
 fn walk_through(url: &str, database: &str, admin: &mut MysqlConnection) {
     let mut conn = MysqlConnection::establish(url).expect("a connection");
     idempotent_jobs::migrate(&mut conn).expect("migrations");
-    assert_eq!(procedures(&mut conn), 2, "migrate made both procedures");
+    assert_eq!(
+        procedures(&mut conn),
+        3,
+        "migrate made the three procedures"
+    );
     conn.batch_execute(
         "CREATE TABLE procedure_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(100) NOT NULL)",
     )
@@ -152,8 +157,13 @@ fn walk_through(url: &str, database: &str, admin: &mut MysqlConnection) {
     ));
     assert_eq!(
         (fresh, fresh_calls),
-        (4, 2),
-        "CALL begin, the claim, the body's statement, CALL finish"
+        (3, 2),
+        "CALL begin-and-claim, the body's statement, CALL finish"
+    );
+    assert_eq!(
+        (replay, replay_calls),
+        (3, 2),
+        "CALL begin-and-claim (the key's duplicate), the row's read, CALL finish"
     );
     assert_eq!(effects(&mut conn, "a"), 1, "ran once, replayed once");
 
@@ -167,8 +177,10 @@ fn walk_through(url: &str, database: &str, admin: &mut MysqlConnection) {
     // Without them (a role that may not create routines migrated, or they were dropped): the
     // savepoint and its release go as statements of their own.
     admin
-        .batch_execute(&format!("DROP PROCEDURE {database}.idempotent_begin_job"))
-        .expect("drop the begin procedure");
+        .batch_execute(&format!(
+            "DROP PROCEDURE {database}.idempotent_begin_job; DROP PROCEDURE {database}.idempotent_begin_and_claim"
+        ))
+        .expect("drop the begin procedures");
     charge(&mut conn, "warm-up-2", "", "").expect("a job without procedures");
     let (fresh, calls) = sent(&mut conn, "c");
     figures::report(&format!(

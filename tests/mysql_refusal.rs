@@ -198,7 +198,9 @@ fn a_server_that_refuses_a_prepared_begin_gets_a_text_begin() {
     // MySQL prepares a `CALL` of the job procedures, and runs `BEGIN` and the savepoints inside
     // them: without them (tests/mysql_procedures.rs) the runtime prepares the statements
     // themselves, which is what MySQL refuses.
-    conn.batch_execute("DROP PROCEDURE idempotent_begin_job; DROP PROCEDURE idempotent_finish_job")
+    conn.batch_execute(
+        "DROP PROCEDURE idempotent_begin_job; DROP PROCEDURE idempotent_begin_and_claim; DROP PROCEDURE idempotent_finish_job",
+    )
         .expect("without the job procedures");
     conn.batch_execute(
         "CREATE TABLE refusal_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(100) NOT NULL)",

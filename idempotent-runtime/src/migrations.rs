@@ -404,14 +404,33 @@ async fn record_version<S: Store>(conn: &mut S, step: &Step) -> Result<(), Error
 /// Galera, `GET_LOCK` holds on one node only, while DDL is ordered across the cluster, so workers
 /// starting together on two nodes both try. The step is then done; its version is recorded unless
 /// the other migration recorded it first.
+///
+/// A step of routines replaces a half-made set (`DROP ... IF EXISTS`, then `CREATE`); a migration
+/// on another node doing the same between the two makes the `CREATE` fail ("already exists"), so
+/// it runs again, a few times.
 async fn create<S: Store>(
     conn: &mut S,
     table: &'static str,
     sql: &str,
     step: Option<&Step>,
 ) -> Result<(), Error> {
-    let Err(error) = conn.batch(sql).await else {
-        return Ok(());
+    let routines = step.is_some_and(|step| !step.routines.is_empty());
+    let mut attempt = 0;
+    let error = loop {
+        attempt += 1;
+        let Err(error) = conn.batch(sql).await else {
+            return Ok(());
+        };
+        if let Some(reset) = S::Db::AFTER_FAILED_STEP
+            && let Err(reset_error) = conn.batch(reset).await
+        {
+            tracing::warn!(%reset_error, "restoring the session after a failed migration step failed");
+        }
+        if !(routines && attempt < 5 && S::Db::made_concurrently(&error)) {
+            break error;
+        }
+        tracing::info!(%error, attempt, "another migration is creating these routines; running the step again");
+        S::pause(std::time::Duration::from_millis(50 * attempt)).await;
     };
     if S::Db::DDL_IN_TRANSACTION {
         return Err(failed(table)(error));

@@ -188,8 +188,13 @@ const COM_QUERY: u8 = 0x03;
 const COM_STMT_PREPARE: u8 = 0x16;
 const COM_STMT_EXECUTE: u8 = 0x17;
 
+/// `COMMIT`, or the `CALL` of MySQL's job procedure that releases the job's savepoint and
+/// commits (`idempotent_finish_job`).
 fn names_commit(bytes: &[u8]) -> bool {
     bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"))
+        || bytes
+            .windows(10)
+            .any(|w| w.eq_ignore_ascii_case(b"finish_job"))
 }
 
 /// The MySQL client packets in `chunk` (3 length bytes, a sequence byte, then the command and its

@@ -333,6 +333,7 @@ fn a_mysql_worker_with_the_documented_grants_runs_jobs() {
              GRANT SELECT ON {database}.idempotent_schema TO '{user}'@'%';
              GRANT SELECT, INSERT, UPDATE ON {database}.done_jobs TO '{user}'@'%';
              GRANT EXECUTE ON PROCEDURE {database}.idempotent_begin_job TO '{user}'@'%';
+             GRANT EXECUTE ON PROCEDURE {database}.idempotent_begin_and_claim TO '{user}'@'%';
              GRANT EXECUTE ON PROCEDURE {database}.idempotent_finish_job TO '{user}'@'%';
              GRANT SELECT, INSERT ON {database}.outbox TO '{user}'@'%';
              GRANT SELECT, INSERT ON {database}.charges TO '{user}'@'%';

@@ -210,7 +210,7 @@ macro_rules! sync_store {
     ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)?) => {
         sync_store!($conn, $db, begin: $begin, job: $job_begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback $(, deferred: $deferred)? $(, one_batch: $one_batch)?);
     };
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)? $(, finish: $finish:path)?) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)? $(, finish: $finish:path)? $(, pipelined: $pipelined:path)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
             $(fn finish_in_one_batch(&mut self) -> bool {
@@ -219,6 +219,17 @@ macro_rules! sync_store {
 
             $(async fn release_and_commit(&mut self) -> diesel::QueryResult<()> {
                 $finish(self)
+            })?
+
+            $(async fn begin_job_pipelined<S, B>(
+                &mut self,
+                first: $crate::sql::Statement<S, B>,
+            ) -> Option<diesel::QueryResult<($crate::store::Nesting, diesel::QueryResult<usize>)>>
+            where
+                S: $crate::sql::SqlText,
+                B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
+            {
+                $pipelined(self, first)
             })?
 
             $(async fn begin_deferred(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {

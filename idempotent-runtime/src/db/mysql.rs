@@ -32,7 +32,8 @@ use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
 use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, ResultLimit, Store, Unfinished,
+    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Nesting, ResultLimit, Store,
+    Unfinished,
 };
 
 /// MySQL and MariaDB (features `mysql`, `async-mysql`).
@@ -90,6 +91,8 @@ sql! {
         now!(),
         ")"
     );
+    // Schema version 4: `BEGIN`, the job's savepoint and `ClaimInsert` in one procedure.
+    CallBeginAndClaim = "CALL idempotent_begin_and_claim(?, ?, ?, ?, ?, ?)";
     ClaimRead = concat!(
         "SELECT job_name, result, fingerprint, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', done_at) AS done_at_micros, \
@@ -266,7 +269,11 @@ impl Database for MysqlDb {
             version: 4,
             table: "done_jobs",
             column: None,
-            routines: &[BEGIN_JOB_PROCEDURE, FINISH_JOB_PROCEDURE],
+            routines: &[
+                "idempotent_begin_job",
+                "idempotent_begin_and_claim",
+                "idempotent_finish_job",
+            ],
             sql: include_str!("../../sql/mysql/004_job_procedures.sql"),
         }
     );
@@ -285,6 +292,15 @@ impl Database for MysqlDb {
             all &= rows.first().is_some_and(|r| r.n > 0);
         }
         Ok(all)
+    }
+
+    const AFTER_FAILED_STEP: Option<&'static str> =
+        Some("SET SESSION sql_mode = COALESCE(@idempotent_jobs_sql_mode, @@SESSION.sql_mode)");
+
+    fn made_concurrently(error: &DieselError) -> bool {
+        // ER_SP_ALREADY_EXISTS (1304): "PROCEDURE idempotent_begin_job already exists"; also
+        // ER_SP_DOES_NOT_EXIST for a `DROP` without `IF EXISTS`, which the step does not send.
+        super::message(error).is_some_and(|m| m.contains("already exists"))
     }
 
     fn release_failed(error: &DieselError) -> bool {
@@ -425,17 +441,23 @@ impl Database for MysqlDb {
                 super::shared::claim_values(claim),
             ))
             .await;
-        match inserted {
-            Ok(_) => return Ok(ClaimAttempt::Inserted),
-            Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
-            Err(error) => return Err(error),
-        }
-        let rows: Vec<DoneRow> = conn
-            .load(Statement::<ClaimRead, _>::new((bind::<Binary, _>(
-                &claim.digest[..],
-            ),)))
-            .await?;
-        Ok(super::shared::found(rows.into_iter().next()))
+        claimed(conn, claim, inserted).await
+    }
+
+    /// With the schema's procedures (sync `MysqlConnection`), one prepared `CALL` of
+    /// `idempotent_begin_and_claim` opens the transaction with the job's savepoint and inserts the
+    /// claim: one round trip for both. Elsewhere, one after the other.
+    async fn begin_and_claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        claim: &Claim<'_>,
+    ) -> QueryResult<(Nesting, QueryResult<ClaimAttempt>)> {
+        let first = Statement::<CallBeginAndClaim, _>::new(super::shared::claim_values(claim));
+        let Some(begun) = conn.begin_job_pipelined(first).await else {
+            let nesting = conn.begin_job(None).await?;
+            return Ok((nesting, Self::claim(conn, claim).await));
+        };
+        let (nesting, inserted) = begun?;
+        Ok((nesting, claimed(conn, claim, inserted).await))
     }
 
     async fn lease<C: Store<Db = Self>>(
@@ -641,6 +663,27 @@ async fn set_lock_wait<C: Store<Db = MysqlDb>>(conn: &mut C, seconds: u64) -> Qu
     .map(drop)
 }
 
+/// What a claim's `INSERT` (or the `CALL` that ran it) came to: inserted, or, on the key's
+/// duplicate, the row that holds it, read with `FOR UPDATE` (under REPEATABLE READ a plain read
+/// may miss the row whose duplicate was just hit).
+async fn claimed<C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+    claim: &Claim<'_>,
+    inserted: QueryResult<usize>,
+) -> QueryResult<ClaimAttempt> {
+    match inserted {
+        Ok(_) => return Ok(ClaimAttempt::Inserted),
+        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+        Err(error) => return Err(error),
+    }
+    let rows: Vec<DoneRow> = conn
+        .load(Statement::<ClaimRead, _>::new((bind::<Binary, _>(
+            &claim.digest[..],
+        ),)))
+        .await?;
+    Ok(super::shared::found(rows.into_iter().next()))
+}
+
 struct SessionLock<'a, S: Store> {
     conn: &'a mut S,
     release: &'static str,
@@ -660,11 +703,6 @@ impl<S: Store> Drop for SessionLock<'_, S> {
 /// `Store::begin_job`.
 const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
 const RELEASE_JOB: &str = "RELEASE SAVEPOINT idempotent_job";
-
-/// The stored procedures of schema version 4 (`sql/mysql/004_job_procedures.sql`): `BEGIN` with
-/// the job's savepoint, and the savepoint's release with `COMMIT`, each one prepared `CALL`.
-const BEGIN_JOB_PROCEDURE: &str = "idempotent_begin_job";
-const FINISH_JOB_PROCEDURE: &str = "idempotent_finish_job";
 
 /// When this process tries the job procedures again after a `CALL` found them missing (or not
 /// callable): milliseconds since [`epoch`]; 0 while they are called. Process-wide, as the
@@ -735,7 +773,7 @@ fn refuses_prepared(error: &DieselError) -> bool {
 }
 
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit);
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit, pipelined: prepared::begin_job_claiming);
 
 /// `BEGIN`, `COMMIT` and `ROLLBACK` on the sync `MysqlConnection` as cached prepared statements:
 /// one round trip each. Diesel sends them as a text batch, which for MySQL is three (multi-statement
@@ -773,6 +811,43 @@ pub(crate) mod prepared {
     /// Whether the next transaction is a top-level one sent as prepared statements.
     fn prepared_top_level_next(conn: &mut MysqlConnection) -> QueryResult<bool> {
         Ok(!super::savepoints_as_text() && crate::db::depth_sync(conn)? == 0)
+    }
+
+    /// Opens a job's own transaction by running `first`, a `CALL` of the schema's procedure that
+    /// begins it and inserts the claim (`Store::begin_job_pipelined`); `None`, with nothing open,
+    /// where the procedures are not called or a transaction is open already. A failing `CALL`
+    /// other than a lost connection has begun the transaction (`START TRANSACTION` fails no other
+    /// way) and failed at the claim, whose error is returned with the open transaction.
+    pub(crate) fn begin_job_claiming<S, B>(
+        conn: &mut MysqlConnection,
+        first: Statement<S, B>,
+    ) -> Option<QueryResult<(Nesting, QueryResult<usize>)>>
+    where
+        S: crate::sql::SqlText,
+        B: crate::sql::Binds<diesel::mysql::Mysql> + Send,
+    {
+        if !super::procedures_callable() {
+            return None;
+        }
+        match prepared_top_level_next(conn) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(error) => return Some(Err(error)),
+        }
+        let ran = match diesel::RunQueryDsl::execute(first, conn) {
+            Err(error) if <super::MysqlDb as crate::store::Database>::connection_lost(&error) => {
+                return Some(Err(error));
+            }
+            Err(error) if super::without_procedures(&error) => return None,
+            ran => ran,
+        };
+        if ran.is_ok() {
+            super::procedures_called();
+        }
+        Some(
+            change_depth(conn, TransactionDepthChange::IncreaseDepth)
+                .map(|()| (Nesting::Outermost, ran)),
+        )
     }
 
     /// Releases the job's savepoint and commits in one round trip (`Store::release_and_commit`):

@@ -83,8 +83,10 @@ pub trait Store: Send + Sized {
 
     /// Opens a job's own outermost transaction and runs `first` in it, the two in one flight, where
     /// the connection pipelines requests (diesel-async's PostgreSQL connection) and no transaction
-    /// is open yet; `None` elsewhere, having sent nothing. `first` goes out before `BEGIN` has
-    /// answered, so it must do nothing unless that `BEGIN` took effect (see `db::postgres`).
+    /// is open yet; `None` elsewhere, with nothing open. `first` goes out before `BEGIN` has
+    /// answered, so it must do nothing unless that `BEGIN` took effect (see `db::postgres`). On
+    /// Diesel's sync `MysqlConnection`, `first` is the `CALL` of a stored procedure that begins
+    /// the transaction itself (see `db::mysql`).
     ///
     /// `Some(Err)`: nothing is open (`first`'s result is then of no account). `Some(Ok)`: the
     /// transaction is open, whatever `first` returned.

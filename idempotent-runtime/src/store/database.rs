@@ -390,6 +390,18 @@ pub trait Database: Sized + Send + Sync + 'static {
         async move { Ok(none) }
     }
 
+    /// SQL that puts the session back as it was after a migration step failed part way (MySQL:
+    /// the `sql_mode` the routines' step sets for their creation).
+    #[doc(hidden)]
+    const AFTER_FAILED_STEP: Option<&'static str> = None;
+
+    /// Whether a step's DDL failed because another migration made the same object meanwhile.
+    #[doc(hidden)]
+    fn made_concurrently(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Whether `error` says the role lacks a privilege (a migration step that only speeds jobs
     /// up is then left out, with a warning, rather than failing `migrate`).
     #[doc(hidden)]
