@@ -341,33 +341,6 @@ fn deadlocking(conn: &mut MysqlConnection, k: &str) -> Result<String, TestError>
     Ok(format!("{swallowed:?}"))
 }
 
-/// A job name longer than `done_jobs.job_name` (VARCHAR(255)): 300 characters.
-#[idempotent_job(
-    key = "long:<k>",
-    name = "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
-)]
-fn long_named(conn: &mut MysqlConnection, k: &str) -> Result<i64, TestError> {
-    diesel::insert_into(adv_effects::table)
-        .values(adv_effects::tag.eq(k))
-        .execute(conn)?;
-    Ok(7)
-}
-
-/// The same name, with a bounded wait for a run in progress: such a call opens its transaction
-/// with `idempotent_begin_job` and claims with a plain `INSERT` of its own, in the session's
-/// `sql_mode`.
-#[idempotent_job(
-    key = "longwait:<k>",
-    name = "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn",
-    in_progress = "wait at most 5s"
-)]
-fn long_named_bounded(conn: &mut MysqlConnection, k: &str) -> Result<i64, TestError> {
-    diesel::insert_into(adv_effects::table)
-        .values(adv_effects::tag.eq(k))
-        .execute(conn)?;
-    Ok(7)
-}
-
 const ADV_TABLES: &str = "CREATE TABLE adv_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, tag VARBINARY(64) NOT NULL);
      CREATE TABLE adv_unique (tag VARBINARY(64) PRIMARY KEY);
      CREATE TABLE key_probe (id BIGINT AUTO_INCREMENT PRIMARY KEY, job_key LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL)";
@@ -388,16 +361,14 @@ fn calls(conn: &mut MysqlConnection) -> i64 {
 struct Stored {
     #[diesel(sql_type = diesel::sql_types::Text)]
     job_key: String,
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    job_name: String,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     unfinished: i64,
 }
 
-/// The key's row as stored: its readable key, its job's name, whether its result is unrecorded.
+/// The key's row as stored: its readable key, whether its result is unrecorded.
 fn stored(conn: &mut MysqlConnection, key: &idempotent_jobs::JobKey) -> Option<Stored> {
     diesel::sql_query(
-        "SELECT CAST(job_key AS CHAR CHARACTER SET utf8mb4) AS job_key, CAST(job_name AS CHAR CHARACTER SET utf8mb4) AS job_name, \
+        "SELECT CAST(job_key AS CHAR CHARACTER SET utf8mb4) AS job_key, \
          CAST(result IS NOT NULL AND result = '' AS SIGNED) AS unfinished \
          FROM done_jobs WHERE key_digest = ?",
     )
@@ -926,25 +897,8 @@ fn adversarial(url: &str, check: &mut MysqlConnection) {
         tagged(&mut c, "pending-charset")
     ));
     drop(c);
-
-    // 6. A job name longer than job_name's 255 characters, through the procedure: refused (the
-    // procedure's strict mode), in a non-strict session too; nothing committed, every time.
-    for settings in ["", "SET SESSION sql_mode = ''"] {
-        let mut c = fresh(url, settings);
-        for _ in 0..2 {
-            let refused = long_named(&mut c, &format!("long{settings}"));
-            assert!(
-                matches!(
-                    &refused,
-                    Err(TestError::Idempotent(
-                        idempotent_jobs::Error::Database { .. }
-                    ))
-                ),
-                "{settings}: {refused:?}"
-            );
-            assert_eq!(tagged(check, &format!("long{settings}")), 0, "{settings}");
-        }
-    }
+    // 6. A job name longer than `done_jobs.job_name` (255 characters) is a compile error
+    // (tests/ui/fail/args_name_too_long.rs): no session's `sql_mode` can cut it short.
 }
 
 fn fxhash(text: &str) -> u64 {
@@ -1018,43 +972,13 @@ fn racing_claims_commit_one_run() {
     });
 }
 
-/// 6, the other way: a job whose name is longer than `done_jobs.job_name` (255), with a bounded
-/// in-progress wait (so the claim is the runtime's plain `INSERT` after `idempotent_begin_job`, not
-/// the strict procedure's), in a session with a non-strict `sql_mode`: the claim's name is cut to
-/// 255 characters without an error, the job runs and commits, and every later call of the key
-/// fails (the stored name is not the job's), so the key's stored result is never replayed.
-#[test]
-#[ignore = "bug: a job name over 255 characters is silently truncated by a non-strict session's claim INSERT; the job runs, then every replay fails"]
-fn long_job_name_in_a_non_strict_session_runs_once_and_never_replays() {
-    with_database("longname", |url, check| {
-        let mut c = fresh(url, "SET SESSION sql_mode = ''");
-        let before = calls(&mut c);
-        let first = long_named_bounded(&mut c, "lw").map_err(|e| e.to_string());
-        assert_eq!(
-            calls(&mut c) - before,
-            2,
-            "idempotent_begin_job and idempotent_finish_job, the claim a plain INSERT between"
-        );
-        let stored_name =
-            stored(check, &long_named_bounded::key("lw")).map(|r| r.job_name.chars().count());
-        let effects = tagged(check, "lw");
-        let replay = long_named_bounded(&mut c, "lw").map_err(|e| e.to_string());
-        assert_eq!(
-            (first.clone(), stored_name, effects),
-            (Ok(7), Some(255), 1),
-            "the first call ran and committed, its name cut to 255"
-        );
-        assert_eq!(replay, Ok(7), "the replay returns the stored result");
-    });
-}
-
 /// A body that rolls back to the job's savepoint (`ROLLBACK TO SAVEPOINT idempotent_job`) and
-/// returns `Ok`: the claim was inserted after the savepoint (by `idempotent_begin_and_claim`, as
-/// by the fallback's `BEGIN; SAVEPOINT; INSERT`), so it is rolled back with the body's work; the
-/// record `UPDATE` then matches no row, the savepoint's release and the `COMMIT` succeed, and the
-/// call reports `Ran` with no claim committed: a retry runs the job again.
+/// returns `Ok`. `idempotent_begin_and_claim` sets the savepoint after the claim, so the claim
+/// stays and the job commits what the body left; where the claim came after the savepoint (the
+/// statements' path), the record of the result finds this run's claim gone and nothing is
+/// committed. Either way no `Ran` without its claim (it used to be: the record matched no row,
+/// and a retry ran the body again).
 #[test]
-#[ignore = "bug: a body's ROLLBACK TO SAVEPOINT idempotent_job undoes the claim, yet the call reports Ok (Ran) and a retry runs again"]
 fn body_rolling_back_to_the_jobs_savepoint_is_not_reported_as_ran() {
     with_database("rbsp", |url, check| {
         let mut c = fresh(url, "");
@@ -1082,11 +1006,11 @@ fn body_rolling_back_to_the_jobs_savepoint_is_not_reported_as_ran() {
     });
 }
 
-/// A body that switches the connection's default database (`USE`): the record `UPDATE` and the
-/// finish `CALL` go to the other database's `done_jobs` and procedures; the job's own claim stays
-/// unrecorded, the call reports `Ran`, and the next delivery takes the key over and runs again.
+/// A body that switches the connection's default database (`USE`): the record `UPDATE` goes to
+/// the other database's `done_jobs`, which holds no claim of this run's (its `claim_token`), so
+/// the call fails and nothing is committed. (It used to report `Ran` with the job's own claim left
+/// unrecorded, and the next delivery took the key over and ran the body again.)
 #[test]
-#[ignore = "bug: a body's USE <other db> makes the record miss the job's claim; Ok (Ran) is reported and the next call runs the body again"]
 fn body_switching_the_database_is_not_run_twice() {
     with_database("use2", |other_url, _| {
         let other = other_url.rsplit_once('/').expect("a database").1.to_owned();

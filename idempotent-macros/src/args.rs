@@ -12,6 +12,9 @@ use idempotent_keys::template::Segment;
 
 use crate::ctxt::{Ctxt, did_you_mean};
 
+/// The longest job name, in characters (`Job::MAX_NAME_CHARS` in the runtime).
+const MAX_NAME_CHARS: usize = 255;
+
 /// Every argument the attribute takes, for "unknown argument" messages.
 const ARGUMENTS: &[&str] = &[
     "key",
@@ -126,6 +129,15 @@ impl Args {
                     return Err(syn::Error::new(
                         value.span(),
                         "the job name cannot be empty",
+                    ));
+                }
+                let chars = value.value().chars().count();
+                if chars > MAX_NAME_CHARS {
+                    return Err(syn::Error::new(
+                        value.span(),
+                        format!(
+                            "the job name is {chars} characters long; at most {MAX_NAME_CHARS} fit `done_jobs.job_name` (MySQL's `VARCHAR(255)`), so give a shorter `name`"
+                        ),
                     ));
                 }
                 set_once(&mut self.name, value, meta)

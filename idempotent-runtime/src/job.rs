@@ -50,9 +50,23 @@ impl fmt::Debug for Job {
 }
 
 impl Job {
+    /// The longest job name, in characters: what `done_jobs.job_name` holds on MySQL
+    /// (`VARCHAR(255)`), so that no session's `sql_mode` can cut a name short and make its own
+    /// runs look like another job's.
+    pub const MAX_NAME_CHARS: usize = 255;
+
     /// A job called `name` whose keys follow `template` (recorded for humans and checks; the key
     /// itself is passed to each call).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is longer than [`MAX_NAME_CHARS`](Self::MAX_NAME_CHARS): in a `static` (as
+    /// the attribute declares it) that is a compile error.
     pub const fn new(name: &'static str, template: &'static str) -> Self {
+        assert!(
+            chars(name) <= Self::MAX_NAME_CHARS,
+            "a job name is at most 255 characters (done_jobs.job_name on MySQL); give the job a shorter `name`"
+        );
         Self {
             name,
             template,
@@ -191,4 +205,18 @@ impl WhileInProgress {
             WhileInProgress::WaitAtMost(limit) => Some(limit),
         }
     }
+}
+
+/// The characters of `text`, counted in a `const fn`: its bytes that do not continue a UTF-8
+/// sequence.
+const fn chars(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while i < bytes.len() {
+        if bytes[i] & 0xC0 != 0x80 {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
 }

@@ -407,9 +407,25 @@ async fn record<S: Store>(
             });
         }
     }
-    S::Db::record(store, &call.digest, json, call.keep_micros)
-        .await
-        .map_err(|e| call.database::<S::Db>(Step::Record, e))
+    let recorded = S::Db::record(
+        store,
+        &call.digest,
+        call.context.claim_token(),
+        json,
+        call.keep_micros,
+    )
+    .await
+    .map_err(|e| call.database::<S::Db>(Step::Record, e))?;
+    if recorded {
+        Ok(())
+    } else {
+        // This run's claim is gone from its transaction: a statement of the body rolled back to
+        // the job's savepoint (the claim with it) or switched the session to another database.
+        Err(Error::TransactionRolledBackInBody {
+            job: call.job.name(),
+            key: call.key_text.clone(),
+        })
+    }
 }
 
 /// Polls `future` with the call's key current, on whichever thread polls it.

@@ -1,7 +1,8 @@
 -- idempotent-jobs, schema version 4 (MySQL and MariaDB only): a job's transaction opened and
 -- closed in one round trip each. `idempotent_begin_job` opens the transaction with the job's
--- savepoint; `idempotent_begin_and_claim` does that and inserts the job's claim (the claim's
--- duplicate-key error leaves the transaction and the savepoint open, as the plain `INSERT` does);
+-- savepoint; `idempotent_begin_and_claim` opens it, inserts the job's claim and sets the savepoint
+-- (on the claim's duplicate-key error too, which leaves the transaction open, as the plain
+-- `INSERT` does);
 -- `idempotent_finish_job` releases the savepoint and commits. A body that ended the transaction
 -- behind the job's back (an implicit commit, `COMMIT`, `START TRANSACTION`) took the savepoint
 -- with it: the release fails (1305) and the procedure stops before `COMMIT`.
@@ -31,10 +32,18 @@ CREATE PROCEDURE idempotent_begin_and_claim(
   IN p_result LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
 ) SQL SECURITY INVOKER
 BEGIN
+  -- The key is taken: the savepoint all the same (the replay's read and the finish come next),
+  -- and the duplicate-key error for the caller.
+  DECLARE EXIT HANDLER FOR 1062
+  BEGIN
+    SAVEPOINT idempotent_job;
+    RESIGNAL;
+  END;
   START TRANSACTION;
-  SAVEPOINT idempotent_job;
   INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at)
   VALUES (p_digest, p_job_key, p_job_name, p_fingerprint, p_claim_token, p_result, UTC_TIMESTAMP(6));
+  -- After the claim: a body that rolls back to the job's savepoint cannot take the claim with it.
+  SAVEPOINT idempotent_job;
 END;
 DROP PROCEDURE IF EXISTS idempotent_finish_job;
 CREATE PROCEDURE idempotent_finish_job() SQL SECURITY INVOKER

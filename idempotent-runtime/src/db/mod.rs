@@ -534,7 +534,7 @@ macro_rules! shared_statements {
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
             Record = concat!(
                 "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),
-                " WHERE key_digest = ?"
+                " WHERE key_digest = ? AND claim_token = ?"
             );
             Push = concat!(
                 "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
@@ -651,16 +651,20 @@ macro_rules! shared_methods {
         async fn record<C: Store<Db = Self>>(
             conn: &mut C,
             digest: &[u8; 32],
+            token: i64,
             result: Option<&str>,
             keep_micros: Option<i64>,
-        ) -> QueryResult<()> {
-            conn.execute(Statement::<Record, _>::new((
-                bind::<Nullable<Text>, _>(result),
-                later(keep_micros),
-                bind::<Binary, _>(&digest[..]),
-            )))
-            .await
-            .map(drop)
+        ) -> QueryResult<bool> {
+            // Rows matched, not changed, on MySQL too (Diesel connects with `CLIENT_FOUND_ROWS`).
+            let updated = conn
+                .execute(Statement::<Record, _>::new((
+                    bind::<Nullable<Text>, _>(result),
+                    later(keep_micros),
+                    bind::<Binary, _>(&digest[..]),
+                    bind::<BigInt, _>(token),
+                )))
+                .await?;
+            Ok(updated == 1)
         }
 
         async fn prune_lapsed<C: Store<Db = Self>>(conn: &mut C, limit: i64) -> QueryResult<usize> {

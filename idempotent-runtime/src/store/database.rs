@@ -239,15 +239,18 @@ pub trait Database: Sized + Send + Sync + 'static {
         claim: &Claim<'_>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Stores the result in the claimed row and starts its `keep` (microseconds) from now, just
-    /// before the commit.
+    /// Stores the result in the row this run claimed (`token`) and starts its `keep`
+    /// (microseconds) from now, just before the commit; whether the row was there to update (it
+    /// is not when a statement of the body rolled back to the job's savepoint, or switched the
+    /// session to another database).
     #[doc(hidden)]
     fn record<C: Store<Db = Self>>(
         conn: &mut C,
         digest: &[u8; 32],
+        token: i64,
         result: Option<&str>,
         keep_micros: Option<i64>,
-    ) -> impl Future<Output = QueryResult<()>> + Send;
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// Deletes up to `limit` lapsed claims in one statement; returns how many.
     #[doc(hidden)]
