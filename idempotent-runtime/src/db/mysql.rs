@@ -704,35 +704,42 @@ impl<S: Store> Drop for SessionLock<'_, S> {
 const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
 const RELEASE_JOB: &str = "RELEASE SAVEPOINT idempotent_job";
 
+#[cfg(feature = "mysql")]
 /// When this process tries the job procedures again after a `CALL` found them missing (or not
 /// callable): milliseconds since [`epoch`]; 0 while they are called. Process-wide, as the
 /// statement cache's knowledge of the server is: a process whose procedures are missing pays one
 /// failed `CALL` a minute, and takes them up within a minute of a `migrate` that makes them.
 static PROCEDURES_RETRY_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+#[cfg(feature = "mysql")]
 /// How long a process runs jobs without the procedures once a `CALL` found them missing.
 const WITHOUT_PROCEDURES_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
+#[cfg(feature = "mysql")]
 fn epoch() -> std::time::Instant {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     *EPOCH.get_or_init(std::time::Instant::now)
 }
 
+#[cfg(feature = "mysql")]
 fn millis_since_epoch() -> u64 {
     u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+#[cfg(feature = "mysql")]
 /// Whether jobs open and close their transactions with the procedures now.
 fn procedures_callable() -> bool {
     let retry_at = PROCEDURES_RETRY_AT.load(std::sync::atomic::Ordering::Relaxed);
     retry_at == 0 || millis_since_epoch() >= retry_at
 }
 
+#[cfg(feature = "mysql")]
 /// A `CALL` of a job procedure succeeded.
 fn procedures_called() {
     PROCEDURES_RETRY_AT.store(0, std::sync::atomic::Ordering::Relaxed);
 }
 
+#[cfg(feature = "mysql")]
 /// A `CALL` of a job procedure failed with `error`: when the procedure is missing or may not be
 /// called, this process goes on without them for a while (correct, two round trips more per
 /// job) and says so. Whether it did.
