@@ -1088,14 +1088,13 @@ fn nested_job_whose_body_rolls_back() {
 }
 
 /// A job inside the caller's transaction whose body commits (`COMMIT`, or DDL's implicit commit):
-/// the claim and the body's write (and the caller's) are committed. The runtime's release of its
-/// Diesel savepoint fails; taking the claim back then opens a Diesel savepoint (Diesel still
-/// counts the caller's transaction open) outside any transaction, so its `DELETE` autocommits and
-/// the savepoint's release fails: the claim is gone, but the take-back reports failure, and the
-/// call says `TransactionRolledBackInBody` ("nothing of it was committed; retrying is safe") while
-/// the body's write is committed. The retry runs the body again: two writes.
+/// the claim and the body's write (and the caller's) are committed by the body. The call says so
+/// (`TransactionEndedInBody`: the work before the statement committed, the claim taken back), and
+/// the claim is gone, so a retry runs the job. It used to say `TransactionRolledBackInBody`
+/// ("nothing of it was committed"): the take-back opened a Diesel savepoint (Diesel still counted
+/// the caller's transaction) outside any transaction, its `DELETE` autocommitted and the
+/// savepoint's release failed.
 #[test]
-#[ignore = "bug: a nested job whose body COMMITs (or runs DDL) reports TransactionRolledBackInBody (nothing committed) while its write is committed; the retry duplicates it"]
 fn nested_job_whose_body_commits_reports_what_was_committed() {
     with_database("nestcommit", |url, check| {
         for (own, tag) in [("COMMIT", "nc"), ("CREATE TABLE nest_probe (id INT)", "nd")] {
@@ -1104,7 +1103,13 @@ fn nested_job_whose_body_commits_reports_what_was_committed() {
             let retry = adv(&mut c, tag, tag, "", "").map_err(|e| e.to_string());
             let after_retry = tagged(check, tag);
             assert!(
-                !is_rolled_back(&outer) || effects == 0,
+                matches!(
+                    &outer,
+                    Err(TestError::Idempotent(
+                        idempotent_jobs::Error::TransactionEndedInBody { .. }
+                    ))
+                ) && effects == 1
+                    && row.is_none(),
                 "{own}: reported {:?} (\"nothing of it was committed\"), but the body's write is committed ({effects}; the caller's {outer_effects}; the key's row {row:?}); the retry {retry:?} left {after_retry} writes",
                 outer.as_ref().map_err(ToString::to_string)
             );

@@ -264,6 +264,14 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// run's claim, in case the body committed it. Whether the body had committed it (and so its
     /// work before that statement).
     async fn end_unfinished(&mut self) -> bool {
+        if self.nesting == Nesting::Savepoint {
+            // Only the rollback to Diesel's savepoint can tell whether the caller's transaction is
+            // still there.
+            if self.transaction.rollback_to_savepoint().await {
+                return false;
+            }
+            return take_back_after_callers_end(self.transaction.store(), self.call).await;
+        }
         if self.transaction.still_own(self.nesting).await {
             self.transaction.rollback().await;
             return false;
@@ -276,7 +284,13 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// was committed; the body may have committed the claim (then taken back here) or not.
     async fn not_own_at_commit(&mut self) -> Error {
         self.transaction.abort_job(self.nesting).await;
-        if take_back_claim(self.transaction.store(), self.call).await {
+        let taken = match self.nesting {
+            Nesting::Savepoint => {
+                take_back_after_callers_end(self.transaction.store(), self.call).await
+            }
+            Nesting::Outermost => take_back_claim(self.transaction.store(), self.call).await,
+        };
+        if taken {
             ended_in_body(self.call)
         } else {
             Error::TransactionRolledBackInBody {
@@ -296,6 +310,32 @@ async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> bool {
         Ok(taken) => taken,
         Err(error) => {
             tracing::error!(%error, "taking back the claim of a job whose transaction ended in its body failed; a committed claim reads as unfinished, and the next delivery runs the job");
+            false
+        }
+    }
+}
+
+/// [`take_back_claim`] for a job inside a caller's transaction that a statement of the body ended
+/// (a `COMMIT`, MySQL's implicit commit before DDL): Diesel still counts the caller's transaction
+/// as open, so a transaction of the take-back's own would be a savepoint outside any transaction
+/// (its `DELETE` autocommitted, its release failed, and the call said nothing was committed). Where
+/// the database says the session holds no transaction (MySQL and MariaDB), the claim is taken back
+/// by a statement of its own and a `COMMIT` (for a session with `autocommit = 0`).
+async fn take_back_after_callers_end<S: Store>(store: &mut S, call: &Call) -> bool {
+    if !S::Db::KNOWS_SESSION_TRANSACTION
+        || S::Db::session_in_transaction(store).await.unwrap_or(true)
+    {
+        return take_back_claim(store, call).await;
+    }
+    match S::Db::take_back(store, &call.digest, call.context.claim_token()).await {
+        Ok(taken) => {
+            if let Err(error) = store.batch("COMMIT").await {
+                tracing::warn!(%error, "committing the take-back of a claim outside the caller's ended transaction failed");
+            }
+            taken
+        }
+        Err(error) => {
+            tracing::error!(%error, "taking back the claim of a job whose body ended the caller's transaction failed; a committed claim reads as unfinished, and the next delivery runs the job");
             false
         }
     }

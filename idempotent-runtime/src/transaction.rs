@@ -123,6 +123,17 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         nesting == Nesting::Savepoint || S::Db::release_job(self.store()).await.is_ok()
     }
 
+    /// Rolls back to Diesel's savepoint inside a caller's transaction; whether it was there (a
+    /// statement of the body that ended the caller's transaction took it).
+    pub(crate) async fn rollback_to_savepoint(&mut self) -> bool {
+        let rolled_back = self.store().rollback().await;
+        self.open = false;
+        if let Err(error) = &rolled_back {
+            tracing::warn!(%error, "the caller's transaction ended in the job's body");
+        }
+        rolled_back.is_ok()
+    }
+
     /// Ends whatever transaction the connection is in, once the job's own turned out to be gone;
     /// see [`abort_job`].
     pub(crate) async fn abort_job(&mut self, nesting: Nesting) {

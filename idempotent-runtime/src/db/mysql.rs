@@ -392,6 +392,8 @@ impl Database for MysqlDb {
         super::message(error).is_some_and(|m| m.contains("BINLOG_FORMAT = STATEMENT"))
     }
 
+    const KNOWS_SESSION_TRANSACTION: bool = true;
+
     async fn session_in_transaction<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
         let rows: Vec<TableCount> = conn
             .load(Statement::<SessionInTransaction, _>::new(()))

@@ -58,6 +58,11 @@ pub trait Database: Sized + Send + Sync + 'static {
         None
     }
 
+    /// Whether [`session_in_transaction`](Self::session_in_transaction) asks the server (MySQL,
+    /// MariaDB) rather than answering `false`.
+    #[doc(hidden)]
+    const KNOWS_SESSION_TRANSACTION: bool = false;
+
     /// Whether the session holds a transaction that Diesel does not know of, before a transaction
     /// of the runtime's own begins (MySQL with `autocommit = 0` and statements pending: a `BEGIN`
     /// would commit them).
