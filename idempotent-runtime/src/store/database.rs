@@ -74,6 +74,52 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { Ok(false) }
     }
 
+    /// SQL that puts the session back as it was after a migration step failed part way (MySQL:
+    /// the `sql_mode` the routines' step sets for their creation).
+    #[doc(hidden)]
+    const AFTER_FAILED_STEP: Option<&'static str> = None;
+
+    /// Whether a step's DDL failed because another migration made the same object meanwhile.
+    #[doc(hidden)]
+    fn made_concurrently(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// Whether `error` says the role lacks a privilege (a migration step that only speeds jobs
+    /// up is then left out, with a warning, rather than failing `migrate`).
+    #[doc(hidden)]
+    fn privilege_denied(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// Whether every one of the stored procedures `names` exists in the connection's database
+    /// (only MySQL's schema has any).
+    #[doc(hidden)]
+    fn routines_exist<C: Store<Db = Self>>(
+        conn: &mut C,
+        names: &[&str],
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        let none = names.is_empty();
+        async move { Ok(none) }
+    }
+
+    /// Whether `error`, from releasing the job's savepoint and committing in one round trip
+    /// ([`Store::release_and_commit`]), is the release's (no such savepoint, no transaction, an
+    /// aborted transaction: the transaction is no longer the job's own) rather than the
+    /// `COMMIT`'s. By default: an error of none of the kinds Diesel names; a failing `COMMIT` (a
+    /// serialization failure, a deferred constraint) names its kind, and has ended the
+    /// transaction.
+    #[doc(hidden)]
+    fn release_failed(error: &DieselError) -> bool {
+        matches!(
+            error,
+            DieselError::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
+        )
+    }
+
     /// Whether the transaction just begun is in fact a transaction of the caller's that had
     /// written already (PostgreSQL answers a `BEGIN` inside a transaction with a warning only).
     #[doc(hidden)]
@@ -371,52 +417,6 @@ pub trait Database: Sized + Send + Sync + 'static {
         conn: &mut C,
         table: &str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
-
-    /// Whether `error`, from releasing the job's savepoint and committing in one round trip
-    /// ([`Store::release_and_commit`]), is the release's (no such savepoint, no transaction, an
-    /// aborted transaction: the transaction is no longer the job's own) rather than the
-    /// `COMMIT`'s. By default: an error of none of the kinds Diesel names; a failing `COMMIT` (a
-    /// serialization failure, a deferred constraint) names its kind, and has ended the
-    /// transaction.
-    #[doc(hidden)]
-    fn release_failed(error: &DieselError) -> bool {
-        matches!(
-            error,
-            DieselError::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
-        )
-    }
-
-    /// Whether every one of the stored procedures `names` exists in the connection's database
-    /// (only MySQL's schema has any).
-    #[doc(hidden)]
-    fn routines_exist<C: Store<Db = Self>>(
-        conn: &mut C,
-        names: &[&str],
-    ) -> impl Future<Output = QueryResult<bool>> + Send {
-        let _ = conn;
-        let none = names.is_empty();
-        async move { Ok(none) }
-    }
-
-    /// SQL that puts the session back as it was after a migration step failed part way (MySQL:
-    /// the `sql_mode` the routines' step sets for their creation).
-    #[doc(hidden)]
-    const AFTER_FAILED_STEP: Option<&'static str> = None;
-
-    /// Whether a step's DDL failed because another migration made the same object meanwhile.
-    #[doc(hidden)]
-    fn made_concurrently(error: &DieselError) -> bool {
-        let _ = error;
-        false
-    }
-
-    /// Whether `error` says the role lacks a privilege (a migration step that only speeds jobs
-    /// up is then left out, with a warning, rather than failing `migrate`).
-    #[doc(hidden)]
-    fn privilege_denied(error: &DieselError) -> bool {
-        let _ = error;
-        false
-    }
 
     /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
     /// does not exist (as seen through the connection's own name resolution).
