@@ -138,9 +138,22 @@ where
     // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
     // result is recorded by every run, and the claim marks the row unfinished until then.
     let stores_result = std::mem::size_of::<T>() != 0;
-    let (nesting, claimed) = begin_and_claim(reach(conn), call, stores_result, read_inside)
-        .await
-        .map_err(|e| call.failed(e))?;
+    let mut together = true;
+    let (nesting, claimed) = loop {
+        match begin_and_claim(reach(conn), call, stores_result, read_inside, together).await {
+            Ok(Some(claimed)) => break claimed,
+            // The key is taken and its claim's transaction is over already: its row, read
+            // outside any, is replayed when it is live; otherwise the claim again, in a
+            // transaction it leaves open.
+            Ok(None) => {
+                if let Some(value) = replay_before_claim::<S, T>(reach(conn), call).await {
+                    return Ok(Outcome::Replayed(value));
+                }
+                together = false;
+            }
+            Err(error) => return Err(call.failed(error).into()),
+        }
+    };
     // No `.await` between the claim's guard handing over and this one taking charge.
     let mut transaction = Transaction::opened(conn, reach);
     tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
@@ -480,17 +493,19 @@ async fn with_context<O>(call: &Call, future: impl Future<Output = O>) -> O {
 }
 
 /// Opens the transaction and claims the key (`None`: claimed now; `Some(row)`: it was already),
-/// retrying the whole transaction on transient errors within the retry window.
+/// retrying the whole transaction on transient errors within the retry window. `Ok(None)`: the key
+/// is taken and nothing is open ([`Database::taken_with_nothing_open`]).
 ///
 /// `read_inside`: a redelivery on a database whose read-first runs inside the transaction
 /// ([`Store::READ_FIRST_IN_TRANSACTION`]) reads the key's committed row first, and replays a live
-/// one without claiming.
+/// one without claiming. `together`: the first claim may go with `BEGIN`.
 async fn begin_and_claim<S: Store>(
     store: &mut S,
     call: &Call,
     stores_result: bool,
     read_inside: bool,
-) -> Result<(Nesting, Option<DoneRow>), Error> {
+    together: bool,
+) -> Result<Option<(Nesting, Option<DoneRow>)>, Error> {
     let claim = call.claim(stores_result);
     // Where the claim waits at BEGIN for the database's write lock (SQLite), the in-progress bound
     // bounds those retries; elsewhere the database's lock timeout bounds the claim's own wait.
@@ -500,8 +515,10 @@ async fn begin_and_claim<S: Store>(
     };
     let mut retry = Retry::within(window);
     loop {
-        let (step, error) = match attempt_claim(store, call, &claim, read_inside, &retry).await {
-            Ok(claimed) => return Ok(claimed),
+        let attempt = attempt_claim(store, call, &claim, read_inside, together, &retry).await;
+        let (step, error) = match attempt {
+            Ok(claimed) => return Ok(Some(claimed)),
+            Err(Attempt::Taken) => return Ok(None),
             Err(Attempt::Over(error)) => return Err(error),
             Err(Attempt::Failed(step, error)) => (step, error),
         };
@@ -521,6 +538,8 @@ enum Attempt {
     Failed(Step, diesel::result::Error),
     /// For good: the call returns this.
     Over(Error),
+    /// The key is taken, and the claim's transaction ended with the attempt.
+    Taken,
 }
 
 /// One attempt: `BEGIN` (with the job's savepoint), the read of a redelivery whose database reads
@@ -531,11 +550,12 @@ async fn attempt_claim<S: Store>(
     call: &Call,
     claim: &crate::store::Claim<'_>,
     read_inside: bool,
+    together: bool,
     retry: &Retry,
 ) -> Result<(Nesting, Option<DoneRow>), Attempt> {
     // The common case, a first delivery with no bound on the wait: `BEGIN` and the first claim
     // go together, in one flight where the connection pipelines.
-    let together = !read_inside && call.in_progress.is_none();
+    let together = together && !read_inside && call.in_progress.is_none();
     let (mut transaction, nesting, first) = match together {
         true => Transaction::begin_job_claiming(&mut *store, itself::<S>, claim)
             .await
@@ -544,7 +564,10 @@ async fn attempt_claim<S: Store>(
             .await
             .map(|(transaction, nesting)| (transaction, nesting, None)),
     }
-    .map_err(|error| Attempt::Failed(Step::Begin, error))?;
+    .map_err(|error| match S::Db::taken_with_nothing_open(&error) {
+        true => Attempt::Taken,
+        false => Attempt::Failed(Step::Begin, error),
+    })?;
     let claimed = match (first, read_inside && nesting == Nesting::Outermost) {
         (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
             .await

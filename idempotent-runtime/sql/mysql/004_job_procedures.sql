@@ -1,8 +1,9 @@
 -- idempotent-jobs, schema version 4 (MySQL and MariaDB only): a job's transaction opened and
 -- closed in one round trip each. `idempotent_begin_job` opens the transaction with the job's
 -- savepoint; `idempotent_begin_and_claim` opens it, inserts the job's claim and sets the savepoint
--- (on the claim's duplicate-key error too, which leaves the transaction open, as the plain
--- `INSERT` does);
+-- after it; on the claim's duplicate-key error it rolls back (nothing is left open) and raises
+-- that error again with the message the caller recognises, which then reads the key's row
+-- outside any transaction: a replay in two round trips;
 -- `idempotent_finish_job` releases the savepoint and commits. A body that ended the transaction
 -- behind the job's back (an implicit commit, `COMMIT`, `START TRANSACTION`) took the savepoint
 -- with it: the release fails (1305) and the procedure stops before `COMMIT`.
@@ -32,12 +33,12 @@ CREATE PROCEDURE idempotent_begin_and_claim(
   IN p_result LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
 ) SQL SECURITY INVOKER
 BEGIN
-  -- The key is taken: the savepoint all the same (the replay's read and the finish come next),
-  -- and the duplicate-key error for the caller.
+  -- The key is taken: the transaction ends here, empty, and the caller gets the duplicate-key
+  -- error (1062, SQLSTATE 23000) with this message, which tells it that nothing is open.
   DECLARE EXIT HANDLER FOR 1062
   BEGIN
-    SAVEPOINT idempotent_job;
-    RESIGNAL;
+    ROLLBACK;
+    RESIGNAL SET MESSAGE_TEXT = 'idempotent-jobs: the key is taken; the claim''s transaction was rolled back';
   END;
   START TRANSACTION;
   INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at)

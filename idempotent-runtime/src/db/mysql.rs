@@ -310,6 +310,14 @@ impl Database for MysqlDb {
             .is_some_and(|m| m.starts_with("SAVEPOINT") && m.contains("does not exist"))
     }
 
+    fn taken_with_nothing_open(error: &DieselError) -> bool {
+        matches!(
+            error,
+            DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, info)
+                if info.message() == TAKEN_AND_ROLLED_BACK
+        )
+    }
+
     fn privilege_denied(error: &DieselError) -> bool {
         // ER_TABLEACCESS_DENIED_ERROR, ER_PROCACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR,
         // ER_SPECIFIC_ACCESS_DENIED_ERROR: "... command denied ...", "Access denied ...".
@@ -704,6 +712,11 @@ impl<S: Store> Drop for SessionLock<'_, S> {
 /// or replaces the transaction (an implicit commit, `START TRANSACTION`, ...) removes; see
 /// `Store::begin_job`.
 const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+/// The message of the duplicate-key error `idempotent_begin_and_claim` raises after rolling back
+/// (see `004_job_procedures.sql`); a procedure made before it did, which left the transaction
+/// open, raised the server's own.
+const TAKEN_AND_ROLLED_BACK: &str =
+    "idempotent-jobs: the key is taken; the claim's transaction was rolled back";
 const RELEASE_JOB: &str = "RELEASE SAVEPOINT idempotent_job";
 
 #[cfg(feature = "mysql")]
@@ -824,9 +837,11 @@ pub(crate) mod prepared {
 
     /// Opens a job's own transaction by running `first`, a `CALL` of the schema's procedure that
     /// begins it and inserts the claim (`Store::begin_job_pipelined`); `None`, with nothing open,
-    /// where the procedures are not called or a transaction is open already. A failing `CALL`
-    /// other than a lost connection has begun the transaction (`START TRANSACTION` fails no other
-    /// way) and failed at the claim, whose error is returned with the open transaction.
+    /// where the procedures are not called or a transaction is open already. A `CALL` that found
+    /// the key taken has rolled back: its error, with nothing open
+    /// (`Database::taken_with_nothing_open`). Any other failing `CALL` but a lost connection has
+    /// begun the transaction (`START TRANSACTION` fails no other way) and failed at the claim,
+    /// whose error is returned with the open transaction.
     pub(crate) fn begin_job_claiming<S, B>(
         conn: &mut MysqlConnection,
         first: Statement<S, B>,
@@ -848,6 +863,12 @@ pub(crate) mod prepared {
                 return Some(Err(error));
             }
             Err(error) if super::without_procedures(&error) => return None,
+            Err(error)
+                if <super::MysqlDb as crate::store::Database>::taken_with_nothing_open(&error) =>
+            {
+                super::procedures_called();
+                return Some(Err(error));
+            }
             ran => ran,
         };
         if ran.is_ok() {

@@ -120,6 +120,16 @@ pub trait Database: Sized + Send + Sync + 'static {
         )
     }
 
+    /// Whether `error`, from [`begin_and_claim`](Self::begin_and_claim), says that the key is
+    /// taken and that nothing is open: the claim's transaction ended with it (MySQL's
+    /// `idempotent_begin_and_claim` rolls back on the key's duplicate). The key's row is then read
+    /// outside any transaction, and replayed when it is live. By default never.
+    #[doc(hidden)]
+    fn taken_with_nothing_open(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Whether the transaction just begun is in fact a transaction of the caller's that had
     /// written already (PostgreSQL answers a `BEGIN` inside a transaction with a warning only).
     #[doc(hidden)]
