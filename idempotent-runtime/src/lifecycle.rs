@@ -301,7 +301,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             Nesting::Savepoint => {
                 take_back_after_callers_end(self.transaction.store(), self.call).await
             }
-            Nesting::Outermost => take_back_claim(self.transaction.store(), self.call).await,
+            Nesting::Outermost | Nesting::Unmarked => {
+                take_back_claim(self.transaction.store(), self.call).await
+            }
         };
         if taken {
             ended_in_body(self.call)
@@ -568,7 +570,7 @@ async fn attempt_claim<S: Store>(
         true => Attempt::Taken,
         false => Attempt::Failed(Step::Begin, error),
     })?;
-    let claimed = match (first, read_inside && nesting == Nesting::Outermost) {
+    let claimed = match (first, read_inside && nesting != Nesting::Savepoint) {
         (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
             .await
             .map_err(|error| (error, None)),
@@ -579,6 +581,18 @@ async fn attempt_claim<S: Store>(
             Err(error) => Err((error, None)),
         },
         (None, false) => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
+    };
+    // Opened without the job's savepoint: set now, after the claim (a body that rolls back to it
+    // cannot take the claim with it).
+    let (nesting, claimed) = match (nesting, claimed) {
+        (Nesting::Unmarked, Ok(state)) => (
+            Nesting::Outermost,
+            S::Db::set_job_savepoint(transaction.store())
+                .await
+                .map(|()| state)
+                .map_err(|error| (error, None)),
+        ),
+        other => other,
     };
     let (error, previous) = match claimed {
         Ok(state) => {

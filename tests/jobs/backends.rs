@@ -135,6 +135,13 @@ pub trait Backend: Sized + 'static {
         statements: &str,
         fail: bool,
     ) -> Result<Receipt, TestError>;
+    /// `statements_in_unit_body`: the same, returning `()`.
+    fn statements_in_unit_body(
+        conn: &mut Self::Conn,
+        id: &str,
+        statements: &str,
+        fail: bool,
+    ) -> Result<(), TestError>;
     fn write_skew(
         conn: &mut Self::Conn,
         barrier: &str,
@@ -438,6 +445,15 @@ macro_rules! sync_backend {
                 fail: bool,
             ) -> Result<Receipt, TestError> {
                 handlers::statements_in_body(conn, id, statements, fail)
+            }
+
+            fn statements_in_unit_body(
+                conn: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+                fail: bool,
+            ) -> Result<(), TestError> {
+                handlers::statements_in_unit_body(conn, id, statements, fail)
             }
 
             fn big_result(
@@ -867,6 +883,20 @@ macro_rules! async_backend {
                 fail: bool,
             ) -> Result<Receipt, TestError> {
                 c.runtime.block_on(handlers::statements_in_body_async(
+                    &mut c.conn,
+                    id,
+                    statements,
+                    fail,
+                ))
+            }
+
+            fn statements_in_unit_body(
+                c: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+                fail: bool,
+            ) -> Result<(), TestError> {
+                c.runtime.block_on(handlers::statements_in_unit_body_async(
                     &mut c.conn,
                     id,
                     statements,

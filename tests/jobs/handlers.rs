@@ -403,6 +403,20 @@ pub fn statements_in_body<C: TestConn>(
     statements: &str,
     fail: bool,
 ) -> Result<Receipt, TestError> {
+    run_statements(conn, id, statements, fail)?;
+    Ok(Receipt {
+        charge_ref: format!("in-body-{id}"),
+        amount: 1,
+    })
+}
+
+/// The body of [`statements_in_body`] and [`statements_in_unit_body`].
+fn run_statements<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    statements: &str,
+    fail: bool,
+) -> Result<(), TestError> {
     conn.insert_message(&format!("before:{id}"), id)?;
     for statement in statements.split(";;").filter(|s| !s.is_empty()) {
         if statement == "EXIT" {
@@ -414,10 +428,19 @@ pub fn statements_in_body<C: TestConn>(
     if fail {
         return Err(TestError::Declined);
     }
-    Ok(Receipt {
-        charge_ref: format!("in-body-{id}"),
-        amount: 1,
-    })
+    Ok(())
+}
+
+/// [`statements_in_body`] as a job that returns `()`: its claim is its whole record (no result is
+/// stored after the body, so no later statement of the runtime finds the claim gone).
+#[idempotent_job(key = "in-unit-body:<id>", name = "statements_in_unit_body")]
+pub fn statements_in_unit_body<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    statements: &str,
+    fail: bool,
+) -> Result<(), TestError> {
+    run_statements(conn, id, statements, fail)
 }
 
 /// A job whose result is `bytes` long.
@@ -721,6 +744,20 @@ mod asynchronous {
         statements: &str,
         fail: bool,
     ) -> Result<Receipt, TestError> {
+        run_statements_async(conn, id, statements, fail).await?;
+        Ok(Receipt {
+            charge_ref: format!("in-body-{id}"),
+            amount: 1,
+        })
+    }
+
+    /// The body of [`statements_in_body_async`] and [`statements_in_unit_body_async`].
+    async fn run_statements_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        statements: &str,
+        fail: bool,
+    ) -> Result<(), TestError> {
         conn.insert_message(&format!("before:{id}"), id).await?;
         for statement in statements.split(";;").filter(|s| !s.is_empty()) {
             if statement == "EXIT" {
@@ -732,10 +769,17 @@ mod asynchronous {
         if fail {
             return Err(TestError::Declined);
         }
-        Ok(Receipt {
-            charge_ref: format!("in-body-{id}"),
-            amount: 1,
-        })
+        Ok(())
+    }
+
+    #[idempotent_job(key = "in-unit-body:<id>", name = "statements_in_unit_body")]
+    pub async fn statements_in_unit_body_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        statements: &str,
+        fail: bool,
+    ) -> Result<(), TestError> {
+        run_statements_async(conn, id, statements, fail).await
     }
 
     #[idempotent_job(key = "big:<id>", name = "big_result")]

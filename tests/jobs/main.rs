@@ -619,6 +619,53 @@ fn mysql_redeliveries_never_read_an_old_snapshot() {
 fn async_mysql_redeliveries_never_read_an_old_snapshot() {
     holes::redeliveries_never_read_an_old_snapshot::<crate::backends::AsyncMysql>();
 }
+
+/// A `()` job whose body rolls back to the runtime's savepoint by name: reported as what it did
+/// where the claim comes before the savepoint; a known limit where the savepoint rides with
+/// `BEGIN` (see `truth::claim_precedes_savepoint`).
+mod undo_to_the_jobs_savepoint {
+    use crate::truth::a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_reported_as_ran as undo;
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite() {
+        undo::<crate::backends::Sqlite>();
+    }
+
+    #[cfg(feature = "async-sqlite")]
+    #[test]
+    fn async_sqlite() {
+        undo::<crate::backends::AsyncSqlite>();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql() {
+        undo::<crate::backends::Mysql>();
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    #[ignore = "known limit: the job's savepoint rides with BEGIN, before the claim (after it would cost a round trip)"]
+    fn postgres() {
+        undo::<crate::backends::Postgres>();
+    }
+
+    #[cfg(feature = "async-postgres")]
+    #[test]
+    #[ignore = "known limit: the job's savepoint rides with BEGIN, before the claim (after it would cost a round trip)"]
+    fn async_postgres() {
+        undo::<crate::backends::AsyncPostgres>();
+    }
+
+    #[cfg(feature = "async-mysql")]
+    #[test]
+    #[ignore = "known limit: the job's savepoint rides with BEGIN, before the claim (after it would cost a round trip)"]
+    fn async_mysql() {
+        undo::<crate::backends::AsyncMysql>();
+    }
+}
+
 #[cfg(feature = "async-sqlite")]
 backend_tests!(async_sqlite, crate::backends::AsyncSqlite);
 #[cfg(feature = "async-postgres")]

@@ -78,32 +78,62 @@ fn cases(server: Server) -> Vec<&'static str> {
 }
 
 /// A body that rolls back to the runtime's savepoint takes back its own effect before it; where
-/// the claim came before the savepoint (MySQL's `idempotent_begin_and_claim`), the job then runs
-/// and commits what the body left: `Ok` with the claim and no effect. Elsewhere the claim goes too,
-/// and the record of the result finds it gone: nothing is committed.
+/// the claim came before the savepoint, the job then runs and commits what the body left: `Ok`
+/// with the claim and no effect. Where the claim came after it, the claim goes too: the record of
+/// a result finds it gone (nothing is committed), and a job that records nothing must not say
+/// `Ok` either.
 const UNDO_TO_THE_JOBS_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idempotent_job";
+
+/// The two kinds of job a case runs: one that stores its result after the body (whose `UPDATE`
+/// finds a claim the body took away), and one that returns `()`, whose claim is its whole record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Value,
+    Unit,
+}
+
+/// One delivery of the case's job of `kind`: its stored result, if it has one.
+fn deliver<B: Backend>(
+    conn: &mut B::Conn,
+    kind: Kind,
+    id: &str,
+    statements: &str,
+    fail: bool,
+) -> Result<Option<crate::handlers::Receipt>, TestError> {
+    match kind {
+        Kind::Value => B::statements_in_body(conn, id, statements, fail).map(Some),
+        Kind::Unit => B::statements_in_unit_body(conn, id, statements, fail).map(|()| None),
+    }
+}
 
 /// What one call said, checked against what the database holds; `Err` says how they differ.
 fn check<B: Backend>(
     db: &Db<B>,
+    kind: Kind,
     id: &str,
     statements: &str,
-    result: &Result<crate::handlers::Receipt, TestError>,
+    result: &Result<Option<crate::handlers::Receipt>, TestError>,
 ) -> Result<(), String> {
     let mut checker = db.connect();
     let before = B::count_topic(&mut checker, &format!("before:{id}"));
+    let prefix = match kind {
+        Kind::Value => "in-body:",
+        Kind::Unit => "in-unit-body:",
+    };
     let key = JobKey::builder()
-        .text("in-body:")
+        .text(prefix)
         .value(id)
         .build()
         .expect("one value");
     let claim = B::keys_lookup(&mut checker, &key).map_err(|e| format!("lookup: {e}"))?;
     let claimed = claim.is_some();
+    let finished = claim
+        .as_ref()
+        .is_some_and(|c| !c.unfinished && (kind == Kind::Unit || c.has_result));
     let (said, holds) = match result {
         Ok(_) => (
             "Ok (ran: work and claim committed)",
-            (before == 1 || statements.starts_with(UNDO_TO_THE_JOBS_SAVEPOINT))
-                && claim.as_ref().is_some_and(|c| c.has_result),
+            (before == 1 || statements.starts_with(UNDO_TO_THE_JOBS_SAVEPOINT)) && finished,
         ),
         Err(TestError::Idempotent(Error::TransactionEndedInBody { .. })) => (
             "TransactionEndedInBody (the work before the statement committed, the claim taken back)",
@@ -136,12 +166,12 @@ fn check<B: Backend>(
 
 /// A clean delivery of the key after the case: it must complete (run or replay), and a third must
 /// replay what it returned.
-fn redeliver<B: Backend>(db: &Db<B>, id: &str) -> Result<(), String> {
+fn redeliver<B: Backend>(db: &Db<B>, kind: Kind, id: &str) -> Result<(), String> {
     let mut conn = db.connect();
-    let second = B::statements_in_body(&mut conn, id, "", false)
+    let second = deliver::<B>(&mut conn, kind, id, "", false)
         .map_err(|e| format!("a later delivery could not finish the key: {e}"))?;
     let effects = B::count_topic(&mut conn, &format!("before:{id}"));
-    let third = B::statements_in_body(&mut conn, id, "", false)
+    let third = deliver::<B>(&mut conn, kind, id, "", false)
         .map_err(|e| format!("the delivery after it failed: {e}"))?;
     if third != second {
         return Err(format!("a replay returned {third:?}, not {second:?}"));
@@ -152,24 +182,48 @@ fn redeliver<B: Backend>(db: &Db<B>, id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether every job's claim on this connection type comes before the job's savepoint, so that a
+/// body that rolls back to the savepoint by name cannot take the claim with it: SQLite (in
+/// process, the savepoint after the claim costs nothing) and sync MySQL with the job procedures.
+/// Elsewhere the savepoint rides with `BEGIN` (after the claim it would cost a round trip; on
+/// diesel-async's PostgreSQL connection, whose first claim is pipelined with `BEGIN`, a savepoint
+/// sent behind a claim the connection has not prepared yet reaches the server first): a job that
+/// stores a result finds its claim gone when it records it, one that returns `()` does not, which
+/// is
+/// [`a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_reported_as_ran`].
+fn claim_precedes_savepoint<B: Backend>() -> bool {
+    matches!(B::NAME, "Sqlite" | "AsyncSqlite" | "Mysql")
+}
+
 pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
     let db = Db::<B>::fresh();
     let mut wrong = Vec::new();
     let mut tried = 0;
     for statements in cases(B::SERVER) {
-        for fail in [false, true] {
+        for (kind, fail) in [Kind::Value, Kind::Unit]
+            .into_iter()
+            .flat_map(|kind| [(kind, false), (kind, true)])
+        {
+            if kind == Kind::Unit
+                && statements == UNDO_TO_THE_JOBS_SAVEPOINT
+                && !claim_precedes_savepoint::<B>()
+            {
+                // The known limit, tested on its own (ignored) below.
+                continue;
+            }
             tried += 1;
             let id = harness::unique_name("truth");
             let result = {
                 let mut conn = db.connect();
-                B::statements_in_body(&mut conn, &id, statements, fail)
+                deliver::<B>(&mut conn, kind, &id, statements, fail)
             };
             let ending = if fail { "Err" } else { "Ok" };
-            if let Err(why) = check(&db, &id, statements, &result) {
-                wrong.push(format!("`{statements}` then {ending}: {why}"));
+            let case = format!("{kind:?} job, `{statements}` then {ending}");
+            if let Err(why) = check(&db, kind, &id, statements, &result) {
+                wrong.push(format!("{case}: {why}"));
             }
-            if let Err(why) = redeliver(&db, &id) {
-                wrong.push(format!("`{statements}` then {ending}: {why}"));
+            if let Err(why) = redeliver(&db, kind, &id) {
+                wrong.push(format!("{case}: {why}"));
             }
         }
     }
@@ -180,6 +234,28 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
         B::NAME,
         wrong.join("\n")
     );
+}
+
+/// A job that returns `()` whose body rolls back to the runtime's savepoint by name
+/// (`ROLLBACK TO SAVEPOINT idempotent_job`) and then writes: where the claim came after the
+/// savepoint, the claim is gone and the write after the rollback is committed without it, yet the
+/// call says `Ok` (ran), and the next delivery runs the body again. A known limit where the
+/// savepoint rides with `BEGIN` (see [`claim_precedes_savepoint`]).
+pub fn a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_reported_as_ran<
+    B: Backend,
+>() {
+    let db = Db::<B>::fresh();
+    let id = harness::unique_name("undo");
+    let result = deliver::<B>(
+        &mut db.connect(),
+        Kind::Unit,
+        &id,
+        UNDO_TO_THE_JOBS_SAVEPOINT,
+        false,
+    );
+    if let Err(why) = check(&db, Kind::Unit, &id, UNDO_TO_THE_JOBS_SAVEPOINT, &result) {
+        panic!("{} ({}): {why}", B::NAME, UNDO_TO_THE_JOBS_SAVEPOINT);
+    }
 }
 
 /// A worker that dies right after its body committed the job's transaction (the runtime never

@@ -101,6 +101,16 @@ pub(crate) fn depth_async<C: diesel_async::AsyncConnection>(
     depth(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
+/// A job's outermost transaction opened without its savepoint, which the lifecycle sets after the
+/// claim ([`Nesting::Unmarked`]); Diesel's savepoint inside a caller's transaction stays as it is.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn unmarked(nesting: Nesting) -> Nesting {
+    match nesting {
+        Nesting::Outermost => Nesting::Unmarked,
+        other => other,
+    }
+}
+
 /// The text of a database error, for databases that report some conditions only in words.
 pub(crate) fn message(error: &DieselError) -> Option<&str> {
     match error {
@@ -246,10 +256,10 @@ macro_rules! sync_store {
             ) -> diesel::QueryResult<$crate::store::Nesting> {
                 let bounded = bound.and_then(<$db as $crate::store::Database>::bounded_begin_sql);
                 match bounded {
-                    Some(sql) => $crate::db::begin_bounded_sync::<$db, _>(
-                        self,
-                        &format!("{sql}; {}", $crate::store::SET_JOB_SAVEPOINT),
-                    ),
+                    // A bound on `BEGIN`'s wait for the write lock (SQLite's): unmarked, as its
+                    // unbounded `BEGIN`, the job's savepoint set after the claim.
+                    Some(sql) => $crate::db::begin_bounded_sync::<$db, _>(self, &sql)
+                        .map($crate::db::unmarked),
                     None => $open_job(self, $job_begin),
                 }
             }

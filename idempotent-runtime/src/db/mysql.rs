@@ -310,6 +310,20 @@ impl Database for MysqlDb {
             .is_some_and(|m| m.starts_with("SAVEPOINT") && m.contains("does not exist"))
     }
 
+    /// A server that refuses the prepared savepoint (`ER_UNSUPPORTED_PS`) switches this process to
+    /// text for its transactions; this job fails and rolls back, as when `BEGIN` was refused.
+    async fn set_job_savepoint<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+        let set = conn
+            .execute(Statement::<crate::store::SetJobSavepoint, _>::new(()))
+            .await;
+        if let Err(error) = &set
+            && refuses_prepared(error)
+        {
+            use_text_for_transactions();
+        }
+        set.map(drop)
+    }
+
     fn taken_with_nothing_open(error: &DieselError) -> bool {
         matches!(
             error,
@@ -819,7 +833,6 @@ pub(crate) mod prepared {
 
     sql! {
         Begin = "BEGIN";
-        SetJobSavepoint = "SAVEPOINT idempotent_job";
         Commit = "COMMIT";
         Rollback = "ROLLBACK";
         CallBeginJob = "CALL idempotent_begin_job()";
@@ -938,11 +951,12 @@ pub(crate) mod prepared {
     }
 
     /// Opens a job's own transaction (`text` as a fallback: `BEGIN` and the job's savepoint), or a
-    /// savepoint inside the caller's: two prepared statements, one round trip each, where a text
-    /// batch takes three (multi-statement mode on, the batch, off).
+    /// savepoint inside the caller's: a prepared `BEGIN`, one round trip where a text batch takes
+    /// three (multi-statement mode on, the batch, off), and the job's savepoint, prepared too,
+    /// after the claim ([`Nesting::Unmarked`]).
     ///
     /// With the schema's stored procedures (version 4), one prepared `CALL` of
-    /// `idempotent_begin_job` does both: one round trip.
+    /// `idempotent_begin_job` opens the transaction with the savepoint: one round trip.
     pub(crate) fn begin_job(conn: &mut MysqlConnection, text: &str) -> QueryResult<Nesting> {
         if super::procedures_callable() && prepared_top_level_next(conn)? {
             match diesel::RunQueryDsl::execute(Statement::<CallBeginJob, _>::new(()), conn) {
@@ -962,18 +976,10 @@ pub(crate) mod prepared {
             // A savepoint of Diesel's, or the text batch that set the job's savepoint too.
             return Ok(nesting);
         }
-        match diesel::RunQueryDsl::execute(Statement::<SetJobSavepoint, _>::new(()), conn) {
-            Ok(_) => Ok(nesting),
-            Err(error) => {
-                if super::refuses_prepared(&error) {
-                    super::use_text_for_transactions();
-                }
-                if let Err(rollback_error) = rollback(conn) {
-                    tracing::error!(%rollback_error, "rolling back a transaction whose savepoint failed");
-                }
-                Err(error)
-            }
-        }
+        // The job's savepoint is a prepared statement of its own here: it goes after the claim
+        // (`Database::set_job_savepoint`), where a body that rolls back to it cannot take the
+        // claim with it.
+        Ok(Nesting::Unmarked)
     }
 
     /// Commits the innermost transaction. As Diesel does, a failed top-level `COMMIT` is rolled

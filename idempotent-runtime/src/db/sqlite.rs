@@ -18,7 +18,7 @@ use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
 use crate::sql::{Statement, bind};
-use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Store};
+use crate::store::{Claim, ClaimAttempt, Database, Fault, Lease, LeasedRow, Nesting, Store};
 
 /// SQLite, with the bundled library (feature `sqlite`).
 #[derive(Debug, Clone, Copy)]
@@ -257,12 +257,19 @@ const BUSY_TIMEOUT_MS: u32 = 5000;
 const BEGIN: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE";
 /// What is not a job: no lock until one is needed (a look-up never waits for a job in progress).
 const BEGIN_DEFERRED: &str = "PRAGMA busy_timeout = 5000; BEGIN DEFERRED";
-/// A job's own transaction: the same, then the job's savepoint.
-const BEGIN_JOB: &str = "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE; SAVEPOINT idempotent_job";
 /// After a bounded `BEGIN` that did not get the lock: the usual wait again.
 const BEGIN_FAILED: &str = "PRAGMA busy_timeout = 5000";
 
-sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN_JOB, deferred: BEGIN_DEFERRED);
+// A job's own transaction begins as any other, `Nesting::Unmarked`: its savepoint comes after the
+// claim.
+sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN, transactions: crate::db::ansi_begin, begin_job, crate::db::ansi_commit, crate::db::ansi_rollback, deferred: BEGIN_DEFERRED);
+
+/// Opens a job's own transaction: `BEGIN IMMEDIATE` (`sql`), without the job's savepoint, which
+/// costs nothing after the claim in process ([`Nesting::Unmarked`]); or Diesel's savepoint inside
+/// the caller's transaction.
+fn begin_job(conn: &mut diesel::SqliteConnection, sql: &str) -> QueryResult<Nesting> {
+    crate::db::begin_sync(conn, sql).map(super::unmarked)
+}
 
 /// diesel-async's SQLite runs the sync connection on a blocking thread; statements go through
 /// its own `RunQueryDsl`, transactions through its wrapper of Diesel's transaction manager.
@@ -299,14 +306,15 @@ mod wrapper {
             &mut self,
             bound: Option<std::time::Duration>,
         ) -> diesel::QueryResult<Nesting> {
-            let sql = match bound.and_then(<super::SqliteDb as Database>::bounded_begin_sql) {
-                Some(sql) => format!("{sql}; {}", crate::store::SET_JOB_SAVEPOINT),
-                None => super::BEGIN_JOB.to_owned(),
-            };
+            // Without the job's savepoint, which comes after the claim.
+            let sql = bound
+                .and_then(<super::SqliteDb as Database>::bounded_begin_sql)
+                .unwrap_or_else(|| super::BEGIN.to_owned());
             self.spawn_blocking(move |conn| {
                 crate::db::begin_bounded_sync::<super::SqliteDb, _>(conn, &sql)
             })
             .await
+            .map(crate::db::unmarked)
         }
 
         async fn begin_deferred(&mut self) -> diesel::QueryResult<Nesting> {

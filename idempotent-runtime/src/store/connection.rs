@@ -71,7 +71,9 @@ pub trait Store: Send + Sized {
 
     /// Opens a job's own transaction: as [`begin_bounded`](Self::begin_bounded) (or
     /// [`begin`](Self::begin) without a bound) and, when it is the outermost, the savepoint
-    /// `idempotent_job` right after `BEGIN`, in the same round trip where the connection allows.
+    /// `idempotent_job` right after `BEGIN`, in the same round trip where the connection allows;
+    /// where the savepoint is a statement of its own anyway, [`Nesting::Unmarked`] without it (the
+    /// lifecycle sets it after the claim).
     /// A statement of the body that ends the transaction (`COMMIT`, `ROLLBACK`, an implicit
     /// commit) or replaces it (`BEGIN` again) takes that savepoint with it: that is how
     /// [`finish_job`](crate::transaction::finish_job) tells that the transaction is no longer the job's.

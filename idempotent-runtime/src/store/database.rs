@@ -140,6 +140,19 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { Ok(false) }
     }
 
+    /// Sets the job's savepoint (`idempotent_job`) after its claim, in a transaction
+    /// [`Store::begin_job`] opened [`Nesting::Unmarked`].
+    #[doc(hidden)]
+    fn set_job_savepoint<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move {
+            conn.execute(Statement::<SetJobSavepoint, _>::new(()))
+                .await
+                .map(drop)
+        }
+    }
+
     /// Releases the job's savepoint (`idempotent_job`): fails when the transaction is no longer
     /// the job's own.
     #[doc(hidden)]

@@ -27,11 +27,9 @@ pub use rows::*;
 sql! {
     /// Proves a job's transaction is still its own; see [`Store::begin_job`].
     ReleaseJob = "RELEASE SAVEPOINT idempotent_job";
+    /// Sets the job's savepoint after its claim; see [`Nesting::Unmarked`].
+    SetJobSavepoint = "SAVEPOINT idempotent_job";
 }
-
-/// Sets the savepoint a job's own transaction begins with; see [`Store::begin_job`].
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) const SET_JOB_SAVEPOINT: &str = "SAVEPOINT idempotent_job";
 
 /// Releases it and commits, in one text batch: the `COMMIT` does not run when the release fails.
 pub(crate) const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT idempotent_job; COMMIT";
@@ -41,6 +39,12 @@ pub(crate) const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT idempotent_job; C
 pub enum Nesting {
     /// This transaction's commit is the real commit.
     Outermost,
+    /// The outermost transaction of a job, opened by [`Store::begin_job`] without the job's
+    /// savepoint: the lifecycle sets it after the claim ([`Database::set_job_savepoint`]), so that
+    /// a body that rolls back to it cannot take the claim with it; then it is `Outermost`. Where
+    /// the savepoint is a statement of its own anyway (SQLite, in process; sync MySQL without
+    /// the job procedures).
+    Unmarked,
     /// The caller was already in a transaction: this commits when the caller's does.
     Savepoint,
 }
