@@ -182,9 +182,11 @@ fn redeliver<B: Backend>(db: &Db<B>, kind: Kind, id: &str) -> Result<(), String>
     Ok(())
 }
 
-/// Whether every job's claim on this connection type comes before the job's savepoint, so that a
-/// body that rolls back to the savepoint by name cannot take the claim with it: SQLite (in
-/// process, the savepoint after the claim costs nothing) and sync MySQL with the job procedures.
+/// Whether a first delivery's claim on this connection type comes before the job's savepoint, so
+/// that a body that rolls back to the savepoint by name cannot take the claim with it: SQLite (in
+/// process, the savepoint after the claim costs nothing) and sync MySQL (inside the job procedure,
+/// or as a prepared statement of its own after the claim without the procedures; a job with an
+/// `in_progress` policy still opens with `idempotent_begin_job`, savepoint first).
 /// Elsewhere the savepoint rides with `BEGIN` (after the claim it would cost a round trip; on
 /// diesel-async's PostgreSQL connection, whose first claim is pipelined with `BEGIN`, a savepoint
 /// sent behind a claim the connection has not prepared yet reaches the server first): a job that
