@@ -160,14 +160,18 @@ sql! {
 /// A read outside the runtime's transactions sees the latest commit only in autocommit mode: with
 /// `autocommit = 0` the session sits in a transaction Diesel does not know of, whose REPEATABLE READ
 /// snapshot may still hold a key forgotten since. Then the read finds nothing, and the claim
-/// decides.
+/// decides (its read of a taken key locks the row: committed data only).
+/// Nor at READ UNCOMMITTED, where it may see a result another session wrote and then rolls back.
 /// On a Galera node the read must also be causal: a node applies other nodes' commits a moment
 /// after they return, so without `wsrep_sync_wait` (bit 1, reads) it may still hold a key forgotten
-/// on another node. MariaDB runs the `/*M! ... */` part; MySQL, which has no Galera variables, takes
-/// it for a comment.
+/// on another node. MariaDB runs the `/*M! ... */` part (its isolation variable is `tx_isolation`
+/// before 11.1), and skips `/*!80000 ... */`, which MySQL 8 runs (`transaction_isolation`); MySQL
+/// takes the `/*M! ... */` part, with its Galera variables, for a comment.
 macro_rules! read_guard {
     () => {
-        " AND @@autocommit = 1 /*M! AND (@@wsrep_on = 0 OR @@wsrep_sync_wait & 1 = 1) */"
+        " AND @@autocommit = 1 \
+         /*M! AND @@tx_isolation <> 'READ-UNCOMMITTED' AND (@@wsrep_on = 0 OR @@wsrep_sync_wait & 1 = 1) */ \
+         /*!80000 AND @@transaction_isolation <> 'READ-UNCOMMITTED' */"
     };
 }
 
