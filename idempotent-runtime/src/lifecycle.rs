@@ -134,25 +134,13 @@ where
     {
         return Ok(Outcome::Replayed(value));
     }
-    let read_inside = call.read_first && S::READ_FIRST_IN_TRANSACTION;
     // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
     // result is recorded by every run, and the claim marks the row unfinished until then.
     let stores_result = std::mem::size_of::<T>() != 0;
-    let mut together = true;
-    let (nesting, claimed) = loop {
-        match begin_and_claim(reach(conn), call, stores_result, read_inside, together).await {
-            Ok(Some(claimed)) => break claimed,
-            // The key is taken and its claim's transaction is over already: its row, read
-            // outside any, is replayed when it is live; otherwise the claim again, in a
-            // transaction it leaves open.
-            Ok(None) => {
-                if let Some(value) = replay_before_claim::<S, T>(reach(conn), call).await {
-                    return Ok(Outcome::Replayed(value));
-                }
-                together = false;
-            }
-            Err(error) => return Err(call.failed(error).into()),
-        }
+    let (nesting, claimed) = match claim_or_replay::<S, T>(reach(conn), call, stores_result).await {
+        Ok(Claimed::Open(nesting, claimed)) => (nesting, claimed),
+        Ok(Claimed::Replayed(value)) => return Ok(Outcome::Replayed(value)),
+        Err(error) => return Err(call.failed(error).into()),
     };
     // No `.await` between the claim's guard handing over and this one taking charge.
     let mut transaction = Transaction::opened(conn, reach);
@@ -492,6 +480,36 @@ async fn with_context<O>(call: &Call, future: impl Future<Output = O>) -> O {
         })
     })
     .await
+}
+
+/// How the claim came out: a transaction open with the key claimed now (`None`) or found taken
+/// (`Some(row)`), or the key's row replayed with nothing open.
+enum Claimed<T> {
+    Open(Nesting, Option<DoneRow>),
+    Replayed(T),
+}
+
+/// [`begin_and_claim`]; where the key is found taken with nothing open
+/// ([`Database::taken_with_nothing_open`]), its row read outside any transaction and replayed when
+/// it is live, else the claim again, in a transaction it leaves open.
+async fn claim_or_replay<S: Store, T: JobOutput>(
+    store: &mut S,
+    call: &Call,
+    stores_result: bool,
+) -> Result<Claimed<T>, Error> {
+    let read_inside = call.read_first && S::READ_FIRST_IN_TRANSACTION;
+    let mut together = true;
+    loop {
+        match begin_and_claim(store, call, stores_result, read_inside, together).await? {
+            Some((nesting, claimed)) => return Ok(Claimed::Open(nesting, claimed)),
+            None => {
+                if let Some(value) = replay_before_claim::<S, T>(store, call).await {
+                    return Ok(Claimed::Replayed(value));
+                }
+                together = false;
+            }
+        }
+    }
 }
 
 /// Opens the transaction and claims the key (`None`: claimed now; `Some(row)`: it was already),
