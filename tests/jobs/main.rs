@@ -34,6 +34,8 @@ mod pools;
 mod proxy;
 mod prune;
 mod receiver;
+#[cfg(feature = "sqlite")]
+mod savepoint_after_claim;
 mod schema;
 mod second_run;
 #[cfg(feature = "postgres")]
