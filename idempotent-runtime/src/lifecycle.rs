@@ -273,7 +273,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             }
             return take_back_after_callers_end(self.transaction.store(), self.call).await;
         }
-        if self.transaction.still_own(self.nesting).await {
+        if crate::transaction::unbalanced(self.transaction.store()).is_none()
+            && self.transaction.still_own(self.nesting).await
+        {
             self.transaction.rollback().await;
             return false;
         }

@@ -346,6 +346,9 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
     if nesting == Nesting::Savepoint {
         return store.commit().await.map_err(Finish::NotOwn);
     }
+    if let Some(error) = unbalanced(store) {
+        return Err(Finish::NotOwn(error));
+    }
     if store.finish_in_one_batch() {
         return match store.release_and_commit().await {
             Ok(()) => {
@@ -372,6 +375,24 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
         });
     }
     store.commit().await.map_err(Finish::Commit)
+}
+
+/// Whether a body left Diesel's count of open transactions above the job's own one (a nested
+/// `conn.transaction(..)` whose savepoint a statement of the body took away, so that its release
+/// or rollback failed): then the job's own `COMMIT` or `ROLLBACK` would go to a savepoint that is
+/// gone, and the transaction must be ended with [`abort_job`]. The error that says so, if it did.
+pub(crate) fn unbalanced<S: Store>(store: &mut S) -> Option<diesel::result::Error> {
+    match store.transaction_depth() {
+        Ok(1) => None,
+        Ok(depth) => Some(diesel::result::Error::QueryBuilderError(
+            format!(
+                "the job's body left {depth} transactions open where its own is 1: a statement of \
+                 the body took away the savepoint of a transaction it nested"
+            )
+            .into(),
+        )),
+        Err(error) => Some(error),
+    }
 }
 
 /// Ends whatever transaction the connection is in with `ROLLBACK` (when the body ended the job's

@@ -689,7 +689,6 @@ fn a_job_nested_in_another_jobs_body_that_undoes_the_outer_savepoint_is_reported
 /// connection must be able to finish the key. The connection's next job (another key) must not
 /// say it ran unless its claim is committed.
 #[test]
-#[ignore = "bug: a failed rollback/release of the body's Diesel savepoint leaves the job's transaction open after Err; the next job on the connection says Ran uncommitted"]
 fn a_nested_transaction_in_the_body_that_undoes_the_jobs_savepoint_leaves_nothing_open() {
     let db = fresh_db();
     let mut wrong = Vec::new();
