@@ -472,6 +472,7 @@ fn flagged_redelivery_against_a_dirty_rewrite(
     url: &str,
     check: &mut MysqlConnection,
     setting: &str,
+    replays_committed: bool,
 ) {
     let id = unique("dirty");
     let first = deliver(
@@ -506,10 +507,15 @@ fn flagged_redelivery_against_a_dirty_rewrite(
         Some(serde_json::to_string(&committed).expect("JSON")),
         "`{setting}`: the database holds the committed value"
     );
+    let expected = match replays_committed {
+        true => Some(committed),
+        false => Some("dirty".to_owned()),
+    };
     assert_eq!(
         replay,
-        Called::Replayed(Some(committed)),
-        "`{setting}`: a flagged redelivery replayed what the database does not hold"
+        Called::Replayed(expected),
+        "`{setting}`: a flagged redelivery replayed what the database does not hold \
+         (or, for the known limit, no longer does: update docs/workers-and-brokers.md and this test)"
     );
     assert_eq!(count(check, &id, "after"), 1, "`{setting}`: one body run");
 }
@@ -525,6 +531,7 @@ fn a_flagged_redelivery_in_a_read_uncommitted_session_replays_only_committed_res
             url,
             check,
             "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED",
+            true,
         );
     });
 }
@@ -535,14 +542,17 @@ fn a_flagged_redelivery_in_a_read_uncommitted_session_replays_only_committed_res
 /// `SELECT`, the next transaction) runs in while the session variable still says
 /// REPEATABLE-READ: the read is dirty and the guard passes. The redelivery must still replay only
 /// the committed value.
+///
+/// A known limit, documented (docs/workers-and-brokers.md): this test pins it, the uncommitted
+/// value replayed, and fails the day it no longer holds.
 #[test]
-#[ignore = "known limit: a one-transaction SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED (no SESSION) is invisible to the read's guard, and the read first replays an uncommitted result"]
-fn a_flagged_redelivery_after_a_one_transaction_read_uncommitted_replays_only_committed_results() {
+fn a_flagged_redelivery_after_a_one_transaction_read_uncommitted_is_the_documented_limit() {
     with_database("runext", |url, check| {
         flagged_redelivery_against_a_dirty_rewrite(
             url,
             check,
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED",
+            false,
         );
     });
 }

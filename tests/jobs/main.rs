@@ -623,8 +623,8 @@ fn async_mysql_redeliveries_never_read_an_old_snapshot() {
 }
 
 /// A `()` job whose body rolls back to the runtime's savepoint by name: reported as what it did
-/// where the claim comes before the savepoint; a known limit where the savepoint rides with
-/// `BEGIN` (see `truth::claim_precedes_savepoint`).
+/// where the claim comes before the savepoint; where the savepoint rides with `BEGIN`, the known
+/// limit, pinned (see `truth::claim_precedes_savepoint`).
 mod undo_to_the_jobs_savepoint {
     use crate::truth::a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_reported_as_ran as undo;
 
@@ -648,21 +648,18 @@ mod undo_to_the_jobs_savepoint {
 
     #[cfg(feature = "postgres")]
     #[test]
-    #[ignore = "known limit: the job's savepoint rides with BEGIN, before the claim (after it would cost a round trip)"]
     fn postgres() {
         undo::<crate::backends::Postgres>();
     }
 
     #[cfg(feature = "async-postgres")]
     #[test]
-    #[ignore = "known limit: the job's savepoint rides with BEGIN, before the claim (after it would cost a round trip)"]
     fn async_postgres() {
         undo::<crate::backends::AsyncPostgres>();
     }
 
     #[cfg(feature = "async-mysql")]
     #[test]
-    #[ignore = "known limit: the job's savepoint rides with BEGIN, before the claim (after it would cost a round trip)"]
     fn async_mysql() {
         undo::<crate::backends::AsyncMysql>();
     }

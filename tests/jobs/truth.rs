@@ -242,7 +242,7 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
 /// (`ROLLBACK TO SAVEPOINT idempotent_job`) and then writes: where the claim came after the
 /// savepoint, the claim is gone and the write after the rollback is committed without it, yet the
 /// call says `Ok` (ran), and the next delivery runs the body again. A known limit where the
-/// savepoint rides with `BEGIN` (see [`claim_precedes_savepoint`]).
+/// savepoint rides with `BEGIN` (see [`claim_precedes_savepoint`]), pinned there by this test.
 pub fn a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_reported_as_ran<
     B: Backend,
 >() {
@@ -255,8 +255,21 @@ pub fn a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_repo
         UNDO_TO_THE_JOBS_SAVEPOINT,
         false,
     );
-    if let Err(why) = check(&db, Kind::Unit, &id, UNDO_TO_THE_JOBS_SAVEPOINT, &result) {
-        panic!("{} ({}): {why}", B::NAME, UNDO_TO_THE_JOBS_SAVEPOINT);
+    let checked = check(&db, Kind::Unit, &id, UNDO_TO_THE_JOBS_SAVEPOINT, &result);
+    if claim_precedes_savepoint::<B>() {
+        if let Err(why) = checked {
+            panic!("{} ({}): {why}", B::NAME, UNDO_TO_THE_JOBS_SAVEPOINT);
+        }
+        return;
+    }
+    // The known limit, pinned: the call says `Ok` and no claim is committed. The day this fails,
+    // the limit is gone: update docs/handlers-and-keys.md and `claim_precedes_savepoint`.
+    match checked {
+        Err(why) if result.is_ok() && why.contains("claim None") => {}
+        other => panic!(
+            "{}: the documented known limit no longer holds ({other:?}, {result:?})",
+            B::NAME
+        ),
     }
 }
 
