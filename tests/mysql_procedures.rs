@@ -2204,8 +2204,8 @@ fn a_connection_killed_between_the_claim_and_the_read() {
 /// Session settings of the caller's (the server's messages in German, `sql_mode`s, character sets
 /// of results, isolation levels, a statement time limit, `completion_type = 'CHAIN'`): the
 /// procedure's duplicate is still recognised (the replay takes 2 round trips and 1 `CALL`), the
-/// replay returns the run's result, the body ran once, and the replay leaves no more open than a
-/// run does in that session. At READ UNCOMMITTED the read outside a transaction is not trusted
+/// replay returns the run's result, the body ran once, and neither the run nor the replay leaves
+/// anything open. At READ UNCOMMITTED the read outside a transaction is not trusted
 /// (it could see an uncommitted result): the replay claims again the usual way, with its read of
 /// the taken key locked (6 round trips, 3 `CALL`s).
 #[test]
@@ -2246,9 +2246,11 @@ fn session_settings_replay_through_the_claim() {
                 false => (Ok((false, 42)), 2, 1),
             };
             assert_eq!(replay, expected, "{settings}: through the claim");
-            assert!(
-                after_replay.0 == 0 && after_replay.1 <= after_run.1,
-                "{settings}: after the replay {after_replay:?}, after a run {after_run:?}"
+            assert_eq!(
+                (after_run, after_replay),
+                ((0, 0), (0, 0)),
+                "{settings}: nothing left open after a run, nor after a replay (completion_type = \
+                 CHAIN opened the next transaction after both before they ended theirs AND NO CHAIN)"
             );
             assert_eq!(tagged(check, &k), 1, "{settings}");
         }

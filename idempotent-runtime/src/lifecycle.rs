@@ -334,7 +334,7 @@ async fn take_back_after_callers_end<S: Store>(store: &mut S, call: &Call) -> bo
     }
     match S::Db::take_back(store, &call.digest, call.context.claim_token()).await {
         Ok(taken) => {
-            if let Err(error) = store.batch("COMMIT").await {
+            if let Err(error) = store.batch(S::Db::COMMIT).await {
                 tracing::warn!(%error, "committing the take-back of a claim outside the caller's ended transaction failed");
             }
             taken

@@ -405,7 +405,7 @@ pub(crate) async fn abort_job<S: Store>(store: &mut S, nesting: Nesting) {
         }
         return;
     }
-    let rolled_back = store.batch("ROLLBACK").await;
+    let rolled_back = store.batch(S::Db::ROLLBACK).await;
     // "No transaction is active" is what some databases answer; only a lost connection is broken.
     store.forget_transaction(matches!(&rolled_back, Err(error) if S::Db::connection_lost(error)));
 }

@@ -622,6 +622,21 @@ fn async_mysql_redeliveries_never_read_an_old_snapshot() {
     holes::redeliveries_never_read_an_old_snapshot::<crate::backends::AsyncMysql>();
 }
 
+/// A MySQL session with `completion_type` `CHAIN` or `RELEASE`: every call leaves it as it was.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_completion_type_chain_or_release_is_left_as_it_was() {
+    truth::a_session_that_chains_or_releases_its_commits_is_left_as_it_was::<crate::backends::Mysql>(
+    );
+}
+#[cfg(feature = "async-mysql")]
+#[test]
+fn async_mysql_completion_type_chain_or_release_is_left_as_it_was() {
+    truth::a_session_that_chains_or_releases_its_commits_is_left_as_it_was::<
+        crate::backends::AsyncMysql,
+    >();
+}
+
 /// A `()` job whose body rolls back to the runtime's savepoint by name: reported as what it did
 /// where the claim comes before the savepoint; where the savepoint rides with `BEGIN`, the known
 /// limit, pinned (see `truth::claim_precedes_savepoint`).

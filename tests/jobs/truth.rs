@@ -506,3 +506,72 @@ fn every_operation_kept_waiting_by_a_busy_database_says_retrying_can_succeed() {
         );
     }
 }
+
+/// A MySQL session whose `completion_type` is `CHAIN` (every `COMMIT` and `ROLLBACK` opens the
+/// next transaction at once) or `RELEASE` (ends the session): a job's transaction, and the keys
+/// API's, end with nothing chained and the session kept, after a run, a replay, a failed job and a
+/// forget. A write the caller then makes in autocommit mode is committed (seen by another
+/// connection) and the session holds no transaction.
+pub fn a_session_that_chains_or_releases_its_commits_is_left_as_it_was<B: Backend>() {
+    use crate::handlers::Mode;
+    for completion in ["CHAIN", "RELEASE"] {
+        let db = Db::<B>::fresh();
+        let mut conn = db.connect();
+        let mut other = db.connect();
+        B::execute(
+            &mut conn,
+            &format!("SET SESSION completion_type = '{completion}'"),
+        );
+        let after = |conn: &mut B::Conn, other: &mut B::Conn, what: &str| {
+            let topic = format!("after {what}");
+            let written = B::try_execute(
+                conn,
+                &format!("INSERT INTO test_outbox (topic, payload) VALUES ('{topic}', 'x')"),
+            );
+            let open = B::try_execute(conn, "SELECT 1")
+                .map(|()| B::query_i64(conn, "SELECT CAST(@@in_transaction AS SIGNED) AS n"));
+            (written, open, B::count_topic(other, &topic))
+        };
+        let ran = B::charge(&mut conn, "order-1", 5, Mode::Succeed).expect("the job runs");
+        assert_eq!(
+            after(&mut conn, &mut other, "a run"),
+            (Ok(()), Ok(0), 1),
+            "{completion}: after a run, the session is kept, outside any transaction"
+        );
+        let replayed = B::charge(&mut conn, "order-1", 5, Mode::Succeed).expect("a replay");
+        assert_eq!(replayed, ran);
+        assert_eq!(
+            after(&mut conn, &mut other, "a replay"),
+            (Ok(()), Ok(0), 1),
+            "{completion}: after a replay"
+        );
+        let failed = B::charge(&mut conn, "order-2", 5, Mode::Fail);
+        assert!(failed.is_err(), "{completion}: {failed:?}");
+        assert_eq!(
+            after(&mut conn, &mut other, "a failed job"),
+            (Ok(()), Ok(0), 1),
+            "{completion}: after a failed job"
+        );
+        let key = crate::handlers::charge_key("order-1");
+        assert!(B::keys_forget(&mut conn, &key).expect("a forget"));
+        assert!(
+            B::keys_lookup(&mut other, &key)
+                .expect("a lookup")
+                .is_none(),
+            "{completion}: the forget is committed"
+        );
+        assert_eq!(
+            after(&mut conn, &mut other, "a forget"),
+            (Ok(()), Ok(0), 1),
+            "{completion}: after a forget"
+        );
+        assert_eq!(
+            (
+                B::count_charges(&mut other, "order-1"),
+                B::count_charges(&mut other, "order-2")
+            ),
+            (1, 0),
+            "{completion}: one charge for the job that ran, none for the one that failed"
+        );
+    }
+}

@@ -7,6 +7,8 @@
 -- `idempotent_finish_job` releases the savepoint and commits. A body that ended the transaction
 -- behind the job's back (an implicit commit, `COMMIT`, `START TRANSACTION`) took the savepoint
 -- with it: the release fails (1305) and the procedure stops before `COMMIT`.
+-- Each ends its transaction `AND NO CHAIN NO RELEASE`: a session's `completion_type` neither
+-- opens the next transaction nor ends the session there.
 -- Without these procedures (or without `EXECUTE` on them) jobs still run correctly, with the
 -- savepoint and its release as statements of their own: 6 round trips for a job of one statement
 -- instead of 3.
@@ -37,7 +39,7 @@ BEGIN
   -- error (1062, SQLSTATE 23000) with this message, which tells it that nothing is open.
   DECLARE EXIT HANDLER FOR 1062
   BEGIN
-    ROLLBACK;
+    ROLLBACK AND NO CHAIN NO RELEASE;
     RESIGNAL SET MESSAGE_TEXT = 'idempotent-jobs: the key is taken; the claim''s transaction was rolled back';
   END;
   START TRANSACTION;
@@ -50,7 +52,7 @@ DROP PROCEDURE IF EXISTS idempotent_finish_job;
 CREATE PROCEDURE idempotent_finish_job() SQL SECURITY INVOKER
 BEGIN
   RELEASE SAVEPOINT idempotent_job;
-  COMMIT;
+  COMMIT AND NO CHAIN NO RELEASE;
 END;
 SET SESSION sql_mode = @idempotent_jobs_sql_mode;
 -- IGNORE: a migration on another Galera node may have recorded this step first.

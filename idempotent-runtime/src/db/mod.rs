@@ -41,7 +41,7 @@ where
 
 /// Commits the innermost transaction the way Diesel does.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn ansi_commit<C>(conn: &mut C) -> QueryResult<()>
+pub(crate) fn ansi_commit<C>(conn: &mut C) -> diesel::QueryResult<()>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
@@ -50,7 +50,7 @@ where
 
 /// Rolls the innermost transaction back the way Diesel does.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn ansi_rollback<C>(conn: &mut C) -> QueryResult<()>
+pub(crate) fn ansi_rollback<C>(conn: &mut C) -> diesel::QueryResult<()>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
@@ -332,7 +332,8 @@ macro_rules! job_store {
 }
 
 /// The `Store` methods no diesel-async connection differs in (everything but how a transaction
-/// begins): its own transaction manager commits, rolls back and counts; a dropped transaction marks
+/// begins): its own transaction manager counts, commits and rolls back (the top-level transaction
+/// with the database's own `Database::COMMIT` and `ROLLBACK`); a dropped transaction marks
 /// the connection broken; statements go through diesel-async's `RunQueryDsl`.
 #[cfg(feature = "async")]
 macro_rules! async_store_methods {
@@ -342,11 +343,11 @@ macro_rules! async_store_methods {
         }
 
         async fn commit(&mut self) -> diesel::QueryResult<()> {
-            <<Self as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<Self>>::commit_transaction(self).await
+            $crate::db::commit_async(self).await
         }
 
         async fn rollback(&mut self) -> diesel::QueryResult<()> {
-            <<Self as diesel_async::AsyncConnection>::TransactionManager as diesel_async::TransactionManager<Self>>::rollback_transaction(self).await
+            $crate::db::rollback_async(self).await
         }
 
         fn abandon(&mut self, _unfinished: $crate::store::Unfinished) {
@@ -452,6 +453,79 @@ where
             Ok(crate::store::Nesting::Savepoint)
         }
         Err(error) => Err(error),
+    }
+}
+
+/// Commits the innermost transaction of a diesel-async connection: as its transaction manager
+/// does, but the top-level one with [`Database::COMMIT`](crate::store::Database::COMMIT) where that
+/// is not the manager's plain `COMMIT` (MySQL: whatever the session's `completion_type`). A failed
+/// `COMMIT` is rolled back; a connection that cannot roll back is marked broken. (A future dropped
+/// here is the caller's transaction guard's to mark broken.)
+#[cfg(feature = "async")]
+pub(crate) async fn commit_async<C>(conn: &mut C) -> diesel::QueryResult<()>
+where
+    C: diesel_async::AsyncConnection + crate::store::Store,
+{
+    use crate::store::Database;
+    use diesel_async::TransactionManager;
+    let sql = <C::Db as Database>::COMMIT;
+    if sql == "COMMIT" || depth_async(conn)? != 1 {
+        return C::TransactionManager::commit_transaction(conn).await;
+    }
+    match conn.batch_execute(sql).await {
+        Ok(()) => left_async(conn),
+        Err(commit_error) => match rollback_async(conn).await {
+            Ok(()) => Err(commit_error),
+            Err(rollback_error) => {
+                C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+                Err(DieselError::RollbackErrorOnCommit {
+                    rollback_error: Box::new(rollback_error),
+                    commit_error: Box::new(commit_error),
+                })
+            }
+        },
+    }
+}
+
+/// Rolls the innermost transaction of a diesel-async connection back: see [`commit_async`]. A
+/// connection that cannot roll back its top-level transaction is marked broken.
+#[cfg(feature = "async")]
+pub(crate) async fn rollback_async<C>(conn: &mut C) -> diesel::QueryResult<()>
+where
+    C: diesel_async::AsyncConnection + crate::store::Store,
+{
+    use crate::store::Database;
+    use diesel_async::TransactionManager;
+    let sql = <C::Db as Database>::ROLLBACK;
+    if sql == "ROLLBACK" || depth_async(conn)? != 1 {
+        return C::TransactionManager::rollback_transaction(conn).await;
+    }
+    match conn.batch_execute(sql).await {
+        Ok(()) => left_async(conn),
+        Err(error) => {
+            C::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            Err(error)
+        }
+    }
+}
+
+/// Tells a diesel-async connection's transaction manager that its top-level transaction ended.
+#[cfg(feature = "async")]
+fn left_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> diesel::QueryResult<()> {
+    use diesel_async::TransactionManager as _;
+    match C::TransactionManager::transaction_manager_status_mut(conn) {
+        diesel::connection::TransactionManagerStatus::Valid(valid) => {
+            match valid
+                .change_transaction_depth(diesel::connection::TransactionDepthChange::DecreaseDepth)
+            {
+                // The connection may have noticed the end of the transaction itself.
+                Ok(()) | Err(DieselError::NotInTransaction) => Ok(()),
+                Err(error) => Err(error),
+            }
+        }
+        diesel::connection::TransactionManagerStatus::InError => {
+            Err(DieselError::BrokenTransactionManager)
+        }
     }
 }
 

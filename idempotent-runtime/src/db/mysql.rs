@@ -265,8 +265,17 @@ struct Column {
     data_type: String,
 }
 
+/// `COMMIT` whatever the session's `completion_type` (see `Database::COMMIT`).
+const COMMIT: &str = "COMMIT AND NO CHAIN NO RELEASE";
+/// `ROLLBACK` whatever the session's `completion_type`.
+const ROLLBACK: &str = "ROLLBACK AND NO CHAIN NO RELEASE";
+
 impl Database for MysqlDb {
     shared_methods!();
+    const COMMIT: &'static str = COMMIT;
+    const ROLLBACK: &'static str = ROLLBACK;
+    const RELEASE_AND_COMMIT: &'static str =
+        "RELEASE SAVEPOINT idempotent_job; COMMIT AND NO CHAIN NO RELEASE";
     migration_steps!(
         "mysql",
         crate::store::Step {
@@ -837,14 +846,24 @@ pub(crate) mod prepared {
 
     sql! {
         Begin = "BEGIN";
-        Commit = "COMMIT";
-        Rollback = "ROLLBACK";
+        Commit = "COMMIT AND NO CHAIN NO RELEASE";
+        Rollback = "ROLLBACK AND NO CHAIN NO RELEASE";
         CallBeginJob = "CALL idempotent_begin_job()";
         CallFinishJob = "CALL idempotent_finish_job()";
     }
 
-    fn prepared_top_level(conn: &mut MysqlConnection) -> QueryResult<bool> {
-        Ok(!super::savepoints_as_text() && crate::db::depth_sync(conn)? == 1)
+    /// Ends the top-level transaction with `S` (`AND NO CHAIN NO RELEASE`: see
+    /// `Database::COMMIT`), prepared, or as the text `text` where the server refuses savepoints
+    /// in prepared statements (Diesel's own `COMMIT` would chain or end the session as the
+    /// session's `completion_type` says).
+    fn end_top_level<S: crate::sql::SqlText>(
+        conn: &mut MysqlConnection,
+        text: &str,
+    ) -> QueryResult<()> {
+        if super::savepoints_as_text() {
+            return diesel::connection::SimpleConnection::batch_execute(conn, text);
+        }
+        diesel::RunQueryDsl::execute(Statement::<S, _>::new(()), conn).map(drop)
     }
 
     /// Whether the next transaction is a top-level one sent as prepared statements.
@@ -905,7 +924,7 @@ pub(crate) mod prepared {
         if super::savepoints_as_text() {
             return diesel::connection::SimpleConnection::batch_execute(
                 conn,
-                crate::store::RELEASE_AND_COMMIT,
+                <super::MysqlDb as crate::store::Database>::RELEASE_AND_COMMIT,
             );
         }
         match diesel::RunQueryDsl::execute(Statement::<CallFinishJob, _>::new(()), conn) {
@@ -989,11 +1008,11 @@ pub(crate) mod prepared {
     /// Commits the innermost transaction. As Diesel does, a failed top-level `COMMIT` is rolled
     /// back, and a connection that cannot roll back is marked broken.
     pub(crate) fn commit(conn: &mut MysqlConnection) -> QueryResult<()> {
-        if !prepared_top_level(conn)? {
+        if crate::db::depth_sync(conn)? != 1 {
             return <AnsiTransactionManager as TransactionManager<MysqlConnection>>::commit_transaction(conn);
         }
-        match diesel::RunQueryDsl::execute(Statement::<Commit, _>::new(()), conn) {
-            Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
+        match end_top_level::<Commit>(conn, super::COMMIT) {
+            Ok(()) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
             Err(commit_error) => match rollback(conn) {
                 Ok(()) => Err(commit_error),
                 Err(rollback_error) => {
@@ -1010,11 +1029,11 @@ pub(crate) mod prepared {
     /// Rolls the innermost transaction back; a connection that cannot is marked broken, so that
     /// nothing later commits into what is left of the transaction.
     pub(crate) fn rollback(conn: &mut MysqlConnection) -> QueryResult<()> {
-        if !prepared_top_level(conn)? {
+        if crate::db::depth_sync(conn)? != 1 {
             return <AnsiTransactionManager as TransactionManager<MysqlConnection>>::rollback_transaction(conn);
         }
-        match diesel::RunQueryDsl::execute(Statement::<Rollback, _>::new(()), conn) {
-            Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
+        match end_top_level::<Rollback>(conn, super::ROLLBACK) {
+            Ok(()) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
             Err(error) => {
                 set_in_error(conn);
                 Err(error)

@@ -74,6 +74,23 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { Ok(false) }
     }
 
+    /// How a top-level transaction of the runtime's own commits, sent as text (the prepared and
+    /// the stored-procedure forms say the same). MySQL and MariaDB: `COMMIT AND NO CHAIN NO
+    /// RELEASE`, so that a session's `completion_type` neither opens the next transaction at once
+    /// (`CHAIN`: the caller's later writes in autocommit mode would never commit) nor ends the
+    /// session (`RELEASE`) when a job, a forget or a prune commits.
+    #[doc(hidden)]
+    const COMMIT: &'static str = "COMMIT";
+
+    /// How a top-level transaction of the runtime's own rolls back; see [`COMMIT`](Self::COMMIT).
+    #[doc(hidden)]
+    const ROLLBACK: &'static str = "ROLLBACK";
+
+    /// The job's savepoint released and the transaction committed in one text batch, the commit
+    /// only when the release succeeded; see [`COMMIT`](Self::COMMIT).
+    #[doc(hidden)]
+    const RELEASE_AND_COMMIT: &'static str = "RELEASE SAVEPOINT idempotent_job; COMMIT";
+
     /// SQL that puts the session back as it was after a migration step failed part way (MySQL:
     /// the `sql_mode` the routines' step sets for their creation).
     #[doc(hidden)]

@@ -31,9 +31,6 @@ sql! {
     SetJobSavepoint = "SAVEPOINT idempotent_job";
 }
 
-/// Releases it and commits, in one text batch: the `COMMIT` does not run when the release fails.
-pub(crate) const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT idempotent_job; COMMIT";
-
 /// Whether a transaction is the outermost one or a savepoint inside the caller's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nesting {
