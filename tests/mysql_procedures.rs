@@ -13,6 +13,8 @@ use idempotent_jobs::idempotent_job;
 
 #[path = "support/figures.rs"]
 mod figures;
+#[path = "support/mysql_database.rs"]
+mod mysql_database;
 
 diesel::table! {
     procedure_effects (id) {
@@ -114,29 +116,15 @@ fn jobs_use_the_procedures_and_lose_nothing_without_them() {
     let _gate = PROCEDURE_GATE
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let base = std::env::var("IDEMPOTENT_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let mut admin = MysqlConnection::establish(&base).unwrap_or_else(|e| {
-        panic!(
-            "MariaDB/MySQL is not reachable at {base}: {e}\nStart it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` (scripts/test does this), or point IDEMPOTENT_MYSQL_URL at a server."
-        )
-    });
     let database = format!("procedures_{}", std::process::id());
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .expect("a database");
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    let url = format!("{server}/{database}");
-    URL.set(url.clone()).expect("set once");
-    let result = std::panic::catch_unwind(|| walk_through(&url, &database, &mut admin_of(&base)));
-    let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-fn admin_of(base: &str) -> MysqlConnection {
-    MysqlConnection::establish(base).expect("an admin connection")
+    mysql_database::in_database(&database, "", |url| {
+        URL.set(url.to_owned()).expect("set once");
+        walk_through(
+            url,
+            &database,
+            &mut mysql_database::reach(&mysql_database::base_url()),
+        );
+    });
 }
 
 fn walk_through(url: &str, database: &str, admin: &mut MysqlConnection) {
@@ -913,25 +901,13 @@ fn fxhash(text: &str) -> u64 {
 
 /// Runs `f` in a database of its own (migrated, with the adversarial tables), dropped after.
 fn with_database(suffix: &str, f: impl FnOnce(&str, &mut MysqlConnection)) {
-    let base = std::env::var("IDEMPOTENT_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let mut admin = MysqlConnection::establish(&base).expect("MariaDB/MySQL reachable");
     let database = format!("procedures_{}_{suffix}", std::process::id());
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .expect("a database");
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    let url = format!("{server}/{database}");
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut check = MysqlConnection::establish(&url).expect("a connection");
+    mysql_database::in_database(&database, "", |url| {
+        let mut check = MysqlConnection::establish(url).expect("a connection");
         idempotent_jobs::migrate(&mut check).expect("migrations");
         check.batch_execute(ADV_TABLES).expect("the tables");
-        f(&url, &mut check);
-    }));
-    let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+        f(url, &mut check);
+    });
 }
 
 /// Case 5: connections racing one key: exactly one body's effect is committed, every caller gets the
@@ -1183,17 +1159,9 @@ fn refused_calls_commit_nothing() {
 /// here: the walk-through may have switched the process to the fallback meanwhile.)
 #[test]
 fn procedures_migrated_from_a_non_strict_session_are_strict() {
-    let base = std::env::var("IDEMPOTENT_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let mut admin = MysqlConnection::establish(&base).expect("MariaDB/MySQL reachable");
     let database = format!("procedures_{}_nonstrict", std::process::id());
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .expect("a database");
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    let url = format!("{server}/{database}");
-    let result = std::panic::catch_unwind(|| {
-        let mut c = fresh(&url, "SET SESSION sql_mode = 'ALLOW_INVALID_DATES'");
+    mysql_database::in_database(&database, "", |url| {
+        let mut c = fresh(url, "SET SESSION sql_mode = 'ALLOW_INVALID_DATES'");
         idempotent_jobs::migrate(&mut c).expect("migrations");
         assert_eq!(procedures(&mut c), 3);
         assert_eq!(
@@ -1213,10 +1181,6 @@ fn procedures_migrated_from_a_non_strict_session_are_strict() {
             "every procedure strict"
         );
     });
-    let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

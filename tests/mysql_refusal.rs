@@ -5,6 +5,9 @@
 //! job leaves nothing, and a body whose DDL commits the transaction is still caught. Its own test
 //! binary: the fall-back is process-wide.
 
+#[path = "support/mysql_database.rs"]
+mod mysql_database;
+
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -170,19 +173,29 @@ fn status(conn: &mut MysqlConnection, name: &str) -> i64 {
 
 #[test]
 fn a_server_that_refuses_a_prepared_begin_gets_a_text_begin() {
-    let base = std::env::var("IDEMPOTENT_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let mut admin = MysqlConnection::establish(&base).unwrap_or_else(|e| {
-        panic!(
-            "MariaDB/MySQL is not reachable at {base}: {e}\nStart it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` (scripts/test does this), or point IDEMPOTENT_MYSQL_URL at a server."
-        )
-    });
     let database = format!("refusal_{}", std::process::id());
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .expect("a database");
-    let (server, rest) = base.rsplit_once('/').expect("a database in the URL");
-    let _ = rest;
+    let (refusals, switches, effects, effects_after) =
+        mysql_database::in_database(&database, "", |url| {
+            through_a_refusing_proxy(url, &database)
+        });
+    assert_eq!(refusals, 1, "refused once, then not asked again");
+    assert_eq!(effects, 3, "each job ran once, and replayed once");
+    assert_eq!(
+        effects_after - effects,
+        3,
+        "d ran once (its failed run left nothing); e's run before the DDL committed its effect, as the error says, and its retry ran once more"
+    );
+    assert!(
+        switches >= 6 * 4,
+        "every job's BEGIN and COMMIT went as text batches: {switches} multi-statement switches"
+    );
+}
+
+/// The job walk-through behind a proxy that refuses a prepared `BEGIN`, in the database at `url`:
+/// the proxy's refusals, the multi-statement switches the jobs made, and the effects before and
+/// after the last jobs.
+fn through_a_refusing_proxy(url: &str, database: &str) -> (usize, i64, i64, i64) {
+    let (server, _) = url.rsplit_once('/').expect("a database in the URL");
     let host_port = server
         .rsplit_once('@')
         .map_or(server, |(_, h)| h)
@@ -244,20 +257,10 @@ fn a_server_that_refuses_a_prepared_begin_gets_a_text_begin() {
         .count()
         .get_result(&mut conn)
         .expect("a count");
-    let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
-    assert_eq!(
+    (
         refusals.load(Ordering::SeqCst),
-        1,
-        "refused once, then not asked again"
-    );
-    assert_eq!(effects, 3, "each job ran once, and replayed once");
-    assert_eq!(
-        effects_after - effects,
-        3,
-        "d ran once (its failed run left nothing); e's run before the DDL committed its effect, as the error says, and its retry ran once more"
-    );
-    assert!(
-        switches >= 6 * 4,
-        "every job's BEGIN and COMMIT went as text batches: {switches} multi-statement switches"
-    );
+        switches,
+        effects,
+        effects_after,
+    )
 }

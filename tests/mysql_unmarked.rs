@@ -9,6 +9,9 @@
 //! start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd`
 //! (scripts/test does this).
 
+#[path = "support/mysql_database.rs"]
+mod mysql_database;
+
 use std::time::Duration;
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection as _, TransactionManager};
@@ -203,23 +206,10 @@ fn assert_nothing_open(conn: &mut MysqlConnection, what: &str) {
 
 /// A database of the test's own, migrated, with the job procedures dropped and the effects table.
 fn with_database(suffix: &str, f: impl FnOnce(&str, &mut MysqlConnection)) {
-    let base = std::env::var("IDEMPOTENT_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let mut admin = MysqlConnection::establish(&base).unwrap_or_else(|e| {
-        panic!(
-            "MariaDB/MySQL is not reachable at {base}: {e}\nStart it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` (scripts/test does this), or point IDEMPOTENT_MYSQL_URL at a server."
-        )
-    });
     let database = format!("unmarked_{}_{suffix}", std::process::id());
-    admin
-        .batch_execute(&format!(
-            "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-        ))
-        .expect("a database");
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    let url = format!("{server}/{database}");
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut check = MysqlConnection::establish(&url).expect("a connection");
+    let options = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+    mysql_database::in_database(&database, options, |url| {
+        let mut check = MysqlConnection::establish(url).expect("a connection");
         idempotent_jobs::migrate(&mut check).expect("migrations");
         check
             .batch_execute(
@@ -227,12 +217,8 @@ fn with_database(suffix: &str, f: impl FnOnce(&str, &mut MysqlConnection)) {
                  CREATE TABLE un_effects (id VARCHAR(100) NOT NULL, tag VARCHAR(100) NOT NULL)",
             )
             .expect("without the job procedures, with the effects table");
-        f(&url, &mut check);
-    }));
-    let _ = admin.batch_execute(&format!("DROP DATABASE {database}"));
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+        f(url, &mut check);
+    });
 }
 
 fn fresh(url: &str) -> MysqlConnection {
