@@ -599,6 +599,11 @@ impl Runner {
             mode: slot.mode,
             url: self.db.worker_url(slot.proxy.as_ref()),
             sabotage: self.sabotage,
+            session: self
+                .db
+                .db
+                .session_settings(w as u64 + slot.generation)
+                .to_owned(),
         };
         let mut command = Command::new(std::env::current_exe().expect("the test binary"));
         command

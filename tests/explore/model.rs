@@ -66,6 +66,34 @@ impl Db {
     pub fn is_server(self) -> bool {
         self != Db::Sqlite
     }
+
+    /// The session settings a worker's connections make right after connecting, taking turns by
+    /// `turn` (the worker's slot and start): settings of a user's own that the README lists as
+    /// supported, under which every check must hold as it does without them.
+    pub fn session_settings(self, turn: u64) -> &'static str {
+        let settings: &[&'static str] = match self {
+            Db::Sqlite => &[
+                "",
+                // A page cache that spills to the database file in the middle of a transaction.
+                "PRAGMA cache_size = 8",
+                "PRAGMA synchronous = OFF; PRAGMA temp_store = MEMORY",
+            ],
+            Db::Postgres => &[
+                "",
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                "SET TIME ZONE 'Pacific/Kiritimati'",
+            ],
+            Db::Mariadb => &[
+                "",
+                "SET SESSION completion_type = 'CHAIN'",
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                "SET SESSION sql_mode = ''; SET time_zone = '-11:00'",
+            ],
+        };
+        settings[(turn % settings.len() as u64) as usize]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,6 +28,9 @@ pub struct Config {
     /// nor hold do their work without the library (no claim, no transaction) and report `Ran`.
     #[serde(default)]
     pub sabotage: bool,
+    /// Session settings of the user's own, sent on each new connection ([`Db::session_settings`]).
+    #[serde(default)]
+    pub session: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -292,6 +295,15 @@ fn connect_sync(config: &Config) -> Result<SyncConn, String> {
                 SyncConn::My(MysqlConnection::establish(&config.url).map_err(|e| e.to_string())?)
             }
         })
+        .and_then(|mut conn| {
+            if !config.session.is_empty() {
+                on_sync!(&mut conn, |c| {
+                    diesel::connection::SimpleConnection::batch_execute(c, &config.session)
+                })
+                .map_err(|e| format!("the session's settings: {e}"))?;
+            }
+            Ok(conn)
+        })
     })
 }
 
@@ -520,6 +532,18 @@ mod asynchronous {
                     .await
                     .map(AsyncConn::My)
                     .map_err(|e| e.to_string()),
+            };
+            let attempt = match attempt {
+                Ok(mut c) if !config.session.is_empty() => {
+                    let set = match &mut c {
+                        AsyncConn::Sqlite(c) => c.batch_execute(&config.session).await,
+                        AsyncConn::Pg(c) => c.batch_execute(&config.session).await,
+                        AsyncConn::My(c) => c.batch_execute(&config.session).await,
+                    };
+                    set.map(|()| c)
+                        .map_err(|e| format!("the session's settings: {e}"))
+                }
+                other => other,
             };
             match attempt {
                 Ok(c) => return Ok(c),
