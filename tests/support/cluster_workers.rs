@@ -188,7 +188,7 @@ impl<C: SyncDb + diesel::connection::SimpleConnection> WorkerConn for C {
     }
 
     fn migrate(&mut self) -> Result<(), String> {
-        idempotent_jobs::migrate(self).map_err(|e| e.to_string())
+        idempotent_jobs::migrate(self).map_err(|e| with_causes(&e))
     }
 
     fn apply(
@@ -233,7 +233,7 @@ impl<C: AsyncDb + diesel_async::SimpleAsyncConnection> WorkerConn for Async<C> {
     fn migrate(&mut self) -> Result<(), String> {
         self.runtime
             .block_on(idempotent_jobs::migrate_async(&mut self.conn))
-            .map_err(|e| e.to_string())
+            .map_err(|e| with_causes(&e))
     }
 
     fn apply(
