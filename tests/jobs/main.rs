@@ -104,6 +104,13 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of_known_limit() {
+                crate::truth::a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn without_tables_every_operation_says_to_migrate() {
                 crate::truth::without_tables_every_operation_says_to_migrate::<$backend>();
             }
