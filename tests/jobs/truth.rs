@@ -623,10 +623,17 @@ pub fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of<B: Backe
             result.map_err(|e| e.to_string())
         );
         if B::SERVER == Server::Sqlite {
-            let error = result.expect_err("refused").to_string();
+            let error = result.expect_err("refused");
+            let text = crate::names::with_causes(&error);
             assert!(
-                error.contains("opening the transaction") && error.contains("nothing of the job"),
-                "{error}"
+                text.contains("opening the transaction")
+                    && text.contains("nothing of the job")
+                    && text.contains("cannot start a transaction within a transaction"),
+                "{text}"
+            );
+            assert!(
+                matches!(&error, crate::handlers::TestError::Idempotent(e) if !e.is_retryable()),
+                "retrying on the same session cannot help: {text}"
             );
         }
     }
