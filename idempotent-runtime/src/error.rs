@@ -340,7 +340,10 @@ pub enum Error {
     /// An operation that runs in a transaction of its own ([`keys`](crate::keys), pruning, the
     /// outbox's inspection, [`verify`](crate::verify)) was called inside a transaction the caller
     /// holds: one Diesel opened, or one the session holds that Diesel does not know of (MySQL with
-    /// `autocommit = 0` and statements pending; a `BEGIN` sent as text that has written).
+    /// `autocommit = 0` and statements pending; a `BEGIN` sent as text that has written). A job
+    /// (which runs in a savepoint of a transaction Diesel opened) is refused with it on a session
+    /// holding a transaction Diesel does not know of: a `BEGIN` sent as text on SQLite, and on
+    /// PostgreSQL once that transaction has written; the caller's transaction is left as it was.
     ///
     /// What to do: use a connection outside any transaction (and, on MySQL, with `autocommit`
     /// on or nothing pending): inside one, this would see and change that transaction's

@@ -586,10 +586,48 @@ async fn attempt_claim<S: Store>(
             .await
             .map(|(transaction, nesting)| (transaction, nesting, None)),
     }
-    .map_err(|error| match S::Db::taken_with_nothing_open(&error) {
-        true => Attempt::Taken,
-        false => Attempt::Failed(Step::Begin, error),
+    .map_err(|error| {
+        if S::Db::taken_with_nothing_open(&error) {
+            Attempt::Taken
+        } else if S::Db::inside_callers_transaction(&error) {
+            Attempt::Over(Error::InsideTransaction {
+                what: "run the job",
+            })
+        } else {
+            Attempt::Failed(Step::Begin, error)
+        }
     })?;
+    // A `BEGIN` that did nothing inside a transaction of the caller's that Diesel does not know
+    // of: the first claim refused it (sent with `BEGIN`), or, opened on its own, the transaction
+    // is asked whether it had written before. Committing or rolling back would end the caller's
+    // transaction, with its writes.
+    let inside = match (&first, nesting) {
+        (_, Nesting::Savepoint) => Ok(false),
+        (Some(Err(error)), _) => Ok(S::Db::inside_callers_transaction(error)),
+        (Some(Ok(_)), _) => Ok(false),
+        (None, _) => S::Db::begun_inside_another(transaction.store()).await,
+    };
+    match inside {
+        Ok(false) => {}
+        Ok(true) => {
+            let left = transaction
+                .store()
+                .batch(S::Db::LEAVE_CALLERS_TRANSACTION)
+                .await;
+            if let Err(error) = &left {
+                tracing::warn!(%error, "undoing the job's savepoint in the caller's transaction failed");
+            }
+            transaction.store().forget_transaction(left.is_err());
+            transaction.hand_over();
+            return Err(Attempt::Over(Error::InsideTransaction {
+                what: "run the job",
+            }));
+        }
+        Err(error) => {
+            transaction.rollback().await;
+            return Err(Attempt::Failed(Step::Begin, error));
+        }
+    }
     let claimed = match (first, read_inside && nesting != Nesting::Savepoint) {
         (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
             .await

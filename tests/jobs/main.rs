@@ -104,7 +104,7 @@ macro_rules! backend_tests {
             }
 
             #[test]
-            fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of_known_limit() {
+            fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of() {
                 crate::truth::a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of::<
                     $backend,
                 >();

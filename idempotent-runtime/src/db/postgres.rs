@@ -46,6 +46,21 @@ macro_rules! now {
     };
 }
 
+/// The claim token bound at `?`, in the first claim of a job's own transaction: an error that
+/// names [`INSIDE_CALLERS`] when the transaction has written already, that is, when the job's
+/// `BEGIN` was only a warning inside a transaction of the caller's that Diesel does not know of
+/// (a `BEGIN` sent as text). The job's savepoint, set before the claim, lets the runtime undo the
+/// error and leave the caller's transaction as it was. Not folded at planning: it reads the
+/// transaction's id.
+macro_rules! own_claim_token {
+    () => {
+        "CASE WHEN txid_current_if_assigned() IS NULL THEN ? ELSE CAST('idempotent-jobs: the session holds a transaction of its own, xid ' || CAST(txid_current_if_assigned() AS text) AS BIGINT) END"
+    };
+}
+
+/// What the error [`own_claim_token`] raises says.
+const INSIDE_CALLERS: &str = "idempotent-jobs: the session holds a transaction of its own";
+
 /// The database's clock plus the microseconds bound at `?`; NULL when it is NULL.
 macro_rules! now_plus {
     () => {
@@ -88,10 +103,17 @@ sql! {
     // (diesel-async pipelines): it inserts only inside a transaction that `PIPELINED_BEGIN_JOB`
     // opened, marked with a transaction-local setting. Were that `BEGIN` to fail, this insert
     // would run on its own and commit a claim for a job that never ran; it inserts nothing then.
+    // Like `FirstClaimChecked`, it refuses a transaction that has written already.
     FirstClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
-         SELECT ?, ?, ?, ?, ?, ?, ", now!(), " \
+         SELECT ?, ?, ?, ?, ", own_claim_token!(), ", ?, ", now!(), " \
          WHERE current_setting('idempotent.job', true) = 'on' ON CONFLICT DO NOTHING"
+    );
+    // A job's first claim in its own transaction, after its `BEGIN` (sync): `ClaimInsert`, but
+    // refused with an error when the transaction has written already (`own_claim_token`).
+    FirstClaimChecked = concat!(
+        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
+         VALUES (?, ?, ?, ?, ", own_claim_token!(), ", ?, ", now!(), ") ON CONFLICT DO NOTHING"
     );
     // Rows a claim is renewing right now are skipped, not waited for.
     PruneLapsed = concat!(
@@ -261,6 +283,13 @@ impl Database for PostgresDb {
         Ok(())
     }
 
+    fn inside_callers_transaction(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| m.contains(INSIDE_CALLERS))
+    }
+
+    const LEAVE_CALLERS_TRANSACTION: &'static str = "ROLLBACK TO SAVEPOINT idempotent_job; \
+         RELEASE SAVEPOINT idempotent_job; SET LOCAL idempotent.job = ''";
+
     async fn begun_inside_another<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
         let rows: Vec<TableCount> = conn.load(Statement::<WrittenAlready, _>::new(())).await?;
         Ok(rows.first().is_some_and(|r| r.n > 0))
@@ -314,10 +343,15 @@ impl Database for PostgresDb {
     ) -> QueryResult<(Nesting, QueryResult<ClaimAttempt>)> {
         let first = Statement::<FirstClaimInsert, _>::new(super::shared::claim_values(claim));
         let Some(begun) = conn.begin_job_pipelined(first).await else {
-            // One after the other (the claim sent once `BEGIN` has answered), or inside a caller's
-            // transaction: the plain claim, no mark.
+            // One after the other (the claim sent once `BEGIN` has answered), checked in a
+            // transaction of the job's own; inside a caller's transaction Diesel knows of: the
+            // plain claim, no mark.
             let nesting = conn.begin_job(None).await?;
-            return Ok((nesting, Self::claim(conn, claim).await));
+            let attempt = match nesting {
+                Nesting::Savepoint => Self::claim(conn, claim).await,
+                _ => super::shared::insert_or_read::<FirstClaimChecked, _>(conn, claim).await,
+            };
+            return Ok((nesting, attempt));
         };
         let (nesting, inserted) = begun?;
         let attempt = match inserted {

@@ -163,6 +163,13 @@ impl Database for SqliteDb {
     const NAME: &'static str = "SQLite";
     const WRITE_LOCK_AT_BEGIN: bool = true;
 
+    fn inside_callers_transaction(error: &DieselError) -> bool {
+        // The job's `BEGIN IMMEDIATE` in a transaction Diesel does not know of: refused, and the
+        // caller's transaction goes on untouched.
+        super::message(error)
+            .is_some_and(|m| m.contains("cannot start a transaction within a transaction"))
+    }
+
     fn classify(error: &DieselError) -> Fault {
         if let DieselError::DatabaseError(
             diesel::result::DatabaseErrorKind::SerializationFailure,

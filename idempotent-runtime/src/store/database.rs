@@ -147,6 +147,23 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
+    /// Whether `error`, from a job's `BEGIN` or its first claim, says that the session holds a
+    /// transaction of its own that Diesel does not know of (a `BEGIN` sent as text): SQLite
+    /// refuses the job's `BEGIN`; on PostgreSQL the `BEGIN` did nothing and the first claim
+    /// found the transaction written already, and the runtime then sends
+    /// [`LEAVE_CALLERS_TRANSACTION`](Self::LEAVE_CALLERS_TRANSACTION). The job is refused with
+    /// [`Error::InsideTransaction`](crate::Error::InsideTransaction). By default never.
+    #[doc(hidden)]
+    fn inside_callers_transaction(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// Undoes what a job's `BEGIN` and claim did inside a transaction of the caller's (the job's
+    /// savepoint, the claim's error), leaving the caller's transaction as it was.
+    #[doc(hidden)]
+    const LEAVE_CALLERS_TRANSACTION: &'static str = "";
+
     /// Whether the transaction just begun is in fact a transaction of the caller's that had
     /// written already (PostgreSQL answers a `BEGIN` inside a transaction with a warning only).
     #[doc(hidden)]
