@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Loads the nearest `.env`; returns a warning to print when one was found but not loaded.
 pub fn load() -> Option<String> {
     let path = find()?;
+    // Every entry checked first: none can make the loader's `set_var` panic (and quote its value).
     if let Err(why) = check(&path) {
         return Some(warning(&path, &why));
     }
@@ -27,12 +28,19 @@ fn find() -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-/// Reads the whole file without loading it: `Err` says which entry does not parse.
+/// Reads the whole file without loading it: `Err` says which entry does not
+/// parse or cannot be an environment variable (an empty name, `=` in the name, a NUL byte: the
+/// environment cannot hold them, and setting one would panic with its value in the message).
 fn check(path: &Path) -> Result<(), String> {
     let entries = dotenvy::from_path_iter(path).map_err(|error| describe(&error))?;
     for (index, entry) in entries.enumerate() {
-        if let Err(error) = entry {
-            return Err(format!("entry {}: {}", index + 1, describe(&error)));
+        let (name, value) =
+            entry.map_err(|error| format!("entry {}: {}", index + 1, describe(&error)))?;
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(format!(
+                "entry {}: its name is empty or holds '=' or a NUL byte, or its value holds a NUL byte, which no environment variable can (the entry is not shown: it may hold a password)",
+                index + 1
+            ));
         }
     }
     Ok(())

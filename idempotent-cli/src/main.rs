@@ -35,6 +35,7 @@ use crate::failure::{Code, Failure};
 use crate::secret::scrub_text;
 
 fn main() -> ExitCode {
+    install_panic_hook();
     if let Some(warning) = dotenv::load() {
         eprintln!("{warning}");
     }
@@ -110,4 +111,25 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         #[cfg(feature = "sqlite")]
         Conn::Sqlite(mut conn) => commands::run(&mut conn, &cx, &cli.command),
     }
+}
+
+/// A panic's message goes through [`scrub_text`] before it is printed: a panic that quotes a
+/// connection string (a library's, the standard library's) never shows its password.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "error: idempotent-jobs panicked{at} (a bug; passwords in the message are masked): {}",
+            scrub_text(&message)
+        );
+    }));
 }
