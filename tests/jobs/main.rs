@@ -26,6 +26,7 @@ mod keys;
 #[path = "../support/names.rs"]
 mod names;
 mod operate;
+mod operator_truth;
 mod outbox_faults;
 #[cfg(feature = "async-postgres")]
 mod pipeline;

@@ -1,0 +1,676 @@
+//! What an operator's call reports is what the database holds: the keys API, a prune and the
+//! operator CLI (`idempotent-jobs`), checked against what another connection then sees, under
+//! sessions set up as users set theirs up, races with running jobs, lost replies and a hostile
+//! `.env`.
+//!
+//! The CLI tests run the binary of the workspace's `idempotent-jobs-cli` package from this test
+//! binary's target directory (`cargo build -p idempotent-jobs-cli` builds it; `scripts/test` does).
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use idempotent_jobs::{Job, JobKey, Outcome, Prune, keys};
+
+use crate::backends::Backend;
+use crate::harness::{Db, unique_name};
+
+/// A job whose keys lapse a second after their run committed.
+static BRIEF: Job = Job::new("brief", "brief:<n>").keep_for(Duration::from_secs(1));
+
+/// A job whose keys hold for ever.
+static KEPT: Job = Job::new("kept", "kept:<n>");
+
+/// Runs `job` on `key` (its body returns `value`): whether it ran.
+fn deliver<C: idempotent_jobs::JobStore>(
+    conn: &mut C,
+    job: &'static Job,
+    key: &str,
+    value: u32,
+) -> bool {
+    let outcome: Outcome<u32> = idempotent_jobs::run(conn, job, &JobKey::new(key), |_conn| {
+        Ok::<_, idempotent_jobs::Error>(value)
+    })
+    .unwrap_or_else(|e| panic!("delivering {key}: {e}"));
+    outcome.is_ran()
+}
+
+/// The operator CLI's binary, beside this test binary's directory.
+fn cli_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the target directory");
+    let binary = dir.join("idempotent-jobs");
+    assert!(
+        binary.is_file(),
+        "the operator CLI is not built at {}: run `cargo build -p idempotent-jobs-cli` first",
+        binary.display()
+    );
+    binary
+}
+
+/// The CLI with `args`, against `url`, in a working directory of its own (no `.env` of the
+/// project's), with no inherited `DATABASE_URL`.
+fn cli(url: &str, args: &[&str]) -> Output {
+    let dir = std::env::temp_dir().join(unique_name("operator_truth_cwd"));
+    std::fs::create_dir_all(&dir).expect("a working directory");
+    let output = Command::new(cli_binary())
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("RUST_BACKTRACE", "0")
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the CLI");
+    let _ = std::fs::remove_dir_all(&dir);
+    output
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Whether `haystack` holds `number` as a number of its own (not as digits of a longer one).
+#[cfg(feature = "sqlite")]
+fn holds_number(haystack: &str, number: u64) -> bool {
+    haystack
+        .split(|c: char| !c.is_ascii_digit())
+        .any(|word| word == number.to_string())
+}
+
+// --- secrets ---------------------------------------------------------------------------------
+
+/// A `.env` whose `DATABASE_URL` line holds a NUL byte (a file saved by a broken editor, or
+/// written by a script that pasted a C string): the CLI must not print the password in it. It
+/// used to panic in `std::env::set_var` (through `dotenvy::from_path`), whose message quotes the
+/// value whole, password included, on stderr, with exit code 101. Now the `.env` is ignored with
+/// a warning that names the entry, not its text.
+#[test]
+fn a_nul_byte_in_dot_env_never_prints_the_password() {
+    const PASSWORD: &str = "Hunter2Secret";
+    let dir = std::env::temp_dir().join(unique_name("operator_truth_env"));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    std::fs::write(
+        dir.join(".env"),
+        format!("DATABASE_URL=postgres://ops:{PASSWORD}@127.0.0.1:5432/test\0\n"),
+    )
+    .expect("a .env");
+    let output = Command::new(cli_binary())
+        .arg("jobs")
+        .env_remove("DATABASE_URL")
+        .env("RUST_BACKTRACE", "0")
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the CLI");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(
+        !stdout.contains(PASSWORD) && !stderr.contains(PASSWORD),
+        "the password was printed (exit {:?}):\nstdout: {stdout}\nstderr: {stderr}",
+        output.status.code()
+    );
+    assert_ne!(
+        output.status.code(),
+        Some(101),
+        "the CLI panicked instead of ignoring the .env with a warning: {stderr}"
+    );
+    assert!(
+        stderr.contains("warning: ignored") && stderr.contains("entry 1"),
+        "{stderr}"
+    );
+}
+
+// --- a lost reply to a COMMIT ----------------------------------------------------------------
+
+/// A forget whose `COMMIT` reached the server, which committed, but whose reply never came back
+/// (the connection cut right after it): the row is gone for every other connection. The error
+/// must not say "nothing was changed" (it does, and "retrying is safe and can succeed": the retry
+/// then answers that no run holds the key, exit code 1 in the CLI). A job's call says "may or may
+/// not have been committed" in the same case (`Error::CommitOutcomeUnknown`).
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "BUG: a forget whose COMMIT reply is lost says `nothing was changed` though the row was deleted"]
+fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut direct = db.connect();
+    assert!(deliver(&mut direct, &KEPT, "kept:1", 1));
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = Postgres::connect(&proxy.url(db.locator()));
+    proxy.arm();
+    let forgot = keys::forget(&mut conn, &JobKey::new("kept:1"), "ticket 4711");
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the forget's COMMIT");
+    let gone = keys::lookup(&mut direct, &JobKey::new("kept:1"))
+        .expect("a look-up")
+        .is_none();
+    assert!(gone, "the server committed the forget");
+    match forgot {
+        Ok(true) => {}
+        Ok(false) => panic!("the forget said there was nothing to forget; it deleted the row"),
+        Err(error) => {
+            let said = crate::harness::with_causes(&error);
+            assert!(
+                !said.contains("nothing was changed"),
+                "the row is gone, but the error says: {said}"
+            );
+            assert!(
+                said.contains("may"),
+                "the error should say the forget may have been committed: {said}"
+            );
+        }
+    }
+}
+
+/// The same for a prune: its only batch's `COMMIT` reached the server, which deleted the five
+/// lapsed keys, and the reply was lost. The error says the prune failed and that "the batches
+/// before it stay deleted" (there were none), so the operator reads that the failed batch deleted
+/// nothing; it should say that the last batch may have been committed.
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "BUG: a prune whose COMMIT reply is lost implies its last batch deleted nothing, though it did"]
+fn a_prune_whose_commit_reply_is_lost_says_its_last_batch_may_be_deleted() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut direct = db.connect();
+    Postgres::execute(
+        &mut direct,
+        &crate::second_run::bulk_claims(
+            crate::harness::Server::Postgres,
+            "old",
+            "2000-01-02 00:00:00",
+        )
+        .replace("100000", "5"),
+    );
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = Postgres::connect(&proxy.url(db.locator()));
+    proxy.arm();
+    let pruned = idempotent_jobs::prune(&mut conn, &Prune::default().pace(0));
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the batch's COMMIT");
+    assert_eq!(
+        Postgres::count_done(&mut direct),
+        0,
+        "the server committed the batch"
+    );
+    match pruned {
+        Ok(report) => assert_eq!(report.removed, 5),
+        Err(error) => {
+            let said = crate::harness::with_causes(&error);
+            assert!(
+                said.contains("may"),
+                "the five keys are gone, but the error says: {said}"
+            );
+        }
+    }
+}
+
+// --- a prune that fails part-way -------------------------------------------------------------
+
+/// Thirty lapsed keys and a trigger that refuses any delete once 21 are gone (a stand-in for a
+/// statement timeout, a lock wait or a lost connection on the fourth batch).
+#[cfg(feature = "sqlite")]
+fn thirty_lapsed_and_a_refusal_after_21() -> Db<crate::backends::Sqlite> {
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    Sqlite::execute(
+        &mut conn,
+        &crate::second_run::bulk_claims(
+            crate::harness::Server::Sqlite,
+            "old",
+            "2000-01-02 00:00:00",
+        )
+        .replace("100000", "30"),
+    );
+    Sqlite::execute(
+        &mut conn,
+        "CREATE TRIGGER refuse_after_21 BEFORE DELETE ON done_jobs \
+         WHEN (SELECT COUNT(*) FROM done_jobs) <= 9 \
+         BEGIN SELECT RAISE(ABORT, 'the operator''s trigger refused this delete'); END",
+    );
+    db
+}
+
+/// A prune whose fourth batch fails has deleted three batches (21 keys), committed: the library's
+/// `Error::Prune` says "the batches before it stay deleted" but not how many, and carries no count
+/// a caller could read; the CLI prints nothing on stdout and an error without the number on
+/// stderr (exit 5). An operator (or a script) cannot tell 21 deleted keys from none.
+#[cfg(feature = "sqlite")]
+#[test]
+#[ignore = "BUG: a prune that fails after some batches reports no count of the keys it did delete (library and CLI)"]
+fn a_prune_that_fails_part_way_says_how_many_it_deleted() {
+    use crate::backends::Sqlite;
+
+    let db = thirty_lapsed_and_a_refusal_after_21();
+    let dry = cli(db.locator(), &["prune", "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", text(&dry.stderr));
+    assert!(
+        text(&dry.stdout).contains("30 lapsed keys would be deleted"),
+        "{}",
+        text(&dry.stdout)
+    );
+
+    let output = cli(db.locator(), &["prune", "--batch-size", "7", "--pace", "0"]);
+    let mut conn = db.connect();
+    let left = Sqlite::count_done(&mut conn);
+    assert_eq!(left, 9, "three batches of 7 were deleted and committed");
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    // The database's path may hold digits of its own.
+    let said = format!("{stdout}\n{stderr}").replace(db.locator(), "<db>");
+    assert!(
+        holds_number(&said, 21),
+        "the CLI deleted 21 keys (exit {:?}) and said:\nstdout: {stdout}\nstderr: {stderr}",
+        output.status.code()
+    );
+
+    // The library: the same, on a database of its own.
+    let db = thirty_lapsed_and_a_refusal_after_21();
+    let mut conn = db.connect();
+    let error = idempotent_jobs::prune(&mut conn, &Prune::default().batch_size(7).pace(0))
+        .expect_err("the fourth batch fails");
+    assert_eq!(Sqlite::count_done(&mut conn), 9);
+    let said = crate::harness::with_causes(&error).replace(db.locator(), "<db>");
+    assert!(
+        holds_number(&said, 21),
+        "prune deleted 21 keys and returned: {said}"
+    );
+}
+
+// --- a forget confirmed at the prompt --------------------------------------------------------
+
+/// `keys forget` shows the key's record and asks; the operator reads it (a lapsed run of an hour
+/// ago, say) and answers `y`. Meanwhile the key's lapsed row was renewed: the job ran again and
+/// committed a new run. The CLI then forgets by digest whatever row is there now, the new run's,
+/// which the operator never saw, and prints that it forgot the record it showed; the job's next
+/// delivery runs it a third time. The docs promise that a forget never undoes a run renewing a
+/// lapsed row; here the renewing run's commit is undone. It should forget only the row it showed
+/// (by its claim token), and say that the key changed meanwhile.
+#[cfg(feature = "sqlite")]
+#[test]
+#[ignore = "BUG: `keys forget` at the prompt deletes a row renewed after the one it showed and confirmed"]
+fn a_forget_confirmed_at_the_prompt_never_deletes_a_run_committed_since() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1), "the first run");
+    std::thread::sleep(Duration::from_millis(1_500));
+    let shown = keys::lookup(&mut conn, &JobKey::new("brief:1"))
+        .expect("a look-up")
+        .expect("the first run's row");
+    assert!(shown.lapsed, "the first run's key has lapsed");
+
+    let command = format!(
+        "{} keys forget brief:1 --reason race",
+        cli_binary().display()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("DATABASE_URL", db.locator())
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` (a terminal for the prompt)");
+    let stdout = child.stdout.take().expect("its output");
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut buffer = Vec::new();
+        // The prompt ends without a newline: read up to its `]`.
+        while reader.read_until(b']', &mut buffer).is_ok_and(|n| n > 0) {
+            let _ = lines.send(String::from_utf8_lossy(&buffer).into_owned());
+        }
+    });
+    let mut printed = String::new();
+    while !printed.contains("[y/N]") {
+        match received.recv_timeout(Duration::from_secs(60)) {
+            Ok(all) => printed = all,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the CLI never asked; it printed: {printed}");
+            }
+        }
+    }
+    assert!(printed.contains("lapsed"), "the record shown: {printed}");
+
+    // While the operator reads: the next delivery renews the lapsed key and commits a new run.
+    assert!(
+        deliver(&mut conn, &BRIEF, "brief:1", 2),
+        "the redelivery runs the lapsed key again"
+    );
+    let renewed = keys::lookup(&mut conn, &JobKey::new("brief:1"))
+        .expect("a look-up")
+        .expect("the renewed row");
+    assert_ne!(renewed.done_at, shown.done_at, "a new run's row");
+
+    let mut stdin = child.stdin.take().expect("its input");
+    stdin.write_all(b"y\n").expect("answering");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("its status") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI did not end after the answer"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(stdin);
+    let mut later = String::new();
+    while let Ok(all) = received.recv_timeout(Duration::from_millis(500)) {
+        later = all;
+    }
+    let after = keys::lookup(&mut conn, &JobKey::new("brief:1")).expect("a look-up");
+    assert!(
+        after.is_some(),
+        "the run committed after the record was shown was forgotten (the CLI, {status}, said: {})",
+        later.trim()
+    );
+}
+
+// --- sessions the user set up ----------------------------------------------------------------
+
+/// A PostgreSQL role or session whose transactions are read-only by default
+/// (`default_transaction_read_only = on`, set here through the URL's `options`, as `PGOPTIONS` or
+/// `ALTER ROLE ... SET` would): `keys forget --yes` and `prune` fail with exit code 5, say why,
+/// do not promise that a retry can succeed, and change nothing; `prune --dry-run` and `keys show`
+/// work; the library's forget says the same.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_read_only_postgres_session_changes_nothing_and_says_so() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &KEPT, "kept:1", 1));
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(
+        db.locator()
+            .ends_with(&format!("options=-csearch_path%3D{}", schema_of(&db))),
+        "the test database's URL ends with its options: {}",
+        db.locator()
+    );
+    let read_only = format!("{}%20-cdefault_transaction_read_only%3Don", db.locator());
+
+    let dry = cli(&read_only, &["prune", "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", text(&dry.stderr));
+    assert!(
+        text(&dry.stdout).contains("1 lapsed key would be deleted"),
+        "{}",
+        text(&dry.stdout)
+    );
+    let show = cli(&read_only, &["keys", "show", "kept:1"]);
+    assert_eq!(show.status.code(), Some(0), "{}", text(&show.stderr));
+
+    for args in [
+        &["keys", "forget", "kept:1", "--yes"][..],
+        &["prune", "--pace", "0"][..],
+    ] {
+        let output = cli(&read_only, args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(5), "{args:?}: {stderr}");
+        assert!(text(&output.stdout).is_empty(), "{args:?}: stdout is empty");
+        assert!(stderr.contains("read-only"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("can succeed"), "{args:?}: {stderr}");
+    }
+    assert_eq!(Postgres::count_done(&mut conn), 2, "nothing was deleted");
+
+    Postgres::execute(&mut conn, "SET default_transaction_read_only = on");
+    let error = keys::forget(&mut conn, &JobKey::new("kept:1"), "ticket")
+        .expect_err("a read-only session cannot forget");
+    assert!(!error.is_retryable(), "{error}");
+    let error = idempotent_jobs::prune(&mut conn, &Prune::default().pace(0))
+        .expect_err("a read-only session cannot prune");
+    assert!(!error.is_retryable(), "{error}");
+    let mut other = db.connect();
+    assert_eq!(Postgres::count_done(&mut other), 2, "nothing was deleted");
+}
+
+#[cfg(feature = "postgres")]
+fn schema_of(db: &Db<crate::backends::Postgres>) -> String {
+    db.locator()
+        .rsplit_once("%3D")
+        .map(|(_, schema)| schema.to_owned())
+        .expect("a search_path in the URL")
+}
+
+/// A MariaDB session with `sql_select_limit = 1` (set by the application for its own queries, or
+/// server-wide by a DBA, when the CLI's sessions get it too): the runtime runs its statements on
+/// the caller's session, and those without a `LIMIT` of their own return one row. `verify` then
+/// reports every column of the three tables but one missing and says to run `migrate` (on tables
+/// that are current); `job_counts` returns one job of two, so a dry run's count disagrees with
+/// what a prune deletes.
+#[cfg(feature = "mysql")]
+#[test]
+#[ignore = "BUG: on MySQL/MariaDB `sql_select_limit` makes verify report every column missing and cuts keys::job_counts short"]
+fn a_mysql_session_select_limit_never_cuts_a_report_short() {
+    use crate::backends::Mysql;
+
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    assert!(deliver(&mut conn, &KEPT, "kept:1", 1));
+    std::thread::sleep(Duration::from_millis(1_500));
+    Mysql::execute(&mut conn, "SET SESSION sql_select_limit = 1");
+    idempotent_jobs::migrate(&mut conn).expect("migrate on current tables is a no-op");
+    if let Err(error) = idempotent_jobs::verify(&mut conn) {
+        panic!("verify on a session with sql_select_limit = 1: {error}");
+    }
+    let counts = keys::job_counts(&mut conn).expect("counts");
+    let jobs: Vec<&str> = counts.iter().map(|c| c.job.as_str()).collect();
+    assert_eq!(jobs, ["brief", "kept"], "every job's count");
+    let listed = keys::list(&mut conn, &keys::KeyQuery::default()).expect("a list");
+    assert_eq!(listed.len(), 2, "every key");
+}
+
+// --- a prune stopped by a signal -------------------------------------------------------------
+
+/// The CLI stopped by SIGTERM or SIGINT in the middle of a paced prune: every batch is one
+/// transaction, so what is gone is a whole number of batches (never half of one), and the rows it
+/// had not reached are there for the next prune, which deletes exactly those and says so.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_prune_stopped_by_a_signal_leaves_whole_batches_and_the_next_prune_counts_the_rest() {
+    use crate::backends::Sqlite;
+
+    for signal in ["TERM", "INT"] {
+        let db = Db::<Sqlite>::fresh();
+        let mut conn = db.connect();
+        Sqlite::execute(
+            &mut conn,
+            &crate::second_run::bulk_claims(
+                crate::harness::Server::Sqlite,
+                "old",
+                "2000-01-02 00:00:00",
+            )
+            .replace("100000", "20000"),
+        );
+        // Counting beside the prune waits for its batch instead of failing.
+        Sqlite::execute(&mut conn, "PRAGMA busy_timeout = 5000");
+        let child = Command::new(cli_binary())
+            .args(["prune", "--batch-size", "250", "--pace", "30"])
+            .env("DATABASE_URL", db.locator())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the CLI");
+        // Until it has deleted something, and not everything.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = Sqlite::count_done(&mut conn);
+            if left < 20_000 {
+                assert!(left > 0, "the prune finished before it could be stopped");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the prune deleted nothing"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "sending SIG{signal}");
+        let output = child.wait_with_output().expect("the CLI's end");
+        assert!(!output.status.success(), "{signal}: {:?}", output.status);
+        let left = Sqlite::count_done(&mut conn);
+        let removed = 20_000 - left;
+        assert_eq!(
+            removed % 250,
+            0,
+            "{signal}: {removed} rows deleted: a batch was cut in half"
+        );
+        assert!(
+            !text(&output.stdout).contains("deleted"),
+            "{signal}: it claimed a count it never finished: {}",
+            text(&output.stdout)
+        );
+        let again = cli(
+            db.locator(),
+            &["prune", "--pace", "0", "--batch-size", "5000"],
+        );
+        assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+        let said = text(&again.stdout);
+        assert!(
+            said.contains(&format!("deleted {left} lapsed keys")),
+            "{signal}: {left} were left: {said}"
+        );
+        assert_eq!(Sqlite::count_done(&mut conn), 0);
+    }
+}
+
+// --- a forget beside a run renewing the key --------------------------------------------------
+
+/// A run of `BRIEF` on `key` (a lapsed one: it renews the row), on a thread of its own: its body
+/// says when it holds the claim, then waits for the word to finish.
+#[cfg(feature = "postgres")]
+fn renewing<C>(
+    mut conn: C,
+    key: &'static str,
+) -> (
+    std::thread::JoinHandle<bool>,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+)
+where
+    C: idempotent_jobs::JobStore + Send + 'static,
+{
+    let (claimed, holds) = std::sync::mpsc::channel();
+    let (finish, finishing) = std::sync::mpsc::channel::<()>();
+    let run = std::thread::spawn(move || {
+        let outcome: Outcome<u32> =
+            idempotent_jobs::run(&mut conn, &BRIEF, &JobKey::new(key), |_conn| {
+                let _ = claimed.send(());
+                let _ = finishing.recv_timeout(Duration::from_secs(60));
+                Ok::<_, idempotent_jobs::Error>(2)
+            })
+            .expect("the renewing run");
+        outcome.is_ran()
+    });
+    (run, holds, finish)
+}
+
+/// `keys forget --yes` while a run is renewing the key's lapsed row (its claim taken, not yet
+/// committed): the forget waits for the run's row lock, and once the run commits it finds the row
+/// it read replaced and deletes nothing, as promised; the renewed run's row stays. The CLI then
+/// says "key `brief:1` was deleted by someone else meanwhile; nothing was changed" and exits 1
+/// (not found): the key was not deleted, it is there, renewed.
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "BUG: `keys forget` that meets a renewal says the key `was deleted by someone else` though it exists"]
+fn a_forget_that_meets_a_renewal_never_says_the_key_was_deleted() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (run, holds, finish) = renewing(db.connect(), "brief:1");
+    holds
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the renewal holds its claim");
+    let name = unique_name("optruth");
+    let url = format!("{}&application_name={name}", db.locator());
+    let child = Command::new(cli_binary())
+        .args(["keys", "forget", "brief:1", "--yes", "--reason", "race"])
+        .env("DATABASE_URL", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the CLI");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while Postgres::query_i64(
+        &mut conn,
+        &format!(
+            "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{name}' \
+             AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM done_jobs%'"
+        ),
+    ) == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI's forget never waited for the renewing run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    finish.send(()).expect("finishing the run");
+    assert!(run.join().expect("the run's thread"), "the renewal ran");
+    let output = child.wait_with_output().expect("the CLI's end");
+    let stderr = text(&output.stderr);
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("brief:1"))
+            .expect("a look-up")
+            .is_some(),
+        "the renewed run's row stays"
+    );
+    assert!(
+        !stderr.contains("deleted by someone else"),
+        "the key is there (renewed), but the CLI (exit {:?}) said: {stderr}",
+        output.status.code()
+    );
+}
+
+/// A SQLite file opened read-only (`file:...?mode=ro`, what an operator uses to look without
+/// touching): `keys forget --yes` and `prune` fail with exit code 5, say that nothing was changed
+/// (the forget) and that the database is read-only, promise no success from a retry, and the rows
+/// are all there for another connection.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_read_only_sqlite_file_changes_nothing_and_says_so() {
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &KEPT, "kept:1", 1));
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let read_only = format!("file:{}?mode=ro", db.locator());
+    let forget = cli(&read_only, &["keys", "forget", "kept:1", "--yes"]);
+    let stderr = text(&forget.stderr);
+    assert_eq!(forget.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("nothing was changed"), "{stderr}");
+    let prune = cli(&read_only, &["prune", "--pace", "0"]);
+    let prune_stderr = text(&prune.stderr);
+    assert_eq!(prune.status.code(), Some(5), "{prune_stderr}");
+    for said in [&stderr, &prune_stderr] {
+        assert!(said.contains("readonly"), "{said}");
+        assert!(!said.contains("can succeed"), "{said}");
+    }
+    assert!(text(&forget.stdout).is_empty() && text(&prune.stdout).is_empty());
+    assert_eq!(Sqlite::count_done(&mut conn), 2, "nothing was deleted");
+}
