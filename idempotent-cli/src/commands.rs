@@ -826,7 +826,10 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
 fn is_closed_connection(error: &Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error as Diesel};
     match error {
-        Error::Keys { source, .. } | Error::Outbox { source, .. } | Error::Prune { source, .. } => {
+        Error::Keys { source, .. }
+        | Error::Outbox { source, .. }
+        | Error::Prune { source, .. }
+        | Error::OutcomeUnknown { source, .. } => {
             matches!(
                 source,
                 Diesel::DatabaseError(DatabaseErrorKind::ClosedConnection, _)

@@ -279,13 +279,31 @@ pub enum Error {
         max: std::time::Duration,
     },
 
-    /// A batch of [`prune`](crate::prune::prune()) failed; the batches before it stay deleted.
+    /// A batch of [`prune`](crate::prune::prune()) or
+    /// [`outbox::prune_delivered`](crate::outbox::prune_delivered) failed; the batches before it
+    /// stay deleted (`removed` rows in `batches` batches), and the next prune continues where this
+    /// one stopped. When the connection failed while the batch was committing
+    /// (`outcome_unknown`), that batch may have been deleted too.
     #[error(
-        "pruning lapsed claims failed{hint}; the batches before it stay deleted, and the next prune continues where this one stopped{retry}",
+        "pruning {what} failed{hint}; {removed} deleted in {batches} batch(es) before it stay deleted{unknown}, and the next prune continues where this one stopped{retry}",
         hint = hint(source),
+        unknown = if *outcome_unknown {
+            "; the connection failed while the failing batch was committing, so it may or may not have been deleted too"
+        } else {
+            ""
+        },
         retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
     )]
     Prune {
+        /// What was being pruned: "lapsed claims", "delivered outbox messages".
+        what: &'static str,
+        /// Rows deleted, and committed, by the batches before the failing one.
+        removed: u64,
+        /// How many batches those were.
+        batches: u32,
+        /// Whether the connection failed while the failing batch was committing: the database
+        /// may have deleted its rows too.
+        outcome_unknown: bool,
         /// The database's error.
         #[source]
         source: diesel::result::Error,
@@ -335,6 +353,23 @@ pub enum Error {
         source: diesel::result::Error,
         /// Whether the failure passes (busy, a lock wait, a deadlock, a lost connection).
         retryable: bool,
+    },
+
+    /// The connection failed while an operation that runs in a transaction of its own (a
+    /// [`keys`](crate::keys) forget, an outbox operation, ...) was committing: the database may
+    /// have committed it or not.
+    ///
+    /// What to do: look again (`keys::lookup`, the outbox's counts) before acting on it; running
+    /// the operation again is safe (a forget of a key already forgotten finds nothing).
+    #[error(
+        "{action}: the connection failed while committing{hint}; it may or may not have been committed: look again before acting on it; retrying is safe"
+    , hint = hint(source))]
+    OutcomeUnknown {
+        /// What was being done.
+        action: &'static str,
+        /// The database's error.
+        #[source]
+        source: diesel::result::Error,
     },
 
     /// An operation that runs in a transaction of its own ([`keys`](crate::keys), pruning, the
@@ -471,6 +506,7 @@ impl Error {
         match self {
             Error::Database { retryable, .. } => *retryable,
             Error::CommitOutcomeUnknown { .. }
+            | Error::OutcomeUnknown { .. }
             | Error::ClaimRetriesExhausted { .. }
             | Error::TransactionRolledBackInBody { .. }
             | Error::InProgress { .. } => true,
@@ -491,7 +527,7 @@ fn hint(error: &diesel::result::Error) -> &'static str {
         diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::ClosedConnection,
             _,
-        ) => " (the connection is closed: reconnect, and the job can be retried)",
+        ) => " (the connection is closed: reconnect, and it can be retried)",
         _ => "",
     }
 }

@@ -400,6 +400,7 @@ fn keys_error<S: Store>(
             retryable: S::Db::passes(&source),
             source,
         },
+        Outside::CommitUnknown(source) => Error::OutcomeUnknown { action, source },
     }
 }
 

@@ -190,7 +190,8 @@ pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
             what: "verify the runtime's tables",
         },
         crate::transaction::Outside::NotMigrated(table) => Error::NotMigrated { table },
-        crate::transaction::Outside::Failed(source) => Error::Verify(source),
+        crate::transaction::Outside::Failed(source)
+        | crate::transaction::Outside::CommitUnknown(source) => Error::Verify(source),
     })?;
     if problems.is_empty() {
         Ok(())

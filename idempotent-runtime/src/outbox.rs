@@ -339,7 +339,7 @@ async fn prune_delivered_on<S: Store>(
             conn,
             options,
             async |conn: &mut S, limit| S::Db::prune_delivered(conn, older_than, limit).await,
-            outbox_error::<S::Db>("prune delivered outbox messages"),
+            "prune delivered outbox messages",
         )
         .await
 }
@@ -733,6 +733,10 @@ fn outbox_error<D: Database>(what: &'static str) -> impl Fn(Outside) -> Error + 
         Outside::InsideTransaction => Error::InsideTransaction { what },
         Outside::NotMigrated(table) => Error::NotMigrated { table },
         Outside::Failed(source) => failed::<D>(source),
+        Outside::CommitUnknown(source) => Error::OutcomeUnknown {
+            action: what,
+            source,
+        },
     }
 }
 
@@ -742,6 +746,10 @@ fn relay_error<D: Database>(outside: Outside) -> Error {
         Outside::InsideTransaction => Error::RelayInsideTransaction,
         Outside::NotMigrated(table) => Error::NotMigrated { table },
         Outside::Failed(source) => failed::<D>(source),
+        Outside::CommitUnknown(source) => Error::OutcomeUnknown {
+            action: "relaying the outbox",
+            source,
+        },
     }
 }
 

@@ -135,16 +135,7 @@ async fn prune_lapsed<S: Store>(conn: &mut S, options: &Prune) -> Result<PruneRe
             conn,
             options,
             async |conn: &mut S, limit| S::Db::prune_lapsed(conn, limit).await,
-            |outside| match outside {
-                Outside::InsideTransaction => Error::InsideTransaction {
-                    what: "prune lapsed claims",
-                },
-                Outside::NotMigrated(table) => Error::NotMigrated { table },
-                Outside::Failed(source) => Error::Prune {
-                    retryable: S::Db::passes(&source),
-                    source,
-                },
-            },
+            "prune lapsed claims",
         )
         .await
 }
@@ -161,12 +152,30 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
+    /// The error of a prune that stopped at a batch, with what the batches before it deleted.
+    fn error<S: Store>(&self, outside: Outside, asked: &'static str, report: PruneReport) -> Error {
+        let (source, outcome_unknown) = match outside {
+            Outside::InsideTransaction => return Error::InsideTransaction { what: asked },
+            Outside::NotMigrated(table) => return Error::NotMigrated { table },
+            Outside::Failed(source) => (source, false),
+            Outside::CommitUnknown(source) => (source, true),
+        };
+        Error::Prune {
+            what: self.what,
+            removed: report.removed,
+            batches: report.batches,
+            outcome_unknown,
+            retryable: outcome_unknown || S::Db::passes(&source),
+            source,
+        }
+    }
+
     pub(crate) async fn run<S: Store>(
         &self,
         conn: &mut S,
         options: &Prune,
         mut delete: impl AsyncFnMut(&mut S, i64) -> diesel::QueryResult<usize>,
-        error: impl Fn(Outside) -> Error,
+        asked: &'static str,
     ) -> Result<PruneReport, Error> {
         let mut report = PruneReport::default();
         let mut fewest_locks = true;
@@ -194,7 +203,9 @@ impl Batches {
                         );
                         fewest_locks = false;
                     }
-                    result => break result.map_err(&error)?,
+                    result => {
+                        break result.map_err(|outside| self.error::<S>(outside, asked, report))?;
+                    }
                 }
             };
             let took = began.elapsed();

@@ -199,6 +199,9 @@ pub(crate) enum Outside {
     InsideTransaction,
     /// The database refused a statement; the transaction was rolled back.
     Failed(diesel::result::Error),
+    /// The connection failed while the transaction was committing: the database may have
+    /// committed it or not.
+    CommitUnknown(diesel::result::Error),
     /// The table the statements work on is not there: `migrate` has not run
     /// ([`Error::NotMigrated`](crate::error::Error::NotMigrated)).
     NotMigrated(&'static str),
@@ -293,7 +296,14 @@ async fn in_own_transaction<S: Store, T>(
                 }
             }
             match statements(transaction.store()).await {
-                Ok(value) => Ok(transaction.commit().await.map(|()| value)?),
+                Ok(value) => match transaction.commit().await {
+                    Ok(()) => Ok(value),
+                    // The `COMMIT` may have reached the server: what it did is not known here.
+                    Err(error) if S::Db::connection_lost(&error) => {
+                        Err(Outside::CommitUnknown(error))
+                    }
+                    Err(error) => Err(Outside::Failed(error)),
+                },
                 Err(error) => {
                     transaction.rollback().await;
                     Err(Outside::Failed(error))

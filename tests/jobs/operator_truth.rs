@@ -132,7 +132,6 @@ fn a_nul_byte_in_dot_env_never_prints_the_password() {
 /// not have been committed" in the same case (`Error::CommitOutcomeUnknown`).
 #[cfg(feature = "postgres")]
 #[test]
-#[ignore = "BUG: a forget whose COMMIT reply is lost says `nothing was changed` though the row was deleted"]
 fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
     use crate::backends::Postgres;
 
@@ -171,7 +170,6 @@ fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
 /// nothing; it should say that the last batch may have been committed.
 #[cfg(feature = "postgres")]
 #[test]
-#[ignore = "BUG: a prune whose COMMIT reply is lost implies its last batch deleted nothing, though it did"]
 fn a_prune_whose_commit_reply_is_lost_says_its_last_batch_may_be_deleted() {
     use crate::backends::Postgres;
 
@@ -242,7 +240,6 @@ fn thirty_lapsed_and_a_refusal_after_21() -> Db<crate::backends::Sqlite> {
 /// stderr (exit 5). An operator (or a script) cannot tell 21 deleted keys from none.
 #[cfg(feature = "sqlite")]
 #[test]
-#[ignore = "BUG: a prune that fails after some batches reports no count of the keys it did delete (library and CLI)"]
 fn a_prune_that_fails_part_way_says_how_many_it_deleted() {
     use crate::backends::Sqlite;
 
