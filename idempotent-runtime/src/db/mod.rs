@@ -602,6 +602,10 @@ macro_rules! abandoned {
 /// under which a read outside the runtime's transactions sees the latest commit), and `shared_methods!()` inside
 /// its `Database` impl.
 ///
+/// `every_row!()` ends a statement that returns many rows: on MySQL an explicit `LIMIT` as large
+/// as it takes, which a session's `sql_select_limit` cannot cut short (it applies to a `SELECT`
+/// without one).
+///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
 /// do not pay for one); they are for operators, bounded by `LIMIT`.
 macro_rules! shared_statements {
@@ -635,7 +639,7 @@ macro_rules! shared_statements {
                  WHERE id = ? AND lease_owner = ?"
             );
             Parked = concat!(
-                "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id"
+                "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id", every_row!()
             );
             ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
             // Takes over a lapsed claim, or a committed one whose run never recorded its result.
@@ -667,7 +671,7 @@ macro_rules! shared_statements {
                 "SELECT job_name, COUNT(*) AS key_count, \
                    COUNT(CASE WHEN expires_at IS NOT NULL AND expires_at <= ", now!(), " THEN 1 END) AS lapsed_count, ",
                 micros!("MIN(done_at)"), " AS oldest_micros, ", micros!("MAX(done_at)"), " AS newest_micros \
-                 FROM done_jobs GROUP BY job_name ORDER BY job_name"
+                 FROM done_jobs GROUP BY job_name ORDER BY job_name", every_row!()
             );
             Unsent = concat!(
                 "SELECT ", message_columns!(), " FROM outbox \

@@ -84,6 +84,14 @@ macro_rules! micros {
     };
 }
 
+/// An explicit `LIMIT` as large as MySQL takes: a session's `sql_select_limit` applies to every
+/// `SELECT` without one, and would cut a statement's rows short.
+macro_rules! every_row {
+    () => {
+        " LIMIT 18446744073709551615"
+    };
+}
+
 sql! {
     MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
     ClaimInsert = concat!(
@@ -119,7 +127,7 @@ sql! {
         ", attempts = attempts + 1 WHERE id = ?"
     );
     Leased = concat!(
-        "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id"
+        "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id", every_row!()
     );
     RetryParked = concat!(
         "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
@@ -150,11 +158,17 @@ sql! {
     TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired");
     RoutineExists = "SELECT COUNT(*) AS n FROM information_schema.routines \
          WHERE routine_schema = DATABASE() AND routine_name = ? AND routine_type = 'PROCEDURE'";
-    TableNames = "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1";
-    TableColumns = "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
+    TableNames = concat!(
+        "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
+        every_row!()
+    );
+    TableColumns = concat!(
+        "SELECT CAST(column_name AS CHAR) AS name, CAST(data_type AS CHAR) AS data_type \
          FROM information_schema.columns \
-         WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position";
+         WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position",
+        every_row!()
+    );
 }
 
 /// A read outside the runtime's transactions sees the latest commit only in autocommit mode: with

@@ -215,6 +215,13 @@ macro_rules! read_guard {
     };
 }
 
+/// Nothing: `every_row!()` is MySQL's (see `shared_statements!`).
+macro_rules! every_row {
+    () => {
+        ""
+    };
+}
+
 shared_statements!();
 
 use super::shared::later;

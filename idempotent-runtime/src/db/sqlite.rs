@@ -119,6 +119,13 @@ macro_rules! read_guard {
     };
 }
 
+/// Nothing: `every_row!()` is MySQL's (see `shared_statements!`).
+macro_rules! every_row {
+    () => {
+        ""
+    };
+}
+
 shared_statements!();
 
 /// The microseconds bound in `now_plus!()`, which binds it twice (to test it for NULL first).
