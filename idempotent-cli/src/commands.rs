@@ -359,12 +359,13 @@ fn keys_forget<C: JobStore>(
         }
     }
     let reason = reason.map_or_else(default_reason, str::to_owned);
+    // Only the row shown (and confirmed): a run that renewed the lapsed key since is left.
     let forgotten =
-        keys::forget_digest(conn, &digest, &reason).map_err(|e| db_failure(conn, cx.target, e))?;
+        keys::forget_record(conn, &record, &reason).map_err(|e| db_failure(conn, cx.target, e))?;
     if !forgotten {
         return Err(Failure::new(
             Code::NotFound,
-            format!("key {named} was deleted by someone else meanwhile; nothing was changed"),
+            changed_meanwhile(conn, &digest, &named),
         ));
     }
     if cx.json {
@@ -820,6 +821,22 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
         cause = source.source();
     }
     text
+}
+
+/// Why a forget of a record found the key changed since it was read: gone, or renewed by another
+/// run (whose row is left).
+pub fn changed_meanwhile<C: JobStore>(conn: &mut C, digest: &[u8; 32], named: &str) -> String {
+    match keys::lookup_digest(conn, digest) {
+        Ok(Some(_)) => format!(
+            "key {named} was renewed by another run since it was read, and that run's record is not the one shown; nothing was changed: look at it again (`keys show`) before forgetting it"
+        ),
+        Ok(None) => {
+            format!("key {named} was deleted by someone else meanwhile; nothing was changed")
+        }
+        Err(_) => format!(
+            "key {named} changed since it was read (deleted, or renewed by another run); nothing was changed"
+        ),
+    }
 }
 
 /// Whether the runtime's error is a connection the database closed.

@@ -58,6 +58,8 @@ pub struct KeyRecord {
     pub unfinished: bool,
     /// Whether an input fingerprint is stored, which a replay's inputs must match.
     pub has_fingerprint: bool,
+    /// Which run's row this is: [`forget_record`] forgets this row only.
+    claim_token: Option<i64>,
 }
 
 impl KeyRecord {
@@ -80,6 +82,7 @@ impl KeyRecord {
             has_result: row.has_result,
             unfinished: row.unfinished,
             has_fingerprint: row.has_fingerprint,
+            claim_token: row.claim_token,
         }
     }
 }
@@ -190,7 +193,24 @@ pub fn forget_digest<C: crate::connection::JobStore>(
     digest: &[u8; 32],
     reason: &str,
 ) -> Result<bool, Error> {
-    crate::drive::block_on(forget_on(conn.idempotent_store(), digest, reason))
+    crate::drive::block_on(forget_on(conn.idempotent_store(), digest, reason, None))
+}
+
+/// Forgets the key of `record` only if its row is still the run `record` shows: a record shown
+/// to an operator and confirmed is never replaced, between the look and the forget, by a run that
+/// renewed the lapsed key and committed meanwhile (that run's row is left; `false`). `false` too
+/// when the key is gone. Look the key up again to tell the two apart.
+pub fn forget_record<C: crate::connection::JobStore>(
+    conn: &mut C,
+    record: &KeyRecord,
+    reason: &str,
+) -> Result<bool, Error> {
+    crate::drive::block_on(forget_on(
+        conn.idempotent_store(),
+        &record.digest,
+        reason,
+        Some(record.claim_token),
+    ))
 }
 
 /// The keys `query` selects, newest first.
@@ -234,7 +254,7 @@ pub async fn forget_async<C: crate::connection::AsyncJobStore>(
     key: &JobKey,
     reason: &str,
 ) -> Result<bool, Error> {
-    forget_on(conn.idempotent_store(), &key.digest(), reason).await
+    forget_on(conn.idempotent_store(), &key.digest(), reason, None).await
 }
 
 /// [`forget_digest`] through an async connection.
@@ -245,7 +265,24 @@ pub async fn forget_digest_async<C: crate::connection::AsyncJobStore>(
     digest: &[u8; 32],
     reason: &str,
 ) -> Result<bool, Error> {
-    forget_on(conn.idempotent_store(), digest, reason).await
+    forget_on(conn.idempotent_store(), digest, reason, None).await
+}
+
+/// [`forget_record`] through an async connection.
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub async fn forget_record_async<C: crate::connection::AsyncJobStore>(
+    conn: &mut C,
+    record: &KeyRecord,
+    reason: &str,
+) -> Result<bool, Error> {
+    forget_on(
+        conn.idempotent_store(),
+        &record.digest,
+        reason,
+        Some(record.claim_token),
+    )
+    .await
 }
 
 /// [`list`] through an async connection.
@@ -290,7 +327,13 @@ async fn lookup_on<S: Store>(conn: &mut S, digest: &[u8; 32]) -> Result<Option<K
     Ok(row.map(KeyRecord::from_row))
 }
 
-async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> Result<bool, Error> {
+/// `shown`: the claim token of the row the caller saw; another row of the key is left.
+async fn forget_on<S: Store>(
+    conn: &mut S,
+    digest: &[u8; 32],
+    reason: &str,
+    shown: Option<Option<i64>>,
+) -> Result<bool, Error> {
     // Read first: which run's row this is. Only that row is deleted: a run that holds the key
     // uncommitted right now (not visible yet), or renews a lapsed row, is never undone by a
     // delete that waited for its lock (MySQL's DELETE reads the latest committed row). Both in one
@@ -302,6 +345,7 @@ async fn forget_on<S: Store>(conn: &mut S, digest: &[u8; 32], reason: &str) -> R
             let record = S::Db::lookup_key(conn, digest).await?;
             let deleted = match &record {
                 None => false,
+                Some(row) if shown.is_some_and(|token| token != row.claim_token) => false,
                 Some(row) => match row.claim_token {
                     Some(token) => S::Db::take_back(conn, digest, token).await?,
                     // A row of a schema before claim tokens: by its digest.

@@ -182,13 +182,14 @@ pub async fn forget(
                 let Some(record) = record else {
                     return Err(Failure::new(Code::NotFound, "No such key: it was forgotten or pruned meanwhile. Nothing was changed."));
                 };
-                let forgotten = keys::forget_digest(c, &digest, &recorded).map_err(|e| db_failure(c, target, e))?;
-                Ok((record, forgotten, recorded))
+                let forgotten = keys::forget_record(c, &record, &recorded).map_err(|e| db_failure(c, target, e))?;
+                let renewed = !forgotten && matches!(keys::lookup_digest(c, &digest), Ok(Some(_)));
+                Ok((record, forgotten, recorded, renewed))
             })
         })
         .await;
     match done {
-        Ok((record, true, recorded)) => {
+        Ok((record, true, recorded, _)) => {
             audit(&format!(
                 "forgot key {:?} of job {:?} (digest {}): reason {recorded:?}",
                 record.key,
@@ -201,7 +202,11 @@ pub async fn forget(
             ))
             .into_response()
         }
-        Ok((_, false, _)) => refused(
+        Ok((_, false, _, true)) => refused(
+            StatusCode::CONFLICT,
+            "The key was renewed by another run meanwhile: its record is not the one read. Nothing was changed; look at it again.",
+        ),
+        Ok((_, false, _, false)) => refused(
             StatusCode::CONFLICT,
             "The key was deleted by someone else meanwhile. Nothing was changed.",
         ),
