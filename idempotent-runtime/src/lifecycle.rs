@@ -564,6 +564,44 @@ enum Attempt {
     Taken,
 }
 
+/// A job's `BEGIN` that did nothing inside a transaction of the caller's that Diesel does not
+/// know of: the first claim refused it (sent with `BEGIN`), or, opened on its own, the
+/// transaction is asked whether it had written before. Committing or rolling back would end the
+/// caller's transaction, with its writes: the job's savepoint is undone and the transaction
+/// handed back to the caller as it was.
+async fn refuse_inside_callers<'a, S: Store, R: Fn(&mut S) -> &mut S>(
+    mut transaction: Transaction<'a, S, S, R>,
+    nesting: Nesting,
+    first: Option<&diesel::QueryResult<crate::store::ClaimAttempt>>,
+) -> Result<Transaction<'a, S, S, R>, Attempt> {
+    let inside = match (first, nesting) {
+        (_, Nesting::Savepoint) | (Some(Ok(_)), _) => Ok(false),
+        (Some(Err(error)), _) => Ok(S::Db::inside_callers_transaction(error)),
+        (None, _) => S::Db::begun_inside_another(transaction.store()).await,
+    };
+    match inside {
+        Ok(false) => Ok(transaction),
+        Ok(true) => {
+            let left = transaction
+                .store()
+                .batch(S::Db::LEAVE_CALLERS_TRANSACTION)
+                .await;
+            if let Err(error) = &left {
+                tracing::warn!(%error, "undoing the job's savepoint in the caller's transaction failed");
+            }
+            transaction.store().forget_transaction(left.is_err());
+            transaction.hand_over();
+            Err(Attempt::Over(Error::InsideTransaction {
+                what: "run the job",
+            }))
+        }
+        Err(error) => {
+            transaction.rollback().await;
+            Err(Attempt::Failed(Step::Begin, error))
+        }
+    }
+}
+
 /// One attempt: `BEGIN` (with the job's savepoint), the read of a redelivery whose database reads
 /// inside the transaction, and the claim; the transaction handed over open on success, rolled back
 /// otherwise.
@@ -578,7 +616,7 @@ async fn attempt_claim<S: Store>(
     // The common case, a first delivery with no bound on the wait: `BEGIN` and the first claim
     // go together, in one flight where the connection pipelines.
     let together = together && !read_inside && call.in_progress.is_none();
-    let (mut transaction, nesting, first) = match together {
+    let (transaction, nesting, first) = match together {
         true => Transaction::begin_job_claiming(&mut *store, itself::<S>, claim)
             .await
             .map(|(transaction, nesting, first)| (transaction, nesting, Some(first))),
@@ -597,37 +635,7 @@ async fn attempt_claim<S: Store>(
             Attempt::Failed(Step::Begin, error)
         }
     })?;
-    // A `BEGIN` that did nothing inside a transaction of the caller's that Diesel does not know
-    // of: the first claim refused it (sent with `BEGIN`), or, opened on its own, the transaction
-    // is asked whether it had written before. Committing or rolling back would end the caller's
-    // transaction, with its writes.
-    let inside = match (&first, nesting) {
-        (_, Nesting::Savepoint) => Ok(false),
-        (Some(Err(error)), _) => Ok(S::Db::inside_callers_transaction(error)),
-        (Some(Ok(_)), _) => Ok(false),
-        (None, _) => S::Db::begun_inside_another(transaction.store()).await,
-    };
-    match inside {
-        Ok(false) => {}
-        Ok(true) => {
-            let left = transaction
-                .store()
-                .batch(S::Db::LEAVE_CALLERS_TRANSACTION)
-                .await;
-            if let Err(error) = &left {
-                tracing::warn!(%error, "undoing the job's savepoint in the caller's transaction failed");
-            }
-            transaction.store().forget_transaction(left.is_err());
-            transaction.hand_over();
-            return Err(Attempt::Over(Error::InsideTransaction {
-                what: "run the job",
-            }));
-        }
-        Err(error) => {
-            transaction.rollback().await;
-            return Err(Attempt::Failed(Step::Begin, error));
-        }
-    }
+    let mut transaction = refuse_inside_callers(transaction, nesting, first.as_ref()).await?;
     let claimed = match (first, read_inside && nesting != Nesting::Savepoint) {
         (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
             .await

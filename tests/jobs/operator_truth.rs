@@ -125,6 +125,27 @@ fn a_nul_byte_in_dot_env_never_prints_the_password() {
 
 // --- a lost reply to a COMMIT ----------------------------------------------------------------
 
+/// A connection to `db` through a proxy armed to cut the connection right after the next
+/// `COMMIT` reaches the server.
+#[cfg(feature = "postgres")]
+fn cutting_the_next_commit(
+    db: &Db<crate::backends::Postgres>,
+) -> (
+    crate::proxy::CommitCutter,
+    <crate::backends::Postgres as Backend>::Conn,
+) {
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let conn = crate::backends::Postgres::connect(&proxy.url(db.locator()));
+    proxy.arm();
+    (proxy, conn)
+}
+
+/// `n` claims of the job `old` that lapsed long ago.
+fn lapsed_claims(server: crate::harness::Server, n: usize) -> String {
+    crate::second_run::bulk_claims(server, "old", "2000-01-02 00:00:00")
+        .replace("100000", &n.to_string())
+}
+
 /// A forget whose `COMMIT` reached the server, which committed, but whose reply never came back
 /// (the connection cut right after it): the row is gone for every other connection. The error
 /// must not say "nothing was changed" (it does, and "retrying is safe and can succeed": the retry
@@ -138,9 +159,7 @@ fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
     let db = Db::<Postgres>::fresh();
     let mut direct = db.connect();
     assert!(deliver(&mut direct, &KEPT, "kept:1", 1));
-    let proxy = crate::proxy::CommitCutter::start(db.locator());
-    let mut conn = Postgres::connect(&proxy.url(db.locator()));
-    proxy.arm();
+    let (proxy, mut conn) = cutting_the_next_commit(&db);
     let forgot = keys::forget(&mut conn, &JobKey::new("kept:1"), "ticket 4711");
     assert_eq!(proxy.cuts(), 1, "the proxy cut the forget's COMMIT");
     let gone = keys::lookup(&mut direct, &JobKey::new("kept:1"))
@@ -177,16 +196,9 @@ fn a_prune_whose_commit_reply_is_lost_says_its_last_batch_may_be_deleted() {
     let mut direct = db.connect();
     Postgres::execute(
         &mut direct,
-        &crate::second_run::bulk_claims(
-            crate::harness::Server::Postgres,
-            "old",
-            "2000-01-02 00:00:00",
-        )
-        .replace("100000", "5"),
+        &lapsed_claims(crate::harness::Server::Postgres, 5),
     );
-    let proxy = crate::proxy::CommitCutter::start(db.locator());
-    let mut conn = Postgres::connect(&proxy.url(db.locator()));
-    proxy.arm();
+    let (proxy, mut conn) = cutting_the_next_commit(&db);
     let pruned = idempotent_jobs::prune(&mut conn, &Prune::default().pace(0));
     assert_eq!(proxy.cuts(), 1, "the proxy cut the batch's COMMIT");
     assert_eq!(
@@ -218,12 +230,7 @@ fn thirty_lapsed_and_a_refusal_after_21() -> Db<crate::backends::Sqlite> {
     let mut conn = db.connect();
     Sqlite::execute(
         &mut conn,
-        &crate::second_run::bulk_claims(
-            crate::harness::Server::Sqlite,
-            "old",
-            "2000-01-02 00:00:00",
-        )
-        .replace("100000", "30"),
+        &lapsed_claims(crate::harness::Server::Sqlite, 30),
     );
     Sqlite::execute(
         &mut conn,
@@ -507,12 +514,7 @@ fn a_prune_stopped_by_a_signal_leaves_whole_batches_and_the_next_prune_counts_th
         let mut conn = db.connect();
         Sqlite::execute(
             &mut conn,
-            &crate::second_run::bulk_claims(
-                crate::harness::Server::Sqlite,
-                "old",
-                "2000-01-02 00:00:00",
-            )
-            .replace("100000", "20000"),
+            &lapsed_claims(crate::harness::Server::Sqlite, 20000),
         );
         // Counting beside the prune waits for its batch instead of failing.
         Sqlite::execute(&mut conn, "PRAGMA busy_timeout = 5000");
