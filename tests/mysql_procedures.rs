@@ -172,7 +172,8 @@ fn walk_through(url: &str, database: &str, admin: &mut MysqlConnection) {
     assert_eq!(effects(&mut conn, "b"), 1, "committed once, replayed");
 
     // Without them (a role that may not create routines migrated, or they were dropped): the
-    // savepoint and its release go as statements of their own.
+    // savepoint and its release go as statements of their own, and so does the check that the
+    // session holds no transaction of its own, which `START TRANSACTION` would commit.
     admin
         .batch_execute(&format!(
             "DROP PROCEDURE {database}.idempotent_begin_job; DROP PROCEDURE {database}.idempotent_begin_and_claim"
@@ -185,8 +186,8 @@ fn walk_through(url: &str, database: &str, admin: &mut MysqlConnection) {
     ));
     assert_eq!(
         (fresh, calls),
-        (6, 0),
-        "BEGIN, SAVEPOINT, claim, statement, RELEASE, COMMIT"
+        (7, 0),
+        "the refusal of a transaction of the session's own, BEGIN, SAVEPOINT, claim, statement, RELEASE, COMMIT"
     );
     charge(&mut conn, "c", "", "").expect("its replay");
     assert_eq!(effects(&mut conn, "c"), 1);
@@ -528,33 +529,49 @@ fn adversarial(url: &str, check: &mut MysqlConnection) {
         assert!(age < std::time::Duration::from_secs(120), "{settings}: done_at is UTC ({age:?} off)");
     }
 
-    // `autocommit = 0` with a write of the caller's pending before the job: the job's
-    // `START TRANSACTION` commits it (as the fallback's `BEGIN` does); the job is committed.
+    // `autocommit = 0` with a write of the caller's pending before the job: the job is refused
+    // with nothing begun (its `START TRANSACTION` would commit that write; it used to, whether the
+    // job then ran or failed), the write stays the caller's to commit or roll back, and after the
+    // caller's `ROLLBACK` the job runs.
     let mut c = fresh(url, "SET SESSION autocommit = 0");
-    c.batch_execute("INSERT INTO adv_effects (tag) VALUES ('pending-before')")
+    for (key, body) in [("pending", ""), ("pending-err", "err")] {
+        let before = format!("{key}-before");
+        c.batch_execute(&format!(
+            "INSERT INTO adv_effects (tag) VALUES ('{before}')"
+        ))
         .expect("pending");
+        let refused = adv(&mut c, key, key, "", body);
+        assert!(
+            matches!(
+                &refused,
+                Err(TestError::Idempotent(
+                    idempotent_jobs::Error::InsideTransaction { .. }
+                ))
+            ),
+            "{key}: {refused:?}"
+        );
+        assert_eq!(
+            tagged(check, &before),
+            0,
+            "{key}: the caller's write not committed"
+        );
+        assert_eq!(
+            committed(check, key, key),
+            (None, 0),
+            "{key}: the job left nothing"
+        );
+        c.batch_execute("ROLLBACK").expect("the caller's rollback");
+        assert_eq!(
+            tagged(check, &before),
+            0,
+            "{key}: the caller's write rolled back"
+        );
+    }
     assert_eq!(
         adv(&mut c, "pending", "pending", "", "").expect("a job"),
         42
     );
     assert_eq!(committed(check, "pending", "pending"), (Some(0), 1));
-    figures::report(&format!(
-        "autocommit = 0, a write pending before a job that ran: seen committed by another session: {}",
-        tagged(check, "pending-before")
-    ));
-    c.batch_execute("INSERT INTO adv_effects (tag) VALUES ('pending-before-err')")
-        .expect("pending");
-    let failed = adv(&mut c, "pending-err", "pending-err", "", "err");
-    assert!(matches!(failed, Err(TestError::Refused)), "{failed:?}");
-    assert_eq!(
-        committed(check, "pending-err", "pending-err"),
-        (None, 0),
-        "the failed job left nothing"
-    );
-    figures::report(&format!(
-        "autocommit = 0, a write pending before a job that failed: seen committed by another session: {}",
-        tagged(check, "pending-before-err")
-    ));
     drop(c);
 
     // A read-only session: the claim is refused, nothing is committed; read-write again, it runs.
@@ -642,7 +659,9 @@ fn adversarial(url: &str, check: &mut MysqlConnection) {
         ("COMMIT", "panic", "ended"),
         ("ROLLBACK", "err", "rolled back"),
         ("START TRANSACTION; SAVEPOINT idempotent_job", "", "ran"),
-        ("CALL idempotent_begin_job()", "", "ran"),
+        // The procedure refuses a session inside a transaction (here the job's own) before its
+        // `START TRANSACTION`: the body's statement fails, and the job with it.
+        ("CALL idempotent_begin_job()", "", "refused"),
         ("SAVEPOINT idempotent_job", "", "ran"),
         ("SAVEPOINT other; ROLLBACK TO SAVEPOINT other", "", "ran"),
         ("", "dup", "ran"),
@@ -686,6 +705,12 @@ fn adversarial(url: &str, check: &mut MysqlConnection) {
             ),
             "failed" => assert!(
                 matches!(result, Err(TestError::Refused)) && row.is_none() && effects == 0,
+                "{own}/{then}: {got:?}"
+            ),
+            "refused" => assert!(
+                matches!(&result, Err(TestError::Database(e)) if e.to_string().contains("holds a transaction of its own"))
+                    && row.is_none()
+                    && effects == 0,
                 "{own}/{then}: {got:?}"
             ),
             _ => assert!(
@@ -2223,7 +2248,7 @@ fn session_settings_replay_through_the_claim() {
 
 /// A read-only session (`SET SESSION TRANSACTION READ ONLY`) calls a finished key without the
 /// redelivery flag: it replays the run's result, or is refused; either way nothing is written or
-/// left open. Flagged as a redelivery, it replays from one read.
+/// left open. Flagged as a redelivery, it replays from one read (after one question).
 #[test]
 fn a_read_only_session_replays_or_is_refused_cleanly() {
     with_procedures("readonly", |url, check| {
@@ -2239,7 +2264,8 @@ fn a_read_only_session_replays_or_is_refused_cleanly() {
         let (flagged, trips, _) = counted(&mut c, |c| {
             idempotent_jobs::redelivered(true, || win_outcome(c, k, "ro-flagged"))
         });
-        assert_eq!((flagged, trips), (Ok((false, 42)), 1));
+        // The read, after the question whether it may read outside a transaction.
+        assert_eq!((flagged, trips), (Ok((false, 42)), 2));
         assert_eq!(
             (
                 tagged(check, k),

@@ -377,8 +377,9 @@ pub enum Error {
     /// holds: one Diesel opened, or one the session holds that Diesel does not know of (MySQL with
     /// `autocommit = 0` and statements pending; a `BEGIN` sent as text that has written). A job
     /// (which runs in a savepoint of a transaction Diesel opened) is refused with it on a session
-    /// holding a transaction Diesel does not know of: a `BEGIN` sent as text on SQLite, and on
-    /// PostgreSQL once that transaction has written; the caller's transaction is left as it was.
+    /// holding a transaction Diesel does not know of: a `BEGIN` sent as text on SQLite and
+    /// MySQL, on PostgreSQL once that transaction has written, and on MySQL with `autocommit = 0`
+    /// once any statement touched a table; the caller's transaction is left as it was.
     ///
     /// What to do: use a connection outside any transaction (and, on MySQL, with `autocommit`
     /// on or nothing pending): inside one, this would see and change that transaction's

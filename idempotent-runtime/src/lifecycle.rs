@@ -130,6 +130,7 @@ where
 {
     if call.read_first
         && !S::READ_FIRST_IN_TRANSACTION
+        && reads_outside_safely(reach(conn)).await
         && let Some(value) = replay_before_claim::<S, T>(reach(conn), call).await
     {
         return Ok(Outcome::Replayed(value));
@@ -419,6 +420,13 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
     }
 }
 
+/// Whether a redelivery may read before its claim, outside any transaction
+/// ([`Database::reads_outside_safely`]); where the database cannot say, or the question fails, it
+/// does not, and the claim decides.
+async fn reads_outside_safely<S: Store>(store: &mut S) -> bool {
+    !S::Db::KNOWS_SESSION_TRANSACTION || S::Db::reads_outside_safely(store).await.unwrap_or(false)
+}
+
 /// The key's committed row, when it is live and finished: what a claim would replay.
 async fn live_row<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<Option<DoneRow>> {
     Ok(S::Db::done_row(store, &call.digest)
@@ -491,6 +499,14 @@ enum Claimed<T> {
     Replayed(T),
 }
 
+/// How [`begin_and_claim`] came out: a transaction open with the key claimed now (`None`) or found
+/// taken (`Some(row)`); or the key taken with nothing open ([`Database::taken_with_nothing_open`]),
+/// and whether its row may be read outside any transaction ([`Database::read_after_taken`]).
+enum Began {
+    Open(Nesting, Option<DoneRow>),
+    Taken { read: bool },
+}
+
 /// [`begin_and_claim`]; where the key is found taken with nothing open
 /// ([`Database::taken_with_nothing_open`]), its row read outside any transaction and replayed when
 /// it is live, else the claim again, in a transaction it leaves open.
@@ -503,9 +519,9 @@ async fn claim_or_replay<S: Store, T: JobOutput>(
     let mut together = true;
     loop {
         match begin_and_claim(store, call, stores_result, read_inside, together).await? {
-            Some((nesting, claimed)) => return Ok(Claimed::Open(nesting, claimed)),
-            None => {
-                if let Some(value) = replay_before_claim::<S, T>(store, call).await {
+            Began::Open(nesting, claimed) => return Ok(Claimed::Open(nesting, claimed)),
+            Began::Taken { read } => {
+                if read && let Some(value) = replay_before_claim::<S, T>(store, call).await {
                     return Ok(Claimed::Replayed(value));
                 }
                 together = false;
@@ -515,8 +531,8 @@ async fn claim_or_replay<S: Store, T: JobOutput>(
 }
 
 /// Opens the transaction and claims the key (`None`: claimed now; `Some(row)`: it was already),
-/// retrying the whole transaction on transient errors within the retry window. `Ok(None)`: the key
-/// is taken and nothing is open ([`Database::taken_with_nothing_open`]).
+/// retrying the whole transaction on transient errors within the retry window; or finds the key
+/// taken with nothing open ([`Began::Taken`]).
 ///
 /// `read_inside`: a redelivery on a database whose read-first runs inside the transaction
 /// ([`Store::READ_FIRST_IN_TRANSACTION`]) reads the key's committed row first, and replays a live
@@ -527,7 +543,7 @@ async fn begin_and_claim<S: Store>(
     stores_result: bool,
     read_inside: bool,
     together: bool,
-) -> Result<Option<(Nesting, Option<DoneRow>)>, Error> {
+) -> Result<Began, Error> {
     let claim = call.claim(stores_result);
     // Where the claim waits at BEGIN for the database's write lock (SQLite), the in-progress bound
     // bounds those retries; elsewhere the database's lock timeout bounds the claim's own wait.
@@ -539,8 +555,8 @@ async fn begin_and_claim<S: Store>(
     loop {
         let attempt = attempt_claim(store, call, &claim, read_inside, together, &retry).await;
         let (step, error) = match attempt {
-            Ok(claimed) => return Ok(Some(claimed)),
-            Err(Attempt::Taken) => return Ok(None),
+            Ok((nesting, claimed)) => return Ok(Began::Open(nesting, claimed)),
+            Err(Attempt::Taken { read }) => return Ok(Began::Taken { read }),
             Err(Attempt::Over(error)) => return Err(error),
             Err(Attempt::Failed(step, error)) => (step, error),
         };
@@ -560,8 +576,9 @@ enum Attempt {
     Failed(Step, diesel::result::Error),
     /// For good: the call returns this.
     Over(Error),
-    /// The key is taken, and the claim's transaction ended with the attempt.
-    Taken,
+    /// The key is taken, and the claim's transaction ended with the attempt; whether its row may
+    /// be read outside any transaction.
+    Taken { read: bool },
 }
 
 /// A job's `BEGIN` that did nothing inside a transaction of the caller's that Diesel does not
@@ -626,7 +643,9 @@ async fn attempt_claim<S: Store>(
     }
     .map_err(|error| {
         if S::Db::taken_with_nothing_open(&error) {
-            Attempt::Taken
+            Attempt::Taken {
+                read: S::Db::read_after_taken(&error),
+            }
         } else if S::Db::inside_callers_transaction(&error) {
             Attempt::Over(Error::InsideTransaction {
                 what: "run the job",

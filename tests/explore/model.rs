@@ -90,6 +90,8 @@ impl Db {
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
                 "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE",
                 "SET SESSION sql_mode = ''; SET time_zone = '-11:00'",
+                // Every statement that touches a table opens a transaction the session holds.
+                "SET SESSION autocommit = 0",
             ],
         };
         settings[(turn % settings.len() as u64) as usize]

@@ -545,7 +545,9 @@ pub fn redeliveries_replay_from_one_read<B: Backend>() {
 
 /// MySQL with `autocommit = 0`: the session sits in a transaction Diesel does not know of, whose
 /// snapshot may still hold a key forgotten since. A redelivery's read before the claim must not
-/// replay from that snapshot: the forgotten key runs again, as the claim path would have it.
+/// replay from that snapshot: the call is refused while that transaction is open (the job's
+/// `START TRANSACTION` would commit it), and after the caller's `COMMIT` the forgotten key runs
+/// again, as the claim path would have it.
 pub fn redeliveries_never_read_an_old_snapshot<B: Backend>() {
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
@@ -558,6 +560,17 @@ pub fn redeliveries_never_read_an_old_snapshot<B: Backend>() {
         B::keys_forget(&mut operator, &JobKey::new("charge:order-f")).expect("forgets"),
         "the key was there"
     );
+    let refused = B::charge_redelivered(&mut conn, "order-f", 4200, true);
+    assert!(
+        matches!(
+            &refused,
+            Err(crate::handlers::TestError::Idempotent(
+                Error::InsideTransaction { .. }
+            ))
+        ),
+        "refused inside the session's transaction, not replayed from its snapshot: {refused:?}"
+    );
+    B::execute(&mut conn, "COMMIT");
     B::charge_redelivered(&mut conn, "order-f", 4200, true).expect("runs again");
     B::execute(&mut conn, "SET autocommit = 1");
     assert_eq!(

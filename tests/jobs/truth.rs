@@ -8,6 +8,8 @@
 //! rows a second connection sees, and delivers the key again with a clean body: that delivery must
 //! complete, and a third must replay it.
 
+use std::time::Duration;
+
 use idempotent_jobs::{Error, JobKey};
 
 use crate::backends::Backend;
@@ -577,64 +579,63 @@ pub fn a_session_that_chains_or_releases_its_commits_is_left_as_it_was<B: Backen
 }
 
 /// A job called on a session that holds a transaction Diesel does not know of, with a write of
-/// the caller's pending in it (a `BEGIN` sent as text on PostgreSQL and SQLite; MySQL's
-/// `autocommit = 0`), a job that would run and one that would fail: refused with
+/// the caller's pending in it (a `BEGIN` sent as text; on MySQL also `autocommit = 0`), a job that
+/// would run, one that would fail and a flagged redelivery: refused with
 /// `Error::InsideTransaction`, not retryable, and the caller's transaction left as it was (its
 /// write seen by its own session, by no other, and gone with its `ROLLBACK`). PostgreSQL used to
 /// answer the job's `BEGIN` with a warning only: the job's `COMMIT` committed the caller's write
-/// and a failed job's `ROLLBACK` discarded it. Known limit, pinned: on MySQL the job's `START
-/// TRANSACTION` commits the caller's write first, whether the job then runs or fails.
+/// and a failed job's `ROLLBACK` discarded it. MySQL's `START TRANSACTION` used to commit the
+/// caller's write first, whether the job then ran or failed (`(ran, 1, 1, 1, charges)`).
 pub fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of<B: Backend>() {
     use crate::handlers::Mode;
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
     let mut other = db.connect();
-    let open = match B::SERVER {
-        Server::Mysql => "SET autocommit = 0",
-        Server::Postgres | Server::Sqlite => "BEGIN",
+    let opens: &[&str] = match B::SERVER {
+        Server::Mysql => &["SET autocommit = 0", "BEGIN"],
+        Server::Postgres | Server::Sqlite => &["BEGIN"],
     };
     // order-3: a flagged redelivery, whose read comes first (inside the transaction, before the
     // claim, on diesel-async's PostgreSQL).
-    for (order, mode, redelivered) in [
-        ("order-1", Mode::Succeed, false),
-        ("order-2", Mode::Fail, false),
-        ("order-3", Mode::Succeed, true),
-    ] {
-        B::execute(&mut conn, open);
-        let topic = format!("pending {order}");
-        B::execute(
-            &mut conn,
-            &format!("INSERT INTO test_outbox (topic, payload) VALUES ('{topic}', 'x')"),
-        );
-        let result = match redelivered {
-            false => B::charge(&mut conn, order, 5, mode),
-            true => B::charge_redelivered(&mut conn, order, 5, true),
-        };
-        let seen_by_itself = B::count_topic(&mut conn, &topic);
-        let seen_at_once = B::count_topic(&mut other, &topic);
-        B::execute(&mut conn, "ROLLBACK");
-        let seen_after_rollback = B::count_topic(&mut other, &topic);
-        if B::SERVER == Server::Mysql {
-            B::execute(&mut conn, "SET autocommit = 1");
-        }
-        let charges = B::count_charges(&mut other, order);
-        // (the job ran, the caller's write seen by its own session after the call, by another
-        // at once, by another after the caller's rollback, the job's charges)
-        let expected = match (B::SERVER, mode) {
-            (Server::Mysql, Mode::Succeed) => (true, 1, 1, 1, 1),
-            (Server::Mysql, _) => (false, 1, 1, 1, 0),
-            (Server::Postgres | Server::Sqlite, _) => (false, 1, 0, 0, 0),
-        };
-        let text = result.as_ref().map_err(|e| crate::names::with_causes(e));
-        let seen = (
-            result.is_ok(),
-            seen_by_itself,
-            seen_at_once,
-            seen_after_rollback,
-            charges,
-        );
-        assert_eq!(seen, expected, "{order} ({mode:?}): {text:?}");
-        if B::SERVER != Server::Mysql {
+    for open in opens {
+        for (order, mode, redelivered) in [
+            ("order-1", Mode::Succeed, false),
+            ("order-2", Mode::Fail, false),
+            ("order-3", Mode::Succeed, true),
+        ] {
+            B::execute(&mut conn, open);
+            let topic = format!("pending {order}");
+            B::execute(
+                &mut conn,
+                &format!("INSERT INTO test_outbox (topic, payload) VALUES ('{topic}', 'x')"),
+            );
+            let result = match redelivered {
+                false => B::charge(&mut conn, order, 5, mode),
+                true => B::charge_redelivered(&mut conn, order, 5, true),
+            };
+            let seen_by_itself = B::count_topic(&mut conn, &topic);
+            let seen_at_once = B::count_topic(&mut other, &topic);
+            B::execute(&mut conn, "ROLLBACK");
+            let seen_after_rollback = B::count_topic(&mut other, &topic);
+            if B::SERVER == Server::Mysql {
+                B::execute(&mut conn, "SET autocommit = 1");
+            }
+            let charges = B::count_charges(&mut other, order);
+            let text = result.as_ref().map_err(|e| crate::names::with_causes(e));
+            // (the job ran, the caller's write seen by its own session after the call, by
+            // another at once, by another after the caller's rollback, the job's charges)
+            let seen = (
+                result.is_ok(),
+                seen_by_itself,
+                seen_at_once,
+                seen_after_rollback,
+                charges,
+            );
+            assert_eq!(
+                seen,
+                (false, 1, 0, 0, 0),
+                "{open}: {order} ({mode:?}): {text:?}"
+            );
             assert!(
                 matches!(
                     &result,
@@ -642,7 +643,7 @@ pub fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of<B: Backe
                         e @ Error::InsideTransaction { .. }
                     )) if !e.is_retryable()
                 ),
-                "refused, not retryable: {text:?}"
+                "{open}: refused, not retryable: {text:?}"
             );
         }
     }
@@ -650,4 +651,144 @@ pub fn a_job_in_a_session_holding_a_transaction_diesel_does_not_know_of<B: Backe
     let ran = B::charge(&mut conn, "order-1", 5, Mode::Succeed);
     assert!(ran.is_ok(), "{ran:?}");
     assert_eq!(B::count_charges(&mut other, "order-1"), 1);
+}
+
+/// Whether the session holds a transaction now (MySQL: `@@in_transaction`; PostgreSQL: a
+/// savepoint is taken; SQLite: a `BEGIN` is refused).
+fn holds_transaction<B: Backend>(conn: &mut B::Conn) -> bool {
+    match B::SERVER {
+        Server::Mysql => B::query_i64(conn, "SELECT CAST(@@in_transaction AS SIGNED) AS n") == 1,
+        // A savepoint is refused outside a transaction block.
+        Server::Postgres => match B::try_execute(conn, "SAVEPOINT probe") {
+            Ok(()) => {
+                B::execute(conn, "RELEASE SAVEPOINT probe");
+                true
+            }
+            Err(_) => false,
+        },
+        Server::Sqlite => match B::try_execute(conn, "BEGIN") {
+            Ok(()) => {
+                B::execute(conn, "ROLLBACK");
+                false
+            }
+            Err(_) => true,
+        },
+    }
+}
+
+/// A session that opens a transaction with any statement (MySQL's `autocommit = 0`), with nothing
+/// of its own pending, runs every kind of call, each reporting what another connection then sees,
+/// and is left with nothing open after each: a first run, a replay (through the claim), a run that
+/// fails, a flagged redelivery of a finished key and of a new one, and a run with an in-progress
+/// bound; then the caller's own write commits with its `COMMIT`. Every read the runtime sends
+/// outside its transactions opens one there: left open, it would hold the caller's next writes
+/// uncommitted, and make the next job refuse the session. The other backends run the same calls.
+pub fn a_session_that_opens_a_transaction_with_any_statement_is_left_with_none_open<B: Backend>() {
+    use crate::handlers::Mode;
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let mut other = db.connect();
+    if B::SERVER == Server::Mysql {
+        B::execute(&mut conn, "SET autocommit = 0");
+    }
+    type Call<B> = fn(&mut <B as Backend>::Conn) -> Result<(), String>;
+    let calls: [(&str, Call<B>, Seen, i64); 7] = [
+        (
+            "a first run",
+            |c| run(B::charge(c, "order-1", 5, Mode::Succeed)),
+            Seen::Charges("order-1"),
+            1,
+        ),
+        (
+            "a replay",
+            |c| run(B::charge(c, "order-1", 5, Mode::Succeed)),
+            Seen::Charges("order-1"),
+            1,
+        ),
+        (
+            "a failed run",
+            |c| fails(B::charge(c, "order-2", 5, Mode::Fail)),
+            Seen::Charges("order-2"),
+            0,
+        ),
+        (
+            "a flagged replay",
+            |c| run(B::charge_redelivered(c, "order-1", 5, true)),
+            Seen::Charges("order-1"),
+            1,
+        ),
+        (
+            "a flagged first run",
+            |c| run(B::charge_redelivered(c, "order-3", 5, true)),
+            Seen::Charges("order-3"),
+            1,
+        ),
+        (
+            "a flagged replay again",
+            |c| run(B::charge_redelivered(c, "order-3", 5, true)),
+            Seen::Charges("order-3"),
+            1,
+        ),
+        (
+            "a run with an in-progress bound",
+            |c| {
+                let policy = idempotent_jobs::WhileInProgress::WaitAtMost(Duration::from_secs(5));
+                run(B::held_with_policy(c, "held-1", policy))
+            },
+            Seen::Topic("held"),
+            1,
+        ),
+    ];
+    for (what, call, seen, expected) in calls {
+        let called = call(&mut conn);
+        assert_eq!(called, Ok(()), "{what}");
+        assert!(
+            !holds_transaction::<B>(&mut conn),
+            "{what}: the session holds a transaction after it"
+        );
+        let found = match seen {
+            Seen::Charges(order) => B::count_charges(&mut other, order),
+            Seen::Topic(topic) => B::count_topic(&mut other, topic),
+        };
+        assert_eq!(
+            found, expected,
+            "{what}: {seen:?} seen by another connection"
+        );
+    }
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 1);
+    B::execute(
+        &mut conn,
+        "INSERT INTO test_outbox (topic, payload) VALUES ('the caller', 'x')",
+    );
+    if B::SERVER == Server::Mysql {
+        B::execute(&mut conn, "COMMIT");
+    }
+    assert_eq!(
+        B::count_topic(&mut other, "the caller"),
+        1,
+        "the caller's own write committed"
+    );
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    Charges(&'static str),
+    Topic(&'static str),
+}
+
+fn run<T: std::fmt::Debug>(result: Result<T, crate::handlers::TestError>) -> Result<(), String> {
+    result
+        .map(drop)
+        .map_err(|e| format!("failed: {}", crate::names::with_causes(&e)))
+}
+
+fn fails<T: std::fmt::Debug>(result: Result<T, crate::handlers::TestError>) -> Result<(), String> {
+    match result {
+        Err(crate::handlers::TestError::Idempotent(e)) => Err(format!(
+            "the runtime's error: {}",
+            crate::names::with_causes(&e)
+        )),
+        Err(_) => Ok(()),
+        Ok(value) => Err(format!("ran: {value:?}")),
+    }
 }

@@ -7,11 +7,18 @@
 -- `idempotent_finish_job` releases the savepoint and commits. A body that ended the transaction
 -- behind the job's back (an implicit commit, `COMMIT`, `START TRANSACTION`) took the savepoint
 -- with it: the release fails (1305) and the procedure stops before `COMMIT`.
+-- Both begin by refusing a session that holds a transaction of its own (a `BEGIN` sent as text,
+-- or `autocommit = 0` after any statement): their `START TRANSACTION` would commit it. Setting the
+-- next transaction's isolation level to the session's own (no change) is refused by the server
+-- then (1568, SQLSTATE 25001), and raised again with the message the caller recognises; nothing
+-- is left open, and the caller's transaction is as it was. On the key's duplicate,
+-- `idempotent_begin_and_claim` says when the session has `autocommit = 0`: a read outside any
+-- transaction would open one there, so the caller reads the row with a claim instead.
 -- Each ends its transaction `AND NO CHAIN NO RELEASE`: a session's `completion_type` neither
 -- opens the next transaction nor ends the session there.
 -- Without these procedures (or without `EXECUTE` on them) jobs still run correctly, with the
--- savepoint and its release as statements of their own: 6 round trips for a job of one statement
--- instead of 3.
+-- savepoint, its release and the check that the session holds no transaction as statements of
+-- their own: 7 round trips for a job of one statement instead of 3.
 -- Sent as one batch (Diesel's `batch_execute`, most migration tools); the `mysql` command-line
 -- client needs `DELIMITER //` around the `CREATE PROCEDURE` statements.
 -- A routine runs with the `sql_mode` it was created with: strict, so that the claim refuses a
@@ -22,6 +29,9 @@ SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR
 DROP PROCEDURE IF EXISTS idempotent_begin_job;
 CREATE PROCEDURE idempotent_begin_job() SQL SECURITY INVOKER
 BEGIN
+  DECLARE EXIT HANDLER FOR 1568
+    RESIGNAL SET MESSAGE_TEXT = 'idempotent-jobs: the session holds a transaction of its own; nothing was done in it';
+  SET /*M! @@tx_isolation = @@SESSION.tx_isolation */ /*!80000 @@transaction_isolation = @@SESSION.transaction_isolation */;
   START TRANSACTION;
   SAVEPOINT idempotent_job;
 END;
@@ -40,8 +50,14 @@ BEGIN
   DECLARE EXIT HANDLER FOR 1062
   BEGIN
     ROLLBACK AND NO CHAIN NO RELEASE;
+    IF @@autocommit = 0 THEN
+      RESIGNAL SET MESSAGE_TEXT = 'idempotent-jobs: the key is taken; the claim''s transaction was rolled back; autocommit = 0';
+    END IF;
     RESIGNAL SET MESSAGE_TEXT = 'idempotent-jobs: the key is taken; the claim''s transaction was rolled back';
   END;
+  DECLARE EXIT HANDLER FOR 1568
+    RESIGNAL SET MESSAGE_TEXT = 'idempotent-jobs: the session holds a transaction of its own; nothing was done in it';
+  SET /*M! @@tx_isolation = @@SESSION.tx_isolation */ /*!80000 @@transaction_isolation = @@SESSION.transaction_isolation */;
   START TRANSACTION;
   INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at)
   VALUES (p_digest, p_job_key, p_job_name, p_fingerprint, p_claim_token, p_result, UTC_TIMESTAMP(6));

@@ -193,7 +193,27 @@ shared_statements!();
 
 use super::shared::later;
 
+/// Sets the next transaction's isolation level to the session's own (no change), which the server
+/// refuses (`ER_CANT_CHANGE_TX_CHARACTERISTICS`, 1568, SQLSTATE 25001) while the session holds a
+/// transaction: one Diesel does not know of (a `BEGIN` sent as text, or `autocommit = 0` after
+/// any statement that read or wrote a table), which a job's `START TRANSACTION` would commit.
+/// MariaDB names the setting `tx_isolation`, MySQL 8 `transaction_isolation`: each reads only
+/// its own comment (MariaDB ignores `/*!80000 ... */`).
+macro_rules! nothing_open {
+    () => {
+        "SET /*M! @@tx_isolation = @@SESSION.tx_isolation */ \
+         /*!80000 @@transaction_isolation = @@SESSION.transaction_isolation */"
+    };
+}
+
 sql! {
+    // A job's transaction, where the procedures do not open it: refused first if the session
+    // holds one of its own.
+    RefuseOpen = nothing_open!();
+    // Whether a read outside any transaction neither joins one of the caller's nor opens one of
+    // its own, which would stay open (`autocommit = 0`). MySQL cannot tell the first; there its
+    // job's transaction refuses that transaction instead (`nothing_open!()`).
+    ReadsOutsideSafely = "SELECT CAST(/*M! @@in_transaction = 0 AND */ @@autocommit = 1 AS SIGNED) AS n";
     // A transaction the session holds that Diesel does not know of. MariaDB says so
     // (`@@in_transaction`); MySQL does not, and there a session with `autocommit = 0` may hold
     // one at any time. The `/*M! ... */` parts are MariaDB's only (MySQL reads them as comments):
@@ -356,7 +376,25 @@ impl Database for MysqlDb {
             error,
             DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, info)
                 if info.message() == TAKEN_AND_ROLLED_BACK
+                    || info.message() == TAKEN_AND_ROLLED_BACK_AUTOCOMMIT_OFF
         )
+    }
+
+    fn read_after_taken(error: &DieselError) -> bool {
+        super::message(error) != Some(TAKEN_AND_ROLLED_BACK_AUTOCOMMIT_OFF)
+    }
+
+    fn inside_callers_transaction(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| {
+            m.contains(HOLDS_A_TRANSACTION) || m.contains(CANNOT_CHANGE_CHARACTERISTICS)
+        })
+    }
+
+    async fn reads_outside_safely<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+        let rows: Vec<TableCount> = conn
+            .load(Statement::<ReadsOutsideSafely, _>::new(()))
+            .await?;
+        Ok(rows.first().is_some_and(|r| r.n > 0))
     }
 
     fn privilege_denied(error: &DieselError) -> bool {
@@ -752,12 +790,24 @@ impl<S: Store> Drop for SessionLock<'_, S> {
 /// How a job's own transaction begins: with the job's savepoint, which every statement that ends
 /// or replaces the transaction (an implicit commit, `START TRANSACTION`, ...) removes; see
 /// `Store::begin_job`.
-const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+/// Refused first, with nothing begun, on a session that holds a transaction of its own
+/// (`nothing_open!()`).
+const BEGIN_JOB: &str = concat!(nothing_open!(), "; BEGIN; SAVEPOINT idempotent_job");
 /// The message of the duplicate-key error `idempotent_begin_and_claim` raises after rolling back
 /// (see `004_job_procedures.sql`); a procedure made before it did, which left the transaction
 /// open, raised the server's own.
 const TAKEN_AND_ROLLED_BACK: &str =
     "idempotent-jobs: the key is taken; the claim's transaction was rolled back";
+/// [`TAKEN_AND_ROLLED_BACK`] on a session with `autocommit = 0`, where a read outside any
+/// transaction would open one (and find nothing: `read_guard!()`).
+const TAKEN_AND_ROLLED_BACK_AUTOCOMMIT_OFF: &str =
+    "idempotent-jobs: the key is taken; the claim's transaction was rolled back; autocommit = 0";
+/// The message the job procedures raise instead of the server's own (1568) on a session that
+/// holds a transaction of its own: nothing was begun.
+const HOLDS_A_TRANSACTION: &str =
+    "idempotent-jobs: the session holds a transaction of its own; nothing was done in it";
+/// The server's own message for 1568, as [`BEGIN_JOB`] and [`RefuseOpen`] meet it.
+const CANNOT_CHANGE_CHARACTERISTICS: &str = "Transaction characteristics can't be changed";
 const RELEASE_JOB: &str = "RELEASE SAVEPOINT idempotent_job";
 
 #[cfg(feature = "mysql")]
@@ -889,7 +939,8 @@ pub(crate) mod prepared {
     /// begins it and inserts the claim (`Store::begin_job_pipelined`); `None`, with nothing open,
     /// where the procedures are not called or a transaction is open already. A `CALL` that found
     /// the key taken has rolled back: its error, with nothing open
-    /// (`Database::taken_with_nothing_open`). Any other failing `CALL` but a lost connection has
+    /// (`Database::taken_with_nothing_open`); so has one that refused a transaction of the
+    /// session's own (`Database::inside_callers_transaction`), which it did not begin. Any other failing `CALL` but a lost connection has
     /// begun the transaction (`START TRANSACTION` fails no other way) and failed at the claim,
     /// whose error is returned with the open transaction.
     pub(crate) fn begin_job_claiming<S, B>(
@@ -914,7 +965,10 @@ pub(crate) mod prepared {
             }
             Err(error) if super::without_procedures(&error) => return None,
             Err(error)
-                if <super::MysqlDb as crate::store::Database>::taken_with_nothing_open(&error) =>
+                if <super::MysqlDb as crate::store::Database>::taken_with_nothing_open(&error)
+                    || <super::MysqlDb as crate::store::Database>::inside_callers_transaction(
+                        &error,
+                    ) =>
             {
                 super::procedures_called();
                 return Some(Err(error));
@@ -1008,6 +1062,10 @@ pub(crate) mod prepared {
                 Err(error) => return Err(error),
             }
         }
+        if prepared_top_level_next(conn)? {
+            // `START TRANSACTION` would commit a transaction the session holds of its own.
+            refuse_open(conn)?;
+        }
         let nesting = begin(conn, text)?;
         if nesting == Nesting::Savepoint || super::savepoints_as_text() {
             // A savepoint of Diesel's, or the text batch that set the job's savepoint too.
@@ -1017,6 +1075,20 @@ pub(crate) mod prepared {
         // (`Database::set_job_savepoint`), where a body that rolls back to it cannot take the
         // claim with it.
         Ok(Nesting::Unmarked)
+    }
+
+    /// Refuses a session that holds a transaction of its own (`RefuseOpen`), as text where the
+    /// server refuses to prepare the statement.
+    fn refuse_open(conn: &mut MysqlConnection) -> QueryResult<()> {
+        match diesel::RunQueryDsl::execute(Statement::<super::RefuseOpen, _>::new(()), conn) {
+            Err(error) if super::refuses_prepared(&error) => {
+                diesel::connection::SimpleConnection::batch_execute(
+                    conn,
+                    <super::RefuseOpen as crate::sql::SqlText>::SQL,
+                )
+            }
+            refused => refused.map(drop),
+        }
     }
 
     /// Commits the innermost transaction. As Diesel does, a failed top-level `COMMIT` is rolled

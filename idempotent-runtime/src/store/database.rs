@@ -147,11 +147,35 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
+    /// Whether, after [`taken_with_nothing_open`](Self::taken_with_nothing_open), the key's row
+    /// may be read outside any transaction: not on a MySQL session with `autocommit = 0`, where
+    /// that read would open a transaction (and find nothing: reads there wait for a claim). By
+    /// default always.
+    #[doc(hidden)]
+    fn read_after_taken(error: &DieselError) -> bool {
+        let _ = error;
+        true
+    }
+
+    /// Whether a redelivery's read before its claim, outside any transaction, may be sent now:
+    /// it neither joins a transaction the session holds of its own (whose snapshot may be old)
+    /// nor opens one that stays open (MySQL with `autocommit = 0`, where any read does). Asked
+    /// where [`KNOWS_SESSION_TRANSACTION`](Self::KNOWS_SESSION_TRANSACTION); by default always,
+    /// with no round trip.
+    #[doc(hidden)]
+    fn reads_outside_safely<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        async { Ok(true) }
+    }
+
     /// Whether `error`, from a job's `BEGIN` or its first claim, says that the session holds a
     /// transaction of its own that Diesel does not know of (a `BEGIN` sent as text): SQLite
     /// refuses the job's `BEGIN`; on PostgreSQL the `BEGIN` did nothing and the first claim
     /// found the transaction written already, and the runtime then sends
-    /// [`LEAVE_CALLERS_TRANSACTION`](Self::LEAVE_CALLERS_TRANSACTION). The job is refused with
+    /// [`LEAVE_CALLERS_TRANSACTION`](Self::LEAVE_CALLERS_TRANSACTION); MySQL and MariaDB refuse
+    /// it before their `START TRANSACTION`, which would commit it. The job is refused with
     /// [`Error::InsideTransaction`](crate::Error::InsideTransaction). By default never.
     #[doc(hidden)]
     fn inside_callers_transaction(error: &DieselError) -> bool {
