@@ -332,6 +332,30 @@ fn tour<C: Backend>(name: &str, url: &str, conn: &mut C) {
         "the webhook waits to be sent again"
     );
 
+    // A forget whose key another run renewed after the page showed it: that run's row is left,
+    // and the page says so (it used to read the key again at the POST and forget the new run,
+    // whose job then ran a third time).
+    browser.goto(&format!("{base}/lookup?key=charge%3Aorder-1"));
+    browser.fill("#reason", "ticket 4710: shown before a renewal");
+    browser.click("#confirm");
+    assert!(keys::forget(conn, &JobKey::new("charge:order-1"), "the test").expect("a forget"));
+    let (outcome, ran) = charge(conn, 1);
+    assert!(
+        ran && matches!(outcome, Outcome::Ran(42)),
+        "another run renews the key"
+    );
+    browser.click("#forget");
+    assert!(
+        browser.page_text().contains("renewed by another run"),
+        "{}",
+        browser.page_text()
+    );
+    let (outcome, ran) = charge(conn, 1);
+    assert!(
+        !ran && matches!(outcome, Outcome::Replayed(42)),
+        "the run that renewed the key is still its record: {outcome:?}"
+    );
+
     // Forget a key, with the token (the session) and a reason.
     browser.goto(&format!("{base}/lookup?key=charge%3Aorder-1"));
     browser.fill("#reason", "ticket 4711: invoice voided");

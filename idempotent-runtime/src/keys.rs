@@ -68,6 +68,17 @@ impl KeyRecord {
         hex(&self.digest)
     }
 
+    /// Which run's row this is, as opaque text: the same for every read of that run's row, and
+    /// different once another run renewed the key. A page or a prompt that shows a record and
+    /// acts on it later carries this along, and compares it with the record read again before
+    /// [`forget_record`], so that it never acts on a run it did not show.
+    pub fn revision(&self) -> String {
+        match self.claim_token {
+            Some(token) => format!("{:016x}", token.cast_unsigned()),
+            None => String::from("-"),
+        }
+    }
+
     fn from_row(row: KeyRow) -> Self {
         let mut digest = [0u8; 32];
         let len = row.key_digest.len().min(32);

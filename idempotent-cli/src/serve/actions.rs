@@ -134,17 +134,20 @@ pub fn forget_form(app: &App, auth: &Auth, record: &KeyRecord) -> String {
         "<form class=\"card\" method=\"post\" action=\"/forget\"><h2>Forget this key</h2>\
 <p>Deletes the key's row, so that the job's next delivery runs it again. It cannot undo what the job did.</p>\
 {csrf}<input type=\"hidden\" name=\"digest\" value=\"{digest}\">\
+<input type=\"hidden\" name=\"revision\" value=\"{revision}\">\
 <label for=\"reason\">Reason (required; goes into the audit log)</label>\
 <textarea id=\"reason\" name=\"reason\" rows=\"2\" required maxlength=\"500\"></textarea>\
 <label class=\"check\"><input type=\"checkbox\" id=\"confirm\" name=\"confirm\" value=\"yes\" required> The job's next delivery of <code>{key}</code> runs it again.</label>\
 <button type=\"submit\" class=\"danger\" id=\"forget\">Forget the key</button></form>",
         csrf = csrf_of(auth),
         digest = record.digest_hex(),
+        revision = esc(&record.revision()),
         key = esc(&record.key),
     )
 }
 
-/// `POST /forget`: forgets one key by digest, with a required reason.
+/// `POST /forget`: forgets one key by digest, with a required reason, if its row is still the run
+/// the form showed (its revision): a run that renewed the key since is left, and said so.
 pub async fn forget(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
@@ -164,11 +167,13 @@ pub async fn forget(
     let form = Form::parse(&body);
     let reason = form.get("reason").unwrap_or_default().trim().to_owned();
     let digest = form.get("digest").and_then(keys::parse_digest);
-    let (Some(digest), false, Some("yes")) = (digest, reason.is_empty(), form.get("confirm"))
+    let revision = form.get("revision").map(str::to_owned);
+    let (Some(digest), Some(revision), false, Some("yes")) =
+        (digest, revision, reason.is_empty(), form.get("confirm"))
     else {
         return refused(
             StatusCode::BAD_REQUEST,
-            "A forget needs the key's digest, a reason, and the confirmation. Nothing was changed.",
+            "A forget needs the key's digest and revision, a reason, and the confirmation. Nothing was changed.",
         );
     };
     let recorded = format!(
@@ -182,6 +187,10 @@ pub async fn forget(
                 let Some(record) = record else {
                     return Err(Failure::new(Code::NotFound, "No such key: it was forgotten or pruned meanwhile. Nothing was changed."));
                 };
+                if record.revision() != revision {
+                    // Another run renewed the key after the page showed it.
+                    return Ok((record, false, recorded, true));
+                }
                 let forgotten = keys::forget_record(c, &record, &recorded).map_err(|e| db_failure(c, target, e))?;
                 let renewed = !forgotten && matches!(keys::lookup_digest(c, &digest), Ok(Some(_)));
                 Ok((record, forgotten, recorded, renewed))
