@@ -496,6 +496,44 @@ fn a_mysql_session_select_limit_never_cuts_a_report_short() {
     assert!(parked.is_empty(), "{parked:?}");
 }
 
+/// A MariaDB session with `sql_select_limit = 0`: every `SELECT` without a `LIMIT` of its own
+/// returns no row, a table-less one too. Each kind of call still reports what the database holds:
+/// a run, its replay through the claim, a flagged redelivery's replay, a job storing a result
+/// (the packet limit is read with a `SELECT`), the keys API and the schema's version. Before:
+/// `migrate` failed (its lock's `SELECT GET_LOCK` returned no row), `verify` said all three
+/// tables were missing, the replay and the flagged replay gave up after 600 attempts in 30 s
+/// ("deadlocks": the claim's `SELECT ... FOR UPDATE` found no row, every time, so no delivery
+/// could finish the key), `keys::lookup` said there was no record and `keys::forget` `false`.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_mysql_session_select_limit_of_zero_never_hides_a_row() {
+    use crate::backends::Mysql;
+    use crate::handlers::Mode;
+
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    let mut other = db.connect();
+    Mysql::execute(&mut conn, "SET SESSION sql_select_limit = 0");
+    idempotent_jobs::migrate(&mut conn).expect("migrate on current tables is a no-op");
+    if let Err(error) = idempotent_jobs::verify(&mut conn) {
+        panic!("verify on a session with sql_select_limit = 0: {error}");
+    }
+    let ran = Mysql::charge(&mut conn, "order-1", 5, Mode::Succeed).expect("a run");
+    let replayed = Mysql::charge(&mut conn, "order-1", 5, Mode::Succeed).expect("a replay");
+    assert_eq!(replayed, ran, "the replay returns the run's result");
+    let flagged =
+        Mysql::charge_redelivered(&mut conn, "order-1", 5, true).expect("a flagged replay");
+    assert_eq!(flagged, ran, "the flagged replay returns the run's result");
+    assert_eq!(Mysql::count_charges(&mut other, "order-1"), 1, "one charge");
+    let key = crate::handlers::charge_key("order-1");
+    let record = keys::lookup(&mut conn, &key).expect("a lookup");
+    assert!(record.is_some(), "the key's record is there");
+    let counts = keys::job_counts(&mut conn).expect("counts");
+    assert_eq!(counts.len(), 1, "the job's count: {counts:?}");
+    assert!(keys::forget(&mut conn, &key, "the test").expect("a forget"));
+    assert!(keys::lookup(&mut other, &key).expect("a lookup").is_none());
+}
+
 // --- a prune stopped by a signal -------------------------------------------------------------
 
 /// The CLI stopped by SIGTERM or SIGKILL in the middle of a paced prune: every batch is one

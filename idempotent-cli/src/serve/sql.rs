@@ -62,13 +62,16 @@ hourly!(
      WHERE delivered_at >= (now() AT TIME ZONE 'UTC') - INTERVAL '168 hours' GROUP BY 1, 2"
 );
 
+// An explicit `LIMIT`: a server-wide `sql_select_limit` would cut the chart's rows short.
 #[cfg(feature = "mysql")]
 hourly!(
     diesel::MysqlConnection,
     "SELECT job_name AS series, TIMESTAMPDIFF(HOUR, done_at, UTC_TIMESTAMP(6)) AS hours_ago, \
-     COUNT(*) AS n FROM done_jobs WHERE done_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2",
+     COUNT(*) AS n FROM done_jobs WHERE done_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2 \
+     LIMIT 18446744073709551615",
     "SELECT topic AS series, TIMESTAMPDIFF(HOUR, delivered_at, UTC_TIMESTAMP(6)) AS hours_ago, \
-     COUNT(*) AS n FROM outbox WHERE delivered_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2"
+     COUNT(*) AS n FROM outbox WHERE delivered_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2 \
+     LIMIT 18446744073709551615"
 );
 
 #[cfg(feature = "sqlite")]

@@ -602,9 +602,9 @@ macro_rules! abandoned {
 /// under which a read outside the runtime's transactions sees the latest commit), and `shared_methods!()` inside
 /// its `Database` impl.
 ///
-/// `every_row!()` ends a statement that returns many rows: on MySQL an explicit `LIMIT` as large
-/// as it takes, which a session's `sql_select_limit` cannot cut short (it applies to a `SELECT`
-/// without one).
+/// `every_row!()` ends every `SELECT` without a `LIMIT` of its own: on MySQL an explicit `LIMIT`
+/// as large as it takes, which a session's `sql_select_limit` cannot cut short (it applies to a
+/// `SELECT` without one, and `= 0` returns no row at all).
 ///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
 /// do not pay for one); they are for operators, bounded by `LIMIT`.
@@ -617,7 +617,7 @@ macro_rules! shared_statements {
             DoneRead = concat!(
                 "SELECT job_name, result, fingerprint, ", micros!("done_at"), " AS done_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
-                 FROM done_jobs WHERE key_digest = ?", read_guard!()
+                 FROM done_jobs WHERE key_digest = ?", read_guard!(), every_row!()
             );
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
             Record = concat!(
@@ -654,8 +654,9 @@ macro_rules! shared_statements {
                    (result IS NOT NULL AND result <> '') AS has_result, (result IS NOT NULL AND result = '') AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
-                 FROM done_jobs WHERE key_digest = ?"
+                 FROM done_jobs WHERE key_digest = ?", every_row!()
             );
+            SchemaVersion = concat!("SELECT MAX(version) AS version FROM idempotent_schema", every_row!());
             ListKeys = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
                    (result IS NOT NULL AND result <> '') AS has_result, (result IS NOT NULL AND result = '') AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",

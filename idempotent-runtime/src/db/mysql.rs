@@ -84,8 +84,9 @@ macro_rules! micros {
     };
 }
 
-/// An explicit `LIMIT` as large as MySQL takes: a session's `sql_select_limit` applies to every
-/// `SELECT` without one, and would cut a statement's rows short.
+/// An explicit `LIMIT` as large as MySQL takes, at the end of every `SELECT` the runtime sends
+/// there: a session's `sql_select_limit` applies to every `SELECT` without one (a table-less one
+/// too), and would cut a statement's rows short (`= 0`: return none).
 macro_rules! every_row {
     () => {
         " LIMIT 18446744073709551615"
@@ -93,7 +94,7 @@ macro_rules! every_row {
 }
 
 sql! {
-    MaxAllowedPacket = "SELECT @@max_allowed_packet AS `limit`";
+    MaxAllowedPacket = concat!("SELECT @@max_allowed_packet AS `limit`", every_row!());
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
@@ -105,7 +106,7 @@ sql! {
         "SELECT job_name, result, fingerprint, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', done_at) AS done_at_micros, \
          (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
-         FROM done_jobs WHERE key_digest = ? FOR UPDATE"
+         FROM done_jobs WHERE key_digest = ?", every_row!(), " FOR UPDATE"
     );
     // MySQL takes no `LIMIT` in an `IN` subquery, but does in `DELETE`.
     PruneLapsed = concat!(
@@ -138,26 +139,26 @@ sql! {
         "DELETE FROM outbox WHERE delivered_at <= TIMESTAMPADD(MICROSECOND, -?, ", now!(),
         ") ORDER BY delivered_at LIMIT ?"
     );
-    Counts = "SELECT \
+    Counts = concat!("SELECT \
          COUNT(CASE WHEN delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL THEN 1 END) AS pending, \
          COUNT(CASE WHEN delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL THEN 1 END) AS leased, \
          COUNT(delivered_at) AS delivered, \
          COUNT(CASE WHEN delivered_at IS NULL THEN parked_at END) AS parked \
-         FROM outbox";
-    TableExists = "SELECT COUNT(*) AS n FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_name = ? AND table_type = 'BASE TABLE'";
-    UniqueIndexOn = "SELECT COUNT(*) AS n FROM information_schema.statistics s \
+         FROM outbox", every_row!());
+    TableExists = concat!("SELECT COUNT(*) AS n FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = ? AND table_type = 'BASE TABLE'", every_row!());
+    UniqueIndexOn = concat!("SELECT COUNT(*) AS n FROM information_schema.statistics s \
          WHERE s.table_schema = DATABASE() AND s.table_name = ? AND s.non_unique = 0 \
          AND s.column_name = ? AND (SELECT COUNT(*) FROM information_schema.statistics t \
            WHERE t.table_schema = s.table_schema AND t.table_name = s.table_name \
-           AND t.index_name = s.index_name) = 1";
+           AND t.index_name = s.index_name) = 1", every_row!());
     // IGNORE: another migration (on another Galera node) may have recorded it first.
     RecordVersion = concat!(
         "INSERT IGNORE INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
-    TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired");
-    RoutineExists = "SELECT COUNT(*) AS n FROM information_schema.routines \
-         WHERE routine_schema = DATABASE() AND routine_name = ? AND routine_type = 'PROCEDURE'";
+    TakeMigrationLock = concat!("SELECT GET_LOCK(", migration_lock!(), ", ?) AS acquired", every_row!());
+    RoutineExists = concat!("SELECT COUNT(*) AS n FROM information_schema.routines \
+         WHERE routine_schema = DATABASE() AND routine_name = ? AND routine_type = 'PROCEDURE'", every_row!());
     TableNames = concat!(
         "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
@@ -213,13 +214,13 @@ sql! {
     // Whether a read outside any transaction neither joins one of the caller's nor opens one of
     // its own, which would stay open (`autocommit = 0`). MySQL cannot tell the first; there its
     // job's transaction refuses that transaction instead (`nothing_open!()`).
-    ReadsOutsideSafely = "SELECT CAST(/*M! @@in_transaction = 0 AND */ @@autocommit = 1 AS SIGNED) AS n";
+    ReadsOutsideSafely = concat!("SELECT CAST(/*M! @@in_transaction = 0 AND */ @@autocommit = 1 AS SIGNED) AS n", every_row!());
     // A transaction the session holds that Diesel does not know of. MariaDB says so
     // (`@@in_transaction`); MySQL does not, and there a session with `autocommit = 0` may hold
     // one at any time. The `/*M! ... */` parts are MariaDB's only (MySQL reads them as comments):
     // MariaDB reads `@@in_transaction = 1 OR (FALSE AND @@autocommit = 0)`, MySQL `@@autocommit = 0`.
-    SessionInTransaction = "SELECT CAST(/*M! @@in_transaction = 1 OR (FALSE AND */ @@autocommit = 0 /*M! ) */ AS SIGNED) AS n";
-    LockWaitTimeout = "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous";
+    SessionInTransaction = concat!("SELECT CAST(/*M! @@in_transaction = 1 OR (FALSE AND */ @@autocommit = 0 /*M! ) */ AS SIGNED) AS n", every_row!());
+    LockWaitTimeout = concat!("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous", every_row!());
     // Prepared, like every other statement: one round trip, where a text batch takes three on the
     // sync connection.
     SetLockWaitTimeout = "SET SESSION innodb_lock_wait_timeout = ?";
@@ -271,7 +272,8 @@ const PRIVILEGE_PROBES: &[(&str, &str, &str)] = &[
 ];
 
 /// Releases the migration lock; also what a dropped guard runs on a sync connection.
-const RELEASE_MIGRATION_LOCK: &str = concat!("SELECT RELEASE_LOCK(", migration_lock!(), ")");
+const RELEASE_MIGRATION_LOCK: &str =
+    concat!("SELECT RELEASE_LOCK(", migration_lock!(), ")", every_row!());
 
 #[derive(diesel::QueryableByName)]
 struct MaxPacket {
@@ -579,7 +581,7 @@ impl Database for MysqlDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        super::shared::recorded_version(conn).await
+        super::shared::recorded_version::<_, SchemaVersion>(conn).await
     }
 
     async fn migrate<C: Store<Db = Self>>(
@@ -664,8 +666,9 @@ impl Database for MysqlDb {
             .collect::<Vec<_>>()
             .join(", ");
         conn.text_rows(&format!(
-            "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}",
-            super::backticked(table)
+            "SELECT CAST(CONCAT_WS(', ', {row}) AS CHAR) AS `row` FROM {}{}",
+            super::backticked(table),
+            every_row!()
         ))
         .await
     }

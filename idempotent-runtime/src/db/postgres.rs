@@ -403,7 +403,7 @@ impl Database for PostgresDb {
         // ("prepared statement \"s3\" does not exist"). This is the one read that runs before
         // any transaction, when every worker migrates at start.
         crate::transaction::in_transaction(conn, async |conn| {
-            super::shared::recorded_version(conn).await
+            super::shared::recorded_version::<_, SchemaVersion>(conn).await
         })
         .await
     }

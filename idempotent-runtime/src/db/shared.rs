@@ -10,10 +10,6 @@ use crate::migrations::Version;
 use crate::sql::{Bind, Binds, SqlText, Statement, bind};
 use crate::store::{Claim, ClaimAttempt, Database, DoneRow, Lease, Store};
 
-sql! {
-    SchemaVersion = "SELECT MAX(version) AS version FROM idempotent_schema";
-}
-
 /// A claim's values, in the order of the `?`s of every database's `ClaimInsert`: `key_digest`,
 /// `job_key`, `job_name`, `fingerprint`, `claim_token`, `result`.
 pub(crate) type ClaimValues<'a> = (
@@ -83,14 +79,15 @@ where
 
 /// The version `idempotent_schema` records (0 when it holds none); `None` when the table does not
 /// exist. No lock is taken.
-pub(crate) async fn recorded_version<C: Store>(conn: &mut C) -> QueryResult<Option<i32>>
+/// `S`: the database's `SchemaVersion` (`shared_statements!`).
+pub(crate) async fn recorded_version<C: Store, S: SqlText>(conn: &mut C) -> QueryResult<Option<i32>>
 where
     Version: QueryableByName<<C::Db as Database>::Backend>,
 {
     if !C::Db::table_exists(conn, "idempotent_schema").await? {
         return Ok(None);
     }
-    let rows: Vec<Version> = conn.load(Statement::<SchemaVersion, _>::new(())).await?;
+    let rows: Vec<Version> = conn.load(Statement::<S, _>::new(())).await?;
     Ok(Some(
         rows.into_iter().next().and_then(|v| v.version).unwrap_or(0),
     ))

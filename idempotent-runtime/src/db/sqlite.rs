@@ -228,7 +228,7 @@ impl Database for SqliteDb {
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
-        super::shared::recorded_version(conn).await
+        super::shared::recorded_version::<_, SchemaVersion>(conn).await
     }
 
     async fn migrate<C: Store<Db = Self>>(
