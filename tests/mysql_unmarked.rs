@@ -458,7 +458,6 @@ fn flagged_redelivery_against_a_dirty_rewrite(
     url: &str,
     check: &mut MysqlConnection,
     setting: &str,
-    replays_committed: bool,
 ) {
     let id = unique("dirty");
     let first = deliver(
@@ -493,15 +492,10 @@ fn flagged_redelivery_against_a_dirty_rewrite(
         Some(serde_json::to_string(&committed).expect("JSON")),
         "`{setting}`: the database holds the committed value"
     );
-    let expected = match replays_committed {
-        true => Some(committed),
-        false => Some("dirty".to_owned()),
-    };
     assert_eq!(
         replay,
-        Called::Replayed(expected),
-        "`{setting}`: a flagged redelivery replayed what the database does not hold \
-         (or, for the known limit, no longer does: update docs/workers-and-brokers.md and this test)"
+        Called::Replayed(Some(committed)),
+        "`{setting}`: a flagged redelivery replayed what the database does not hold"
     );
     assert_eq!(count(check, &id, "after"), 1, "`{setting}`: one body run");
 }
@@ -517,7 +511,6 @@ fn a_flagged_redelivery_in_a_read_uncommitted_session_replays_only_committed_res
             url,
             check,
             "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED",
-            true,
         );
     });
 }
@@ -525,20 +518,17 @@ fn a_flagged_redelivery_in_a_read_uncommitted_session_replays_only_committed_res
 /// db88818's guard on the read outside a transaction checks the session's isolation
 /// (`@@tx_isolation`); `SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED` without `SESSION` sets
 /// it for the next transaction only, which the flagged redelivery's read first (an autocommit
-/// `SELECT`, the next transaction) runs in while the session variable still says
-/// REPEATABLE-READ: the read is dirty and the guard passes. The redelivery must still replay only
-/// the committed value.
-///
-/// A known limit, documented (docs/workers-and-brokers.md): this test pins it, the uncommitted
-/// value replayed, and fails the day it no longer holds.
+/// `SELECT`, the next transaction) ran in while the session variable still said REPEATABLE-READ:
+/// the read was dirty, the guard passed, and the uncommitted value was replayed (a known limit
+/// this test pinned). The question sent before the read now sets the next transaction's level to
+/// the session's own: the redelivery replays only the committed value.
 #[test]
-fn a_flagged_redelivery_after_a_one_transaction_read_uncommitted_is_the_documented_limit() {
+fn a_flagged_redelivery_after_a_one_transaction_read_uncommitted_replays_only_committed_results() {
     with_database("runext", |url, check| {
         flagged_redelivery_against_a_dirty_rewrite(
             url,
             check,
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED",
-            false,
         );
     });
 }

@@ -211,10 +211,14 @@ sql! {
     // A job's transaction, where the procedures do not open it: refused first if the session
     // holds one of its own.
     RefuseOpen = nothing_open!();
-    // Whether a read outside any transaction neither joins one of the caller's nor opens one of
-    // its own, which would stay open (`autocommit = 0`). MySQL cannot tell the first; there its
-    // job's transaction refuses that transaction instead (`nothing_open!()`).
-    ReadsOutsideSafely = concat!("SELECT CAST(/*M! @@in_transaction = 0 AND */ @@autocommit = 1 AS SIGNED) AS n", every_row!());
+    // Before a read outside any transaction: refused (1568) when the session holds a transaction,
+    // which the read would join, and (1231, no such level) when it has `autocommit = 0`, where the
+    // read would open one and leave it open. Else it sets the next transaction's isolation level,
+    // the read's, to the session's own: a `SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED` for
+    // the next transaction only, which no variable shows, would otherwise let that read see rows
+    // not committed (its guard, `read_guard!()`, reads the session's level).
+    ReadOutsideFirst = "SET /*M! @@tx_isolation = IF(@@autocommit = 1, @@SESSION.tx_isolation, 'autocommit = 0') */ \
+         /*!80000 @@transaction_isolation = IF(@@autocommit = 1, @@SESSION.transaction_isolation, 'autocommit = 0') */";
     // A transaction the session holds that Diesel does not know of. MariaDB says so
     // (`@@in_transaction`); MySQL does not, and there a session with `autocommit = 0` may hold
     // one at any time. The `/*M! ... */` parts are MariaDB's only (MySQL reads them as comments):
@@ -393,10 +397,17 @@ impl Database for MysqlDb {
     }
 
     async fn reads_outside_safely<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
-        let rows: Vec<TableCount> = conn
-            .load(Statement::<ReadsOutsideSafely, _>::new(()))
-            .await?;
-        Ok(rows.first().is_some_and(|r| r.n > 0))
+        match conn
+            .execute(Statement::<ReadOutsideFirst, _>::new(()))
+            .await
+        {
+            Ok(_) => Ok(true),
+            // Refused: a transaction open, or `autocommit = 0` (the statement's own errors).
+            Err(error @ DieselError::DatabaseError(..)) if !Self::connection_lost(&error) => {
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     fn privilege_denied(error: &DieselError) -> bool {
