@@ -793,10 +793,5 @@ async fn claim_key<S: Store>(
             ClaimAttempt::Found(_) | ClaimAttempt::Missing => {}
         }
     }
-    Err(diesel::result::Error::DatabaseError(
-        diesel::result::DatabaseErrorKind::SerializationFailure,
-        Box::new(String::from(
-            "the claimed key kept changing under the claim (pruned or renewed by other workers)",
-        )),
-    ))
+    Err(crate::retry::key_kept_changing())
 }

@@ -23,6 +23,24 @@ pub(crate) struct Retry {
     pub(crate) deadlocks: u32,
     pub(crate) lock_timeouts: u32,
     pub(crate) serialization: u32,
+    /// The claim found the key's row changing under it every turn ([`key_kept_changing`]).
+    pub(crate) changing: u32,
+}
+
+/// The error a claim gives when the key's row changed under each of its turns (pruned, or renewed
+/// by other workers): transient, retried as a serialization failure, and counted as itself.
+pub(crate) fn key_kept_changing() -> DieselError {
+    DieselError::DatabaseError(
+        diesel::result::DatabaseErrorKind::SerializationFailure,
+        Box::new(String::from(KEY_KEPT_CHANGING)),
+    )
+}
+
+const KEY_KEPT_CHANGING: &str =
+    "the claimed key kept changing under the claim (pruned or renewed by other workers)";
+
+fn is_key_kept_changing(error: &DieselError) -> bool {
+    matches!(error, DieselError::DatabaseError(_, info) if info.message() == KEY_KEPT_CHANGING)
 }
 
 impl Retry {
@@ -40,6 +58,7 @@ impl Retry {
             deadlocks: 0,
             lock_timeouts: 0,
             serialization: 0,
+            changing: 0,
         }
     }
 
@@ -47,6 +66,11 @@ impl Retry {
     /// after [`pause`](Self::pause).
     pub(crate) fn failed<D: Database>(&mut self, error: &DieselError) -> Option<Fault> {
         self.attempts += 1;
+        if is_key_kept_changing(error) {
+            // Not the database's deadlock or serialization failure, whatever it classifies it as.
+            self.changing += 1;
+            return (self.started.elapsed() < self.window).then_some(Fault::Serialization);
+        }
         let fault = D::classify(error);
         match fault {
             Fault::Busy => self.busy += 1,
@@ -60,7 +84,7 @@ impl Retry {
 
     /// Whether the window ran out (as opposed to an error that is not transient).
     pub(crate) fn exhausted<D: Database>(&self, error: &DieselError) -> bool {
-        D::classify(error).is_transient()
+        is_key_kept_changing(error) || D::classify(error).is_transient()
     }
 
     /// Waits before the next attempt, without holding anything.
@@ -94,6 +118,12 @@ impl Retry {
         if self.serialization > 0 {
             parts.push(format!("{} serialization failures", self.serialization));
         }
+        if self.changing > 0 {
+            parts.push(format!(
+                "{} times the key's row changed under the claim (pruned or renewed by other workers)",
+                self.changing
+            ));
+        }
         parts.join(", ")
     }
 }
@@ -121,4 +151,27 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
             .map_or(0, |d| d.subsec_nanos()),
     ) % (ceiling * 1000);
     Duration::from_micros(ceiling * 500 + jitter / 2)
+}
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use super::*;
+
+    /// A claim whose key kept changing under it is counted as that, not as the deadlock MySQL's
+    /// classification makes of a serialization failure ("614 deadlocks" before, for a claim that
+    /// never met one).
+    #[test]
+    fn a_key_that_kept_changing_is_not_counted_as_a_deadlock() {
+        let mut retry = Retry::new();
+        assert!(
+            retry
+                .failed::<crate::db::mysql::MysqlDb>(&key_kept_changing())
+                .is_some()
+        );
+        assert!(retry.exhausted::<crate::db::mysql::MysqlDb>(&key_kept_changing()));
+        assert_eq!(
+            retry.explain(),
+            "1 times the key's row changed under the claim (pruned or renewed by other workers)"
+        );
+    }
 }
