@@ -422,9 +422,14 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
 
 /// Whether a redelivery may read before its claim, outside any transaction
 /// ([`Database::reads_outside_safely`]); where the database cannot say, or the question fails, it
-/// does not, and the claim decides.
+/// does not, and the claim decides. Inside a transaction Diesel knows of, nothing is asked: the
+/// read is not sent there ([`replay_before_claim`]).
 async fn reads_outside_safely<S: Store>(store: &mut S) -> bool {
-    !S::Db::KNOWS_SESSION_TRANSACTION || S::Db::reads_outside_safely(store).await.unwrap_or(false)
+    if !S::Db::KNOWS_SESSION_TRANSACTION {
+        return true;
+    }
+    store.transaction_depth().is_ok_and(|depth| depth == 0)
+        && S::Db::reads_outside_safely(store).await.unwrap_or(false)
 }
 
 /// The key's committed row, when it is live and finished: what a claim would replay.
