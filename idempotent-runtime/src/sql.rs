@@ -28,6 +28,7 @@ macro_rules! sql {
             $(#[$attr])*
             pub(crate) struct $name;
 
+            $(#[$attr])*
             impl $crate::sql::SqlText for $name {
                 const SQL: &'static str = $text;
             }

@@ -209,7 +209,9 @@ macro_rules! nothing_open {
 
 sql! {
     // A job's transaction, where the procedures do not open it: refused first if the session
-    // holds one of its own.
+    // holds one of its own. Sent by the blocking connection only (the async one sends it in its
+    // text batch, `BEGIN_JOB`).
+    #[cfg(feature = "mysql")]
     RefuseOpen = nothing_open!();
     // Before a read outside any transaction: refused (1568) when the session holds a transaction,
     // which the read would join, and (1231, no such level) when it has `autocommit = 0`, where the
