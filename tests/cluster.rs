@@ -166,7 +166,6 @@ fn terminate_idle_transactions(server_port: u16) -> usize {
 /// key looked up is found, every key forgotten is gone, and no other key is. Runs on `direct`'s
 /// tables, which it migrates and then leaves empty.
 fn keys_api_through_the_pooler(bouncer: &PgBouncer, direct: &str) -> String {
-    use diesel_async::AsyncConnection as _;
     use idempotent_jobs::JobKey;
     static POOLED: idempotent_jobs::Job = idempotent_jobs::Job::new("pooled", "pooled:<n>");
     const KEYS: usize = 60;
@@ -180,19 +179,13 @@ fn keys_api_through_the_pooler(bouncer: &PgBouncer, direct: &str) -> String {
         .expect("a job");
         assert!(ran.is_ran());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(3)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = three_threads();
     let url = bouncer.url();
     let (looked_up, listed, forgot) = runtime.block_on(async {
         let connect = || async {
-            let mut conn = diesel_async::AsyncPgConnection::establish(&url)
+            idempotent_jobs::pooler::establish_async_pg(&url)
                 .await
-                .expect("through PgBouncer");
-            conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
-            conn
+                .expect("through PgBouncer")
         };
         let (mut reader, mut lister, mut forgetter) =
             (connect().await, connect().await, connect().await);
@@ -240,6 +233,7 @@ fn keys_api_through_the_pooler(bouncer: &PgBouncer, direct: &str) -> String {
         };
         tokio::join!(reading, listing, forgetting)
     });
+    let connects = connects_through_the_pooler(bouncer);
     let mut check = PgConnection::establish(direct).expect("the server");
     for n in 0..2 * KEYS {
         let there = idempotent_jobs::keys::lookup(&mut check, &key(n))
@@ -251,8 +245,115 @@ fn keys_api_through_the_pooler(bouncer: &PgBouncer, direct: &str) -> String {
         .batch_execute("DROP TABLE done_jobs, outbox, idempotent_schema")
         .expect("empty again");
     format!(
-        "{looked_up} look-ups, {listed} lists, {forgot} forgets: all succeeded, each key as it should be"
+        "{looked_up} look-ups, {listed} lists, {forgot} forgets: all succeeded, each key as it \
+         should be; {connects}"
     )
+}
+
+/// A multi-threaded tokio runtime of three worker threads, for the async clients of PgBouncer.
+fn three_threads() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(3)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Async connects through PgBouncer, twenty clients at once, three connects each: with
+/// diesel-async's `establish`, whose setup sends two named statements outside a transaction (the
+/// count of failed connects is reported, not asserted: it depends on timing), and with
+/// `pooler::establish_async_pg`, directly and as a deadpool pool's `custom_setup`, which must all
+/// connect and then run a look-up. Needs `direct`'s tables.
+fn connects_through_the_pooler(bouncer: &PgBouncer) -> String {
+    use diesel_async::AsyncConnection as _;
+    use diesel_async::pooled_connection::deadpool::Pool;
+    use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+    const CLIENTS: usize = 20;
+    const EACH: usize = 3;
+    let runtime = three_threads();
+    let url = bouncer.url();
+    let key = idempotent_jobs::JobKey::new("pooled:none");
+    runtime.block_on(async {
+        let mut plain = tokio::task::JoinSet::new();
+        for _ in 0..CLIENTS {
+            let url = url.clone();
+            plain.spawn(async move {
+                let mut errors = Vec::new();
+                for _ in 0..EACH {
+                    if let Err(e) = diesel_async::AsyncPgConnection::establish(&url).await {
+                        errors.push(e.to_string());
+                    }
+                }
+                errors
+            });
+        }
+        let mut plain_errors = Vec::new();
+        while let Some(errors) = plain.join_next().await {
+            plain_errors.extend(errors.expect("a connecting task"));
+        }
+
+        let mut wrapped = tokio::task::JoinSet::new();
+        for client in 0..CLIENTS {
+            let (url, key) = (url.clone(), key.clone());
+            wrapped.spawn(async move {
+                for n in 0..EACH {
+                    let mut conn = idempotent_jobs::pooler::establish_async_pg(&url)
+                        .await
+                        .unwrap_or_else(|e| panic!("client {client}, connect {n}: {e}"));
+                    let found = idempotent_jobs::keys::lookup_async(&mut conn, &key)
+                        .await
+                        .unwrap_or_else(|e| panic!("client {client}, connect {n}: {e}"));
+                    assert!(found.is_none(), "a key never run");
+                }
+            });
+        }
+        while let Some(done) = wrapped.join_next().await {
+            done.expect("every connect through pooler::establish_async_pg succeeds");
+        }
+
+        let mut config = ManagerConfig::default();
+        config.custom_setup =
+            Box::new(|url| Box::pin(idempotent_jobs::pooler::establish_async_pg(url)));
+        let manager =
+            AsyncDieselConnectionManager::<diesel_async::AsyncPgConnection>::new_with_config(
+                url.clone(),
+                config,
+            );
+        let pool = Pool::builder(manager)
+            .max_size(CLIENTS)
+            .build()
+            .expect("a pool");
+        let mut pooled = tokio::task::JoinSet::new();
+        for client in 0..CLIENTS {
+            let (pool, key) = (pool.clone(), key.clone());
+            pooled.spawn(async move {
+                let mut conn = pool
+                    .get()
+                    .await
+                    .unwrap_or_else(|e| panic!("pooled client {client}: {e}"));
+                let found = idempotent_jobs::keys::lookup_async(&mut *conn, &key)
+                    .await
+                    .unwrap_or_else(|e| panic!("pooled client {client}: {e}"));
+                assert!(found.is_none(), "a key never run");
+                // Hold it, so that the pool makes a connection for every client.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            });
+        }
+        while let Some(done) = pooled.join_next().await {
+            done.expect("every pooled connection made by pooler::establish_async_pg works");
+        }
+        let made = pool.status().size;
+        assert_eq!(made, CLIENTS, "the pool made a connection per client");
+
+        format!(
+            "{} connects, {CLIENTS} at once: diesel-async's establish failed {} (first: {:?}); \
+             pooler::establish_async_pg failed none of {}, nor the pool's {made}",
+            CLIENTS * EACH,
+            plain_errors.len(),
+            plain_errors.first(),
+            CLIENTS * EACH
+        )
+    })
 }
 
 /// Sync and async workers through PgBouncer in transaction pooling mode, with fewer server

@@ -54,6 +54,9 @@ pub mod keys;
 mod lifecycle;
 pub mod outbox;
 mod outcome;
+#[cfg(feature = "async-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async-postgres")))]
+pub mod pooler;
 pub mod prune;
 pub mod redelivery;
 pub mod registry;
