@@ -329,10 +329,11 @@ pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
 }
 
 async fn lookup_on<S: Store>(conn: &mut S, digest: &[u8; 32]) -> Result<Option<KeyRecord>, Error> {
+    let digest = *digest;
     let row = keys_operation(
         conn,
         ("look up a key", "looking up a key"),
-        async |conn: &mut S| S::Db::lookup_key(conn, digest).await,
+        async move |conn: &mut S| S::Db::lookup_key(conn, &digest).await,
     )
     .await?;
     Ok(row.map(KeyRecord::from_row))
@@ -349,10 +350,12 @@ async fn forget_on<S: Store>(
     // uncommitted right now (not visible yet), or renews a lapsed row, is never undone by a
     // delete that waited for its lock (MySQL's DELETE reads the latest committed row). Both in one
     // transaction, committed before this returns.
+    let digest = *digest;
     let (record, deleted) = keys_operation(
         conn,
         ("forget a key", "forgetting a key"),
-        async |conn: &mut S| {
+        async move |conn: &mut S| {
+            let digest = &digest;
             let record = S::Db::lookup_key(conn, digest).await?;
             let deleted = match &record {
                 None => false,
@@ -375,7 +378,7 @@ async fn forget_on<S: Store>(
             target: "idempotent_jobs::keys",
             job,
             key,
-            digest = %hex(digest),
+            digest = %hex(&digest),
             reason,
             "forgot a key: the job's next delivery runs it again"
         );
@@ -390,14 +393,14 @@ async fn forget_on<S: Store>(
             target: "idempotent_jobs::keys",
             job,
             key,
-            digest = %hex(digest),
+            digest = %hex(&digest),
             reason,
             "asked to forget a key whose row another run replaced meanwhile; nothing was forgotten"
         );
     } else {
         tracing::info!(
             target: "idempotent_jobs::keys",
-            digest = %hex(digest),
+            digest = %hex(&digest),
             reason,
             "asked to forget a key no committed run holds; nothing was forgotten"
         );
@@ -406,15 +409,25 @@ async fn forget_on<S: Store>(
 }
 
 async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {
-    let filter = KeyFilter {
-        job: query.job.as_deref(),
-        done_from_micros: query.done_from.map(to_micros),
-        done_before_micros: query.done_before.map(to_micros),
-        limit: i64::from(query.limit),
-    };
-    let rows = keys_operation(conn, ("list keys", "listing keys"), async |conn: &mut S| {
-        S::Db::list_keys(conn, &filter).await
-    })
+    let job = query.job.clone();
+    let (done_from_micros, done_before_micros) = (
+        query.done_from.map(to_micros),
+        query.done_before.map(to_micros),
+    );
+    let limit = i64::from(query.limit);
+    let rows = keys_operation(
+        conn,
+        ("list keys", "listing keys"),
+        async move |conn: &mut S| {
+            let filter = KeyFilter {
+                job: job.as_deref(),
+                done_from_micros,
+                done_before_micros,
+                limit,
+            };
+            S::Db::list_keys(conn, &filter).await
+        },
+    )
     .await?;
     Ok(rows.into_iter().map(KeyRecord::from_row).collect())
 }

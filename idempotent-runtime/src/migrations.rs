@@ -156,9 +156,10 @@ pub(crate) async fn run<S: Store>(
     conn: &mut S,
     lock_timeout: std::time::Duration,
 ) -> Result<(), Error> {
-    let current = crate::retry::retrying::<S, _>(async || S::Db::schema_version(conn).await)
-        .await
-        .map_err(failed("idempotent_schema"))?;
+    let current =
+        crate::retry::retrying(conn, async |conn: &mut S| S::Db::schema_version(conn).await)
+            .await
+            .map_err(failed("idempotent_schema"))?;
     let latest = latest::<S::Db>();
     if current == Some(latest) {
         return Ok(());

@@ -242,7 +242,7 @@ pub async fn unsent_async<C: crate::connection::AsyncJobStore>(
 
 async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessage>, Error> {
     let limit = i64::from(limit.max(1));
-    let rows = outside_transactions(conn, "outbox", async |conn: &mut S| {
+    let rows = outside_transactions(conn, "outbox", async move |conn: &mut S| {
         S::Db::unsent(conn, limit).await
     })
     .await
@@ -292,8 +292,9 @@ pub async fn retry_parked_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn retry_parked_on<S: Store>(conn: &mut S, message_id: Option<&str>) -> Result<usize, Error> {
-    outside_transactions(conn, "outbox", async |conn: &mut S| {
-        S::Db::retry_parked(conn, message_id).await
+    let message_id = message_id.map(str::to_owned);
+    outside_transactions(conn, "outbox", async move |conn: &mut S| {
+        S::Db::retry_parked(conn, message_id.as_deref()).await
     })
     .await
     .map_err(outbox_error::<S::Db>("retry parked outbox messages"))
@@ -338,7 +339,7 @@ async fn prune_delivered_on<S: Store>(
         .run(
             conn,
             options,
-            async |conn: &mut S, limit| S::Db::prune_delivered(conn, older_than, limit).await,
+            async move |conn: &mut S, limit| S::Db::prune_delivered(conn, older_than, limit).await,
             "prune delivered outbox messages",
         )
         .await
@@ -623,13 +624,20 @@ impl Relay {
         // A token per lease: a message whose lease lapsed and was taken by another round (of
         // another relay, or of this one) is never marked by the round that lost it.
         let owner = format!("{}:{}", self.owner, crate::key::token());
-        let lease = Lease {
-            owner: &owner,
-            lease_micros,
-            limit: i64::from(self.batch_size),
-            max_attempts: i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
-        };
-        let rows = outside_transactions(conn, "outbox", async |conn: &mut S| {
+        let (limit, max_attempts) = (
+            i64::from(self.batch_size),
+            i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
+        );
+        // The closures of the runtime's transactions own what they use (an async closure that
+        // borrows makes a future rustc cannot prove `Send` for: tests/jobs/spawnable.rs).
+        let leased_by = owner.clone();
+        let rows = outside_transactions(conn, "outbox", async move |conn: &mut S| {
+            let lease = Lease {
+                owner: &leased_by,
+                lease_micros,
+                limit,
+                max_attempts,
+            };
             S::Db::lease(conn, &lease).await
         })
         .await
@@ -668,8 +676,9 @@ impl Relay {
     ) -> Result<Settled, Error> {
         let error = match delivery {
             Delivery::Delivered => {
-                let held = outside_transactions(conn, "outbox", async |conn: &mut S| {
-                    S::Db::mark_delivered(conn, message.id, owner).await
+                let (id, owner) = (message.id, owner.to_owned());
+                let held = outside_transactions(conn, "outbox", async move |conn: &mut S| {
+                    S::Db::mark_delivered(conn, id, &owner).await
                 })
                 .await
                 .map_err(relay_error::<S::Db>)?;
@@ -689,13 +698,14 @@ impl Relay {
                 "the relay's backoff",
             )?),
         };
-        let failure = Failure {
-            id: message.id,
-            owner,
-            error: &error,
-            retry_after_micros,
-        };
-        outside_transactions(conn, "outbox", async |conn: &mut S| {
+        let (id, marked_by, reason) = (message.id, owner.to_owned(), error.clone());
+        outside_transactions(conn, "outbox", async move |conn: &mut S| {
+            let failure = Failure {
+                id,
+                owner: &marked_by,
+                error: &reason,
+                retry_after_micros,
+            };
             S::Db::mark_failed(conn, &failure).await
         })
         .await

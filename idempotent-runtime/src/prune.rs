@@ -174,7 +174,7 @@ impl Batches {
         &self,
         conn: &mut S,
         options: &Prune,
-        mut delete: impl AsyncFnMut(&mut S, i64) -> diesel::QueryResult<usize>,
+        delete: impl AsyncFn(&mut S, i64) -> diesel::QueryResult<usize> + Copy,
         asked: &'static str,
     ) -> Result<PruneReport, Error> {
         let mut report = PruneReport::default();
@@ -187,7 +187,9 @@ impl Batches {
             let limit = i64::from(options.batch_size);
             let (removed, began) = loop {
                 let own = Own::Prune { fewest_locks };
-                match outside_transactions_as(conn, self.table, own, async |conn: &mut S| {
+                // The closure owns what it uses (a copy of `delete`): an async closure that
+                // borrows makes a future rustc cannot prove `Send` (tests/jobs/spawnable.rs).
+                match outside_transactions_as(conn, self.table, own, async move |conn: &mut S| {
                     let began = Instant::now();
                     delete(conn, limit).await.map(|removed| (removed, began))
                 })

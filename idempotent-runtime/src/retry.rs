@@ -128,14 +128,16 @@ impl Retry {
     }
 }
 
-/// Runs `op` until it succeeds or fails in a way that is not transient for `S`'s database, for up
-/// to [`WINDOW`].
+/// Runs `op` on `conn` until it succeeds or fails in a way that is not transient for `S`'s
+/// database, for up to [`WINDOW`]. The connection is passed in, not captured: an async closure
+/// that borrows makes a future rustc cannot prove `Send` (tests/jobs/spawnable.rs).
 pub(crate) async fn retrying<S: Store, T>(
-    mut op: impl AsyncFnMut() -> QueryResult<T>,
+    conn: &mut S,
+    mut op: impl AsyncFnMut(&mut S) -> QueryResult<T>,
 ) -> QueryResult<T> {
     let mut retry = Retry::new();
     loop {
-        match op().await {
+        match op(conn).await {
             Err(error) if retry.failed::<S::Db>(&error).is_some() => retry.pause::<S>().await,
             result => return result,
         }

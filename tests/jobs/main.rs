@@ -42,6 +42,8 @@ mod second_run;
 #[cfg(feature = "postgres")]
 mod security;
 mod signals;
+#[cfg(feature = "async")]
+mod spawnable;
 #[cfg(all(feature = "sqlite", feature = "metrics"))]
 mod telemetry;
 mod truth;
