@@ -624,20 +624,23 @@ async fn refuse_inside_callers<'a, S: Store, R: Fn(&mut S) -> &mut S>(
     }
 }
 
-/// One attempt: `BEGIN` (with the job's savepoint), the read of a redelivery whose database reads
-/// inside the transaction, and the claim; the transaction handed over open on success, rolled back
-/// otherwise.
-async fn attempt_claim<S: Store>(
-    store: &mut S,
+/// Opens the job's transaction (with the first claim in the same flight when `together`), and
+/// refuses one the caller opened behind Diesel's back.
+async fn open_job<'a, S: Store>(
+    store: &'a mut S,
     call: &Call,
     claim: &crate::store::Claim<'_>,
-    read_inside: bool,
     together: bool,
-    retry: &Retry,
-) -> Result<(Nesting, Option<DoneRow>), Attempt> {
+) -> Result<
+    (
+        Transaction<'a, S, S, impl Fn(&mut S) -> &mut S + use<'a, S>>,
+        Nesting,
+        Option<diesel::QueryResult<ClaimAttempt>>,
+    ),
+    Attempt,
+> {
     // The common case, a first delivery with no bound on the wait: `BEGIN` and the first claim
     // go together, in one flight where the connection pipelines.
-    let together = together && !read_inside && call.in_progress.is_none();
     let (transaction, nesting, first) = match together {
         true => Transaction::begin_job_claiming(&mut *store, itself::<S>, claim)
             .await
@@ -659,7 +662,23 @@ async fn attempt_claim<S: Store>(
             Attempt::Failed(Step::Begin, error)
         }
     })?;
-    let mut transaction = refuse_inside_callers(transaction, nesting, first.as_ref()).await?;
+    let transaction = refuse_inside_callers(transaction, nesting, first.as_ref()).await?;
+    Ok((transaction, nesting, first))
+}
+
+/// One attempt: `BEGIN` (with the job's savepoint), the read of a redelivery whose database reads
+/// inside the transaction, and the claim; the transaction handed over open on success, rolled back
+/// otherwise.
+async fn attempt_claim<S: Store>(
+    store: &mut S,
+    call: &Call,
+    claim: &crate::store::Claim<'_>,
+    read_inside: bool,
+    together: bool,
+    retry: &Retry,
+) -> Result<(Nesting, Option<DoneRow>), Attempt> {
+    let together = together && !read_inside && call.in_progress.is_none();
+    let (mut transaction, nesting, first) = open_job(store, call, claim, together).await?;
     let claimed = match (first, read_inside && nesting != Nesting::Savepoint) {
         (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
             .await

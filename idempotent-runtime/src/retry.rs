@@ -154,26 +154,3 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     ) % (ceiling * 1000);
     Duration::from_micros(ceiling * 500 + jitter / 2)
 }
-
-#[cfg(all(test, feature = "mysql"))]
-mod tests {
-    use super::*;
-
-    /// A claim whose key kept changing under it is counted as that, not as the deadlock MySQL's
-    /// classification makes of a serialization failure ("614 deadlocks" before, for a claim that
-    /// never met one).
-    #[test]
-    fn a_key_that_kept_changing_is_not_counted_as_a_deadlock() {
-        let mut retry = Retry::new();
-        assert!(
-            retry
-                .failed::<crate::db::mysql::MysqlDb>(&key_kept_changing())
-                .is_some()
-        );
-        assert!(retry.exhausted::<crate::db::mysql::MysqlDb>(&key_kept_changing()));
-        assert_eq!(
-            retry.explain(),
-            "1 times the key's row changed under the claim (pruned or renewed by other workers)"
-        );
-    }
-}

@@ -1146,3 +1146,26 @@ pub(crate) mod prepared {
 
 #[cfg(feature = "async-mysql")]
 async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB);
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use crate::retry::{Retry, key_kept_changing};
+
+    /// A claim whose key kept changing under it is counted as that, not as the deadlock MySQL's
+    /// classification makes of a serialization failure ("614 deadlocks" before, for a claim that
+    /// never met one).
+    #[test]
+    fn a_key_that_kept_changing_is_not_counted_as_a_deadlock() {
+        let mut retry = Retry::new();
+        assert!(
+            retry
+                .failed::<super::MysqlDb>(&key_kept_changing())
+                .is_some()
+        );
+        assert!(retry.exhausted::<super::MysqlDb>(&key_kept_changing()));
+        assert_eq!(
+            retry.explain(),
+            "1 times the key's row changed under the claim (pruned or renewed by other workers)"
+        );
+    }
+}
