@@ -135,6 +135,28 @@ pub enum Error {
         packet: u64,
     },
 
+    /// The job's key is too large for the database to take in one statement (MySQL's
+    /// `max_allowed_packet`); refused before anything was sent, so nothing ran or was committed
+    /// and the connection stays usable.
+    ///
+    /// What to do: build the key from ids, not from whole documents (the database keeps a digest
+    /// of it; the key itself is for people to read), or raise `max_allowed_packet`. Retrying does
+    /// not help.
+    #[error(
+        "job `{job}`: its key is {bytes} bytes, over the {limit} this server takes (max_allowed_packet {packet} less 64 KiB for the statement); nothing ran and nothing was committed"
+    )]
+    KeyTooLarge {
+        /// The job's name.
+        job: &'static str,
+        /// The key's size in bytes (the key itself is left out of the error: it is that large).
+        bytes: usize,
+        /// The largest key the database takes, in bytes.
+        limit: u64,
+        /// The server's limit that comes from (MySQL's `max_allowed_packet`): 64 KiB more, kept
+        /// for the statement around the key.
+        packet: u64,
+    },
+
     /// The handler's `Ok` value could not be stored as JSON that reads back as its type.
     ///
     /// What to do: make the value round-trip through serde_json (maps need string keys; a NaN
@@ -409,6 +431,24 @@ pub enum Error {
         /// serde_json's error.
         #[source]
         source: serde_json::Error,
+    },
+
+    /// An outbox message the database cannot hold whole was refused before anything was sent:
+    /// a topic longer than the table's column (MySQL: 255 characters), or a message whose job key,
+    /// topic and payload together are more than the server takes in one statement (MySQL's
+    /// `max_allowed_packet`). Nothing was recorded; the job goes on (returning the error with `?`
+    /// rolls it back whole) and the connection stays usable.
+    ///
+    /// What to do: a shorter topic; a smaller payload (an id the receiver looks the rest up by),
+    /// or a larger `max_allowed_packet`. Retrying does not help.
+    #[error(
+        "outbox message \"{topic}\" was not recorded: {why}; nothing was recorded, and retrying does not help"
+    )]
+    OutboxMessageRefused {
+        /// The message's topic (its first 255 characters when it was too long).
+        topic: String,
+        /// What the database cannot hold.
+        why: String,
     },
 
     /// A statement of the outbox or its relay failed, and changed nothing: a push inside a job

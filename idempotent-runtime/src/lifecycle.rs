@@ -135,6 +135,9 @@ where
     {
         return Ok(Outcome::Replayed(value));
     }
+    if let Err(error) = key_fits(reach(conn), call).await {
+        return Err(call.failed(error).into());
+    }
     // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
     // result is recorded by every run, and the claim marks the row unfinished until then.
     let stores_result = std::mem::size_of::<T>() != 0;
@@ -189,6 +192,22 @@ where
             call.finished(Ending::Ran);
             Ok(Outcome::Ran(value))
         }
+    }
+}
+
+/// Refuses, before anything is sent, a key larger than the database takes in the claim's statement
+/// (where the server would close the connection under the claim, on every retry).
+async fn key_fits<S: Store>(store: &mut S, call: &Call) -> Result<(), Error> {
+    let bytes = call.key_text.len();
+    match S::Db::too_large_for_a_statement(store, bytes).await {
+        Ok(None) => Ok(()),
+        Ok(Some(limit)) => Err(Error::KeyTooLarge {
+            job: call.job.name(),
+            bytes,
+            limit: limit.largest,
+            packet: limit.packet,
+        }),
+        Err(error) => Err(call.database::<S::Db>(Step::Begin, error)),
     }
 }
 
@@ -452,7 +471,7 @@ async fn record<S: Store>(
         return Ok(());
     }
     if let Some(json) = json {
-        let limit = S::Db::result_too_large(store, json.len())
+        let limit = S::Db::too_large_for_a_statement(store, json.len())
             .await
             .map_err(|e| call.database::<S::Db>(Step::Record, e))?;
         if let Some(limit) = limit {

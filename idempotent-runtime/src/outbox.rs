@@ -165,7 +165,10 @@ fn message_id(digest: &[u8; 32], run: &[u8; 16], topic: &str, position: u32) -> 
 /// Call it from a job's body, with the body's connection. Outside a job there is no transaction to
 /// join and no key to derive the id from ([`Error::OutboxOutsideJob`]); on another connection the
 /// message would commit on its own, whatever becomes of the job
-/// ([`Error::OutboxOnAnotherConnection`]).
+/// ([`Error::OutboxOnAnotherConnection`]). A message the database cannot hold whole is refused
+/// before anything is sent ([`Error::OutboxMessageRefused`]): on MySQL a topic longer than 255
+/// characters, or a job key, topic and payload larger together than `max_allowed_packet` less
+/// 64 KiB.
 pub fn push<C, T>(conn: &mut C, topic: &str, payload: &T) -> Result<String, Error>
 where
     C: crate::connection::JobStore,
@@ -205,6 +208,7 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
         topic: topic.to_owned(),
         source,
     })?;
+    refuse_what_would_not_fit(conn, topic, &payload, &job.key_text).await?;
     let id = message_id(&job.digest, job.run(), topic, job.next_push());
     S::Db::push(
         conn,
@@ -218,6 +222,43 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
     .await
     .map_err(failed::<S::Db>)?;
     Ok(id)
+}
+
+/// Refuses, before anything is sent, a message the database would not hold whole: a topic longer
+/// than its column (where a session's non-strict `sql_mode` would cut it short, and the relay
+/// deliver it to another topic), or values larger than one statement takes (where the server
+/// would close the connection under the job).
+async fn refuse_what_would_not_fit<S: Store>(
+    conn: &mut S,
+    topic: &str,
+    payload: &str,
+    key_text: &str,
+) -> Result<(), Error> {
+    if let Some(max) = S::Db::MAX_TOPIC_CHARS {
+        let chars = topic.chars().count();
+        if chars > max {
+            return Err(Error::OutboxMessageRefused {
+                topic: topic.chars().take(max).collect(),
+                why: format!(
+                    "its topic is {chars} characters, over the {max} this database's outbox table holds"
+                ),
+            });
+        }
+    }
+    let bytes = key_text.len() + topic.len() + payload.len();
+    match S::Db::too_large_for_a_statement(conn, bytes)
+        .await
+        .map_err(failed::<S::Db>)?
+    {
+        None => Ok(()),
+        Some(limit) => Err(Error::OutboxMessageRefused {
+            topic: topic.to_owned(),
+            why: format!(
+                "its job key, topic and payload are {bytes} bytes, over the {} this server takes (max_allowed_packet {} less 64 KiB for the statement)",
+                limit.largest, limit.packet
+            ),
+        }),
+    }
 }
 
 /// Messages not yet delivered and not parked (waiting, being delivered, or backing off after a

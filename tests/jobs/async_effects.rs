@@ -351,3 +351,76 @@ where
         );
     });
 }
+
+/// An async job that pushes `bytes` characters of payload to any topic.
+#[idempotent_job(key = "notify-any:<id>", name = "notify_any")]
+async fn notify_any_async<C: AsyncTestConn>(
+    conn: &mut C,
+    id: &str,
+    topic: &str,
+    bytes: usize,
+) -> Result<String, TestError> {
+    Ok(outbox::push_async(conn, topic, &"p".repeat(bytes)).await?)
+}
+
+/// `outbox_faults::what_the_database_cannot_hold_is_refused_whole` through an async connection:
+/// on MariaDB (a session with a non-strict `sql_mode`) a 300-character topic and a 20 MiB key are
+/// refused before anything is sent, and the connection runs the next job; elsewhere both are
+/// stored whole.
+pub fn what_the_database_cannot_hold_is_refused_whole_async<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    let mysql = B::SERVER == crate::harness::Server::Mysql;
+    runtime.block_on(async {
+        if mysql {
+            conn.execute_sql("SET SESSION sql_mode = ''").await.unwrap();
+        }
+        let long_topic = "t".repeat(300);
+        let huge_key = "k".repeat(20 << 20);
+        let long = notify_any_async(&mut conn, "long-topic", &long_topic, 10).await;
+        let keyed = notify_any_async(&mut conn, &huge_key, "small", 1).await;
+        notify_any_async(&mut conn, "after", "small", 1)
+            .await
+            .expect("a job on the same connection after those");
+        let mut topics = Vec::new();
+        Relay::new()
+            .drain_async(&mut conn, async |message| {
+                topics.push(message.topic().to_owned());
+                Ok::<_, String>(())
+            })
+            .await
+            .unwrap();
+        if mysql {
+            assert!(
+                matches!(
+                    long,
+                    Err(TestError::Idempotent(
+                        idempotent_jobs::Error::OutboxMessageRefused { .. }
+                    ))
+                ),
+                "{long:?}"
+            );
+            assert!(
+                matches!(
+                    keyed,
+                    Err(TestError::Idempotent(
+                        idempotent_jobs::Error::KeyTooLarge { .. }
+                    ))
+                ),
+                "{:?}",
+                keyed.map_err(|e| e.to_string().chars().take(300).collect::<String>())
+            );
+            assert_eq!(topics, ["small"]);
+            assert_eq!(conn.count_done().await.unwrap(), 1);
+        } else {
+            long.expect("a long topic");
+            keyed.expect("a large key");
+            assert_eq!(topics, [long_topic.as_str(), "small", "small"]);
+            assert_eq!(conn.count_done().await.unwrap(), 3);
+        }
+    });
+}

@@ -330,6 +330,12 @@ macro_rules! async_tests {
             }
 
             #[test]
+            fn what_the_database_cannot_hold_is_refused_whole_async() {
+                async_effects::what_the_database_cannot_hold_is_refused_whole_async::<$backend, _>(
+                );
+            }
+
+            #[test]
             fn failed_async_job_leaves_no_message() {
                 async_effects::failed_async_job_leaves_no_message::<$backend, _>();
             }
@@ -384,6 +390,12 @@ macro_rules! effects_tests {
             #[test]
             fn two_relays_deliver_no_message_twice() {
                 effects::two_relays_deliver_no_message_twice::<$backend, _>();
+            }
+
+            #[test]
+            fn what_the_database_cannot_hold_is_refused_whole() {
+                crate::outbox_faults::what_the_database_cannot_hold_is_refused_whole::<$backend, _>(
+                );
             }
 
             #[test]

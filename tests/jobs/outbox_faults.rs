@@ -437,3 +437,141 @@ where
         "the delay from push to delivery is recorded"
     );
 }
+
+/// A job that pushes `bytes` characters of payload to any topic.
+#[idempotent_jobs::idempotent_job(key = "notify-any:<id>", name = "notify_any")]
+fn notify_any<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    topic: &str,
+    bytes: usize,
+) -> Result<String, TestError> {
+    Ok(outbox::push(conn, topic, &"p".repeat(bytes))?)
+}
+
+/// A job that stores nothing and does nothing: only its key matters.
+#[idempotent_jobs::idempotent_job(key = "plain:<id>", name = "plain_key")]
+fn plain_key<C: TestConn>(conn: &mut C, id: &str) -> Result<(), TestError> {
+    let _ = (conn, id);
+    Ok(())
+}
+
+/// Whether `result` is the refusal of an outbox message, with `why` in its reason.
+fn refused<T: std::fmt::Debug>(result: Result<T, TestError>, why: &str) {
+    match result {
+        Err(TestError::Idempotent(error @ Error::OutboxMessageRefused { .. })) => {
+            assert!(error.to_string().contains(why), "{error}");
+            assert!(!error.is_retryable(), "{error}");
+        }
+        other => panic!("expected OutboxMessageRefused ({why}), got {other:?}"),
+    }
+}
+
+/// A job key or an outbox message the database cannot hold whole is refused before anything is
+/// sent, with an error that says so, loses nothing, and leaves the connection usable. Before, on
+/// MariaDB, a topic of 300 characters was cut to 255 by a session's non-strict `sql_mode` (a
+/// user's own setting) and delivered to that other topic; a payload or a key of 20 MiB made the
+/// server close the connection under the job ("retrying is safe and can succeed" for the payload,
+/// and every later job on the connection failed). On PostgreSQL and SQLite both are stored and
+/// delivered whole. The bound the errors name is the real one: a message and a key of exactly
+/// that many bytes go through, one byte more is refused.
+pub fn what_the_database_cannot_hold_is_refused_whole<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let mysql = B::SERVER == harness::Server::Mysql;
+    if mysql {
+        B::execute(&mut conn, "SET SESSION sql_mode = ''");
+    }
+    let long_topic = "t".repeat(300);
+    let huge = 20 << 20;
+    let huge_key = "k".repeat(huge);
+    let long = notify_any(&mut conn, "long-topic", &long_topic, 10);
+    let big = notify_any(&mut conn, "big-payload", "big", huge);
+    let keyed = plain_key(&mut conn, &huge_key);
+    notify_any(&mut conn, "after", "small", 1).expect("a job on the same connection after those");
+    let mut delivered = Vec::new();
+    Relay::new()
+        .drain(&mut conn, |message| {
+            delivered.push((message.topic().to_owned(), message.payload_json().len()));
+            Ok::<_, String>(())
+        })
+        .expect("a relay");
+    if mysql {
+        refused(long, "its topic is 300 characters, over the 255");
+        refused(big, "max_allowed_packet");
+        match keyed {
+            Err(TestError::Idempotent(error @ Error::KeyTooLarge { .. })) => {
+                let message = error.to_string();
+                assert!(
+                    message.contains(&format!("{} bytes", huge + "plain:".len())),
+                    "{message}"
+                );
+                assert!(
+                    message.len() < 1_000,
+                    "the key is left out of its error: {message}"
+                );
+                assert!(!error.is_retryable());
+            }
+            other => panic!("expected KeyTooLarge, got {other:?}"),
+        }
+        assert_eq!(
+            delivered,
+            [("small".to_owned(), 3)],
+            "only what was pushed whole"
+        );
+        assert_eq!(
+            B::count_done(&mut conn),
+            1,
+            "only the job after them committed"
+        );
+    } else {
+        long.expect("a long topic");
+        big.expect("a large payload");
+        keyed.expect("a large key");
+        assert_eq!(
+            delivered,
+            [
+                (long_topic, 12),
+                ("big".to_owned(), huge + 2),
+                ("small".to_owned(), 3)
+            ],
+            "every message whole"
+        );
+        assert_eq!(B::count_done(&mut conn), 4);
+        return;
+    }
+    // At the bound: the key, topic and payload of a message (the payload's JSON is its characters
+    // and two quotes), and a key, of exactly the named number of bytes go through.
+    let packet = u64::try_from(B::query_i64(
+        &mut conn,
+        "SELECT CAST(@@max_allowed_packet AS SIGNED) AS n",
+    ))
+    .expect("a size");
+    let largest = usize::try_from(packet - 64 * 1024).expect("a size");
+    let payload = largest - "notify-any:edge".len() - "edge".len() - 2;
+    notify_any(&mut conn, "edge", "edge", payload).expect("a message at the bound");
+    refused(
+        notify_any(&mut conn, "over", "edge", payload + 1),
+        &format!("are {} bytes, over the {largest}", largest + 1),
+    );
+    let key = "k".repeat(largest - "plain:".len());
+    plain_key(&mut conn, &key).expect("a key at the bound");
+    match plain_key(&mut conn, &format!("{key}k")) {
+        Err(TestError::Idempotent(Error::KeyTooLarge { bytes, limit, .. })) => {
+            assert_eq!((bytes, limit), (largest + 1, largest as u64));
+        }
+        other => panic!("expected KeyTooLarge, got {other:?}"),
+    }
+    assert_eq!(B::count_done(&mut conn), 3, "and nothing over it");
+    assert_eq!(
+        B::query_i64(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM outbox WHERE topic = 'edge'"
+        ),
+        1
+    );
+}

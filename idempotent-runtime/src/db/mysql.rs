@@ -32,8 +32,8 @@ use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
 use crate::sql::{Statement, bind};
 use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Nesting, ResultLimit, Store,
-    Unfinished,
+    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Nesting, StatementLimit,
+    Store, Unfinished,
 };
 
 /// MySQL and MariaDB (features `mysql`, `async-mysql`).
@@ -234,8 +234,9 @@ sql! {
     ReadCommittedNext = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
 }
 
-/// What `max_allowed_packet` must hold beside a result: the statement that records it, the key's
-/// digest and the keep (a few hundred bytes), with room to spare for the protocol's framing.
+/// What `max_allowed_packet` must hold beside the values a statement carries (a result, a key, an
+/// outbox message's key, topic and payload): the statement's text and its other values (a few
+/// hundred bytes, a job name of at most 1 KiB), with room to spare for the protocol's framing.
 const STATEMENT_ROOM: u64 = 64 * 1024;
 
 /// Statements whose `EXPLAIN` needs the privileges a worker needs, by privilege and table.
@@ -520,11 +521,15 @@ impl Database for MysqlDb {
         }
     }
 
-    async fn result_too_large<C: Store<Db = Self>>(
+    // `outbox.topic` is `VARCHAR(255)`: a longer topic is refused, not cut short by a session's
+    // non-strict `sql_mode` and delivered to another topic.
+    const MAX_TOPIC_CHARS: Option<usize> = Some(255);
+
+    async fn too_large_for_a_statement<C: Store<Db = Self>>(
         conn: &mut C,
         bytes: usize,
-    ) -> QueryResult<Option<ResultLimit>> {
-        // Every server accepts at least 1 MiB; only a larger result costs the look-up.
+    ) -> QueryResult<Option<StatementLimit>> {
+        // Every server accepts at least 1 MiB; only larger values cost the look-up.
         if bytes < 1 << 20 {
             return Ok(None);
         }
@@ -533,7 +538,7 @@ impl Database for MysqlDb {
             .first()
             .map_or(0, |r| u64::try_from(r.limit).unwrap_or(0));
         let largest = packet.saturating_sub(STATEMENT_ROOM);
-        Ok((bytes as u64 > largest).then_some(ResultLimit { largest, packet }))
+        Ok((bytes as u64 > largest).then_some(StatementLimit { largest, packet }))
     }
 
     async fn claim<C: Store<Db = Self>>(

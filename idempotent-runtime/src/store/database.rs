@@ -32,13 +32,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
-    /// The largest result the database takes, and the limit that comes from, when a result of
-    /// `bytes` is larger; `None` when it fits.
+    /// The most characters an outbox topic may have, where the table bounds it.
     #[doc(hidden)]
-    fn result_too_large<C: Store<Db = Self>>(
+    const MAX_TOPIC_CHARS: Option<usize> = None;
+
+    /// The most bytes of values (a result, a key, an outbox message) the database takes in one
+    /// statement, and the limit that comes from, when `bytes` is more; `None` when they fit.
+    #[doc(hidden)]
+    fn too_large_for_a_statement<C: Store<Db = Self>>(
         conn: &mut C,
         bytes: usize,
-    ) -> impl Future<Output = QueryResult<Option<ResultLimit>>> + Send {
+    ) -> impl Future<Output = QueryResult<Option<StatementLimit>>> + Send {
         let _ = (conn, bytes);
         async { Ok(None) }
     }

@@ -51,10 +51,11 @@ impl DoneRow {
     }
 }
 
-/// The largest result a database takes in the statement that records it.
+/// The most bytes of values (a result, a key, an outbox message) a database takes in one
+/// statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResultLimit {
-    /// The largest result, in bytes of JSON.
+pub struct StatementLimit {
+    /// The most bytes of values, beside the statement around them.
     pub largest: u64,
     /// The server's own limit on one statement it comes from (MySQL's `max_allowed_packet`).
     pub packet: u64,
