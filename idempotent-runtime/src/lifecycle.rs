@@ -162,13 +162,14 @@ where
             call.finished(Ending::Panicked);
             resume_unwind(panic)
         }
-        Ok(Produced::Failed(error)) => {
-            if job.end_unfinished().await {
-                return Err(call.failed(ended_in_body(call)).into());
+        Ok(Produced::Failed(error)) => match job.end_unfinished().await {
+            Ended::RolledBack => {
+                call.finished(Ending::Failed);
+                Err(error)
             }
-            call.finished(Ending::Failed);
-            Err(error)
-        }
+            Ended::CommittedInBody => Err(call.failed(ended_in_body(call)).into()),
+            Ended::NoRollback => Err(call.failed(cannot_roll_back(call)).into()),
+        },
         Ok(Produced::Ran(_, Err(error))) => Err(job.fail_after_body(error).await.into()),
         Ok(Produced::Replayed(Err(error))) => {
             job.transaction.rollback().await;
@@ -273,8 +274,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// had committed the claim itself, that is the error.
     async fn fail_after_body(&mut self, error: Error) -> Error {
         let error = match self.end_unfinished().await {
-            true => ended_in_body(self.call),
-            false => error,
+            Ended::RolledBack => error,
+            Ended::CommittedInBody => ended_in_body(self.call),
+            Ended::NoRollback => cannot_roll_back(self.call),
         };
         self.call.failed(error)
     }
@@ -282,25 +284,49 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// Ends a job's transaction that will not commit (its body failed or panicked, or a step
     /// after the body did): rolls it back when it is still the job's own; when it is not (a
     /// statement of the body ended or replaced it), ends whatever is open and takes back this
-    /// run's claim, in case the body committed it. Whether the body had committed it (and so its
-    /// work before that statement).
-    async fn end_unfinished(&mut self) -> bool {
+    /// run's claim, in case the body committed it; on a connection that cannot roll back, takes
+    /// the claim back too.
+    async fn end_unfinished(&mut self) -> Ended {
+        let committed = |taken| match taken {
+            true => Ended::CommittedInBody,
+            false => Ended::RolledBack,
+        };
         if self.nesting == Nesting::Savepoint {
             // Only the rollback to Diesel's savepoint can tell whether the caller's transaction is
             // still there.
             if self.transaction.rollback_to_savepoint().await {
-                return false;
+                return self.after_rollback(false).await;
             }
-            return take_back_after_callers_end(self.transaction.store(), self.call).await;
+            return committed(
+                take_back_after_callers_end(self.transaction.store(), self.call).await,
+            );
         }
         if crate::transaction::unbalanced(self.transaction.store()).is_none()
             && self.transaction.still_own(self.nesting).await
         {
             self.transaction.rollback().await;
-            return false;
+            return self.after_rollback(true).await;
         }
         self.transaction.abort_job(self.nesting).await;
-        take_back_claim(self.transaction.store(), self.call).await
+        committed(take_back_claim(self.transaction.store(), self.call).await)
+    }
+
+    /// After a rollback the database reported done: on a connection that has no rollback, the
+    /// claim is taken back (in a transaction of its own when `own`, else in the caller's).
+    async fn after_rollback(&mut self, own: bool) -> Ended {
+        let store = self.transaction.store();
+        if S::Db::rolls_back(store).await.unwrap_or(true) {
+            return Ended::RolledBack;
+        }
+        let call = self.call;
+        if own {
+            take_back_claim(store, call).await;
+        } else if let Err(error) =
+            S::Db::take_back(store, &call.digest, call.context.claim_token()).await
+        {
+            tracing::error!(%error, "taking back the claim of a job that could not be rolled back failed; the next delivery may replay it");
+        }
+        Ended::NoRollback
     }
 
     /// The job's transaction turned out not to be its own at the commit: nothing the runtime did
@@ -380,6 +406,26 @@ async fn take_back_in_own_transaction<S: Store>(
             transaction.rollback().await;
             Err(error)
         }
+    }
+}
+
+/// How a job's transaction that will not commit ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Rolled back: nothing of the job is in the database.
+    RolledBack,
+    /// A statement of the body had committed it (its work before that statement); the claim was
+    /// taken back.
+    CommittedInBody,
+    /// The connection cannot roll back: what the body wrote may be in the database; the claim
+    /// was taken back.
+    NoRollback,
+}
+
+fn cannot_roll_back(call: &Call) -> Error {
+    Error::CannotRollBack {
+        job: call.job.name(),
+        key: call.key_text.clone(),
     }
 }
 

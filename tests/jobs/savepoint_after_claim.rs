@@ -1221,3 +1221,71 @@ mod asynchronous {
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 }
+
+/// Writes 200 rows of 4,000 characters: more than a page cache of 2 pages holds, so SQLite spills
+/// the transaction's pages to the file before it ends.
+const SPILL: &str = "INSERT INTO sac_effects (id, tag) SELECT 'pad', printf('%.4000c', 'x') FROM \
+     (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) SELECT i FROM n)";
+
+/// A connection with `journal_mode = OFF` has no rollback (SQLite: "the ROLLBACK command no longer
+/// works; it behaves in an undefined way"): a job whose body failed or panicked there cannot be
+/// undone. The call says so (`Error::CannotRollBack`: what the body wrote may be in the
+/// database), and the claim is taken back, so the next delivery runs the job. Before: the body's
+/// own error came back (which says nothing was committed) while the claim stayed committed, and
+/// every later delivery of the key replayed a job that never finished (a unit job's replay is
+/// `()`; a value job's said it was unfinished for ever). The same bodies with a journal roll
+/// back whole, the claim with them.
+#[test]
+fn a_connection_that_cannot_roll_back_says_so_and_frees_the_key() {
+    let mut wrong = Vec::new();
+    for journal in ["OFF", "DELETE", "MEMORY"] {
+        for kind in [Kind::Unit, Kind::Value, Kind::Kept] {
+            for end in [End::Err, End::Panic] {
+                let db = fresh_db();
+                let mut conn = db.connect();
+                conn.batch_execute(&format!(
+                    "PRAGMA journal_mode = {journal}; PRAGMA cache_size = 2"
+                ))
+                .expect("the settings");
+                let id = harness::unique_name("nojournal");
+                let case = format!("journal {journal}, {kind:?}, {end:?}");
+                let called = deliver(
+                    &mut conn,
+                    kind,
+                    &id,
+                    SPILL,
+                    end,
+                    WhileInProgress::Wait,
+                    false,
+                );
+                let expected = match (journal, end) {
+                    ("OFF", End::Err) => "CannotRollBack",
+                    (_, End::Err) => "Declined",
+                    (_, End::Panic | End::Ok) => "Panicked",
+                };
+                let reported = match &called {
+                    Called::Failed(message) if message.contains("journal_mode = OFF") => {
+                        "CannotRollBack"
+                    }
+                    Called::Declined => "Declined",
+                    Called::Panicked => "Panicked",
+                    _ => "something else",
+                };
+                if reported != expected {
+                    wrong.push(format!("{case}: {called:?}, expected {expected}"));
+                }
+                if let Some(record) = claim(&db, kind.prefix(), &id) {
+                    wrong.push(format!("{case}: the claim stayed: {record:?}"));
+                }
+                if journal != "OFF" && count(&mut conn, "pad", &"x".repeat(4000)) != 0 {
+                    wrong.push(format!("{case}: the body's rows stayed"));
+                }
+                let again = clean(&mut conn, kind, &id);
+                if !matches!(again, Called::Ran(_)) || !finished(&db, kind, &id) {
+                    wrong.push(format!("{case}: the next delivery: {again:?}"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

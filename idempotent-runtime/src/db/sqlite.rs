@@ -104,6 +104,7 @@ sql! {
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
+    JournalMode = "SELECT journal_mode AS name FROM pragma_journal_mode";
     TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name";
     TableColumns = "SELECT name AS name FROM pragma_table_info(?) ORDER BY cid";
     // A primary key or a unique index whose only column is the one asked for.
@@ -136,6 +137,13 @@ fn later(micros: Option<i64>) -> crate::sql::Twice<Nullable<BigInt>, Option<i64>
 impl Database for SqliteDb {
     shared_methods!();
     migration_steps!("sqlite");
+
+    async fn rolls_back<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+        let modes: Vec<super::Name> = conn.load(Statement::<JournalMode, _>::new(())).await?;
+        Ok(!modes
+            .iter()
+            .any(|mode| mode.name.eq_ignore_ascii_case("off")))
+    }
 
     /// The busy timeout bounds the wait for the write lock, and goes back to the usual one as soon
     /// as the lock is held, for the commit.

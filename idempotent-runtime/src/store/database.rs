@@ -62,6 +62,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         None
     }
 
+    /// Whether the connection can roll a transaction back: `false` for SQLite with
+    /// `journal_mode = OFF`, whose `ROLLBACK` "behaves in an undefined way". Asked only after a
+    /// job's transaction was rolled back (a failed or panicked body, a failed step after it).
+    #[doc(hidden)]
+    fn rolls_back<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        async { Ok(true) }
+    }
+
     /// Whether [`session_in_transaction`](Self::session_in_transaction) asks the server (MySQL,
     /// MariaDB) rather than answering `false`.
     #[doc(hidden)]
