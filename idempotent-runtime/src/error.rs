@@ -73,22 +73,25 @@ pub enum Error {
     },
 
     /// The job did not finish (its body returned `Err`, or a step after the body failed), and its
-    /// transaction could not be rolled back: the connection has no rollback (SQLite with
-    /// `journal_mode = OFF`, whose `ROLLBACK` "behaves in an undefined way"). What the body wrote
-    /// before it ended may be in the database; the claim was taken back, so the next delivery
+    /// transaction could not be rolled back whole: SQLite with `journal_mode = OFF` (whose
+    /// `ROLLBACK` "behaves in an undefined way"), or a MySQL table the body wrote that is not
+    /// transactional (MyISAM, Aria, MEMORY; the server's warning 1196). What the body wrote there
+    /// may be in the database; the claim was taken back (or rolled back), so the next delivery
     /// runs the job again. A body that panicked is taken back the same way, and the panic goes on.
     ///
-    /// What to do: use a journal mode that can roll back (`DELETE`, the default, `TRUNCATE`,
-    /// `PERSIST`, `MEMORY` or `WAL`) on connections that run jobs, and look at what the body
-    /// wrote. Retrying runs the job again over whatever it left.
+    /// What to do: keep a job's writes in transactional tables (InnoDB), and SQLite in a journal
+    /// mode that can roll back (`DELETE`, the default, `TRUNCATE`, `PERSIST`, `MEMORY` or `WAL`);
+    /// look at what the body wrote. Retrying runs the job again over whatever it left.
     #[error(
-        "job `{job}` (key `{key}`): the job failed and its transaction could not be rolled back: this SQLite connection runs with journal_mode = OFF, which has no rollback; what the body wrote before it failed may be in the database; the claim was taken back, so the next delivery runs the job again"
+        "job `{job}` (key `{key}`): the job failed and its transaction could not be rolled back whole: {why}; what the body wrote there may be in the database; the claim was taken back, so the next delivery runs the job again"
     )]
     CannotRollBack {
         /// The job's name.
         job: &'static str,
         /// The job's key.
         key: String,
+        /// What the database could not undo.
+        why: &'static str,
     },
 
     /// Another run of the key is in progress and the job's in-progress policy does not wait for

@@ -168,7 +168,7 @@ where
                 Err(error)
             }
             Ended::CommittedInBody => Err(call.failed(ended_in_body(call)).into()),
-            Ended::NoRollback => Err(call.failed(cannot_roll_back(call)).into()),
+            Ended::NoRollback(why) => Err(call.failed(cannot_roll_back(call, why)).into()),
         },
         Ok(Produced::Ran(_, Err(error))) => Err(job.fail_after_body(error).await.into()),
         Ok(Produced::Replayed(Err(error))) => {
@@ -276,7 +276,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         let error = match self.end_unfinished().await {
             Ended::RolledBack => error,
             Ended::CommittedInBody => ended_in_body(self.call),
-            Ended::NoRollback => cannot_roll_back(self.call),
+            Ended::NoRollback(why) => cannot_roll_back(self.call, why),
         };
         self.call.failed(error)
     }
@@ -295,7 +295,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             // Only the rollback to Diesel's savepoint can tell whether the caller's transaction is
             // still there.
             if self.transaction.rollback_to_savepoint().await {
-                return self.after_rollback(false).await;
+                return self.after_rollback(false, false).await;
             }
             return committed(
                 take_back_after_callers_end(self.transaction.store(), self.call).await,
@@ -304,8 +304,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         if crate::transaction::unbalanced(self.transaction.store()).is_none()
             && self.transaction.still_own(self.nesting).await
         {
+            let cleared = S::Db::before_rollback(self.transaction.store())
+                .await
+                .is_ok();
             self.transaction.rollback().await;
-            return self.after_rollback(true).await;
+            return self.after_rollback(true, cleared).await;
         }
         self.transaction.abort_job(self.nesting).await;
         committed(take_back_claim(self.transaction.store(), self.call).await)
@@ -313,11 +316,16 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
 
     /// After a rollback the database reported done: on a connection that has no rollback, the
     /// claim is taken back (in a transaction of its own when `own`, else in the caller's).
-    async fn after_rollback(&mut self, own: bool) -> Ended {
+    async fn after_rollback(&mut self, own: bool, cleared: bool) -> Ended {
         let store = self.transaction.store();
-        if S::Db::rolls_back(store).await.unwrap_or(true) {
-            return Ended::RolledBack;
-        }
+        let why = match S::Db::rollback_left(store, cleared).await {
+            Ok(Some(why)) => why,
+            Ok(None) => return Ended::RolledBack,
+            Err(error) => {
+                tracing::warn!(%error, "asking whether the rollback undid everything failed");
+                return Ended::RolledBack;
+            }
+        };
         let call = self.call;
         if own {
             take_back_claim(store, call).await;
@@ -326,7 +334,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         {
             tracing::error!(%error, "taking back the claim of a job that could not be rolled back failed; the next delivery may replay it");
         }
-        Ended::NoRollback
+        Ended::NoRollback(why)
     }
 
     /// The job's transaction turned out not to be its own at the commit: nothing the runtime did
@@ -417,15 +425,16 @@ enum Ended {
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,
-    /// The connection cannot roll back: what the body wrote may be in the database; the claim
-    /// was taken back.
-    NoRollback,
+    /// The rollback could not undo everything (why): what the body wrote may be in the database;
+    /// the claim was taken back.
+    NoRollback(&'static str),
 }
 
-fn cannot_roll_back(call: &Call) -> Error {
+fn cannot_roll_back(call: &Call, why: &'static str) -> Error {
     Error::CannotRollBack {
         job: call.job.name(),
         key: call.key_text.clone(),
+        why,
     }
 }
 

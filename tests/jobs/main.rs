@@ -85,6 +85,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_rollback_that_cannot_undo_the_body_is_reported_truly() {
+                crate::truth::a_rollback_that_cannot_undo_the_body_is_reported_truly::<$backend>();
+            }
+
+            #[test]
             fn statements_in_the_body_never_make_a_call_lie() {
                 crate::truth::statements_in_the_body_never_make_a_call_lie::<$backend>();
             }

@@ -792,3 +792,97 @@ fn fails<T: std::fmt::Debug>(result: Result<T, crate::handlers::TestError>) -> R
         Ok(value) => Err(format!("ran: {value:?}")),
     }
 }
+
+/// A body that writes where a rollback cannot reach, then fails: on MySQL a table that is not
+/// transactional (MyISAM: the rollback leaves its rows, with warning 1196), on SQLite a connection
+/// with `journal_mode = OFF` (no rollback). The call must not be the body's own error, which says nothing was committed: it is
+/// `Error::CannotRollBack`, naming why, the claim is not left behind, and the next delivery
+/// finishes the key. Before, on MySQL the call was `Declined` with the MyISAM row in the table; on
+/// SQLite, `Declined` with the claim committed, so every later delivery of a unit job replayed a
+/// run that never finished. On PostgreSQL every table rolls back: the body's own error, nothing
+/// left; so everywhere on a connection that rolls back whole, also after a failed statement.
+pub fn a_rollback_that_cannot_undo_the_body_is_reported_truly<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let (create, session, why) = match B::SERVER {
+        Server::Mysql => (
+            "CREATE TABLE truth_log (id VARCHAR(200)) ENGINE = MyISAM",
+            None,
+            Some("warning 1196"),
+        ),
+        Server::Sqlite => (
+            "CREATE TABLE truth_log (id TEXT)",
+            Some("PRAGMA journal_mode = OFF"),
+            Some("journal_mode = OFF"),
+        ),
+        Server::Postgres => ("CREATE TABLE truth_log (id TEXT)", None, None),
+    };
+    B::execute(&mut conn, create);
+    if let Some(session) = session {
+        B::execute(&mut conn, session);
+    }
+    let mut wrong = Vec::new();
+    for kind in [Kind::Value, Kind::Unit] {
+        let id = harness::unique_name("norollback");
+        // Two rows (SQLite's transaction stays in its page cache: a rollback that spills pages
+        // without a journal can leave the file malformed, which savepoint_after_claim.rs covers).
+        let statement = format!("INSERT INTO truth_log (id) VALUES ('{id}:1'), ('{id}:2')");
+        let result = deliver::<B>(&mut conn, kind, &id, &statement, true);
+        let mut checker = db.connect();
+        let rows = B::query_i64(
+            &mut checker,
+            &format!("SELECT COUNT(*) AS n FROM truth_log WHERE id LIKE '{id}%'"),
+        );
+        let key = JobKey::builder()
+            .text(match kind {
+                Kind::Value => "in-body:",
+                Kind::Unit => "in-unit-body:",
+            })
+            .value(&id)
+            .build()
+            .expect("one value");
+        let claim = B::keys_lookup(&mut checker, &key).expect("a look-up");
+        let reported = match (&result, why) {
+            (Err(TestError::Idempotent(error @ Error::CannotRollBack { .. })), Some(why)) => {
+                let message = error.to_string();
+                message.contains(why) && !error.is_retryable()
+            }
+            (Err(TestError::Declined), None) => rows == 0,
+            _ => false,
+        };
+        if !reported {
+            wrong.push(format!(
+                "{kind:?}: the call said {result:?}; rows left {rows}"
+            ));
+        }
+        if B::SERVER == Server::Mysql && rows != 2 {
+            wrong.push(format!("{kind:?}: the MyISAM rows: {rows}"));
+        }
+        if let Some(claim) = claim {
+            wrong.push(format!("{kind:?}: the claim was left: {claim:?}"));
+        }
+        if let Err(why) = redeliver::<B>(&db, kind, &id) {
+            wrong.push(format!("{kind:?}: {why}"));
+        }
+        // On a connection that rolls back whole, a body with a failed statement is the body's own
+        // error (or its next statement's). (A body whose *last* statement failed leaves its error
+        // in MySQL's list of warnings, which a `ROLLBACK` does not clear: mysql_procedures.rs
+        // `jobs_use_the_procedures_and_lose_nothing_without_them`, its `CALL
+        // idempotent_begin_job()` case, is that.)
+        let id = harness::unique_name("rolledback");
+        let result = deliver::<B>(
+            &mut db.connect(),
+            kind,
+            &id,
+            "INSERT INTO no_such_table VALUES (1)",
+            true,
+        );
+        // (PostgreSQL aborts the transaction at the failed statement: the body's next one fails.)
+        if !matches!(result, Err(TestError::Declined | TestError::Database(_))) {
+            wrong.push(format!(
+                "{kind:?}, a whole rollback: the call said {result:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -95,6 +95,12 @@ macro_rules! every_row {
 
 sql! {
     MaxAllowedPacket = concat!("SELECT @@max_allowed_packet AS `limit`", every_row!());
+    // A statement that uses a table clears the session's list of warnings; a `ROLLBACK` that
+    // warns nothing leaves the list as it was (the body's last statement's errors and warnings).
+    ClearWarnings = "SELECT 1 AS n FROM idempotent_schema LIMIT 0";
+    // Right after a `ROLLBACK` that followed `ClearWarnings`: its only warning is 1196, "Some
+    // non-transactional changed tables couldn't be rolled back".
+    RollbackWarnings = concat!("SELECT CAST(@@warning_count AS SIGNED) AS n", every_row!());
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
@@ -519,6 +525,25 @@ impl Database for MysqlDb {
             }
             released => released.map(drop),
         }
+    }
+
+    async fn before_rollback(conn: &mut impl Store<Db = Self>) -> QueryResult<()> {
+        let _: Vec<TableCount> = conn.load(Statement::<ClearWarnings, _>::new(())).await?;
+        Ok(())
+    }
+
+    async fn rollback_left(
+        conn: &mut impl Store<Db = Self>,
+        cleared: bool,
+    ) -> QueryResult<Option<&'static str>> {
+        if !cleared {
+            return Ok(None);
+        }
+        let warnings: Vec<TableCount> =
+            conn.load(Statement::<RollbackWarnings, _>::new(())).await?;
+        Ok(warnings.first().is_some_and(|w| w.n > 0).then_some(
+            "the body wrote to a table that is not transactional (MyISAM, Aria, MEMORY: the server's warning 1196), whose rows a rollback leaves",
+        ))
     }
 
     // `outbox.topic` is `VARCHAR(255)`: a longer topic is refused, not cut short by a session's

@@ -138,11 +138,17 @@ impl Database for SqliteDb {
     shared_methods!();
     migration_steps!("sqlite");
 
-    async fn rolls_back<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+    async fn rollback_left(
+        conn: &mut impl Store<Db = Self>,
+        _cleared: bool,
+    ) -> QueryResult<Option<&'static str>> {
         let modes: Vec<super::Name> = conn.load(Statement::<JournalMode, _>::new(())).await?;
-        Ok(!modes
+        Ok(modes
             .iter()
-            .any(|mode| mode.name.eq_ignore_ascii_case("off")))
+            .any(|mode| mode.name.eq_ignore_ascii_case("off"))
+            .then_some(
+                "this SQLite connection runs with journal_mode = OFF, which has no rollback",
+            ))
     }
 
     /// The busy timeout bounds the wait for the write lock, and goes back to the usual one as soon

@@ -62,15 +62,29 @@ pub trait Database: Sized + Send + Sync + 'static {
         None
     }
 
-    /// Whether the connection can roll a transaction back: `false` for SQLite with
-    /// `journal_mode = OFF`, whose `ROLLBACK` "behaves in an undefined way". Asked only after a
-    /// job's transaction was rolled back (a failed or panicked body, a failed step after it).
+    /// Sent just before the rollback of a job's own transaction, for [`rollback_left`]
+    /// (Self::rollback_left): MySQL clears the session's list of warnings, which a `ROLLBACK`
+    /// that warns nothing leaves as the body's last statement left it.
     #[doc(hidden)]
-    fn rolls_back<C: Store<Db = Self>>(
-        conn: &mut C,
-    ) -> impl Future<Output = QueryResult<bool>> + Send {
+    fn before_rollback(
+        conn: &mut impl Store<Db = Self>,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
         let _ = conn;
-        async { Ok(true) }
+        async { Ok(()) }
+    }
+
+    /// What the rollback just done could not undo, when it could not undo everything: SQLite
+    /// with `journal_mode = OFF` (its `ROLLBACK` "behaves in an undefined way"), a MySQL table
+    /// that is not transactional (warning 1196; known only when `cleared`, after
+    /// [`before_rollback`](Self::before_rollback)). Asked only after a job's transaction was
+    /// rolled back (a failed or panicked body, a failed step after it), as the next statement.
+    #[doc(hidden)]
+    fn rollback_left(
+        conn: &mut impl Store<Db = Self>,
+        cleared: bool,
+    ) -> impl Future<Output = QueryResult<Option<&'static str>>> + Send {
+        let _ = (conn, cleared);
+        async { Ok(None) }
     }
 
     /// Whether [`session_in_transaction`](Self::session_in_transaction) asks the server (MySQL,
