@@ -78,6 +78,9 @@ pub enum Error {
     /// transactional (MyISAM, Aria, MEMORY; the server's warning 1196). What the body wrote there
     /// may be in the database; the claim was taken back (or rolled back), so the next delivery
     /// runs the job again. A body that panicked is taken back the same way, and the panic goes on.
+    /// On MySQL it is asked only after the runtime's own `ROLLBACK` of a job's own transaction:
+    /// not for a job nested in the caller's transaction, nor for a transaction the server rolled
+    /// back itself (a deadlock); there the error is the one that ended the transaction.
     ///
     /// What to do: keep a job's writes in transactional tables (InnoDB), and SQLite in a journal
     /// mode that can roll back (`DELETE`, the default, `TRUNCATE`, `PERSIST`, `MEMORY` or `WAL`);
