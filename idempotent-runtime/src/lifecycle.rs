@@ -135,9 +135,6 @@ where
     {
         return Ok(Outcome::Replayed(value));
     }
-    if let Err(error) = key_fits(reach(conn), call).await {
-        return Err(call.failed(error).into());
-    }
     // A zero-sized result (`()`) has nothing to store: its claim is the whole record. Any other
     // result is recorded by every run, and the claim marks the row unfinished until then.
     let stores_result = std::mem::size_of::<T>() != 0;
@@ -594,6 +591,7 @@ async fn claim_or_replay<S: Store, T: JobOutput>(
     call: &Call,
     stores_result: bool,
 ) -> Result<Claimed<T>, Error> {
+    key_fits(store, call).await?;
     let read_inside = call.read_first && S::READ_FIRST_IN_TRANSACTION;
     let mut together = true;
     loop {
