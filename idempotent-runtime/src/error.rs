@@ -97,6 +97,35 @@ pub enum Error {
         why: &'static str,
     },
 
+    /// The job did not finish, its claim may have been committed (a statement of its body ended
+    /// the job's transaction, or the transaction could not be rolled back whole), and taking the
+    /// claim back failed too (the source: a lost connection, a lock held past the wait, a trigger
+    /// or privilege refusing the `DELETE`). The claim may be in the database: a job returning `()`
+    /// records nothing more than its claim, and a record after a statement that ended the
+    /// transaction may have been committed outside it, so a delivery of the key may replay a run
+    /// that did not finish, until the key is forgotten. What the body wrote may be committed too.
+    /// A body that panicked is ended the same way, and the panic goes on (the failure is logged).
+    ///
+    /// What to do: look the key up ([`keys::lookup`](crate::keys::lookup), or
+    /// `idempotent-jobs keys show`) and, if the job should run again, forget it
+    /// ([`keys::forget`](crate::keys::forget), `idempotent-jobs keys forget`); then retry. A
+    /// retry alone does not help.
+    #[error(
+        "job `{job}` (key `{key}`): the job did not finish ({ended}), and taking its claim back failed{hint}: the claim may be committed, so a delivery of the key may replay a run that did not finish; look the key up and forget it (keys::forget, or `idempotent-jobs keys forget`) before retrying",
+        hint = hint(source)
+    )]
+    ClaimNotTakenBack {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key.
+        key: String,
+        /// How the job's transaction ended, and what of it may be committed.
+        ended: String,
+        /// The database's error from the take-back.
+        #[source]
+        source: diesel::result::Error,
+    },
+
     /// Another run of the key is in progress and the job's in-progress policy does not wait for
     /// it (or waited as long as it allows); on SQLite, whose one writer locks the whole database,
     /// any job that holds the write lock counts. Nothing ran and nothing was recorded; a retry

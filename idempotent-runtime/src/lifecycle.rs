@@ -155,17 +155,18 @@ where
     };
     match produced {
         Err(panic) => {
-            job.end_unfinished().await;
+            if let Some(error) = job.end_unfinished().await.error(call) {
+                tracing::error!(%error, "the job's body panicked");
+            }
             call.finished(Ending::Panicked);
             resume_unwind(panic)
         }
-        Ok(Produced::Failed(error)) => match job.end_unfinished().await {
-            Ended::RolledBack => {
+        Ok(Produced::Failed(error)) => match job.end_unfinished().await.error(call) {
+            None => {
                 call.finished(Ending::Failed);
                 Err(error)
             }
-            Ended::CommittedInBody => Err(call.failed(ended_in_body(call)).into()),
-            Ended::NoRollback(why) => Err(call.failed(cannot_roll_back(call, why)).into()),
+            Some(ended) => Err(call.failed(ended).into()),
         },
         Ok(Produced::Ran(_, Err(error))) => Err(job.fail_after_body(error).await.into()),
         Ok(Produced::Replayed(Err(error))) => {
@@ -270,11 +271,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// A step after the body failed with `error`: the transaction ends uncommitted; when the body
     /// had committed the claim itself, that is the error.
     async fn fail_after_body(&mut self, error: Error) -> Error {
-        let error = match self.end_unfinished().await {
-            Ended::RolledBack => error,
-            Ended::CommittedInBody => ended_in_body(self.call),
-            Ended::NoRollback(why) => cannot_roll_back(self.call, why),
-        };
+        let error = self
+            .end_unfinished()
+            .await
+            .error(self.call)
+            .unwrap_or(error);
         self.call.failed(error)
     }
 
@@ -285,8 +286,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// the claim back too.
     async fn end_unfinished(&mut self) -> Ended {
         let committed = |taken| match taken {
-            true => Ended::CommittedInBody,
-            false => Ended::RolledBack,
+            Ok(true) => Ended::CommittedInBody,
+            Ok(false) => Ended::RolledBack,
+            Err(source) => Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source),
         };
         if self.nesting == Nesting::Savepoint {
             // Only the rollback to Diesel's savepoint can tell whether the caller's transaction is
@@ -301,9 +303,13 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         if crate::transaction::unbalanced(self.transaction.store()).is_none()
             && self.transaction.still_own(self.nesting).await
         {
-            let cleared = S::Db::before_rollback(self.transaction.store())
-                .await
-                .is_ok();
+            let cleared = match S::Db::before_rollback(self.transaction.store()).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(%error, "preparing to ask whether the rollback undoes everything failed; it is not asked");
+                    false
+                }
+            };
             self.transaction.rollback().await;
             return self.after_rollback(true, cleared).await;
         }
@@ -324,14 +330,19 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             }
         };
         let call = self.call;
-        if own {
-            take_back_claim(store, call).await;
-        } else if let Err(error) =
-            S::Db::take_back(store, &call.digest, call.context.claim_token()).await
-        {
-            tracing::error!(%error, "taking back the claim of a job that could not be rolled back failed; the next delivery may replay it");
+        let taken = match own {
+            true => take_back_claim(store, call).await,
+            false => S::Db::take_back(store, &call.digest, call.context.claim_token()).await,
+        };
+        match taken {
+            Ok(_) => Ended::NoRollback(why),
+            Err(source) => Ended::ClaimKept(
+                format!(
+                    "its transaction could not be rolled back whole: {why}; what the body wrote there may be in the database"
+                ),
+                source,
+            ),
         }
-        Ended::NoRollback(why)
     }
 
     /// The job's transaction turned out not to be its own at the commit: nothing the runtime did
@@ -346,29 +357,23 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 take_back_claim(self.transaction.store(), self.call).await
             }
         };
-        if taken {
-            ended_in_body(self.call)
-        } else {
-            Error::TransactionRolledBackInBody {
+        match taken {
+            Ok(true) => ended_in_body(self.call),
+            Ok(false) => Error::TransactionRolledBackInBody {
                 job: self.call.job.name(),
                 key: self.call.key_text.clone(),
-            }
+            },
+            Err(source) => claim_kept(self.call, ENDED_BEFORE_COMMIT.to_owned(), source),
         }
     }
 }
 
 /// Deletes this run's claim if it was committed (by a statement of the body), in a transaction of
 /// its own; whether there was one. Only this run's own claim (by its token): another run's is never
-/// touched. A failure is logged: the row, if committed, still reads as unfinished, and the next
-/// delivery runs the job.
-async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> bool {
-    match take_back_in_own_transaction(store, &call.digest, call.context.claim_token()).await {
-        Ok(taken) => taken,
-        Err(error) => {
-            tracing::error!(%error, "taking back the claim of a job whose transaction ended in its body failed; a committed claim reads as unfinished, and the next delivery runs the job");
-            false
-        }
-    }
+/// touched. A failure is the caller's to report ([`Error::ClaimNotTakenBack`]): the claim may be
+/// committed.
+async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<bool> {
+    take_back_in_own_transaction(store, &call.digest, call.context.claim_token()).await
 }
 
 /// [`take_back_claim`] for a job inside a caller's transaction that a statement of the body ended
@@ -377,24 +382,18 @@ async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> bool {
 /// (its `DELETE` autocommitted, its release failed, and the call said nothing was committed). Where
 /// the database says the session holds no transaction (MySQL and MariaDB), the claim is taken back
 /// by a statement of its own and a `COMMIT` (for a session with `autocommit = 0`).
-async fn take_back_after_callers_end<S: Store>(store: &mut S, call: &Call) -> bool {
+async fn take_back_after_callers_end<S: Store>(
+    store: &mut S,
+    call: &Call,
+) -> diesel::QueryResult<bool> {
     if !S::Db::KNOWS_SESSION_TRANSACTION
         || S::Db::session_in_transaction(store).await.unwrap_or(true)
     {
         return take_back_claim(store, call).await;
     }
-    match S::Db::take_back(store, &call.digest, call.context.claim_token()).await {
-        Ok(taken) => {
-            if let Err(error) = store.batch(S::Db::COMMIT).await {
-                tracing::warn!(%error, "committing the take-back of a claim outside the caller's ended transaction failed");
-            }
-            taken
-        }
-        Err(error) => {
-            tracing::error!(%error, "taking back the claim of a job whose body ended the caller's transaction failed; a committed claim reads as unfinished, and the next delivery runs the job");
-            false
-        }
-    }
+    let taken = S::Db::take_back(store, &call.digest, call.context.claim_token()).await?;
+    store.batch(S::Db::COMMIT).await?;
+    Ok(taken)
 }
 
 /// [`Database::take_back`] in a short transaction of its own (a session with `autocommit = 0`
@@ -415,7 +414,7 @@ async fn take_back_in_own_transaction<S: Store>(
 }
 
 /// How a job's transaction that will not commit ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Ended {
     /// Rolled back: nothing of the job is in the database.
     RolledBack,
@@ -425,15 +424,41 @@ enum Ended {
     /// The rollback could not undo everything (why): what the body wrote may be in the database;
     /// the claim was taken back.
     NoRollback(&'static str),
+    /// The claim may have been committed (how the transaction ended, in words), and taking it
+    /// back failed (the error).
+    ClaimKept(String, diesel::result::Error),
 }
 
-fn cannot_roll_back(call: &Call, why: &'static str) -> Error {
-    Error::CannotRollBack {
-        job: call.job.name(),
-        key: call.key_text.clone(),
-        why,
+impl Ended {
+    /// The error that replaces the job's own, unless the transaction simply rolled back.
+    fn error(self, call: &Call) -> Option<Error> {
+        match self {
+            Ended::RolledBack => None,
+            Ended::CommittedInBody => Some(ended_in_body(call)),
+            Ended::NoRollback(why) => Some(Error::CannotRollBack {
+                job: call.job.name(),
+                key: call.key_text.clone(),
+                why,
+            }),
+            Ended::ClaimKept(ended, source) => Some(claim_kept(call, ended, source)),
+        }
     }
 }
+
+fn claim_kept(call: &Call, ended: String, source: diesel::result::Error) -> Error {
+    Error::ClaimNotTakenBack {
+        job: call.job.name(),
+        key: call.key_text.clone(),
+        ended,
+        source,
+    }
+}
+
+/// [`Ended::ClaimKept`]: a statement of the body ended or replaced the job's transaction.
+const ENDED_IN_BODY: &str = "a statement of its body ended or rolled back its transaction; what the body wrote before that statement may be committed";
+
+/// [`Ended::ClaimKept`] found at the commit.
+const ENDED_BEFORE_COMMIT: &str = "a statement of its body ended or rolled back its transaction and the body returned Ok; what the body wrote before that statement, and after it, may be committed";
 
 fn ended_in_body(call: &Call) -> Error {
     Error::TransactionEndedInBody {

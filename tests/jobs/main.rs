@@ -90,6 +90,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_claim_that_cannot_be_taken_back_is_reported_truly() {
+                crate::truth::a_claim_that_cannot_be_taken_back_is_reported_truly::<$backend>();
+            }
+
+            #[test]
             fn statements_in_the_body_never_make_a_call_lie() {
                 crate::truth::statements_in_the_body_never_make_a_call_lie::<$backend>();
             }

@@ -886,3 +886,119 @@ pub fn a_rollback_that_cannot_undo_the_body_is_reported_truly<B: Backend>() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// Refuses every `DELETE` of a claim (a trigger of the operator's, a revoked privilege, a lock
+/// held past the wait): `(install, remove)`.
+fn refuse_take_backs(server: Server) -> (&'static [&'static str], &'static str) {
+    match server {
+        Server::Sqlite => (
+            &[
+                "CREATE TRIGGER refuse_take_back BEFORE DELETE ON done_jobs \
+               BEGIN SELECT RAISE(ABORT, 'the operator''s trigger refuses this delete'); END",
+            ],
+            "DROP TRIGGER refuse_take_back",
+        ),
+        Server::Postgres => (
+            &[
+                "CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'the operator''s trigger refuses this delete'; END $$",
+                "CREATE TRIGGER refuse_take_back BEFORE DELETE ON done_jobs \
+                 FOR EACH ROW EXECUTE FUNCTION refuse_delete()",
+            ],
+            "DROP TRIGGER refuse_take_back ON done_jobs",
+        ),
+        Server::Mysql => (
+            &[
+                "CREATE TRIGGER refuse_take_back BEFORE DELETE ON done_jobs FOR EACH ROW \
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the operator''s trigger refuses this delete'",
+            ],
+            "DROP TRIGGER refuse_take_back",
+        ),
+    }
+}
+
+/// A job that does not finish after its claim may have been committed (a statement of its body
+/// committed the transaction; SQLite with `journal_mode = OFF` cannot roll back) is ended by taking
+/// the claim back. When that `DELETE` fails too, the call must say the claim may be there: a unit
+/// job's claim is its whole record, so every delivery would replay a run that never finished,
+/// until the key is forgotten; and where the body's statement committed, the record after it may
+/// have been committed outside the transaction too, making a finished row of a run that did not
+/// finish. So a retry alone does not help: the call says to look the key up and forget it.
+/// Before, the call was the body's own error ("nothing committed"), `TransactionRolledBackInBody`
+/// ("nothing of it was committed; retrying is safe") or `CannotRollBack` ("the claim was taken
+/// back"), with the claim committed (on all six connection types).
+pub fn a_claim_that_cannot_be_taken_back_is_reported_truly<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let (install, remove) = refuse_take_backs(B::SERVER);
+    let mut cases = vec![("COMMIT", true, None), ("COMMIT", false, None)];
+    if B::SERVER == Server::Sqlite {
+        // More than a page cache of 2 pages holds: SQLite writes the claim's page to the file
+        // before the rollback, which (with no journal) cannot take it back.
+        B::execute(&mut db.connect(), "CREATE TABLE spill (v TEXT)");
+        cases.push((
+            "INSERT INTO spill (v) WITH RECURSIVE n(i) AS \
+             (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) \
+             SELECT hex(randomblob(2000)) FROM n",
+            true,
+            Some("PRAGMA journal_mode = OFF;;PRAGMA cache_size = 2"),
+        ));
+    }
+    let mut wrong = Vec::new();
+    for (statements, fail, session) in cases {
+        for kind in [Kind::Value, Kind::Unit] {
+            let case = format!("{kind:?}, `{statements}`, fail {fail}, {session:?}");
+            let mut conn = db.connect();
+            for sql in install {
+                B::execute(&mut conn, sql);
+            }
+            for sql in session.iter().flat_map(|s| s.split(";;")) {
+                B::execute(&mut conn, sql);
+            }
+            let id = harness::unique_name("stuck");
+            let result = deliver::<B>(&mut conn, kind, &id, statements, fail);
+            drop(conn);
+            let mut checker = db.connect();
+            B::execute(&mut checker, remove);
+            if B::SERVER == Server::Postgres {
+                B::execute(&mut checker, "DROP FUNCTION refuse_delete()");
+            }
+            let key = JobKey::builder()
+                .text(match kind {
+                    Kind::Value => "in-body:",
+                    Kind::Unit => "in-unit-body:",
+                })
+                .value(&id)
+                .build()
+                .expect("one value");
+            let claim = B::keys_lookup(&mut checker, &key).expect("a look-up");
+            let Err(TestError::Idempotent(error)) = &result else {
+                wrong.push(format!(
+                    "{case}: the call said {result:?}; the claim: {claim:?}"
+                ));
+                continue;
+            };
+            let message = error.to_string();
+            let truthful = matches!(error, Error::ClaimNotTakenBack { .. })
+                && message.contains("may be committed")
+                && !error.is_retryable()
+                && message.contains("forget");
+            if !truthful {
+                wrong.push(format!(
+                    "{case}: the call said {message} (retryable {}); the claim: {claim:?}",
+                    error.is_retryable()
+                ));
+            }
+            if claim.is_none() {
+                wrong.push(format!(
+                    "{case}: the claim was not there: the case tests nothing"
+                ));
+            }
+            // What the error says to do finishes the key.
+            B::keys_forget(&mut checker, &key).expect("a forget");
+            if let Err(why) = redeliver::<B>(&db, kind, &id) {
+                wrong.push(format!("{case}: after doing what the error says: {why}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
