@@ -105,6 +105,9 @@ pub enum Error {
     /// transaction may have been committed outside it, so a delivery of the key may replay a run
     /// that did not finish, until the key is forgotten. What the body wrote may be committed too.
     /// A body that panicked is ended the same way, and the panic goes on (the failure is logged).
+    /// Not reported where the connection failed under the job before the database could answer
+    /// whether the transaction was still the job's: an open transaction ends with its connection,
+    /// uncommitted, and the call is the error that ended it (retryable).
     ///
     /// What to do: look the key up ([`keys::lookup`](crate::keys::lookup), or
     /// `idempotent-jobs keys show`) and, if the job should run again, forget it

@@ -33,7 +33,7 @@ use crate::outcome::Outcome;
 use crate::retry::Retry;
 use crate::stats::Ending;
 use crate::store::{ClaimAttempt, Database, DoneRow, Finish, Nesting, Store};
-use crate::transaction::{Transaction, itself};
+use crate::transaction::{Ownership, Transaction, itself};
 
 impl JobCall<'_> {
     /// Runs the call on a sync connection; see [`run`](crate::run).
@@ -263,7 +263,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         }
         match self.transaction.finish_job(self.nesting).await {
             Ok(()) => Ok(()),
-            Err(Finish::NotOwn(_)) => Err(self.not_own_at_commit().await),
+            Err(Finish::NotOwn(source)) => Err(self.not_own_at_commit(source).await),
             Err(finish) => Err(finish_failed::<S>(self.call, finish)),
         }
     }
@@ -285,24 +285,34 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// run's claim, in case the body committed it; on a connection that cannot roll back, takes
     /// the claim back too.
     async fn end_unfinished(&mut self) -> Ended {
-        let committed = |taken| match taken {
+        // Where the database answered that the transaction is not the job's, a statement of the
+        // body may have committed the claim: a failed take-back leaves it. Where the connection
+        // failed, the transaction ended with it, uncommitted.
+        let committed = |taken, ownership| match taken {
             Ok(true) => Ended::CommittedInBody,
             Ok(false) => Ended::RolledBack,
-            Err(source) => Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source),
+            Err(source) if ownership == Ownership::NotOwn => {
+                Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the connection failed under a job that did not finish: its transaction ends with it, uncommitted");
+                Ended::RolledBack
+            }
         };
         if self.nesting == Nesting::Savepoint {
             // Only the rollback to Diesel's savepoint can tell whether the caller's transaction is
             // still there.
-            if self.transaction.rollback_to_savepoint().await {
+            let ownership = self.transaction.rollback_to_savepoint().await;
+            if ownership == Ownership::Own {
                 return self.after_rollback(false, false).await;
             }
             return committed(
                 take_back_after_callers_end(self.transaction.store(), self.call).await,
+                ownership,
             );
         }
-        if crate::transaction::unbalanced(self.transaction.store()).is_none()
-            && self.transaction.still_own(self.nesting).await
-        {
+        let ownership = self.transaction.ownership().await;
+        if ownership == Ownership::Own {
             let cleared = match S::Db::before_rollback(self.transaction.store()).await {
                 Ok(()) => true,
                 Err(error) => {
@@ -314,7 +324,10 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             return self.after_rollback(true, cleared).await;
         }
         self.transaction.abort_job(self.nesting).await;
-        committed(take_back_claim(self.transaction.store(), self.call).await)
+        committed(
+            take_back_claim(self.transaction.store(), self.call).await,
+            ownership,
+        )
     }
 
     /// After a rollback the database reported done: on a connection that has no rollback, the
@@ -345,9 +358,10 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         }
     }
 
-    /// The job's transaction turned out not to be its own at the commit: nothing the runtime did
-    /// was committed; the body may have committed the claim (then taken back here) or not.
-    async fn not_own_at_commit(&mut self) -> Error {
+    /// The job's transaction turned out not to be its own at the commit (`source` said so):
+    /// nothing the runtime did was committed; the body may have committed the claim (then taken
+    /// back here) or not.
+    async fn not_own_at_commit(&mut self, source: diesel::result::Error) -> Error {
         self.transaction.abort_job(self.nesting).await;
         let taken = match self.nesting {
             Nesting::Savepoint => {
@@ -363,7 +377,12 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 job: self.call.job.name(),
                 key: self.call.key_text.clone(),
             },
-            Err(source) => claim_kept(self.call, ENDED_BEFORE_COMMIT.to_owned(), source),
+            Err(error) => match Ownership::from_failure::<S::Db>(&source) {
+                Ownership::NotOwn => claim_kept(self.call, ENDED_BEFORE_COMMIT.to_owned(), error),
+                // The connection failed at the commit (inside a caller's transaction, releasing
+                // Diesel's savepoint): the transaction ended with it, uncommitted.
+                _ => self.call.database::<S::Db>(Step::Commit, source),
+            },
         }
     }
 }

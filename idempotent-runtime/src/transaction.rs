@@ -116,22 +116,35 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         finished
     }
 
-    /// Whether the job's transaction is still its own (its savepoint is there, and released
-    /// now): a statement of the body did not end or replace it. Inside a caller's transaction the
-    /// job's savepoint is Diesel's, which only the rollback can test.
-    pub(crate) async fn still_own(&mut self, nesting: Nesting) -> bool {
-        nesting == Nesting::Savepoint || S::Db::release_job(self.store()).await.is_ok()
+    /// Whether the job's own transaction (not one nested in a caller's: there the job's
+    /// savepoint is Diesel's, which only [`rollback_to_savepoint`](Self::rollback_to_savepoint)
+    /// can test) is still its own: Diesel counts one transaction, and the job's savepoint is there
+    /// (released now), so no statement of the body ended or replaced it.
+    pub(crate) async fn ownership(&mut self) -> Ownership {
+        match self.store().transaction_depth() {
+            Ok(1) => {}
+            Ok(_) => return Ownership::NotOwn,
+            Err(error) => return Ownership::from_failure::<S::Db>(&error),
+        }
+        match S::Db::release_job(self.store()).await {
+            Ok(_) => Ownership::Own,
+            Err(error) => Ownership::from_failure::<S::Db>(&error),
+        }
     }
 
-    /// Rolls back to Diesel's savepoint inside a caller's transaction; whether it was there (a
-    /// statement of the body that ended the caller's transaction took it).
-    pub(crate) async fn rollback_to_savepoint(&mut self) -> bool {
+    /// Rolls back to Diesel's savepoint inside a caller's transaction: [`Ownership::Own`] when
+    /// it was there; else whether the database said it was not (a statement of the body that
+    /// ended the caller's transaction took it) or could not be asked.
+    pub(crate) async fn rollback_to_savepoint(&mut self) -> Ownership {
         let rolled_back = self.store().rollback().await;
         self.open = false;
-        if let Err(error) = &rolled_back {
-            tracing::warn!(%error, "the caller's transaction ended in the job's body");
+        match rolled_back {
+            Ok(()) => Ownership::Own,
+            Err(error) => {
+                tracing::warn!(%error, "the caller's transaction ended in the job's body");
+                Ownership::from_failure::<S::Db>(&error)
+            }
         }
-        rolled_back.is_ok()
     }
 
     /// Ends whatever transaction the connection is in, once the job's own turned out to be gone;
@@ -402,6 +415,33 @@ pub(crate) fn unbalanced<S: Store>(store: &mut S) -> Option<diesel::result::Erro
             .into(),
         )),
         Err(error) => Some(error),
+    }
+}
+
+/// Whether a job's transaction is still its own, once its body is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ownership {
+    /// Its savepoint is there: no statement of the body ended or replaced it.
+    Own,
+    /// The database answered that it is not (the savepoint is gone, the transaction aborted, or
+    /// Diesel counts other depths): a statement of the body ended, replaced or aborted it, and may
+    /// have committed the claim.
+    NotOwn,
+    /// No answer: the connection failed (or Diesel's transaction state is broken). An open
+    /// transaction ends with its connection, uncommitted.
+    Unknown,
+}
+
+impl Ownership {
+    /// What a failed test of the transaction (releasing the job's savepoint, or Diesel's) says.
+    pub(crate) fn from_failure<D: Database>(error: &diesel::result::Error) -> Self {
+        if D::connection_lost(error)
+            || matches!(error, diesel::result::Error::BrokenTransactionManager)
+        {
+            Ownership::Unknown
+        } else {
+            Ownership::NotOwn
+        }
     }
 }
 

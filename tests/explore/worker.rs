@@ -189,6 +189,8 @@ fn error_res(error: WorkerError) -> Res {
                 e,
                 idempotent_jobs::Error::CommitOutcomeUnknown { .. }
                     | idempotent_jobs::Error::TransactionEndedInBody { .. }
+                    | idempotent_jobs::Error::ClaimNotTakenBack { .. }
+                    | idempotent_jobs::Error::CannotRollBack { .. }
             );
             Res::Error {
                 variant,
