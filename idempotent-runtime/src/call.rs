@@ -304,6 +304,9 @@ impl Call {
 
     /// Records a call that ended in `error`, and passes the error on.
     pub(crate) fn failed(&self, error: Error) -> Error {
+        if error.needs_operator() {
+            tracing::error!(%error, "the database may hold what a retry alone will not put right: look the key up");
+        }
         self.finished(match &error {
             Error::FingerprintMismatch { .. } => Ending::FingerprintMismatch,
             Error::KeyClaimedByOtherJob { .. } => Ending::KeyConflict,

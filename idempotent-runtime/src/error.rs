@@ -614,6 +614,23 @@ impl Error {
             _ => false,
         }
     }
+
+    /// Whether the database may hold something that a retry alone will not put right, so that a
+    /// person should look at the job's key: [`ClaimNotTakenBack`](Error::ClaimNotTakenBack) (a
+    /// claim of a run that did not finish may be committed),
+    /// [`CannotRollBack`](Error::CannotRollBack) (what the body wrote where a rollback cannot
+    /// reach), and
+    /// [`TransactionEndedInBody`](Error::TransactionEndedInBody) (the work before a statement of
+    /// the body that committed). The runtime logs each at `ERROR`, in the job's span (its name
+    /// and key); a worker alerts on them rather than only dead-lettering.
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            Error::ClaimNotTakenBack { .. }
+                | Error::CannotRollBack { .. }
+                | Error::TransactionEndedInBody { .. }
+        )
+    }
 }
 
 /// What to do about a database error, where there is something to say.

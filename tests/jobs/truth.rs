@@ -963,7 +963,20 @@ pub fn a_claim_that_cannot_be_taken_back_is_reported_truly<B: Backend>() {
                 B::execute(&mut conn, sql);
             }
             let id = harness::unique_name("stuck");
-            let result = deliver::<B>(&mut conn, kind, &id, statements, fail);
+            let (result, events) =
+                crate::capture::events(|| deliver::<B>(&mut conn, kind, &id, statements, fail));
+            let alerted = events.iter().any(|event| {
+                event.get("level").map(String::as_str) == Some("ERROR")
+                    && event.get("key").is_some_and(|key| key.ends_with(&id))
+                    && event
+                        .get("error")
+                        .is_some_and(|e| e.contains("may be committed"))
+            });
+            if !alerted {
+                wrong.push(format!(
+                    "{case}: no ERROR event for the operator: {events:?}"
+                ));
+            }
             drop(conn);
             let mut checker = db.connect();
             B::execute(&mut checker, remove);
@@ -989,6 +1002,7 @@ pub fn a_claim_that_cannot_be_taken_back_is_reported_truly<B: Backend>() {
             let truthful = matches!(error, Error::ClaimNotTakenBack { .. })
                 && message.contains("may be committed")
                 && !error.is_retryable()
+                && error.needs_operator()
                 && message.contains("forget");
             if !truthful {
                 wrong.push(format!(
