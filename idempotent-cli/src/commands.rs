@@ -798,13 +798,33 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
             ),
         );
     }
+    let failed = format!("{text} (database: {})", target.shown);
     if let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) {
-        return schema_failure(target, &problems);
+        // What verify found may be why the operation failed, or beside it (a table this
+        // operation does not use, a grant it does not need): the error's own account of what
+        // was and was not changed comes first, and where it changed something, its exit code.
+        let schema = schema_failure(target, &problems);
+        let message = format!("{failed}\nand verify finds: {}", schema.message);
+        return match changed_something(&error) {
+            true => Failure::new(Code::Database, message),
+            false => Failure::new(schema.code, message),
+        };
     }
-    Failure::new(
-        Code::Database,
-        format!("{text} (database: {})", target.shown),
-    )
+    Failure::new(Code::Database, failed)
+}
+
+/// Whether a failed operation says it changed the database (a prune whose earlier batches
+/// committed; a commit whose outcome is unknown).
+fn changed_something(error: &Error) -> bool {
+    match error {
+        Error::Prune {
+            removed,
+            outcome_unknown,
+            ..
+        } => *removed > 0 || *outcome_unknown,
+        Error::OutcomeUnknown { .. } => true,
+        _ => false,
+    }
 }
 
 /// An error and its causes, each once: the runtime's messages say what happened to the job, and

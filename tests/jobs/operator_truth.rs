@@ -285,6 +285,36 @@ fn a_prune_that_fails_part_way_says_how_many_it_deleted() {
     );
 }
 
+/// The same prune, on a database whose schema `verify` finds wanting for a reason of its own (the
+/// outbox table dropped: a worker that never pushes runs without it; on MySQL, schema version 3
+/// without the procedures, or an operator's role with fewer grants). The CLI ran `verify` after
+/// the failure and printed only its findings ("run migrate"), exit 4: the prune's own error, with
+/// the 21 keys it deleted, was gone. The error comes first now, with its count and its exit code
+/// (5, a database error); what `verify` found follows it.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_prune_that_fails_part_way_beside_a_schema_problem_still_says_how_many_it_deleted() {
+    use crate::backends::Sqlite;
+
+    let db = thirty_lapsed_and_a_refusal_after_21();
+    Sqlite::execute(&mut db.connect(), "DROP TABLE outbox");
+    let output = cli(db.locator(), &["prune", "--batch-size", "7", "--pace", "0"]);
+    assert_eq!(Sqlite::count_done(&mut db.connect()), 9, "21 keys deleted");
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    let said = format!("{stdout}\n{stderr}").replace(db.locator(), "<db>");
+    assert!(
+        holds_number(&said, 21) && said.contains("refused this delete") && said.contains("outbox"),
+        "the CLI deleted 21 keys, failed on a trigger, and verify finds no outbox; it said \
+         (exit {:?}):\nstdout: {stdout}\nstderr: {stderr}",
+        output.status.code()
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(5),
+        "a database error that deleted keys is not a schema failure: {stderr}"
+    );
+}
+
 // --- a forget confirmed at the prompt --------------------------------------------------------
 
 /// `keys forget` shows the key's record and asks; the operator reads it (a lapsed run of an hour
