@@ -305,7 +305,14 @@ impl Call {
     /// Records a call that ended in `error`, and passes the error on.
     pub(crate) fn failed(&self, error: Error) -> Error {
         if error.needs_operator() {
-            tracing::error!(%error, "the database may hold what a retry alone will not put right: look the key up");
+            let mut causes = String::new();
+            let mut cause = std::error::Error::source(&error);
+            while let Some(source) = cause {
+                causes.push_str(": ");
+                causes.push_str(&source.to_string());
+                cause = source.source();
+            }
+            tracing::error!(%error, causes, "the database may hold what a retry alone will not put right: look the key up");
         }
         self.finished(match &error {
             Error::FingerprintMismatch { .. } => Ending::FingerprintMismatch,

@@ -100,22 +100,29 @@ pub enum Error {
     /// The job did not finish, its claim may have been committed (a statement of its body ended
     /// the job's transaction, or the transaction could not be rolled back whole), and taking the
     /// claim back failed too (the source: a lost connection, a lock held past the wait, a trigger
-    /// or privilege refusing the `DELETE`). The claim may be in the database: a job returning `()`
-    /// records nothing more than its claim, and a record after a statement that ended the
-    /// transaction may have been committed outside it, so a delivery of the key may replay a run
-    /// that did not finish, until the key is forgotten. What the body wrote may be committed too.
+    /// or privilege refusing the `DELETE`). The claim may be in the database, and what the body
+    /// wrote too. Where `replays` (a job returning `()` records nothing more than its claim; a
+    /// result recorded after a statement that ended the transaction may have been committed
+    /// outside it) every delivery of the key replays a run that did not finish, until the key is
+    /// forgotten; elsewhere the claim reads as unfinished, and the next delivery runs the job.
     /// A body that panicked is ended the same way, and the panic goes on (the failure is logged).
     /// Not reported where the connection failed under the job before the database could answer
     /// whether the transaction was still the job's: an open transaction ends with its connection,
-    /// uncommitted, and the call is the error that ended it (retryable).
+    /// uncommitted, and the call is the error that ended it (retryable). Inside a transaction of
+    /// the caller's that is still open, the claim is in it: rolling it back undoes the claim.
     ///
-    /// What to do: look the key up ([`keys::lookup`](crate::keys::lookup), or
-    /// `idempotent-jobs keys show`) and, if the job should run again, forget it
-    /// ([`keys::forget`](crate::keys::forget), `idempotent-jobs keys forget`); then retry. A
-    /// retry alone does not help.
+    /// What to do: look at what the body wrote; where `replays`, look the key up
+    /// ([`keys::lookup`](crate::keys::lookup), or `idempotent-jobs keys show`) and, if the job
+    /// should run again, forget it ([`keys::forget`](crate::keys::forget),
+    /// `idempotent-jobs keys forget`) before retrying; elsewhere retrying runs the job again.
     #[error(
-        "job `{job}` (key `{key}`): the job did not finish ({ended}), and taking its claim back failed{hint}: the claim may be committed, so a delivery of the key may replay a run that did not finish; look the key up and forget it (keys::forget, or `idempotent-jobs keys forget`) before retrying",
-        hint = hint(source)
+        "job `{job}` (key `{key}`): the job did not finish ({ended}), and taking its claim back failed{hint}: the claim may be committed, {then}",
+        hint = hint(source),
+        then = if *replays {
+            "and while it is, every delivery of the key replays a run that did not finish: look the key up and forget it (keys::forget, or `idempotent-jobs keys forget`) before retrying"
+        } else {
+            "but it reads as unfinished: the next delivery runs the job again; retrying is safe"
+        }
     )]
     ClaimNotTakenBack {
         /// The job's name.
@@ -124,6 +131,9 @@ pub enum Error {
         key: String,
         /// How the job's transaction ended, and what of it may be committed.
         ended: String,
+        /// Whether the claim, if committed, reads as a finished run, replayed by every delivery
+        /// until the key is forgotten (else it reads as unfinished, and a retry runs the job).
+        replays: bool,
         /// The database's error from the take-back.
         #[source]
         source: diesel::result::Error,
@@ -608,6 +618,7 @@ impl Error {
             | Error::ClaimRetriesExhausted { .. }
             | Error::TransactionRolledBackInBody { .. }
             | Error::InProgress { .. } => true,
+            Error::ClaimNotTakenBack { replays, .. } => !replays,
             Error::Keys { retryable, .. }
             | Error::Prune { retryable, .. }
             | Error::Outbox { retryable, .. } => *retryable,

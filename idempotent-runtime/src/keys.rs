@@ -53,8 +53,11 @@ pub struct KeyRecord {
     /// Whether a result is stored, which a replay returns (`()` stores none).
     pub has_result: bool,
     /// Whether the run that committed the key never recorded its result: a statement of its body
-    /// ended the job's transaction early and the worker died before it could take its claim back.
-    /// The next delivery takes the key over and runs the job to completion.
+    /// ended the job's transaction early and the worker died before it could take its claim back
+    /// (or the take-back failed: [`Error::ClaimNotTakenBack`]).
+    /// The next delivery takes the key over and runs the job to completion. Only a job that
+    /// records a result has such a row: a claim of a job returning `()` is its whole record, and
+    /// one left behind reads as done, so it is forgotten by hand.
     pub unfinished: bool,
     /// Whether an input fingerprint is stored, which a replay's inputs must match.
     pub has_fingerprint: bool,

@@ -152,6 +152,7 @@ where
         transaction,
         call,
         nesting,
+        stores_result,
     };
     match produced {
         Err(panic) => {
@@ -249,6 +250,8 @@ struct JobEnd<'t, 'c, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> {
     transaction: Transaction<'t, Conn, S, R>,
     call: &'c Call,
     nesting: Nesting,
+    /// The job records a result after its body: a claim of its left behind reads as unfinished.
+    stores_result: bool,
 }
 
 impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S, R> {
@@ -288,11 +291,12 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         // Where the database answered that the transaction is not the job's, a statement of the
         // body may have committed the claim: a failed take-back leaves it. Where the connection
         // failed, the transaction ended with it, uncommitted.
+        let replays = !self.stores_result;
         let committed = |taken, ownership| match taken {
             Ok(true) => Ended::CommittedInBody,
             Ok(false) => Ended::RolledBack,
             Err(source) if ownership == Ownership::NotOwn => {
-                Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source)
+                Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source, replays)
             }
             Err(error) => {
                 tracing::warn!(%error, "the connection failed under a job that did not finish: its transaction ends with it, uncommitted");
@@ -342,6 +346,10 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 return Ended::RolledBack;
             }
         };
+        if !S::Db::PARTIAL_ROLLBACK_MAY_KEEP_THE_CLAIM {
+            // The claim's table rolled back: there is nothing to take back.
+            return Ended::NoRollback(why);
+        }
         let call = self.call;
         let taken = match own {
             true => take_back_claim(store, call).await,
@@ -354,6 +362,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                     "its transaction could not be rolled back whole: {why}; what the body wrote there may be in the database"
                 ),
                 source,
+                !self.stores_result,
             ),
         }
     }
@@ -377,8 +386,12 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 job: self.call.job.name(),
                 key: self.call.key_text.clone(),
             },
+            // The result was recorded after the body's statement: a committed row of it reads as
+            // finished, whatever the job returns.
             Err(error) => match Ownership::from_failure::<S::Db>(&source) {
-                Ownership::NotOwn => claim_kept(self.call, ENDED_BEFORE_COMMIT.to_owned(), error),
+                Ownership::NotOwn => {
+                    claim_kept(self.call, ENDED_BEFORE_COMMIT.to_owned(), error, true)
+                }
                 // The connection failed at the commit (inside a caller's transaction, releasing
                 // Diesel's savepoint): the transaction ended with it, uncommitted.
                 _ => self.call.database::<S::Db>(Step::Commit, source),
@@ -411,8 +424,15 @@ async fn take_back_after_callers_end<S: Store>(
         return take_back_claim(store, call).await;
     }
     let taken = S::Db::take_back(store, &call.digest, call.context.claim_token()).await?;
-    store.batch(S::Db::COMMIT).await?;
-    Ok(taken)
+    match store.batch(S::Db::COMMIT).await {
+        Ok(()) => Ok(taken),
+        // With nothing taken back, the COMMIT only ended the session's transaction.
+        Err(error) if !taken => {
+            tracing::warn!(%error, "committing outside the caller's ended transaction failed; no claim was there to take back");
+            Ok(false)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// [`Database::take_back`] in a short transaction of its own (a session with `autocommit = 0`
@@ -444,8 +464,8 @@ enum Ended {
     /// the claim was taken back.
     NoRollback(&'static str),
     /// The claim may have been committed (how the transaction ended, in words), and taking it
-    /// back failed (the error).
-    ClaimKept(String, diesel::result::Error),
+    /// back failed (the error); whether such a claim replays (see [`Error::ClaimNotTakenBack`]).
+    ClaimKept(String, diesel::result::Error, bool),
 }
 
 impl Ended {
@@ -459,16 +479,19 @@ impl Ended {
                 key: call.key_text.clone(),
                 why,
             }),
-            Ended::ClaimKept(ended, source) => Some(claim_kept(call, ended, source)),
+            Ended::ClaimKept(ended, source, replays) => {
+                Some(claim_kept(call, ended, source, replays))
+            }
         }
     }
 }
 
-fn claim_kept(call: &Call, ended: String, source: diesel::result::Error) -> Error {
+fn claim_kept(call: &Call, ended: String, source: diesel::result::Error, replays: bool) -> Error {
     Error::ClaimNotTakenBack {
         job: call.job.name(),
         key: call.key_text.clone(),
         ended,
+        replays,
         source,
     }
 }

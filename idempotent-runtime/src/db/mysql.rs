@@ -503,6 +503,9 @@ impl Database for MysqlDb {
 
     const KNOWS_SESSION_TRANSACTION: bool = true;
 
+    // `done_jobs` is `ENGINE = InnoDB`: warning 1196 is about the body's other tables.
+    const PARTIAL_ROLLBACK_MAY_KEEP_THE_CLAIM: bool = false;
+
     async fn session_in_transaction<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
         let rows: Vec<TableCount> = conn
             .load(Statement::<SessionInTransaction, _>::new(()))

@@ -62,6 +62,12 @@ pub trait Database: Sized + Send + Sync + 'static {
         None
     }
 
+    /// Whether a rollback that [`rollback_left`](Self::rollback_left) says could not undo
+    /// everything may have left the claim too (SQLite with `journal_mode = OFF`); on MySQL the
+    /// claim's table is InnoDB, and only the body's other tables keep their rows.
+    #[doc(hidden)]
+    const PARTIAL_ROLLBACK_MAY_KEEP_THE_CLAIM: bool = true;
+
     /// Sent just before the rollback of a job's own transaction, for [`rollback_left`]
     /// (Self::rollback_left): MySQL clears the session's list of warnings, which a `ROLLBACK`
     /// that warns nothing leaves as the body's last statement left it.
