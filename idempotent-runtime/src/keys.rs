@@ -372,7 +372,19 @@ async fn forget_on<S: Store>(
             Ok((record, deleted))
         },
     )
-    .await?;
+    .await
+    .inspect_err(|error| {
+        if let Error::OutcomeUnknown { .. } = error {
+            // The forget may be committed: the audit trail has it, with its reason.
+            tracing::warn!(
+                target: "idempotent_jobs::keys",
+                digest = %hex(&digest),
+                reason,
+                %error,
+                "may have forgotten a key: the connection failed while the forget was committing; look the key up"
+            );
+        }
+    })?;
     let (job, key) = record
         .as_ref()
         .map_or(("", ""), |r| (r.job_name.as_str(), r.job_key.as_str()));

@@ -160,8 +160,18 @@ fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
     let mut direct = db.connect();
     assert!(deliver(&mut direct, &KEPT, "kept:1", 1));
     let (proxy, mut conn) = cutting_the_next_commit(&db);
-    let forgot = keys::forget(&mut conn, &JobKey::new("kept:1"), "ticket 4711");
+    let (forgot, events) =
+        crate::capture::events(|| keys::forget(&mut conn, &JobKey::new("kept:1"), "ticket 4711"));
     assert_eq!(proxy.cuts(), 1, "the proxy cut the forget's COMMIT");
+    // The audit trail (the CLI prints these events) has the forget, and its reason, whatever the
+    // call returned: the row is gone.
+    assert!(
+        events.iter().any(|event| {
+            event.get("reason").map(String::as_str) == Some("ticket 4711")
+                && event.get("level").is_some_and(|level| level == "WARN")
+        }),
+        "no audit event for a forget the server committed: {events:?}"
+    );
     let gone = keys::lookup(&mut direct, &JobKey::new("kept:1"))
         .expect("a look-up")
         .is_none();
