@@ -692,7 +692,19 @@ impl Relay {
             let started = Instant::now();
             let delivery = attempt(deliver, &message).await;
             let delay = message.age + started.elapsed();
-            let settled = self.settle(conn, &owner, &message, delivery).await?;
+            let settled = match self.settle(conn, &owner, &message, delivery).await {
+                Ok(settled) => settled,
+                Err(error) => {
+                    release_untried(conn, &owner, message.id).await;
+                    tracing::warn!(
+                        %error,
+                        message_id = message.message_id(),
+                        delivered = report.delivered,
+                        "recording an outbox delivery failed: the round stops, and the messages it had not tried are released"
+                    );
+                    return Err(error);
+                }
+            };
             report.count(settled);
             crate::stats::delivery(
                 message.message_id(),
@@ -767,6 +779,20 @@ impl Relay {
         self.backoff
             .saturating_mul(1u32 << doublings)
             .min(self.max_backoff)
+    }
+}
+
+/// After a round's mark failed: releases what the round leased and never tried, with its attempt
+/// uncounted, so that it is not parked for an attempt that never happened once the lease lapses.
+/// A failure is logged: the lease then lapses as it would after a crash.
+async fn release_untried<S: Store>(conn: &mut S, owner: &str, tried: i64) {
+    let owner = owner.to_owned();
+    let released = outside_transactions(conn, "outbox", async move |conn: &mut S| {
+        S::Db::release_untried(conn, &owner, tried).await
+    })
+    .await;
+    if let Err(error) = released {
+        tracing::warn!(error = ?error, "releasing the outbox messages a failed round had not tried failed; their lease lapses");
     }
 }
 

@@ -437,6 +437,14 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_mark_that_fails_leaves_the_untried_messages_untried() {
+                crate::outbox_faults::a_mark_that_fails_leaves_the_untried_messages_untried::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn a_panicking_delivery_fails_alone() {
                 crate::outbox_faults::a_panicking_delivery_fails_alone::<$backend, _>();
             }

@@ -214,6 +214,93 @@ where
     );
 }
 
+/// A relay round leases a batch (each message's attempt counted at the lease) and marks each
+/// delivery as it goes. When a mark fails (a trigger here; a lock wait, a busy database), the
+/// round stops with the error, and the messages after it had their attempt counted but were never
+/// handed to the delivery: before, they stayed leased until the lease lapsed, and a message at its
+/// last attempt was then parked "the relay stopped during the last allowed delivery attempt", an
+/// attempt that never happened. The round now releases them, their attempt uncounted, and the
+/// next round delivers them.
+pub fn a_mark_that_fails_leaves_the_untried_messages_untried<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    use crate::harness::Server;
+
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=3 {
+        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
+    }
+    let (install, remove): (&[&str], &[&str]) = match B::SERVER {
+        Server::Sqlite => (
+            &[
+                "CREATE TRIGGER refuse_mark BEFORE UPDATE OF delivered_at ON outbox \
+               WHEN NEW.delivered_at IS NOT NULL AND OLD.id = 1 \
+               BEGIN SELECT RAISE(ABORT, 'the trigger refuses this mark'); END",
+            ],
+            &["DROP TRIGGER refuse_mark"],
+        ),
+        Server::Postgres => (
+            &[
+                "CREATE FUNCTION refuse_mark() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'the trigger refuses this mark'; END $$",
+                "CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW \
+                 WHEN (NEW.delivered_at IS NOT NULL AND OLD.id = 1) EXECUTE FUNCTION refuse_mark()",
+            ],
+            &[
+                "DROP TRIGGER refuse_mark ON outbox",
+                "DROP FUNCTION refuse_mark()",
+            ],
+        ),
+        Server::Mysql => (
+            &[
+                "CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW \
+               BEGIN IF NEW.delivered_at IS NOT NULL AND OLD.id = 1 THEN \
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the trigger refuses this mark'; \
+               END IF; END",
+            ],
+            &["DROP TRIGGER refuse_mark"],
+        ),
+    };
+    for sql in install {
+        B::execute(&mut conn, sql);
+    }
+    let relay = Relay::new()
+        .max_attempts(1)
+        .lease(Duration::from_secs(1))
+        .backoff(Duration::ZERO, Duration::ZERO);
+    let mut delivered = Vec::new();
+    let first = relay.run_once(&mut conn, |message| -> Result<(), String> {
+        delivered.push(order_of(message));
+        Ok(())
+    });
+    assert!(first.is_err(), "the mark of order-1 fails: {first:?}");
+    assert_eq!(delivered, ["order-1"], "the round stops at the failed mark");
+    for sql in remove {
+        B::execute(&mut conn, sql);
+    }
+    // order-1's lease lapses (it was delivered; its mark failed, so it is not known to be).
+    std::thread::sleep(Duration::from_millis(1_200));
+    let mut later = Vec::new();
+    relay
+        .drain(&mut conn, |message| -> Result<(), String> {
+            later.push(order_of(message));
+            Ok(())
+        })
+        .expect("the next rounds");
+    let parked: Vec<String> = outbox::parked(&mut conn)
+        .expect("parked")
+        .iter()
+        .map(|m| format!("{} ({:?})", order_of(m), m.last_error()))
+        .collect();
+    assert!(
+        later.contains(&"order-2".to_owned()) && later.contains(&"order-3".to_owned()),
+        "order-2 and order-3 were never tried; the next rounds delivered {later:?}, and parked {parked:?}"
+    );
+}
+
 /// A delivery that panics counts as a failed attempt; the rest of the batch goes on, and the relay
 /// does not unwind.
 pub fn a_panicking_delivery_fails_alone<B, C>()

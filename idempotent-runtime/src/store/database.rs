@@ -461,6 +461,15 @@ pub trait Database: Sized + Send + Sync + 'static {
         failure: &Failure<'_>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Releases the messages `owner` leased and never tried (all but `tried`, whose mark failed),
+    /// with their attempt uncounted; how many.
+    #[doc(hidden)]
+    fn release_untried<C: Store<Db = Self>>(
+        conn: &mut C,
+        owner: &str,
+        tried: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
     /// Messages not yet delivered and not parked (pending, leased, or backing off), oldest first.
     #[doc(hidden)]
     fn unsent<C: Store<Db = Self>>(
