@@ -786,7 +786,8 @@ fn migrate<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
 // --- errors and output -----------------------------------------------------------------------
 
 /// The failure for a runtime error: a lost connection (3), tables that are missing or not ready
-/// (4, found by running `verify`), or any other database error (5).
+/// (4, found by running `verify`, unless the operation had changed something), or any other
+/// database error (5). The operation's own error always comes first.
 pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> Failure {
     let text = printable(&target.scrub(&with_causes(&error)));
     if is_closed_connection(&error) {

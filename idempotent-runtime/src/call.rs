@@ -312,7 +312,7 @@ impl Call {
                 causes.push_str(&source.to_string());
                 cause = source.source();
             }
-            tracing::error!(%error, causes, "the database may hold what a retry alone will not put right: look the key up");
+            tracing::error!(%error, causes, "the database may hold what the failed job left: look at the key");
         }
         self.finished(match &error {
             Error::FingerprintMismatch { .. } => Ending::FingerprintMismatch,

@@ -108,7 +108,9 @@ pub enum Error {
     /// A body that panicked is ended the same way, and the panic goes on (the failure is logged).
     /// Not reported where the connection failed under the job before the database could answer
     /// whether the transaction was still the job's: an open transaction ends with its connection,
-    /// uncommitted, and the call is the error that ended it (retryable). Inside a transaction of
+    /// uncommitted, and the call is the error that ended it (retryable); unless a statement of
+    /// the body had committed it before the connection failed, which the runtime cannot tell
+    /// (then a unit job's claim stays, and replays). Inside a transaction of
     /// the caller's that is still open, the claim is in it: rolling it back undoes the claim.
     ///
     /// What to do: look at what the body wrote; where `replays`, look the key up
@@ -626,8 +628,8 @@ impl Error {
         }
     }
 
-    /// Whether the database may hold something that a retry alone will not put right, so that a
-    /// person should look at the job's key: [`ClaimNotTakenBack`](Error::ClaimNotTakenBack) (a
+    /// Whether the database may hold something a failed job left that a person should look at
+    /// (what its body wrote, a claim that may be committed): [`ClaimNotTakenBack`](Error::ClaimNotTakenBack) (a
     /// claim of a run that did not finish may be committed),
     /// [`CannotRollBack`](Error::CannotRollBack) (what the body wrote where a rollback cannot
     /// reach), and

@@ -299,7 +299,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source, replays)
             }
             Err(error) => {
-                tracing::warn!(%error, "the connection failed under a job that did not finish: its transaction ends with it, uncommitted");
+                tracing::warn!(%error, "the connection failed under a job that did not finish: its transaction ends with it, uncommitted, unless a statement of its body had committed it");
                 Ended::RolledBack
             }
         };
@@ -405,7 +405,39 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
 /// touched. A failure is the caller's to report ([`Error::ClaimNotTakenBack`]): the claim may be
 /// committed.
 async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<bool> {
-    take_back_in_own_transaction(store, &call.digest, call.context.claim_token()).await
+    let token = call.context.claim_token();
+    match take_back_in_own_transaction(store, &call.digest, token).await {
+        // The `DELETE` can fail where there is nothing of this run's to delete (it waited on
+        // another run's row of the key past the lock wait; a statement-level trigger): a read
+        // that locks nothing tells.
+        Err(error) if !S::Db::connection_lost(&error) => {
+            match claim_is_there(store, &call.digest, token).await {
+                Ok(false) => Ok(false),
+                _ => Err(error),
+            }
+        }
+        taken => taken,
+    }
+}
+
+/// Whether this run's claim (by its token) is committed: one read that locks nothing, in a short
+/// transaction of its own (a session with `autocommit = 0` would otherwise keep it open).
+async fn claim_is_there<S: Store>(
+    store: &mut S,
+    digest: &[u8; 32],
+    token: i64,
+) -> diesel::QueryResult<bool> {
+    let (mut transaction, _) = Transaction::begin_deferred(store, itself::<S>).await?;
+    match S::Db::lookup_key(transaction.store(), digest).await {
+        Ok(row) => {
+            transaction.commit().await?;
+            Ok(row.is_some_and(|row| row.claim_token == Some(token)))
+        }
+        Err(error) => {
+            transaction.rollback().await;
+            Err(error)
+        }
+    }
 }
 
 /// [`take_back_claim`] for a job inside a caller's transaction that a statement of the body ended

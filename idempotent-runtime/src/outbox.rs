@@ -687,7 +687,8 @@ impl Relay {
             leased: rows.len() as u64,
             ..RelayReport::default()
         };
-        for row in rows {
+        let mut rows = rows.into_iter();
+        while let Some(row) = rows.next() {
             let message = OutboxMessage::from_row(row);
             let started = Instant::now();
             let delivery = attempt(deliver, &message).await;
@@ -695,7 +696,8 @@ impl Relay {
             let settled = match self.settle(conn, &owner, &message, delivery).await {
                 Ok(settled) => settled,
                 Err(error) => {
-                    release_untried(conn, &owner, message.id).await;
+                    let untried: Vec<i64> = rows.map(|row| row.id).collect();
+                    release_untried(conn, &owner, untried).await;
                     tracing::warn!(
                         %error,
                         message_id = message.message_id(),
@@ -785,10 +787,17 @@ impl Relay {
 /// After a round's mark failed: releases what the round leased and never tried, with its attempt
 /// uncounted, so that it is not parked for an attempt that never happened once the lease lapses.
 /// A failure is logged: the lease then lapses as it would after a crash.
-async fn release_untried<S: Store>(conn: &mut S, owner: &str, tried: i64) {
+async fn release_untried<S: Store>(conn: &mut S, owner: &str, untried: Vec<i64>) {
+    if untried.is_empty() {
+        return;
+    }
     let owner = owner.to_owned();
     let released = outside_transactions(conn, "outbox", async move |conn: &mut S| {
-        S::Db::release_untried(conn, &owner, tried).await
+        let mut released = 0;
+        for &id in &untried {
+            released += S::Db::release_untried(conn, &owner, id).await?;
+        }
+        Ok(released)
     })
     .await;
     if let Err(error) = released {

@@ -1044,3 +1044,43 @@ pub fn a_claim_that_cannot_be_taken_back_is_reported_truly<B: Backend>() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A take-back can fail where there is nothing of this run's to take back: on PostgreSQL a body
+/// whose statement failed aborts the transaction (the runtime's test of the savepoint fails: "not
+/// its own"), the rollback undoes the claim, and the take-back's `DELETE` then fails for a reason
+/// of its own (here a statement-level trigger; on InnoDB a lock wait on another run's row of the
+/// key). Before, that was `ClaimNotTakenBack` telling the operator to forget the key, whose row
+/// may by then be another run's finished one; the call is the body's own error now, since a read
+/// that locks nothing finds no claim of this run's.
+pub fn a_failed_take_back_with_nothing_to_take_is_no_alarm<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'the operator''s trigger refuses every delete'; END $$",
+    );
+    B::execute(
+        &mut conn,
+        "CREATE TRIGGER refuse_deletes BEFORE DELETE ON done_jobs \
+         FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()",
+    );
+    let mut wrong = Vec::new();
+    for kind in [Kind::Value, Kind::Unit] {
+        let id = harness::unique_name("nothing");
+        let result = deliver::<B>(
+            &mut db.connect(),
+            kind,
+            &id,
+            "SELECT * FROM no_such_table",
+            true,
+        );
+        if !matches!(result, Err(TestError::Declined | TestError::Database(_))) {
+            wrong.push(format!("{kind:?}: the call said {result:?}"));
+        }
+        if let Err(why) = check::<B>(&db, kind, &id, "SELECT * FROM no_such_table", &result) {
+            wrong.push(format!("{kind:?}: {why}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

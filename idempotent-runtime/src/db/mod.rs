@@ -641,10 +641,11 @@ macro_rules! shared_statements {
             Parked = concat!(
                 "SELECT ", message_columns!(), " FROM outbox WHERE parked_at IS NOT NULL ORDER BY id", every_row!()
             );
-            // The messages a round leased (by its owner token) and never handed to the delivery,
-            // but the one whose mark failed: released, their attempt uncounted.
+            // A message a round leased (by its owner token) and never handed to the delivery:
+            // released, its attempt uncounted. By its primary key: on InnoDB a filter on
+            // `lease_owner` (no index) would lock every row, the one whose mark failed among them.
             ReleaseUntried = "UPDATE outbox SET lease_owner = NULL, lease_until = NULL, attempts = attempts - 1 \
-                 WHERE lease_owner = ? AND id <> ? AND delivered_at IS NULL AND attempts > 0";
+                 WHERE id = ? AND lease_owner = ? AND delivered_at IS NULL AND attempts > 0";
             ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
             // Takes over a lapsed claim, or a committed one whose run never recorded its result.
             Renew = concat!(
@@ -814,11 +815,11 @@ macro_rules! shared_methods {
         async fn release_untried<C: Store<Db = Self>>(
             conn: &mut C,
             owner: &str,
-            tried: i64,
+            id: i64,
         ) -> QueryResult<usize> {
             conn.execute(Statement::<ReleaseUntried, _>::new((
+                bind::<BigInt, _>(id),
                 bind::<Text, _>(owner),
-                bind::<BigInt, _>(tried),
             )))
             .await
         }

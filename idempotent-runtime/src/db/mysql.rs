@@ -477,6 +477,10 @@ impl Database for MysqlDb {
                 "Input/output error",
                 "connection closed",
                 "Connection refused",
+                // MariaDB 1927 (KILL), MySQL 8 4031 (wait_timeout), mysql_async's closed stream.
+                "Connection was killed",
+                "disconnected by the server because of inactivity",
+                "Connection to the server is closed",
             ],
         )
     }

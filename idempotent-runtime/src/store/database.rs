@@ -461,13 +461,13 @@ pub trait Database: Sized + Send + Sync + 'static {
         failure: &Failure<'_>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Releases the messages `owner` leased and never tried (all but `tried`, whose mark failed),
-    /// with their attempt uncounted; how many.
+    /// Releases message `id`, which `owner` leased and never tried, with its attempt uncounted;
+    /// how many rows (0 when the lease is no longer `owner`'s).
     #[doc(hidden)]
     fn release_untried<C: Store<Db = Self>>(
         conn: &mut C,
         owner: &str,
-        tried: i64,
+        id: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
     /// Messages not yet delivered and not parked (pending, leased, or backing off), oldest first.
