@@ -121,10 +121,8 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// can test) is still its own: Diesel counts one transaction, and the job's savepoint is there
     /// (released now), so no statement of the body ended or replaced it.
     pub(crate) async fn ownership(&mut self) -> Ownership {
-        match self.store().transaction_depth() {
-            Ok(1) => {}
-            Ok(_) => return Ownership::NotOwn,
-            Err(error) => return Ownership::from_failure::<S::Db>(&error),
+        if let Some(error) = unbalanced(self.store()) {
+            return Ownership::from_failure::<S::Db>(&error);
         }
         match S::Db::release_job(self.store()).await {
             Ok(_) => Ownership::Own,

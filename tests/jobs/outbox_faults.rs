@@ -214,6 +214,20 @@ where
     );
 }
 
+/// A database of the test's own with three receipts pushed (order-1 to order-3), and a connection.
+fn three_receipts<B, C>() -> (Db<B>, C)
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=3 {
+        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
+    }
+    (db, conn)
+}
+
 /// A relay round leases a batch (each message's attempt counted at the lease) and marks each
 /// delivery as it goes. When a mark fails (a trigger here; a lock wait, a busy database), the
 /// round stops with the error, and the messages after it had their attempt counted but were never
@@ -228,11 +242,7 @@ where
 {
     use crate::harness::Server;
 
-    let db = Db::<B>::fresh();
-    let mut conn = db.connect();
-    for order in 1..=3 {
-        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
-    }
+    let (_db, mut conn) = three_receipts::<B, C>();
     let (install, remove): (&[&str], &[&str]) = match B::SERVER {
         Server::Sqlite => (
             &[
@@ -308,11 +318,7 @@ where
     B: Backend<Conn = C>,
     C: TestConn,
 {
-    let db = Db::<B>::fresh();
-    let mut conn = db.connect();
-    for order in 1..=3 {
-        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
-    }
+    let (_db, mut conn) = three_receipts::<B, C>();
     let mut delivered = Vec::new();
     let report = Relay::new()
         .max_attempts(2)
@@ -466,11 +472,7 @@ where
     B: Backend<Conn = C>,
     C: TestConn,
 {
-    let db = Db::<B>::fresh();
-    let mut conn = db.connect();
-    for order in 1..=3 {
-        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
-    }
+    let (_db, mut conn) = three_receipts::<B, C>();
     let before = outbox::counts(&mut conn).expect("counts");
     assert_eq!((before.pending, before.delivered, before.parked), (3, 0, 0));
     let recorder = metrics_util::debugging::DebuggingRecorder::new();

@@ -112,6 +112,19 @@ fn deliver<B: Backend>(
     }
 }
 
+/// The key of the case's job of `kind` for `id`.
+fn key_of(kind: Kind, id: &str) -> JobKey {
+    let prefix = match kind {
+        Kind::Value => "in-body:",
+        Kind::Unit => "in-unit-body:",
+    };
+    JobKey::builder()
+        .text(prefix)
+        .value(id)
+        .build()
+        .expect("one value")
+}
+
 /// What one call said, checked against what the database holds; `Err` says how they differ.
 fn check<B: Backend>(
     db: &Db<B>,
@@ -122,15 +135,7 @@ fn check<B: Backend>(
 ) -> Result<(), String> {
     let mut checker = db.connect();
     let before = B::count_topic(&mut checker, &format!("before:{id}"));
-    let prefix = match kind {
-        Kind::Value => "in-body:",
-        Kind::Unit => "in-unit-body:",
-    };
-    let key = JobKey::builder()
-        .text(prefix)
-        .value(id)
-        .build()
-        .expect("one value");
+    let key = key_of(kind, id);
     let claim = B::keys_lookup(&mut checker, &key).map_err(|e| format!("lookup: {e}"))?;
     let claimed = claim.is_some();
     let finished = claim
@@ -841,14 +846,7 @@ pub fn a_rollback_that_cannot_undo_the_body_is_reported_truly<B: Backend>() {
             &mut checker,
             &format!("SELECT COUNT(*) AS n FROM truth_log WHERE id LIKE '{id}%'"),
         );
-        let key = JobKey::builder()
-            .text(match kind {
-                Kind::Value => "in-body:",
-                Kind::Unit => "in-unit-body:",
-            })
-            .value(&id)
-            .build()
-            .expect("one value");
+        let key = key_of(kind, &id);
         let claim = B::keys_lookup(&mut checker, &key).expect("a look-up");
         let reported = match (&result, why) {
             (Err(TestError::Idempotent(error @ Error::CannotRollBack { .. })), Some(why)) => {
@@ -983,14 +981,7 @@ pub fn a_claim_that_cannot_be_taken_back_is_reported_truly<B: Backend>() {
             if B::SERVER == Server::Postgres {
                 B::execute(&mut checker, "DROP FUNCTION refuse_delete()");
             }
-            let key = JobKey::builder()
-                .text(match kind {
-                    Kind::Value => "in-body:",
-                    Kind::Unit => "in-unit-body:",
-                })
-                .value(&id)
-                .build()
-                .expect("one value");
+            let key = key_of(kind, &id);
             let claim = B::keys_lookup(&mut checker, &key).expect("a look-up");
             let Err(TestError::Idempotent(error)) = &result else {
                 wrong.push(format!(
