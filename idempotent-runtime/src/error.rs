@@ -655,10 +655,76 @@ fn hint(error: &diesel::result::Error) -> &'static str {
         diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::ClosedConnection,
             _,
-        ) => " (the connection is closed: reconnect, and it can be retried)",
+            // Whether to retry is each message's own advice (by `is_retryable`): a claim that replays
+            // must not be retried before it is forgotten, whatever ended the connection.
+        ) => " (the connection is closed: reconnect)",
         _ => "",
     }
 }
 
 /// Shorthand for results whose error is [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diesel::result::{DatabaseErrorKind, Error as DieselError};
+
+    fn closed() -> DieselError {
+        DieselError::DatabaseError(
+            DatabaseErrorKind::ClosedConnection,
+            Box::new("server closed the connection unexpectedly".to_string()),
+        )
+    }
+
+    /// A message that tells the reader not to retry never says, in the same breath, that it can
+    /// be retried: the advice on retrying is each variant's own, by `is_retryable`.
+    #[test]
+    fn no_message_contradicts_its_advice_on_retrying() {
+        let cases = [
+            Error::ClaimNotTakenBack {
+                job: "invoice",
+                key: "invoice:1".into(),
+                ended: "a statement of the body committed".into(),
+                replays: true,
+                source: closed(),
+            },
+            Error::ClaimNotTakenBack {
+                job: "invoice",
+                key: "invoice:1".into(),
+                ended: "a statement of the body committed".into(),
+                replays: false,
+                source: closed(),
+            },
+            Error::Database {
+                job: "invoice",
+                key: "invoice:1".into(),
+                step: Step::Claim,
+                retryable: false,
+                source: closed(),
+            },
+            Error::Keys {
+                action: "forgetting key invoice:1",
+                source: closed(),
+                retryable: false,
+            },
+            Error::Outbox {
+                source: closed(),
+                retryable: false,
+            },
+        ];
+        for error in cases {
+            let text = error.to_string();
+            let says_retry = text.contains("retried") || text.contains("retrying is safe");
+            assert_eq!(
+                says_retry,
+                error.is_retryable(),
+                "the message and is_retryable disagree: {text}"
+            );
+            assert!(
+                text.contains("connection is closed"),
+                "the message says what happened to the connection: {text}"
+            );
+        }
+    }
+}

@@ -402,16 +402,26 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
 
 /// Deletes this run's claim if it was committed (by a statement of the body), in a transaction of
 /// its own; whether there was one. Only this run's own claim (by its token): another run's is never
-/// touched. A failure is the caller's to report ([`Error::ClaimNotTakenBack`]): the claim may be
-/// committed.
+/// touched. A failure that passes (busy, a lock wait, a deadlock) is retried for as long as any
+/// other statement of the runtime's; one that remains is the caller's to report
+/// ([`Error::ClaimNotTakenBack`]): the claim may be committed.
 async fn take_back_claim<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<bool> {
-    let token = call.context.claim_token();
-    match take_back_in_own_transaction(store, &call.digest, token).await {
+    let (digest, token) = (&call.digest, call.context.claim_token());
+    // A loop rather than `retry::retrying`: an async closure here makes the job's future one
+    // rustc cannot prove `Send` (tests/jobs/spawnable.rs).
+    let mut retry = crate::retry::Retry::new();
+    let taken = loop {
+        match take_back_in_own_transaction(store, digest, token).await {
+            Err(error) if retry.failed::<S::Db>(&error).is_some() => retry.pause::<S>().await,
+            taken => break taken,
+        }
+    };
+    match taken {
         // The `DELETE` can fail where there is nothing of this run's to delete (it waited on
         // another run's row of the key past the lock wait; a statement-level trigger): a read
         // that locks nothing tells.
         Err(error) if !S::Db::connection_lost(&error) => {
-            match claim_is_there(store, &call.digest, token).await {
+            match claim_is_there(store, digest, token).await {
                 Ok(false) => Ok(false),
                 _ => Err(error),
             }

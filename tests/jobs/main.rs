@@ -500,6 +500,11 @@ macro_rules! server_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn a_take_back_that_meets_a_passing_failure_is_retried() {
+                crate::truth::a_take_back_that_meets_a_passing_failure_is_retried::<$backend>();
+            }
+
+            #[test]
             fn lost_commit_replies_leave_an_unknown_outcome() {
                 crate::holes::lost_commit_replies_leave_an_unknown_outcome::<$backend>();
             }

@@ -1075,3 +1075,85 @@ pub fn a_failed_take_back_with_nothing_to_take_is_no_alarm<B: Backend>() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// Refuses the first two `DELETE`s of a claim as a deadlock would (a failure that passes), then
+/// lets them through: `(install, remove)`.
+fn refuse_first_take_backs(server: Server) -> (&'static [&'static str], &'static [&'static str]) {
+    match server {
+        Server::Sqlite => {
+            unreachable!("SQLite's passing failure is a busy database, not a trigger's")
+        }
+        Server::Postgres => (
+            &[
+                "CREATE SEQUENCE take_back_refusals",
+                "CREATE FUNCTION refuse_first_deletes() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN IF nextval('take_back_refusals') <= 2 THEN \
+                 RAISE EXCEPTION 'deadlock detected (the test''s trigger)' USING ERRCODE = '40P01'; \
+                 END IF; RETURN OLD; END $$",
+                "CREATE TRIGGER refuse_first_take_backs BEFORE DELETE ON done_jobs \
+                 FOR EACH ROW EXECUTE FUNCTION refuse_first_deletes()",
+            ],
+            &[
+                "DROP TRIGGER refuse_first_take_backs ON done_jobs",
+                "DROP FUNCTION refuse_first_deletes()",
+                "DROP SEQUENCE take_back_refusals",
+            ],
+        ),
+        // A session variable counts: it outlives the rolled-back statement, as a sequence does.
+        Server::Mysql => (
+            &[
+                "CREATE TRIGGER refuse_first_take_backs BEFORE DELETE ON done_jobs FOR EACH ROW \
+               BEGIN SET @take_back_refusals = COALESCE(@take_back_refusals, 0) + 1; \
+               IF @take_back_refusals <= 2 THEN SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
+               MESSAGE_TEXT = 'Deadlock found when trying to get lock (the test''s trigger)'; \
+               END IF; END",
+            ],
+            &["DROP TRIGGER refuse_first_take_backs"],
+        ),
+    }
+}
+
+/// A take-back that meets a failure that passes (a deadlock, a lock wait, a busy database) is
+/// retried, as every other statement of the runtime's is, rather than leaving a claim committed
+/// and calling for an operator: before, one deadlock made `ClaimNotTakenBack` (a unit job's key
+/// replaying a run that did not finish until someone forgot it).
+pub fn a_take_back_that_meets_a_passing_failure_is_retried<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let (install, remove) = refuse_first_take_backs(B::SERVER);
+    let mut wrong = Vec::new();
+    for kind in [Kind::Value, Kind::Unit] {
+        let mut conn = db.connect();
+        if B::SERVER == Server::Postgres {
+            B::execute(&mut conn, "DROP SEQUENCE IF EXISTS take_back_refusals");
+        }
+        for sql in install {
+            B::execute(&mut conn, sql);
+        }
+        let id = harness::unique_name("passing");
+        let result = deliver::<B>(&mut conn, kind, &id, "COMMIT", true);
+        drop(conn);
+        let mut checker = db.connect();
+        for sql in remove {
+            B::execute(&mut checker, sql);
+        }
+        if !matches!(
+            result,
+            Err(TestError::Idempotent(Error::TransactionEndedInBody { .. }))
+        ) {
+            wrong.push(format!(
+                "{kind:?}: the call said {result:?}, not that the body's COMMIT ended the transaction and the claim was taken back"
+            ));
+        }
+        if let Err(why) = check::<B>(&db, kind, &id, "COMMIT", &result) {
+            wrong.push(format!("{kind:?}: {why}"));
+        }
+        let claim = B::keys_lookup(&mut checker, &key_of(kind, &id)).expect("a look-up");
+        if claim.is_some() {
+            wrong.push(format!("{kind:?}: the claim is still there: {claim:?}"));
+        }
+        if let Err(why) = redeliver::<B>(&db, kind, &id) {
+            wrong.push(format!("{kind:?}: {why}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
