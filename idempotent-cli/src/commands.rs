@@ -363,10 +363,7 @@ fn keys_forget<C: JobStore>(
     let forgotten =
         keys::forget_record(conn, &record, &reason).map_err(|e| db_failure(conn, cx.target, e))?;
     if !forgotten {
-        return Err(Failure::new(
-            Code::NotFound,
-            changed_meanwhile(conn, &digest, &named),
-        ));
+        return Err(changed_meanwhile(conn, &digest, &named));
     }
     if cx.json {
         #[derive(Serialize)]
@@ -844,18 +841,26 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Why a forget of a record found the key changed since it was read: gone, or renewed by another
-/// run (whose row is left).
-pub fn changed_meanwhile<C: JobStore>(conn: &mut C, digest: &[u8; 32], named: &str) -> String {
+/// Why a forget of a record found the key changed since it was read: gone (1, it does not exist),
+/// or renewed by another run, whose row is left (6, it changed since it was read; also when the
+/// look-up that would tell fails).
+pub fn changed_meanwhile<C: JobStore>(conn: &mut C, digest: &[u8; 32], named: &str) -> Failure {
     match keys::lookup_digest(conn, digest) {
-        Ok(Some(_)) => format!(
-            "key {named} was renewed by another run since it was read, and that run's record is not the one shown; nothing was changed: look at it again (`keys show`) before forgetting it"
+        Ok(Some(_)) => Failure::new(
+            Code::Changed,
+            format!(
+                "key {named} was renewed by another run since it was read, and that run's record is not the one shown; nothing was changed: look at it again (`keys show`) before forgetting it"
+            ),
         ),
-        Ok(None) => {
-            format!("key {named} was deleted by someone else meanwhile; nothing was changed")
-        }
-        Err(_) => format!(
-            "key {named} changed since it was read (deleted, or renewed by another run); nothing was changed"
+        Ok(None) => Failure::new(
+            Code::NotFound,
+            format!("key {named} was deleted by someone else meanwhile; nothing was changed"),
+        ),
+        Err(_) => Failure::new(
+            Code::Changed,
+            format!(
+                "key {named} changed since it was read (deleted, or renewed by another run); nothing was changed: look at it again (`keys show`)"
+            ),
         ),
     }
 }

@@ -15,6 +15,8 @@ pub enum Code {
     Schema = 4,
     /// 5: any other database error.
     Database = 5,
+    /// 6: the key changed since it was read (another run renewed it); nothing was changed.
+    Changed = 6,
 }
 
 /// A failed command: what to print on stderr, and how to exit.

@@ -420,7 +420,7 @@ fn a_forget_confirmed_at_the_prompt_never_deletes_a_run_committed_since() {
         later.trim()
     );
     assert!(
-        !status.success() && later.contains("renewed by another run"),
+        status.code() == Some(6) && later.contains("renewed by another run"),
         "the CLI ({status}) said: {}",
         later.trim()
     );
@@ -685,16 +685,34 @@ where
 /// `keys forget --yes` while a run is renewing the key's lapsed row (its claim taken, not yet
 /// committed): the forget waits for the run's row lock, and once the run commits it finds the row
 /// it read replaced and deletes nothing, as promised; the renewed run's row stays. The CLI then
-/// says "key `brief:1` was deleted by someone else meanwhile; nothing was changed" and exits 1
-/// (not found): the key was not deleted, it is there, renewed.
+/// said "key `brief:1` was deleted by someone else meanwhile; nothing was changed" and exited 1
+/// (not found): the key was not deleted, it is there, renewed. It says so now, and exits 6 (the
+/// key changed since it was read).
 #[cfg(feature = "postgres")]
 #[test]
 fn a_forget_that_meets_a_renewal_never_says_the_key_was_deleted() {
+    forget_meeting_a_renewal(false);
+}
+
+/// The same for a row written before schema v3 (no claim token): its forget deleted by digest
+/// alone, so once the renewal committed, the `DELETE` that had waited for it deleted the renewed
+/// run's row, and the CLI said it forgot the record it showed (done long ago, lapsed).
+#[cfg(feature = "postgres")]
+#[test]
+fn a_forget_of_a_row_from_before_claim_tokens_never_deletes_its_renewal() {
+    forget_meeting_a_renewal(true);
+}
+
+#[cfg(feature = "postgres")]
+fn forget_meeting_a_renewal(legacy: bool) {
     use crate::backends::Postgres;
 
     let db = Db::<Postgres>::fresh();
     let mut conn = db.connect();
     assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    if legacy {
+        Postgres::execute(&mut conn, "UPDATE done_jobs SET claim_token = NULL");
+    }
     std::thread::sleep(Duration::from_millis(1_500));
     let (run, holds, finish) = renewing(db.connect(), "brief:1");
     holds
@@ -739,6 +757,12 @@ fn a_forget_that_meets_a_renewal_never_says_the_key_was_deleted() {
         !stderr.contains("deleted by someone else") && stderr.contains("renewed by another run"),
         "the key is there (renewed), but the CLI (exit {:?}) said: {stderr}",
         output.status.code()
+    );
+    // Not 1 ("the key does not exist"): it exists. 6: it changed since it was read.
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "the key is there (renewed); the CLI said: {stderr}"
     );
 }
 

@@ -189,11 +189,15 @@ pub async fn forget(
                 };
                 if record.revision() != revision {
                     // Another run renewed the key after the page showed it.
-                    return Ok((record, false, recorded, true));
+                    return Ok((record, false, recorded, Ok(true)));
                 }
                 let forgotten = keys::forget_record(c, &record, &recorded).map_err(|e| db_failure(c, target, e))?;
-                let renewed = !forgotten && matches!(keys::lookup_digest(c, &digest), Ok(Some(_)));
-                Ok((record, forgotten, recorded, renewed))
+                // Why nothing was forgotten: renewed, or gone; unknown when the look-up fails.
+                let there = match forgotten {
+                    true => Ok(false),
+                    false => keys::lookup_digest(c, &digest).map(|r| r.is_some()),
+                };
+                Ok((record, forgotten, recorded, there))
             })
         })
         .await;
@@ -211,13 +215,17 @@ pub async fn forget(
             ))
             .into_response()
         }
-        Ok((_, false, _, true)) => refused(
+        Ok((_, false, _, Ok(true))) => refused(
             StatusCode::CONFLICT,
             "The key was renewed by another run meanwhile: its record is not the one read. Nothing was changed; look at it again.",
         ),
-        Ok((_, false, _, false)) => refused(
+        Ok((_, false, _, Ok(false))) => refused(
             StatusCode::CONFLICT,
             "The key was deleted by someone else meanwhile. Nothing was changed.",
+        ),
+        Ok((_, false, _, Err(_))) => refused(
+            StatusCode::CONFLICT,
+            "The key changed since it was read (deleted, or renewed by another run). Nothing was changed; look at it again.",
         ),
         Err(failure) => failed(&app, &auth, &failure),
     }

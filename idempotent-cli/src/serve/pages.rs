@@ -69,6 +69,7 @@ pub fn failed(app: &App, auth: &Auth, failure: &Failure) -> Response {
         Code::Usage => StatusCode::BAD_REQUEST,
         Code::Connect | Code::Schema => StatusCode::SERVICE_UNAVAILABLE,
         Code::Database => StatusCode::INTERNAL_SERVER_ERROR,
+        Code::Changed => StatusCode::CONFLICT,
     };
     let text = app.target.scrub(&failure.message);
     super::audit(&format!("error: {text}"));

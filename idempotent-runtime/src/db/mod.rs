@@ -611,7 +611,10 @@ macro_rules! abandoned {
 macro_rules! shared_statements {
     () => {
         sql! {
-            Forget = "DELETE FROM done_jobs WHERE key_digest = ?";
+            // A row of a schema before claim tokens, and only while it has none: a run that
+            // renews it meanwhile gives it one (a `DELETE` that waited for that run's lock then
+            // finds the renewed row and leaves it).
+            Forget = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token IS NULL";
             // A replay's read before any transaction: no lock, no `LIMIT` (the digest is the key).
             // `read_guard!()` is what the database needs for the read to see the latest commit.
             DoneRead = concat!(

@@ -315,8 +315,9 @@ pub trait Database: Sized + Send + Sync + 'static {
             || matches!(error, DieselError::BrokenTransactionManager)
     }
 
-    /// Deletes the claim of the key with `digest`, in a statement of its own; returns whether
-    /// there was one.
+    /// Deletes the claim of the key with `digest` that has no claim token (a row of a schema
+    /// before them), in a statement of its own; returns whether there was one. A row renewed
+    /// meanwhile has a token, and is left.
     #[doc(hidden)]
     fn forget<C: Store<Db = Self>>(
         conn: &mut C,
