@@ -564,7 +564,9 @@ impl Relay {
         self
     }
 
-    /// The first retry's delay (doubling with every attempt) and the longest delay.
+    /// The first retry's delay (doubling with every attempt) and the longest delay. A first
+    /// delay over 100 years makes every round an [`Error::InvalidDuration`] before it leases
+    /// anything; a longest delay over 100 years (`Duration::MAX`: no cap) is 100 years.
     pub fn backoff(mut self, first: Duration, longest: Duration) -> Self {
         self.backoff = first;
         self.max_backoff = longest.max(first);
@@ -662,6 +664,8 @@ impl Relay {
         deliver: &mut impl AsyncFnMut(&OutboxMessage) -> Result<(), E>,
     ) -> Result<RelayReport, Error> {
         let lease_micros = crate::time::micros(self.lease, "the relay's lease")?;
+        // Checked before anything is leased: after a delivery, the failure could not be recorded.
+        crate::time::micros(self.backoff, "the relay's first backoff")?;
         // A token per lease: a message whose lease lapsed and was taken by another round (of
         // another relay, or of this one) is never marked by the round that lost it.
         let owner = format!("{}:{}", self.owner, crate::key::token());
@@ -697,13 +701,25 @@ impl Relay {
                 Ok(settled) => settled,
                 Err(error) => {
                     let untried: Vec<i64> = rows.map(|row| row.id).collect();
-                    release_untried(conn, &owner, untried).await;
-                    tracing::warn!(
-                        %error,
-                        message_id = message.message_id(),
-                        delivered = report.delivered,
-                        "recording an outbox delivery failed: the round stops, and the messages it had not tried are released"
-                    );
+                    let (count, released) =
+                        (untried.len(), release_untried(conn, &owner, untried).await);
+                    match released {
+                        Ok(()) => tracing::warn!(
+                            %error,
+                            message_id = message.message_id(),
+                            delivered = report.delivered,
+                            untried = count,
+                            "recording an outbox delivery failed: the round stops, and the messages it had not tried are released"
+                        ),
+                        Err(release) => tracing::warn!(
+                            %error,
+                            message_id = message.message_id(),
+                            delivered = report.delivered,
+                            untried = count,
+                            release = ?release,
+                            "recording an outbox delivery failed: the round stops; releasing the messages it had not tried failed too, so they stay leased, their attempt counted, until the lease lapses"
+                        ),
+                    }
                     return Err(error);
                 }
             };
@@ -754,7 +770,7 @@ impl Relay {
             )?),
         };
         let (id, marked_by, reason) = (message.id, owner.to_owned(), error.clone());
-        outside_transactions(conn, "outbox", async move |conn: &mut S| {
+        let held = outside_transactions(conn, "outbox", async move |conn: &mut S| {
             let failure = Failure {
                 id,
                 owner: &marked_by,
@@ -766,6 +782,12 @@ impl Relay {
         .await
         .map_err(relay_error::<S::Db>)?;
         let (message_id, attempts) = (message.message_id(), message.attempts());
+        if !held {
+            // The lease lapsed during the delivery, and another round took the message (and may
+            // have delivered it): this failure is not its to record.
+            tracing::info!(message_id, attempts, %error, "outbox delivery failed after its lease lapsed; another relay holds the message, nothing was recorded");
+            return Ok(Settled::LeaseLost);
+        }
         if park {
             tracing::warn!(message_id, attempts, %error, "outbox message parked");
             Ok(Settled::Parked)
@@ -775,34 +797,37 @@ impl Relay {
         }
     }
 
-    /// The backoff after `attempts` failed attempts: doubling from the first delay, capped.
+    /// The backoff after `attempts` failed attempts: doubling from the first delay, capped (at
+    /// most the longest duration the database adds to its clock, 100 years).
     fn delay(&self, attempts: u32) -> Duration {
         let doublings = attempts.saturating_sub(1).min(20);
         self.backoff
             .saturating_mul(1u32 << doublings)
             .min(self.max_backoff)
+            .min(crate::time::MAX)
     }
 }
 
 /// After a round's mark failed: releases what the round leased and never tried, with its attempt
 /// uncounted, so that it is not parked for an attempt that never happened once the lease lapses.
-/// A failure is logged: the lease then lapses as it would after a crash.
-async fn release_untried<S: Store>(conn: &mut S, owner: &str, untried: Vec<i64>) {
+/// A failure is the caller's to log: the lease then lapses as it would after a crash.
+async fn release_untried<S: Store>(
+    conn: &mut S,
+    owner: &str,
+    untried: Vec<i64>,
+) -> Result<(), Error> {
     if untried.is_empty() {
-        return;
+        return Ok(());
     }
     let owner = owner.to_owned();
-    let released = outside_transactions(conn, "outbox", async move |conn: &mut S| {
-        let mut released = 0;
+    outside_transactions(conn, "outbox", async move |conn: &mut S| {
         for &id in &untried {
-            released += S::Db::release_untried(conn, &owner, id).await?;
+            S::Db::release_untried(conn, &owner, id).await?;
         }
-        Ok(released)
+        Ok(())
     })
-    .await;
-    if let Err(error) = released {
-        tracing::warn!(error = ?error, "releasing the outbox messages a failed round had not tried failed; their lease lapses");
-    }
+    .await
+    .map_err(relay_error::<S::Db>)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -453,6 +453,39 @@ where
         1,
         "the message is still there, unleased"
     );
+    // A first backoff too long for the database is refused before anything is leased; before,
+    // the delivery ran, and its failure was never recorded (the message stayed leased with its
+    // attempt counted, and every round after it failed the same way).
+    let refused = Relay::new()
+        .backoff(Duration::MAX, Duration::MAX)
+        .run_once(&mut conn, |_| Err::<(), _>("down".to_owned()));
+    assert!(
+        matches!(refused, Err(idempotent_jobs::Error::InvalidDuration { .. })),
+        "{refused:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!((counts.pending, counts.leased), (1, 0), "nothing leased");
+    // "No longest delay" (`Duration::MAX`): a backoff that has doubled past what the database can
+    // add to its clock is the longest it can, and the failure is recorded.
+    B::execute(&mut conn, "UPDATE outbox SET attempts = 20");
+    let failed = Relay::new()
+        .backoff(Duration::from_secs(3600), Duration::MAX)
+        .max_attempts(30)
+        .run_once(&mut conn, |_| Err::<(), _>("down".to_owned()));
+    assert!(
+        matches!(&failed, Ok(report) if report.failed == 1),
+        "the 21st failure, backing off 3600 s * 2^20, is recorded: {failed:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!(
+        (counts.pending, counts.leased),
+        (1, 0),
+        "the message waits for its retry, not leased"
+    );
+    B::execute(
+        &mut conn,
+        "UPDATE outbox SET attempts = 0, available_at = created_at",
+    );
     let delivered = Relay::new()
         .drain(&mut conn, |_| Ok::<_, String>(()))
         .unwrap();

@@ -460,6 +460,19 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_release_that_fails_is_not_reported_done() {
+                crate::outbox_faults::a_release_that_fails_is_not_reported_done::<$backend, _>();
+            }
+
+            #[test]
+            fn a_failed_delivery_that_lost_its_lease_is_reported_lost() {
+                crate::outbox_faults::a_failed_delivery_that_lost_its_lease_is_reported_lost::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn relays_refuse_to_run_inside_a_transaction() {
                 crate::outbox_faults::relays_refuse_to_run_inside_a_transaction::<$backend, _>();
             }

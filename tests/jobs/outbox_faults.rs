@@ -228,22 +228,13 @@ where
     (db, conn)
 }
 
-/// A relay round leases a batch (each message's attempt counted at the lease) and marks each
-/// delivery as it goes. When a mark fails (a trigger here; a lock wait, a busy database), the
-/// round stops with the error, and the messages after it had their attempt counted but were never
-/// handed to the delivery: before, they stayed leased until the lease lapsed, and a message at its
-/// last attempt was then parked "the relay stopped during the last allowed delivery attempt", an
-/// attempt that never happened. The round now releases them, their attempt uncounted, and the
-/// next round delivers them.
-pub fn a_mark_that_fails_leaves_the_untried_messages_untried<B, C>()
-where
-    B: Backend<Conn = C>,
-    C: TestConn,
-{
+/// Triggers that refuse the mark of message 1 as delivered: `(install, remove)`.
+fn refuse_mark(
+    server: crate::harness::Server,
+) -> (&'static [&'static str], &'static [&'static str]) {
     use crate::harness::Server;
 
-    let (_db, mut conn) = three_receipts::<B, C>();
-    let (install, remove): (&[&str], &[&str]) = match B::SERVER {
+    match server {
         Server::Sqlite => (
             &[
                 "CREATE TRIGGER refuse_mark BEFORE UPDATE OF delivered_at ON outbox \
@@ -273,7 +264,69 @@ where
             ],
             &["DROP TRIGGER refuse_mark"],
         ),
-    };
+    }
+}
+
+/// Triggers that refuse to give an attempt back (the release of an untried message):
+/// `(install, remove)`.
+fn refuse_release(
+    server: crate::harness::Server,
+) -> (&'static [&'static str], &'static [&'static str]) {
+    use crate::harness::Server;
+
+    match server {
+        Server::Sqlite => (
+            &[
+                "CREATE TRIGGER refuse_release BEFORE UPDATE OF attempts ON outbox \
+               WHEN NEW.attempts < OLD.attempts \
+               BEGIN SELECT RAISE(ABORT, 'the trigger refuses this release'); END",
+            ],
+            &["DROP TRIGGER refuse_release"],
+        ),
+        Server::Postgres => (
+            &[
+                "CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'the trigger refuses this release'; END $$",
+                "CREATE TRIGGER refuse_release BEFORE UPDATE ON outbox FOR EACH ROW \
+                 WHEN (NEW.attempts < OLD.attempts) EXECUTE FUNCTION refuse_release()",
+            ],
+            &[
+                "DROP TRIGGER refuse_release ON outbox",
+                "DROP FUNCTION refuse_release()",
+            ],
+        ),
+        // MySQL has one BEFORE UPDATE trigger per table here: the mark's, extended.
+        Server::Mysql => (
+            &[
+                "DROP TRIGGER refuse_mark",
+                "CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW \
+               BEGIN IF NEW.delivered_at IS NOT NULL AND OLD.id = 1 THEN \
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the trigger refuses this mark'; \
+               END IF; IF NEW.attempts < OLD.attempts THEN \
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the trigger refuses this release'; \
+               END IF; END",
+            ],
+            &[],
+        ),
+    }
+}
+
+/// A relay round leases a batch (each message's attempt counted at the lease) and marks each
+/// delivery as it goes. When a mark fails (a trigger here; a lock wait, a busy database), the
+/// round stops with the error, and the messages after it had their attempt counted but were never
+/// handed to the delivery: before, they stayed leased until the lease lapsed, and a message at its
+/// last attempt was then parked "the relay stopped during the last allowed delivery attempt", an
+/// attempt that never happened. The round now releases them, their attempt uncounted, and the
+/// next round delivers them.
+pub fn a_mark_that_fails_leaves_the_untried_messages_untried<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    use crate::harness::Server;
+
+    let (_db, mut conn) = three_receipts::<B, C>();
+    let (install, remove) = refuse_mark(B::SERVER);
     for sql in install {
         B::execute(&mut conn, sql);
     }
@@ -308,6 +361,49 @@ where
     assert!(
         later.contains(&"order-2".to_owned()) && later.contains(&"order-3".to_owned()),
         "order-2 and order-3 were never tried; the next rounds delivered {later:?}, and parked {parked:?}"
+    );
+    // order-1, at its last attempt, is parked: its reason must not say the relay stopped (it
+    // delivered it, and could not record so), but that it may have been delivered.
+    assert!(
+        parked.len() == 1
+            && parked[0].starts_with("order-1")
+            && parked[0].contains("may have been delivered"),
+        "parked: {parked:?}"
+    );
+}
+
+/// When the release of the untried messages fails too (the connection that failed the mark
+/// usually fails it), the round's WARN must not say they were released: they stay leased, their
+/// attempt counted, until the lease lapses. Before, it said "the messages it had not tried are
+/// released" whatever became of the release.
+pub fn a_release_that_fails_is_not_reported_done<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let (_db, mut conn) = three_receipts::<B, C>();
+    let (install, remove) = refuse_mark(B::SERVER);
+    let (also, _) = refuse_release(B::SERVER);
+    for sql in install.iter().chain(also) {
+        B::execute(&mut conn, sql);
+    }
+    let relay = Relay::new().max_attempts(1).lease(Duration::from_secs(60));
+    let (first, events) =
+        crate::capture::events(|| relay.run_once(&mut conn, |_| Ok::<_, String>(())));
+    assert!(first.is_err(), "the mark of order-1 fails: {first:?}");
+    let (_, remove_release) = refuse_release(B::SERVER);
+    for sql in remove_release.iter().chain(remove) {
+        B::execute(&mut conn, sql);
+    }
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!(
+        counts.leased, 3,
+        "order-1, and the two untried, still leased"
+    );
+    let said: Vec<&String> = events.iter().filter_map(|e| e.get("message")).collect();
+    assert!(
+        !said.iter().any(|m| m.contains("are released")),
+        "an event says the untried messages were released; they are leased: {said:?}"
     );
 }
 
@@ -409,6 +505,69 @@ where
         (first.delivered, first.lease_lost),
         (0, 1),
         "the first copy knows it lost its lease"
+    );
+}
+
+/// The same race with a delivery that fails: the first copy's lease lapses while it delivers, the
+/// copy takes the message and delivers it, then the first copy's delivery fails. Its mark finds
+/// the lease gone and records nothing; before, the round counted the failure anyway (at its last
+/// attempt, `parked`, with a WARN "outbox message parked" and the metric), though the message was
+/// delivered and parked nowhere.
+pub fn a_failed_delivery_that_lost_its_lease_is_reported_lost<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    send_receipt(&mut conn, "order-1").expect("a receipt");
+    let relay = Relay::new()
+        .lease(Duration::from_millis(300))
+        .max_attempts(1);
+    let copy = Relay::new()
+        .lease(Duration::from_millis(300))
+        .max_attempts(5);
+    let name = harness::unique_name("relay-lost");
+    let delivering = signals::expect(&format!("{name}-delivering"));
+    let copy_done = signals::expect(&format!("{name}-copy-done"));
+    let ((first, events), second) = std::thread::scope(|scope| {
+        let (db, relay, name) = (&db, &relay, &name);
+        let first = scope.spawn(move || {
+            let mut conn = db.connect();
+            crate::capture::events(|| {
+                relay
+                    .run_once(&mut conn, |_| {
+                        signals::notify(&format!("{name}-delivering"));
+                        copy_done.wait("the copy delivering the message");
+                        Err::<(), _>("the receiver timed out".to_owned())
+                    })
+                    .expect("the first copy")
+            })
+        });
+        delivering.wait("the first copy delivering");
+        std::thread::sleep(Duration::from_millis(450));
+        let second = copy
+            .run_once(&mut conn, |_| Ok::<_, String>(()))
+            .expect("the second copy");
+        signals::notify(&format!("{name}-copy-done"));
+        (first.join().expect("the first copy"), second)
+    });
+    assert_eq!(second.delivered, 1, "the copy took the lapsed lease");
+    assert_eq!(
+        (first.failed, first.parked, first.lease_lost),
+        (0, 0, 1),
+        "the first copy's failure recorded nothing: {first:?}"
+    );
+    assert!(
+        outbox::parked(&mut conn).expect("parked").is_empty(),
+        "nothing is parked"
+    );
+    assert_eq!(outbox::counts(&mut conn).expect("counts").delivered, 1);
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.get("message").is_some_and(|m| m.contains("parked"))),
+        "no event says the message was parked: {events:?}"
     );
 }
 

@@ -585,6 +585,14 @@ macro_rules! pending {
 }
 
 /// Messages whose relay died while it held them (leased, lease lapsed, never marked).
+/// Why a message whose lease lapsed during its last allowed attempt is parked, as an SQL string
+/// literal: nothing tells whether it was delivered (the relay stopped, or its mark failed).
+macro_rules! abandoned_reason {
+    () => {
+        "'its lease lapsed during its last allowed delivery attempt (the relay stopped, or could not record the outcome): it may have been delivered'"
+    };
+}
+
 macro_rules! abandoned {
     () => {
         concat!(

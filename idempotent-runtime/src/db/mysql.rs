@@ -120,8 +120,7 @@ sql! {
     );
     ParkAbandoned = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
-         last_error = 'the relay stopped during the last allowed delivery attempt' \
-         WHERE ", abandoned!(), " AND attempts >= ?"
+         last_error = ", abandoned_reason!(), " WHERE ", abandoned!(), " AND attempts >= ?"
     );
     FindAbandoned = concat!(
         "SELECT id FROM outbox WHERE ", abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"

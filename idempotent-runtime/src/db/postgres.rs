@@ -123,8 +123,7 @@ sql! {
     );
     ParkAbandoned = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
-         last_error = 'the relay stopped during the last allowed delivery attempt' \
-         WHERE id IN (SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts >= ? \
+         last_error = ", abandoned_reason!(), " WHERE id IN (SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts >= ? \
          FOR UPDATE SKIP LOCKED)"
     );
     TakeAbandoned = concat!(

@@ -72,8 +72,7 @@ sql! {
     );
     ParkAbandoned = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
-         last_error = 'the relay stopped during the last allowed delivery attempt' \
-         WHERE ", abandoned!(), " AND attempts >= ?"
+         last_error = ", abandoned_reason!(), " WHERE ", abandoned!(), " AND attempts >= ?"
     );
     TakeAbandoned = concat!(
         "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
