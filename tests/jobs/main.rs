@@ -675,6 +675,18 @@ sqlite_tests!(sqlite_holes, crate::backends::Sqlite);
 #[cfg(feature = "async-sqlite")]
 sqlite_tests!(async_sqlite_holes, crate::backends::AsyncSqlite);
 
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_relay_never_waits_for_a_job_that_pushed() {
+    outbox_faults::a_relay_never_waits_for_a_job_that_pushed::<crate::backends::Postgres, _>();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_relay_never_waits_for_a_job_that_pushed() {
+    outbox_faults::a_relay_never_waits_for_a_job_that_pushed::<crate::backends::Mysql, _>();
+}
+
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);
 #[cfg(feature = "postgres")]

@@ -571,6 +571,64 @@ where
     );
 }
 
+/// A job that has pushed a message and is still running holds that row uncommitted; a relay's
+/// lease must pass it by (`SKIP LOCKED`) and deliver the rest. Before, on MySQL and MariaDB the
+/// lease's first statement (parking messages abandoned at their last attempt) was a plain `UPDATE`
+/// that scanned the outbox and waited for the job's row: every relay stood still for as long as
+/// any job that pushed ran, then failed with a lock wait timeout (and its locks held other
+/// relays' marks). Not SQLite: a job holding its one write lock holds every writer.
+pub fn a_relay_never_waits_for_a_job_that_pushed<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
+    let (db, mut conn) = three_receipts::<B, C>();
+    if B::SERVER == crate::harness::Server::Mysql {
+        // A failing run fails in seconds rather than the default 50.
+        B::execute(&mut conn, "SET SESSION innodb_lock_wait_timeout = 2");
+    }
+    let (pushed, holds) = std::sync::mpsc::channel();
+    let (finish, finishing) = std::sync::mpsc::channel::<()>();
+    let report = std::thread::scope(|scope| {
+        let db = &db;
+        let job = scope.spawn(move || {
+            let mut conn = db.connect();
+            idempotent_jobs::run(&mut conn, &PUSHING, &JobKey::new("pushing:1"), |conn| {
+                outbox::push(
+                    conn,
+                    "receipt",
+                    &serde_json::json!({ "order_id": "order-4" }),
+                )?;
+                let _ = pushed.send(());
+                let _ = finishing.recv_timeout(Duration::from_secs(120));
+                Ok::<_, Error>(())
+            })
+            .expect("the pushing job")
+        });
+        holds
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the job pushed");
+        let started = std::time::Instant::now();
+        let report = Relay::new().run_once(&mut conn, |_| Ok::<_, String>(()));
+        let took = started.elapsed();
+        finish.send(()).expect("finishing the job");
+        job.join().expect("the job's thread");
+        (report, took)
+    });
+    let (report, took) = report;
+    assert!(
+        matches!(&report, Ok(r) if r.delivered == 3),
+        "the relay delivers the three committed messages beside the running job (in {took:?}): {report:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!(
+        (counts.delivered, counts.pending),
+        (3, 1),
+        "the job's message, committed since, waits for the next round"
+    );
+}
+
 /// A relay inside a transaction of the caller's would hold its row locks until that transaction
 /// ends: it is refused, and nothing is leased.
 pub fn relays_refuse_to_run_inside_a_transaction<B, C>()

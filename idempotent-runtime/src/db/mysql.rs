@@ -118,9 +118,15 @@ sql! {
     PruneLapsed = concat!(
         "DELETE FROM done_jobs WHERE expires_at <= ", now!(), " ORDER BY expires_at LIMIT ?"
     );
-    ParkAbandoned = concat!(
+    // Found with `SKIP LOCKED`, then parked one by one by primary key: a plain `UPDATE ... WHERE`
+    // scans the outbox and waits for every row a running job has pushed and not committed.
+    FindParkable = concat!(
+        "SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts >= ? ORDER BY id",
+        every_row!(), " FOR UPDATE SKIP LOCKED"
+    );
+    ParkOne = concat!(
         "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
-         last_error = ", abandoned_reason!(), " WHERE ", abandoned!(), " AND attempts >= ?"
+         last_error = ", abandoned_reason!(), " WHERE id = ?"
     );
     FindAbandoned = concat!(
         "SELECT id FROM outbox WHERE ", abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
@@ -604,7 +610,15 @@ impl Database for MysqlDb {
         conn: &mut C,
         lease: &Lease<'_>,
     ) -> QueryResult<Vec<LeasedRow>> {
-        super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
+        let parkable: Vec<Id> = conn
+            .load(Statement::<FindParkable, _>::new((bind::<Integer, _>(
+                lease.max_attempts,
+            ),)))
+            .await?;
+        for id in &parkable {
+            conn.execute(Statement::<ParkOne, _>::new((bind::<BigInt, _>(id.id),)))
+                .await?;
+        }
         let mut ids: Vec<Id> = conn.load(Statement::<FindAbandoned, _>::new(())).await?;
         if ids.is_empty() {
             ids = conn
