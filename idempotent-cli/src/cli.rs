@@ -152,6 +152,9 @@ pub enum KeysCommand {
         /// Only keys done before TIME: RFC 3339 (2026-11-30T10:00:00Z) or a duration ago (2h, 7d)
         #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
         before: Option<SystemTime>,
+        /// Only the keys after POSITION: the next page, as the last page's end printed it
+        #[arg(long, value_name = "POSITION", value_parser = crate::page::parse_after_arg)]
+        after: Option<crate::page::After>,
         /// At most this many keys
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,

@@ -13,6 +13,7 @@ use crate::connect::Target;
 use crate::failure::{Code, Failure};
 use crate::keyform::key_from_template;
 use crate::nearest;
+use crate::page::After;
 use crate::table::{Align, Table, printable, truncate};
 use crate::time::{format_age, format_micros, format_seconds};
 
@@ -33,8 +34,9 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
             job,
             since,
             before,
+            after,
             limit,
-        }) => keys_list(conn, cx, job.as_deref(), *since, *before, *limit),
+        }) => keys_list(conn, cx, job.as_deref(), (*since, *before), *after, *limit),
         Command::Keys(KeysCommand::Forget { key, reason, yes }) => {
             keys_forget(conn, cx, key, reason.as_deref(), *yes)
         }
@@ -244,12 +246,15 @@ fn keys_list<C: JobStore>(
     conn: &mut C,
     cx: &Context<'_>,
     job: Option<&str>,
-    since: Option<SystemTime>,
-    before: Option<SystemTime>,
+    (since, before): (Option<SystemTime>, Option<SystemTime>),
+    after: Option<After>,
     limit: u32,
 ) -> Result<(), Failure> {
     // One more than asked, to tell whether there are more.
     let mut query = KeyQuery::default().limit(limit.saturating_add(1));
+    if let Some(after) = after {
+        query = after.apply(query);
+    }
     if let Some(job) = job {
         query = query.job(job);
     }
@@ -262,15 +267,23 @@ fn keys_list<C: JobStore>(
     let mut records = keys::list(conn, &query).map_err(|e| db_failure(conn, cx.target, e))?;
     let more = records.len() > limit as usize;
     records.truncate(limit as usize);
+    // Where the next page starts (`--after`), when there is one.
+    let next = records
+        .last()
+        .filter(|_| more)
+        .map(|last| After::of(last).to_string());
     if cx.json {
         #[derive(Serialize)]
         struct List<'a> {
             keys: Vec<KeyJson<'a>>,
             more: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            next: Option<String>,
         }
         emit_json(&List {
             keys: records.iter().map(KeyJson::from).collect(),
             more,
+            next,
         });
         return Ok(());
     }
@@ -299,9 +312,9 @@ fn keys_list<C: JobStore>(
         ]);
     }
     let mut text = table.render();
-    if more {
+    if let Some(next) = next {
         text.push_str(&format!(
-            "(the newest {limit} keys; more match: raise --limit, or narrow with --job, --since, --before)\n"
+            "({limit} keys shown; more match: the next page is the same command with --after {next})\n"
         ));
     }
     emit(&text);

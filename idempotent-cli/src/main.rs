@@ -18,6 +18,7 @@ mod dotenv;
 mod failure;
 mod keyform;
 mod nearest;
+mod page;
 mod secret;
 #[cfg(feature = "serve")]
 mod serve;

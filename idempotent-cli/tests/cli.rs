@@ -147,6 +147,45 @@ fn operate<C: Backend>() {
     let run = db.cli(&["--json", "keys", "list", "--limit", "1"]).ok();
     assert_eq!(run.json()["keys"].as_array().map(Vec::len), Some(1));
     assert_eq!(run.json()["more"], true);
+    // Page by page, as the table's last line says, and as `next` in JSON: each key once.
+    let mut listed = Vec::new();
+    let mut args = vec![
+        "keys".to_owned(),
+        "list".to_owned(),
+        "--limit".to_owned(),
+        "1".to_owned(),
+    ];
+    for _ in 0..10 {
+        let shown: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = db.cli(&shown).ok();
+        listed.extend(
+            run.stdout
+                .lines()
+                .skip(1)
+                .filter(|l| !l.starts_with('('))
+                .map(str::to_owned),
+        );
+        let Some(next) = run.stdout.split("--after ").nth(1) else {
+            break;
+        };
+        let next = next.trim().trim_end_matches(')').to_owned();
+        args.truncate(4);
+        args.extend(["--after".to_owned(), next]);
+    }
+    assert_eq!(listed.len(), 4, "each key on one page: {listed:#?}");
+    let json = db
+        .cli(&["--json", "keys", "list", "--limit", "3"])
+        .ok()
+        .json();
+    let next = json["next"].as_str().expect("where the next page starts");
+    let rest = db
+        .cli(&["--json", "keys", "list", "--after", next])
+        .ok()
+        .json();
+    assert_eq!(rest["keys"].as_array().map(Vec::len), Some(1), "{rest}");
+    assert_eq!(rest["more"], false);
+    assert!(rest.get("next").is_none(), "{rest}");
+    db.cli(&["keys", "list", "--after", "yesterday"]).exit(2);
     let run = db.cli(&["keys", "list", "--before", "1h"]).ok();
     assert_eq!(run.stdout, "no keys match\n");
     db.cli(&["keys", "list", "--since", "yesterday"]).exit(2);
@@ -664,6 +703,7 @@ fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
         "3  cannot connect",
         "4  the database lacks the runtime's tables",
         "5  any other database error",
+        "6  the key changed since it was read",
     ] {
         assert!(help.contains(line), "{line}: {help}");
     }

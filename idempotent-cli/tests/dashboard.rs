@@ -616,3 +616,57 @@ fn serve_refuses_to_start_without_a_token() {
     );
     assert!(!run.stderr.contains(MARK), "{run:#?}");
 }
+
+/// Keys done in one millisecond (SQLite's `done_at` has no finer grain; a busy worker commits
+/// several jobs in one) are paged through by "Older keys →" each once. Before, the link asked for
+/// keys done strictly before the last one shown, and every other key of that millisecond that did
+/// not fit on the page was on no page.
+#[test]
+fn paging_through_keys_done_in_one_millisecond_shows_each_once() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let names: Vec<String> = (1..=5).map(|n| format!("same-ms-{n}")).collect();
+    for name in &names {
+        let key = JobKey::builder()
+            .text("welcome:")
+            .value(name)
+            .build()
+            .expect("a key");
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &WELCOME, &key, |_| Ok::<_, Error>(()))
+                .expect("welcome");
+    }
+    conn.batch_execute("UPDATE done_jobs SET done_at = '2026-12-01 10:00:00.123'")
+        .expect("one millisecond for all");
+    let server = Server::start(&db.url, false);
+    let bearer = format!("Bearer {TOKEN}");
+    let mut page = "/keys?limit=2".to_owned();
+    let mut seen: Vec<String> = Vec::new();
+    for _ in 0..10 {
+        let response = http(
+            "GET",
+            &server.addr,
+            &page,
+            &[("Authorization", bearer.as_str())],
+            "",
+        );
+        assert_eq!(response.status, 200, "{response:?}");
+        for name in &names {
+            if response.body.contains(&format!(">welcome:{name}<")) {
+                seen.push(name.clone());
+            }
+        }
+        let Some(next) = response
+            .body
+            .split("<a rel=\"next\" href=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        else {
+            break;
+        };
+        page = next.replace("&amp;", "&");
+    }
+    seen.sort();
+    assert_eq!(seen, names, "each key on exactly one page");
+}

@@ -107,6 +107,7 @@ pub struct KeyQuery {
     job: Option<String>,
     done_from: Option<SystemTime>,
     done_before: Option<SystemTime>,
+    after: Option<(SystemTime, [u8; 32])>,
     limit: u32,
 }
 
@@ -116,6 +117,7 @@ impl Default for KeyQuery {
             job: None,
             done_from: None,
             done_before: None,
+            after: None,
             limit: 100,
         }
     }
@@ -137,6 +139,16 @@ impl KeyQuery {
     /// Only keys done before `time`.
     pub fn done_before(mut self, time: SystemTime) -> Self {
         self.done_before = Some(time);
+        self
+    }
+
+    /// Only the keys that come after the key done at `done_at` with `digest` in [`list`]'s order
+    /// (newest first; keys done at the same instant by digest): the next page after a page whose
+    /// last record is `last` is `.after(last.done_at, last.digest)`. Keys done at the same instant
+    /// (a busy worker commits several in one millisecond, SQLite's grain) are neither skipped nor
+    /// repeated, which [`done_before`](Self::done_before) with the last one's time would do.
+    pub fn after(mut self, done_at: SystemTime, digest: [u8; 32]) -> Self {
+        self.after = Some((done_at, digest));
         self
     }
 
@@ -430,6 +442,10 @@ async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyReco
         query.done_before.map(to_micros),
     );
     let limit = i64::from(query.limit);
+    let (after_micros, after_digest) = match query.after {
+        Some((done_at, digest)) => (Some(to_micros(done_at)), Some(digest)),
+        None => (None, None),
+    };
     let rows = keys_operation(
         conn,
         ("list keys", "listing keys"),
@@ -438,6 +454,8 @@ async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyReco
                 job: job.as_deref(),
                 done_from_micros,
                 done_before_micros,
+                after_micros,
+                after_digest: after_digest.as_ref(),
                 limit,
             };
             S::Db::list_keys(conn, &filter).await

@@ -157,6 +157,8 @@ impl_binds!(a A, b B, c C, d D, e E, f F);
 impl_binds!(a A, b B, c C, d D, e E, f F, g G);
 impl_binds!(a A, b B, c C, d D, e E, f F, g G, h H);
 impl_binds!(a A, b B, c C, d D, e E, f F, g G, h H, i I);
+impl_binds!(a A, b B, c C, d D, e E, f F, g G, h H, i I, j J);
+impl_binds!(a A, b B, c C, d D, e E, f F, g G, h H, i I, j J, k K);
 
 /// A statement `S` with its bind values `B`; see the [module docs](self).
 pub struct Statement<S, B> {

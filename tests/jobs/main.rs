@@ -75,6 +75,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn paging_lists_keys_done_at_one_instant_each_once() {
+                operate::paging_lists_keys_done_at_one_instant_each_once::<$backend>();
+            }
+
+            #[test]
             fn forgetting_a_key_in_progress_forgets_nothing() {
                 operate::forgetting_a_key_in_progress_forgets_nothing::<$backend>();
             }

@@ -254,3 +254,35 @@ pub fn forgetting_a_key_in_progress_forgets_nothing<B: Backend>() {
     );
     assert_eq!(B::count_topic(&mut conn, "held"), 1, "the body ran once");
 }
+
+/// Paging through keys with [`KeyQuery::after`] lists each key once, keys done at one instant
+/// included (set here; a busy worker commits several in one millisecond, SQLite's grain), on
+/// every connection type: the digest orders what the time does not.
+pub fn paging_lists_keys_done_at_one_instant_each_once<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=5 {
+        B::charge(&mut conn, &format!("order-{order}"), order, Mode::Succeed).expect("a charge");
+    }
+    B::execute(
+        &mut conn,
+        "UPDATE done_jobs SET done_at = '2026-12-01 10:00:00.123'",
+    );
+    B::remind(&mut conn, 7).expect("a reminder, done later");
+    let mut seen: Vec<String> = Vec::new();
+    let mut query = KeyQuery::default().limit(2);
+    for _ in 0..10 {
+        let page = B::keys_list(&mut conn, &query).expect("a page");
+        let Some(last) = page.last() else { break };
+        query = KeyQuery::default()
+            .limit(2)
+            .after(last.done_at, last.digest);
+        seen.extend(page.iter().map(|r| r.key.clone()));
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), seen.len(), "a key on two pages: {seen:?}");
+    assert_eq!(seen.len(), 6, "every key on a page: {seen:?}");
+    assert_eq!(seen[0], "remind:7", "newest first: {seen:?}");
+}

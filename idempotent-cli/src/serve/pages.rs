@@ -21,7 +21,7 @@ use crate::connect::Target;
 use crate::failure::{Code, Failure};
 use crate::keyform::{key_from_template, placeholders};
 use crate::nearest::{self, Nearest};
-use crate::time::{format_age, format_micros, format_seconds, parse_time_arg};
+use crate::time::{format_age, format_seconds, parse_time_arg};
 
 /// The page around a view.
 pub fn frame<'a>(
@@ -200,6 +200,8 @@ struct KeyFilters {
     job: String,
     since: String,
     before: String,
+    /// Where the page starts: after this key (the previous page's last).
+    after: String,
     limit: u32,
 }
 
@@ -214,6 +216,7 @@ pub async fn keys(
         job: form.get("job").unwrap_or_default().trim().to_owned(),
         since: form.get("since").unwrap_or_default().trim().to_owned(),
         before: form.get("before").unwrap_or_default().trim().to_owned(),
+        after: form.get("after").unwrap_or_default().trim().to_owned(),
         limit: form
             .get("limit")
             .and_then(|l| l.parse().ok())
@@ -232,6 +235,12 @@ pub async fn keys(
         match parse_time_arg(text) {
             Ok(time) if since => query = query.done_from(time),
             Ok(time) => query = query.done_before(time),
+            Err(why) => problems.push(why),
+        }
+    }
+    if !filters.after.is_empty() {
+        match crate::page::After::parse(&filters.after) {
+            Ok(after) => query = after.apply(query),
             Err(why) => problems.push(why),
         }
     }
@@ -258,10 +267,11 @@ pub async fn keys(
     if more && let Some(last) = records.last() {
         let _ = write!(
             body,
-            "<p><a rel=\"next\" href=\"/keys?job={}&amp;since={}&amp;before={}&amp;limit={}\">Older keys →</a></p>",
+            "<p><a rel=\"next\" href=\"/keys?job={}&amp;since={}&amp;before={}&amp;after={}&amp;limit={}\">Older keys →</a></p>",
             url_value(&filters.job),
             url_value(&filters.since),
-            url_value(&format_micros(last.done_at)),
+            url_value(&filters.before),
+            url_value(&crate::page::After::of(last).to_string()),
             filters.limit
         );
     }

@@ -682,6 +682,8 @@ macro_rules! shared_statements {
                  WHERE (? IS NULL OR job_name = ?) \
                    AND (? IS NULL OR ", micros!("done_at"), " >= ?) \
                    AND (? IS NULL OR ", micros!("done_at"), " < ?) \
+                   AND (? IS NULL OR ", micros!("done_at"), " < ? \
+                        OR (", micros!("done_at"), " = ? AND key_digest > ?)) \
                  ORDER BY done_at DESC, key_digest LIMIT ?"
             );
             JobCounts = concat!(
@@ -947,6 +949,10 @@ macro_rules! shared_methods {
                 bind::<Nullable<BigInt>, _>(filter.done_from_micros),
                 bind::<Nullable<BigInt>, _>(filter.done_before_micros),
                 bind::<Nullable<BigInt>, _>(filter.done_before_micros),
+                bind::<Nullable<BigInt>, _>(filter.after_micros),
+                bind::<Nullable<BigInt>, _>(filter.after_micros),
+                bind::<Nullable<BigInt>, _>(filter.after_micros),
+                bind::<Nullable<Binary>, _>(filter.after_digest.map(|d| &d[..])),
                 bind::<BigInt, _>(filter.limit),
             )))
             .await

@@ -188,6 +188,9 @@ pub struct KeyFilter<'a> {
     pub job: Option<&'a str>,
     pub done_from_micros: Option<i64>,
     pub done_before_micros: Option<i64>,
+    /// Only rows after this one (`done_at` in microseconds, digest) in the list's order.
+    pub after_micros: Option<i64>,
+    pub after_digest: Option<&'a [u8; 32]>,
     pub limit: i64,
 }
 
