@@ -21,7 +21,8 @@ Exit codes:
   0  success
   1  not found: the key or outbox message does not exist (nothing was changed)
   2  bad usage, or a confirmation that was refused or could not be asked (nothing was changed)
-  3  cannot connect: bad URL, server down, SQLite file missing
+  3  cannot connect (bad URL, server down, SQLite file missing), or the connection was lost
+     before the command changed anything
   4  the database lacks the runtime's tables, or they are incomplete: run idempotent-jobs migrate
   5  any other database error, or a failed operation that changed something (a prune's batches)
   6  the key changed since it was read (another run renewed it): nothing was changed, look again";

@@ -800,9 +800,14 @@ fn migrate<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
 /// database error (5). The operation's own error always comes first.
 pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> Failure {
     let text = printable(&target.scrub(&with_causes(&error)));
-    if is_closed_connection(&error) {
+    if error.is_connection_lost() {
+        // 3 is for nothing changed; an operation that had changed something keeps 5.
+        let code = match changed_something(&error) {
+            true => Code::Database,
+            false => Code::Connect,
+        };
         return Failure::new(
-            Code::Connect,
+            code,
             format!(
                 "lost the connection to the database at {}: {text}",
                 target.shown
@@ -875,23 +880,6 @@ pub fn changed_meanwhile<C: JobStore>(conn: &mut C, digest: &[u8; 32], named: &s
                 "key {named} changed since it was read (deleted, or renewed by another run); nothing was changed: look at it again (`keys show`)"
             ),
         ),
-    }
-}
-
-/// Whether the runtime's error is a connection the database closed.
-fn is_closed_connection(error: &Error) -> bool {
-    use diesel::result::{DatabaseErrorKind, Error as Diesel};
-    match error {
-        Error::Keys { source, .. }
-        | Error::Outbox { source, .. }
-        | Error::Prune { source, .. }
-        | Error::OutcomeUnknown { source, .. } => {
-            matches!(
-                source,
-                Diesel::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-            )
-        }
-        _ => false,
     }
 }
 

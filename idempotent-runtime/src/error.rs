@@ -628,6 +628,33 @@ impl Error {
         }
     }
 
+    /// Whether the database connection failed under the call (closed, reset, killed, gone away):
+    /// the connection is of no more use (a pool drops it by itself), and what the error says was
+    /// and was not committed holds. For a job, see
+    /// [`CommitOutcomeUnknown`](Error::CommitOutcomeUnknown) for a failure at the commit; the
+    /// operator CLI exits 3 for a lost connection that changed nothing.
+    pub fn is_connection_lost(&self) -> bool {
+        let source = match self {
+            Error::Database { source, .. }
+            | Error::CommitOutcomeUnknown { source, .. }
+            | Error::ClaimNotTakenBack { source, .. }
+            | Error::ClaimRetriesExhausted { source, .. }
+            | Error::Prune { source, .. }
+            | Error::Keys { source, .. }
+            | Error::OutcomeUnknown { source, .. }
+            | Error::Outbox { source, .. }
+            | Error::Verify(source) => source,
+            Error::Migration { source, .. } => {
+                match source.downcast_ref::<diesel::result::Error>() {
+                    Some(source) => source,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        };
+        crate::db::connection_lost_anywhere(source)
+    }
+
     /// Whether the database may hold something a failed job left that a person should look at
     /// (what its body wrote, a claim that may be committed): [`ClaimNotTakenBack`](Error::ClaimNotTakenBack) (a
     /// claim of a run that did not finish may be committed),

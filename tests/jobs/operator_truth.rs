@@ -795,3 +795,123 @@ fn a_read_only_sqlite_file_changes_nothing_and_says_so() {
     assert!(text(&forget.stdout).is_empty() && text(&prune.stdout).is_empty());
     assert_eq!(Sqlite::count_done(&mut conn), 2, "nothing was deleted");
 }
+
+// --- a connection lost under the CLI ----------------------------------------------------------
+
+/// Waits until `sql` (a count) is not 0 on `conn`, for at most a minute.
+fn wait_for<B: Backend>(conn: &mut B::Conn, sql: &str, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while B::query_i64(conn, sql) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A paced prune whose connection is terminated in a pause after its first batch committed (an
+/// idle timeout, a failover, an operator's `pg_terminate_backend`): two keys are deleted. Before,
+/// the CLI said "lost the connection" and exited 3 ("cannot connect"), which the docs keep for
+/// nothing changed; it exits 5, a failed operation that changed something, with the count.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_prune_that_loses_its_connection_after_a_batch_exits_5_with_the_count() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut conn = db.connect();
+    Postgres::execute(
+        &mut conn,
+        &lapsed_claims(crate::harness::Server::Postgres, 5),
+    );
+    let name = unique_name("optruth");
+    let url = format!("{}&application_name={name}", db.locator());
+    let child = Command::new(cli_binary())
+        .args(["prune", "--batch-size", "2", "--pace", "2000"])
+        .env("DATABASE_URL", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the CLI");
+    wait_for::<Postgres>(
+        &mut conn,
+        "SELECT CASE WHEN COUNT(*) = 3 THEN 1::bigint ELSE 0::bigint END AS n FROM done_jobs",
+        "the first batch",
+    );
+    Postgres::execute(
+        &mut conn,
+        &format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'"
+        ),
+    );
+    let output = child.wait_with_output().expect("the CLI's end");
+    let stderr = text(&output.stderr);
+    assert_eq!(
+        Postgres::count_done(&mut conn),
+        3,
+        "one batch of two deleted"
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(5),
+        "a prune that deleted two keys: {stderr}"
+    );
+    assert!(
+        holds_number(&stderr, 2) && stderr.contains("stay deleted"),
+        "the count of what was deleted: {stderr}"
+    );
+}
+
+/// A forget waiting for a row lock whose connection is killed (`KILL`, by a DBA or a failover):
+/// nothing was changed, and the CLI says it lost the connection and exits 3, on MySQL as on
+/// PostgreSQL. Before, MySQL's lost connection (a message, not Diesel's `ClosedConnection`) was
+/// "any other database error", exit 5, after a `verify` on the dead connection.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_forget_whose_mysql_connection_is_killed_exits_3_and_changes_nothing() {
+    use crate::backends::Mysql;
+
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &KEPT, "kept:1", 1));
+    let mut holder = db.connect();
+    Mysql::execute(&mut holder, "BEGIN");
+    Mysql::execute(&mut holder, "SELECT * FROM done_jobs FOR UPDATE");
+    let child = Command::new(cli_binary())
+        .args(["keys", "forget", "kept:1", "--yes", "--reason", "kill"])
+        .env("DATABASE_URL", db.locator())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the CLI");
+    let waiting = "SELECT COUNT(*) AS n FROM information_schema.processlist \
+                   WHERE info LIKE 'DELETE FROM done_jobs%' AND id <> CONNECTION_ID()";
+    wait_for::<Mysql>(&mut conn, waiting, "the CLI's forget waiting for the lock");
+    let id = Mysql::query_i64(
+        &mut conn,
+        "SELECT id AS n FROM information_schema.processlist \
+         WHERE info LIKE 'DELETE FROM done_jobs%' AND id <> CONNECTION_ID() LIMIT 1",
+    );
+    Mysql::execute(&mut conn, &format!("KILL CONNECTION {id}"));
+    let output = child.wait_with_output().expect("the CLI's end");
+    Mysql::execute(&mut holder, "ROLLBACK");
+    let stderr = text(&output.stderr);
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("kept:1"))
+            .expect("a look-up")
+            .is_some(),
+        "nothing was changed"
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "a lost connection that changed nothing: {stderr}"
+    );
+    assert!(
+        stderr.contains("lost the connection") && stderr.contains("nothing was changed"),
+        "{stderr}"
+    );
+}

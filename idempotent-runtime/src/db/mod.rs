@@ -140,6 +140,23 @@ pub(crate) fn connection_lost(error: &DieselError, phrases: &[&str]) -> bool {
     }
 }
 
+/// Whether `error` is any compiled-in database's way of saying the connection failed, for
+/// [`Error::is_connection_lost`](crate::Error::is_connection_lost), which knows no database.
+pub(crate) fn connection_lost_anywhere(error: &DieselError) -> bool {
+    #[cfg(any(feature = "postgres", feature = "async-postgres"))]
+    if <postgres::PostgresDb as crate::store::Database>::connection_lost(error) {
+        return true;
+    }
+    #[cfg(any(feature = "mysql", feature = "async-mysql"))]
+    if <mysql::MysqlDb as crate::store::Database>::connection_lost(error) {
+        return true;
+    }
+    matches!(
+        error,
+        DieselError::DatabaseError(diesel::result::DatabaseErrorKind::ClosedConnection, _)
+    )
+}
+
 /// A name read from a catalog.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Name {

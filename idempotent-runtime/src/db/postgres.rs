@@ -329,6 +329,8 @@ impl Database for PostgresDb {
                 "could not receive data",
                 "could not send data",
                 "connection closed",
+                // libpq over TLS: "SSL connection has been closed unexpectedly".
+                "connection has been closed",
                 "Connection reset",
                 "Broken pipe",
                 "unexpected EOF",
