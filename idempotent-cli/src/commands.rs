@@ -135,6 +135,35 @@ struct Wanted {
     named: String,
     /// The key's text, when it was given as text or built from a template.
     text: Option<String>,
+    /// The key whose stored, escaped form the text is, where that differs from it: a key given
+    /// to `JobKey::new` with a control character is stored (and listed) with it as `%XX`.
+    escaped_from: Option<JobKey>,
+}
+
+impl Wanted {
+    /// The record of the key: the text as given, else the key whose stored form it is (then
+    /// `self` names that key from here on).
+    fn lookup<C: JobStore>(&mut self, conn: &mut C) -> Result<Option<KeyRecord>, Error> {
+        if let Some(record) = keys::lookup_digest(conn, &self.digest)? {
+            return Ok(Some(record));
+        }
+        let Some(key) = &self.escaped_from else {
+            return Ok(None);
+        };
+        let record = keys::lookup_digest(conn, &key.digest())?;
+        if record.is_some() {
+            self.digest = key.digest();
+        }
+        Ok(record)
+    }
+}
+
+/// The key whose stored form `given` is, where that is another key: one given to `JobKey::new`
+/// with a control character, stored and listed with it as `%XX`.
+pub fn escaped_from(given: &str) -> Option<JobKey> {
+    idempotent_keys::escape::unescape(given)
+        .map(JobKey::new)
+        .filter(|key| key.as_str() != given && key.readable() == given)
 }
 
 /// Which key the arguments name; a template that does not fit its values is bad usage.
@@ -152,6 +181,7 @@ fn resolve(key: &KeyArg) -> Result<Wanted, Failure> {
             digest: *digest,
             named: format!("with digest {}", hex(digest)),
             text: None,
+            escaped_from: None,
         });
     }
     let job_key = match (&which.key, &which.template) {
@@ -166,10 +196,12 @@ fn resolve(key: &KeyArg) -> Result<Wanted, Failure> {
         }
     };
     let text = job_key.readable().into_owned();
+    let escaped_from = which.key.as_deref().and_then(escaped_from);
     Ok(Wanted {
         digest: job_key.digest(),
         named: format!("`{}`", printable(&text)),
         text: Some(text),
+        escaped_from,
     })
 }
 
@@ -227,9 +259,10 @@ fn near_text(near: &nearest::Nearest) -> String {
 
 /// `keys show`: one record.
 fn keys_show<C: JobStore>(conn: &mut C, cx: &Context<'_>, key: &KeyArg) -> Result<(), Failure> {
-    let wanted = resolve(key)?;
-    let Some(record) =
-        keys::lookup_digest(conn, &wanted.digest).map_err(|e| db_failure(conn, cx.target, e))?
+    let mut wanted = resolve(key)?;
+    let Some(record) = wanted
+        .lookup(conn)
+        .map_err(|e| db_failure(conn, cx.target, e))?
     else {
         return Err(not_found(conn, &wanted));
     };
@@ -329,11 +362,12 @@ fn keys_forget<C: JobStore>(
     reason: Option<&str>,
     yes: bool,
 ) -> Result<(), Failure> {
-    let wanted = resolve(key)?;
+    let mut wanted = resolve(key)?;
+    let found = wanted
+        .lookup(conn)
+        .map_err(|e| db_failure(conn, cx.target, e))?;
     let (digest, named) = (wanted.digest, wanted.named.clone());
-    let Some(record) =
-        keys::lookup_digest(conn, &digest).map_err(|e| db_failure(conn, cx.target, e))?
-    else {
+    let Some(record) = found else {
         let mut failure = not_found(conn, &wanted);
         failure.message = failure.message.replacen(
             ": no run holds it",

@@ -577,6 +577,28 @@ fn escaped_keys<C: Backend>() {
         "{starts:?}: {}",
         run.stdout
     );
+
+    // A key given to `JobKey::new` with a control character is stored (and listed) with it
+    // escaped: the text `keys list` prints finds it, as the README promises. Before, `keys show`
+    // and `keys forget` with that text said no run holds it (exit 1), the hint naming the very
+    // key looked for.
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:a\tb"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("running the welcome job");
+    let run = db.cli(&["keys", "list", "--job", "welcome"]).ok();
+    assert!(run.stdout.contains("welcome:a%09b"), "{run:#?}");
+    let run = db.cli(&["keys", "show", "welcome:a%09b"]).ok();
+    assert!(run.stdout.contains("welcome:a%09b"), "{run:#?}");
+    let run = db.cli(&["keys", "forget", "welcome:a%09b", "--yes"]).ok();
+    assert!(run.stdout.contains("forgot key"), "{run:#?}");
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("welcome:a\tb"))
+            .expect("a look-up")
+            .is_none(),
+        "forgotten"
+    );
 }
 
 #[test]

@@ -670,3 +670,34 @@ fn paging_through_keys_done_in_one_millisecond_shows_each_once() {
     seen.sort();
     assert_eq!(seen, names, "each key on exactly one page");
 }
+
+/// A key given to `JobKey::new` with a control character is listed escaped (`%09`); the look-up
+/// by that text (the page's own link to it, a nearest key's link) finds it. Before: "not found",
+/// with the key itself as the nearest.
+#[test]
+fn a_key_listed_escaped_is_found_by_its_listed_text() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:a\tb"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("welcome");
+    let server = Server::start(&db.url, false);
+    let bearer = format!("Bearer {TOKEN}");
+    let response = http(
+        "GET",
+        &server.addr,
+        "/lookup?key=welcome%3Aa%2509b",
+        &[("Authorization", bearer.as_str())],
+        "",
+    );
+    assert_eq!(response.status, 200, "{response:?}");
+    let digest = hex(&JobKey::new("welcome:a\tb").digest());
+    assert!(
+        response.body.contains(&digest) && !response.body.contains("no run holds it"),
+        "{}",
+        response.body
+    );
+}

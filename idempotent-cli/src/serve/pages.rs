@@ -356,6 +356,9 @@ enum Asked {
     Key {
         digest: [u8; 32],
         text: Option<String>,
+        /// The digest of the key whose stored, escaped form the text is (see
+        /// [`crate::commands::escaped_from`]).
+        escaped_from: Option<[u8; 32]>,
     },
     /// A request that cannot be read.
     Bad(String),
@@ -365,15 +368,21 @@ enum Asked {
 fn asked(form: &Form) -> Asked {
     if let Some(hex) = form.get("digest").map(str::trim).filter(|d| !d.is_empty()) {
         return match keys::parse_digest(hex) {
-            Some(digest) => Asked::Key { digest, text: None },
+            Some(digest) => Asked::Key {
+                digest,
+                text: None,
+                escaped_from: None,
+            },
             None => Asked::Bad("A digest is 64 hexadecimal digits.".to_owned()),
         };
     }
     if let Some(key) = form.get("key").filter(|k| !k.is_empty()) {
+        let escaped_from = crate::commands::escaped_from(key).map(|k| k.digest());
         let key = idempotent_runtime::JobKey::new(key);
         return Asked::Key {
             digest: key.digest(),
             text: Some(key.readable().into_owned()),
+            escaped_from,
         };
     }
     let Some(template) = form.get("template").filter(|t| !t.trim().is_empty()) else {
@@ -387,6 +396,7 @@ fn asked(form: &Form) -> Asked {
             Ok(key) => Asked::Key {
                 digest: key.digest(),
                 text: Some(key.readable().into_owned()),
+                escaped_from: None,
             },
             Err(why) => Asked::Bad(why),
         },
@@ -411,11 +421,15 @@ pub async fn lookup(
     match asked(&form) {
         Asked::Form => {}
         Asked::Bad(why) => body.push_str(&notice(&why, true)),
-        Asked::Key { digest, text } => {
+        Asked::Key {
+            digest,
+            text,
+            escaped_from,
+        } => {
             let wanted = text.clone();
             let found = app
                 .db(move |conn, target| {
-                    on_conn!(conn, c => find(c, target, &digest, wanted.as_deref()))
+                    on_conn!(conn, c => find(c, target, [Some(digest), escaped_from], wanted.as_deref()))
                 })
                 .await;
             match found {
@@ -437,25 +451,26 @@ pub async fn lookup(
     )
 }
 
-/// Looks a key up, and the nearest keys when it is missing.
+/// Looks a key up (by the first of `digests` that is there: the text as given, then the key
+/// whose stored form it is), and the nearest keys when it is missing.
 fn find<C: JobStore>(
     conn: &mut C,
     target: &Target,
-    digest: &[u8; 32],
+    digests: [Option<[u8; 32]>; 2],
     text: Option<&str>,
 ) -> Result<Found, Failure> {
-    match keys::lookup_digest(conn, digest).map_err(|e| db_failure(conn, target, e))? {
-        Some(record) => Ok(Found::Record(record)),
-        None => {
-            let near = match text {
-                Some(text) => {
-                    nearest::nearest(conn, text, 5).map_err(|e| db_failure(conn, target, e))?
-                }
-                None => None,
-            };
-            Ok(Found::Missing(near))
+    for digest in digests.iter().flatten() {
+        if let Some(record) =
+            keys::lookup_digest(conn, digest).map_err(|e| db_failure(conn, target, e))?
+        {
+            return Ok(Found::Record(record));
         }
     }
+    let near = match text {
+        Some(text) => nearest::nearest(conn, text, 5).map_err(|e| db_failure(conn, target, e))?,
+        None => None,
+    };
+    Ok(Found::Missing(near))
 }
 
 /// The notice an action left in the query (fixed texts only: nothing from the query is shown).
