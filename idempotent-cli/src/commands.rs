@@ -71,7 +71,9 @@ struct KeyJson<'a> {
     expires_at: Option<String>,
     lapsed: bool,
     has_result: bool,
+    unfinished: bool,
     has_fingerprint: bool,
+    next_delivery_runs: bool,
 }
 
 impl<'a> From<&'a KeyRecord> for KeyJson<'a> {
@@ -84,7 +86,9 @@ impl<'a> From<&'a KeyRecord> for KeyJson<'a> {
             expires_at: r.expires_at.map(format_micros),
             lapsed: r.lapsed,
             has_result: r.has_result,
+            unfinished: r.unfinished,
             has_fingerprint: r.has_fingerprint,
+            next_delivery_runs: r.next_delivery_runs(),
         }
     }
 }
@@ -101,6 +105,25 @@ fn expires_text(record: &KeyRecord) -> String {
         .map_or_else(|| "never".to_owned(), format_seconds)
 }
 
+/// Whether a result is stored, or the run never recorded one.
+pub fn result_stored(record: &KeyRecord) -> &'static str {
+    match (record.unfinished, record.has_result) {
+        (true, _) => "no: unfinished (a run claimed the key and never recorded its result)",
+        (false, true) => "yes",
+        (false, false) => "no",
+    }
+}
+
+/// What the key's next delivery does.
+pub fn next_delivery(record: &KeyRecord) -> &'static str {
+    match (record.unfinished, record.lapsed, record.has_result) {
+        (true, _, _) => "runs the job: the run that holds the key never finished",
+        (false, true, _) => "runs the job: the key lapsed",
+        (false, false, true) => "replays the stored result; the job does not run",
+        (false, false, false) => "replays (the job stores no result); the job does not run",
+    }
+}
+
 /// A record as aligned `label  value` lines.
 fn record_text(record: &KeyRecord) -> String {
     let lapsed = if record.lapsed {
@@ -115,11 +138,12 @@ fn record_text(record: &KeyRecord) -> String {
         ("done at", format_seconds(record.done_at)),
         ("expires at", expires_text(record)),
         ("lapsed", lapsed.to_owned()),
-        ("result stored", yes_no(record.has_result).to_owned()),
+        ("result stored", result_stored(record).to_owned()),
         (
             "fingerprint stored",
             yes_no(record.has_fingerprint).to_owned(),
         ),
+        ("next delivery", next_delivery(record).to_owned()),
     ];
     lines
         .iter()
@@ -340,7 +364,10 @@ fn keys_list<C: JobStore>(
             format_seconds(r.done_at),
             expires_text(r),
             yes_no(r.lapsed).to_owned(),
-            yes_no(r.has_result).to_owned(),
+            match r.unfinished {
+                true => "unfinished".to_owned(),
+                false => yes_no(r.has_result).to_owned(),
+            },
             yes_no(r.has_fingerprint).to_owned(),
         ]);
     }

@@ -215,6 +215,37 @@ fn operate<C: Backend>() {
     db.cli(&["keys", "show", "--digest", "not-hex"]).exit(2);
     db.cli(&["keys", "show"]).exit(2);
 
+    // What the next delivery of each key does. A run that claimed the key and never recorded its
+    // result (a crash after its body's COMMIT; `ClaimNotTakenBack`) leaves a row that must not read
+    // as a finished one: the next delivery runs the job. Before, nothing told it from a finished
+    // run of a job that stores nothing ("lapsed: no, result stored: no"), nor said so in JSON.
+    let run = db.cli(&["keys", "show", "charge:order-1"]).ok();
+    assert!(
+        run.stdout.contains("next delivery       replays"),
+        "{run:#?}"
+    );
+    let run = db
+        .cli(&["--json", "keys", "show", "--digest", &digest])
+        .ok();
+    assert_eq!(run.json()["next_delivery_runs"], true, "lapsed: {run:#?}");
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut conn,
+        "UPDATE done_jobs SET result = '' WHERE job_key = 'charge:order-2'",
+    )
+    .expect("an unfinished run's row");
+    let run = db.cli(&["keys", "show", "charge:order-2"]).ok();
+    assert!(
+        run.stdout.contains("unfinished") && run.stdout.contains("next delivery       runs"),
+        "{run:#?}"
+    );
+    let run = db.cli(&["--json", "keys", "show", "charge:order-2"]).ok();
+    assert_eq!(run.json()["unfinished"], true, "{run:#?}");
+    assert_eq!(run.json()["next_delivery_runs"], true, "{run:#?}");
+    let run = db.cli(&["keys", "list", "--job", "charge"]).ok();
+    assert!(run.stdout.contains("unfinished"), "{run:#?}");
+    // (That the next delivery then runs the job: truth::a_claim_committed_without_its_result_is_
+    // finished_by_the_next_delivery, in the runtime's tests.)
+
     // jobs
     let run = db.cli(&["--json", "jobs"]).ok();
     let jobs: BTreeMap<String, (u64, u64)> = run.json()["jobs"]

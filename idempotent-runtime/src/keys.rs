@@ -66,6 +66,12 @@ pub struct KeyRecord {
 }
 
 impl KeyRecord {
+    /// Whether the key's next delivery runs the job (the key [`lapsed`](Self::lapsed), or its
+    /// run is [`unfinished`](Self::unfinished)) rather than replaying this run.
+    pub fn next_delivery_runs(&self) -> bool {
+        self.lapsed || self.unfinished
+    }
+
     /// The digest in lowercase hexadecimal, as `forget_digest` and the CLI take it.
     pub fn digest_hex(&self) -> String {
         hex(&self.digest)

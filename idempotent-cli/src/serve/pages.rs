@@ -331,12 +331,23 @@ fn keys_table(records: &[KeyRecord]) -> String {
                 r.expires_at
                     .map_or_else(|| "never".to_owned(), format_seconds),
                 yes_no(r.lapsed).to_owned(),
+                match r.next_delivery_runs() {
+                    true => "runs the job".to_owned(),
+                    false => "replays".to_owned(),
+                },
             ]
         })
         .collect();
     table(
         "Keys, newest first",
-        &["Job", "Key", "Done at (UTC)", "Expires at (UTC)", "Lapsed"],
+        &[
+            "Job",
+            "Key",
+            "Done at (UTC)",
+            "Expires at (UTC)",
+            "Lapsed",
+            "Next delivery",
+        ],
         &rows,
     )
 }
@@ -547,8 +558,15 @@ fn record_html(r: &KeyRecord) -> String {
                 .map_or_else(|| "never".to_owned(), format_seconds),
         ),
         ("lapsed", lapsed.to_owned()),
-        ("result stored", yes_no(r.has_result).to_owned()),
+        (
+            "result stored",
+            crate::commands::result_stored(r).to_owned(),
+        ),
         ("fingerprint stored", yes_no(r.has_fingerprint).to_owned()),
+        (
+            "next delivery",
+            crate::commands::next_delivery(r).to_owned(),
+        ),
     ] {
         let _ = write!(
             out,
