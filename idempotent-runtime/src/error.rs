@@ -503,7 +503,8 @@ pub enum Error {
     },
 
     /// An outbox message the database cannot hold whole was refused before anything was sent:
-    /// a topic longer than the table's column (MySQL: 255 characters), or a message whose job key,
+    /// a topic longer than the table's column (MySQL: 255 characters), a topic with a NUL
+    /// character (on every database, as PostgreSQL cannot hold it), or a message whose job key,
     /// topic and payload together are more than the server takes in one statement (MySQL's
     /// `max_allowed_packet`). Nothing was recorded; the job goes on (returning the error with `?`
     /// rolls it back whole) and the connection stays usable.
@@ -521,8 +522,12 @@ pub enum Error {
     },
 
     /// A statement of the outbox or its relay failed, and changed nothing: a push inside a job
-    /// recorded no message (the job decides, by returning the error or not, whether it commits);
-    /// what a relay marked before the failure stays marked.
+    /// recorded no message (the job decides, by returning the error or not, whether it commits;
+    /// on PostgreSQL a failed statement aborts the job's transaction, so the job cannot go on and
+    /// commit: return the error); what a relay marked before the failure stays marked. What the
+    /// runtime can tell before the statement (a topic too long, a NUL, a message over MySQL's
+    /// packet) is [`OutboxMessageRefused`](Error::OutboxMessageRefused) instead, and the job
+    /// goes on.
     #[error(
         "an outbox statement failed in the database{hint}; the statement changed nothing{retry}",
         hint = hint(source),

@@ -234,6 +234,14 @@ async fn refuse_what_would_not_fit<S: Store>(
     payload: &str,
     key_text: &str,
 ) -> Result<(), Error> {
+    // On every database alike: PostgreSQL's text cannot hold NUL, and there a statement that
+    // fails aborts the job's whole transaction.
+    if topic.contains('\0') {
+        return Err(Error::OutboxMessageRefused {
+            topic: topic.replace('\0', "\\0"),
+            why: "its topic holds a NUL character, which PostgreSQL's text cannot hold (refused on every database alike)".to_owned(),
+        });
+    }
     if let Some(max) = S::Db::MAX_TOPIC_CHARS {
         let chars = topic.chars().count();
         if chars > max {
@@ -282,7 +290,10 @@ pub async fn unsent_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessage>, Error> {
-    let limit = i64::from(limit.max(1));
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let limit = i64::from(limit);
     let rows = outside_transactions(conn, "outbox", async move |conn: &mut S| {
         S::Db::unsent(conn, limit).await
     })

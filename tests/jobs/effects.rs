@@ -107,6 +107,10 @@ where
         1,
         "at most the limit"
     );
+    assert!(
+        outbox::unsent(&mut conn, 0).unwrap().is_empty(),
+        "at most the limit, 0 too"
+    );
     assert_eq!(B::drain_outbox(&mut conn).len(), 2);
     assert!(outbox::unsent(&mut conn, 10).unwrap().is_empty());
     let error = outbox::push(&mut conn, "receipt", &1).unwrap_err();

@@ -465,6 +465,14 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_topic_with_a_nul_is_refused_and_the_job_goes_on() {
+                crate::outbox_faults::a_topic_with_a_nul_is_refused_and_the_job_goes_on::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn a_release_that_fails_is_not_reported_done() {
                 crate::outbox_faults::a_release_that_fails_is_not_reported_done::<$backend, _>();
             }

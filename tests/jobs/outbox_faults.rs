@@ -744,6 +744,41 @@ where
     );
 }
 
+/// A topic with a NUL character (PostgreSQL text cannot hold one) is refused before it reaches
+/// the database, on every database alike, as `OutboxMessageRefused`: the job goes on, and what it
+/// pushes after commits with it. Before, on PostgreSQL the push failed in the database
+/// (`Error::Outbox`, not refused) and left the job's transaction aborted, so the body could not go
+/// on; SQLite and MySQL stored it.
+pub fn a_topic_with_a_nul_is_refused_and_the_job_goes_on<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    static NUL_TOPIC: Job = Job::new("nul_topic", "nul-topic:<n>");
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let outcome =
+        idempotent_jobs::run(&mut conn, &NUL_TOPIC, &JobKey::new("nul-topic:1"), |conn| {
+            let refused = outbox::push(conn, "a\0b", &"payload");
+            let next = outbox::push(conn, "after", &"payload")?;
+            Ok::<_, Error>((refused.map_err(|e| format!("{e:?}")), next))
+        })
+        .expect("the job");
+    let (refused, _) = outcome.into_inner();
+    assert!(
+        matches!(&refused, Err(e) if e.starts_with("OutboxMessageRefused")),
+        "{refused:?}"
+    );
+    let mut delivered = Vec::new();
+    Relay::new()
+        .drain(&mut conn, |message| {
+            delivered.push(message.topic().to_owned());
+            Ok::<_, String>(())
+        })
+        .expect("a relay");
+    assert_eq!(delivered, ["after"], "the job's other message committed");
+}
+
 /// A job that pushes `bytes` characters of payload to any topic.
 #[idempotent_jobs::idempotent_job(key = "notify-any:<id>", name = "notify_any")]
 fn notify_any<C: TestConn>(
