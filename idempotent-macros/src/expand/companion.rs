@@ -30,6 +30,7 @@ impl Expansion<'_> {
             .iter()
             .filter(|a| a.path().is_ident("deprecated"))
             .collect();
+        let allows = lint_allows(&item.attrs);
         let job_static = Ident::new("__IDEMPOTENT_JOB", Span::mixed_site());
         let job = self.job(&krate, &job_static);
         let key = self.companion_key(&krate);
@@ -50,6 +51,7 @@ impl Expansion<'_> {
 
             #(#cfgs)*
             #[allow(deprecated)]
+            #(#allows)*
             impl #hidden {
                 /// The job's description: its name, key template and settings.
                 #[must_use]
@@ -207,6 +209,57 @@ impl Expansion<'_> {
             err: quote!(#err),
         }
     }
+}
+
+/// The handler's lint levels that silence a lint (`allow`, and `expect` as an `allow`, also under
+/// `cfg_attr`), for the companion: it repeats the handler's parameters, so a lint the user allowed
+/// on the handler for its signature (`clippy::too_many_arguments`) would fire on `key` or
+/// `outcome`. An `expect` stays the handler's to fulfil; `warn`, `deny` and `forbid` are checked
+/// at the handler, in the user's code, and are not made stricter on generated code (a `forbid`
+/// would also refuse the companion's own `allow`s).
+fn lint_allows(attrs: &[syn::Attribute]) -> Vec<TokenStream> {
+    attrs
+        .iter()
+        .filter_map(|attr| {
+            if let Some(meta) = silencing_meta(&attr.meta) {
+                return Some(quote!(#[#meta]));
+            }
+            let list = attr.meta.require_list().ok()?;
+            if !list.path.is_ident("cfg_attr") {
+                return None;
+            }
+            let parts = list
+                .parse_args_with(
+                    syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated,
+                )
+                .ok()?;
+            let mut parts = parts.into_iter();
+            let predicate = parts.next()?;
+            let inner: Vec<TokenStream> = parts.filter_map(|meta| silencing_meta(&meta)).collect();
+            (!inner.is_empty()).then(|| quote!(#[cfg_attr(#predicate, #(#inner),*)]))
+        })
+        .map(respan)
+        .collect()
+}
+
+/// `allow(..)` for an `allow(..)` or an `expect(..)`, with its lints and reason, but for
+/// `dead_code` and `unused`: an item that allows `dead_code` counts as used, and so would the
+/// handler it calls, which then could not be reported (or expected) dead.
+fn silencing_meta(meta: &syn::Meta) -> Option<TokenStream> {
+    let list = meta.require_list().ok()?;
+    if !(list.path.is_ident("allow") || list.path.is_ident("expect")) {
+        return None;
+    }
+    let lints = list
+        .parse_args_with(syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated)
+        .ok()?;
+    let kept: Vec<&syn::Meta> = lints
+        .iter()
+        .filter(|lint| !(lint.path().is_ident("dead_code") || lint.path().is_ident("unused")))
+        .collect();
+    kept.iter()
+        .any(|lint| matches!(lint, syn::Meta::Path(_)))
+        .then(|| quote!(allow(#(#kept),*)))
 }
 
 /// What `outcome` needs for a return type spelled another way than `Result<T, E>`.
