@@ -271,14 +271,19 @@ struct AliasParts {
     convert: TokenStream,
 }
 
-/// `outcome`'s parameters (the handler's, each bound to a name) and the arguments it passes on.
+/// `outcome`'s parameters (the handler's, each bound to a name of `outcome`'s own: a parameter
+/// named like the handler would otherwise shadow it in the call) and the arguments it passes on.
 fn outcome_parameters(sig: &syn::Signature) -> (Vec<TokenStream>, Vec<Ident>) {
     let mut params = Vec::new();
     let mut args = Vec::new();
     for (index, input) in sig.inputs.iter().enumerate() {
         if let syn::FnArg::Typed(typed) = input {
             let ident = match &*typed.pat {
-                syn::Pat::Ident(pat) if pat.subpat.is_none() => located(&pat.ident),
+                syn::Pat::Ident(pat) if pat.subpat.is_none() => {
+                    let mut ident = pat.ident.clone();
+                    ident.set_span(Span::mixed_site().located_at(pat.ident.span()));
+                    ident
+                }
                 _ => Ident::new(&format!("__arg{index}"), Span::mixed_site()),
             };
             let ty = respan(typed.ty.to_token_stream());
