@@ -6,7 +6,7 @@
 //! is reported once.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens as _, quote};
+use quote::{ToTokens as _, quote, quote_spanned};
 use syn::Ident;
 
 use super::{Expansion, located, private_module, respan};
@@ -120,12 +120,20 @@ impl Expansion<'_> {
         let item = self.handler.item;
         let vis = &item.vis;
         let name = &item.sig.ident;
-        let (params, args) = outcome_parameters(&item.sig);
+        let params = outcome_parameters(&item.sig);
+        let conditional: Vec<&OutcomeParam> =
+            params.iter().filter(|param| param.cfg.is_some()).collect();
+        if conditional.len() > MAX_CFG_PARAMS {
+            let message = format!(
+                "`#[idempotent_job]` gives `{name}::outcome` at most {MAX_CFG_PARAMS} parameters under `#[cfg]`, and `{name}` has {}: add `no_companion` to the attribute, or gather the conditional inputs into one parameter",
+                conditional.len()
+            );
+            return quote_spanned!(name.span()=> ::core::compile_error!(#message););
+        }
         let generics = &item.sig.generics;
         let turbofish = turbofish(generics);
         let function = located(name);
         let awaited = self.handler.is_async().then(|| quote!(.await));
-        let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
         let mut generic_params: Vec<TokenStream> = generics
             .params
             .iter()
@@ -137,30 +145,62 @@ impl Expansion<'_> {
             .flat_map(|clause| clause.predicates.iter())
             .map(|predicate| respan(predicate.to_token_stream()))
             .collect();
+        let mut convert = None;
         let (ok, err) = match &self.handler.output.parts {
             Some((ok, err)) => (respan(ok.to_token_stream()), respan(err.to_token_stream())),
             None => {
                 let parts = self.alias_parts();
                 generic_params.extend([parts.ok.clone(), parts.err.clone()]);
                 predicates.push(parts.predicate);
-                let convert = parts.convert;
-                call = quote!(#convert(#call));
+                convert = Some(parts.convert);
                 (parts.ok, parts.err)
             }
         };
-        let generics = (!generic_params.is_empty()).then(|| quote!(<#(#generic_params),*>));
-        let where_clause = (!predicates.is_empty()).then(|| quote!(where #(#predicates),*));
+        // One call for each combination of the conditional parameters that exist, each under the
+        // `cfg` of that combination: a call's arguments cannot carry `#[cfg]`.
+        let calls = (0..1_usize << conditional.len()).map(|combination| {
+            let present = |param: &OutcomeParam| {
+                conditional
+                    .iter()
+                    .position(|other| std::ptr::eq(*other, param))
+                    .is_none_or(|bit| combination & (1 << bit) != 0)
+            };
+            let args = params
+                .iter()
+                .filter(|param| present(param))
+                .map(|param| &param.arg);
+            let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
+            if let Some(convert) = &convert {
+                call = quote!(#convert(#call));
+            }
+            let predicates = conditional.iter().enumerate().map(|(bit, param)| {
+                let predicate = &param.cfg;
+                if combination & (1 << bit) != 0 {
+                    quote!(#predicate)
+                } else {
+                    quote!(not(#predicate))
+                }
+            });
+            let cfg = (!conditional.is_empty()).then(|| quote!(#[cfg(all(#(#predicates),*))]));
+            (cfg, call)
+        });
+        let run = Ident::new("__idempotent_run", Span::mixed_site());
         let (asyncness, call) = if self.handler.is_async() {
+            let runs = calls.map(|(cfg, call)| quote!(#cfg let #run = async move { #call };));
             (
                 quote!(async),
-                quote!(#krate::#private::outcome_of_async(async move { #call }).await),
+                quote!(#(#runs)* #krate::#private::outcome_of_async(#run).await),
             )
         } else {
+            let runs = calls.map(|(cfg, call)| quote!(#cfg let #run = move || #call;));
             (
                 quote!(),
-                quote!(#krate::#private::outcome_of(move || #call)),
+                quote!(#(#runs)* #krate::#private::outcome_of(#run)),
             )
         };
+        let generics = (!generic_params.is_empty()).then(|| quote!(<#(#generic_params),*>));
+        let where_clause = (!predicates.is_empty()).then(|| quote!(where #(#predicates),*));
+        let params = params.iter().map(|param| &param.declaration);
         let doc = format!(
             "Runs [`{name}`](fn@{name}) with these arguments, as a call of `{name}` does, and says \
              whether its body ran or a stored result was replayed.\n\n\
@@ -271,11 +311,24 @@ struct AliasParts {
     convert: TokenStream,
 }
 
-/// `outcome`'s parameters (the handler's, each bound to a name of `outcome`'s own: a parameter
-/// named like the handler would otherwise shadow it in the call) and the arguments it passes on.
-fn outcome_parameters(sig: &syn::Signature) -> (Vec<TokenStream>, Vec<Ident>) {
+/// How many parameters under `#[cfg]` `outcome` takes: it calls the handler once for each
+/// combination of them, in `2^n` statements.
+const MAX_CFG_PARAMS: usize = 4;
+
+/// One of `outcome`'s parameters.
+struct OutcomeParam {
+    /// `#[cfg(..)] name: Type`.
+    declaration: TokenStream,
+    /// The name it is passed on by.
+    arg: Ident,
+    /// Whether it exists, when it is under `#[cfg(..)]`: `all(..)` of its predicates.
+    cfg: Option<TokenStream>,
+}
+
+/// `outcome`'s parameters: the handler's, each bound to a name (of `outcome`'s own: a parameter
+/// named like the handler would otherwise shadow it in the call), with their `#[cfg]`s.
+fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
     let mut params = Vec::new();
-    let mut args = Vec::new();
     for (index, input) in sig.inputs.iter().enumerate() {
         if let syn::FnArg::Typed(typed) = input {
             let ident = match &*typed.pat {
@@ -287,11 +340,23 @@ fn outcome_parameters(sig: &syn::Signature) -> (Vec<TokenStream>, Vec<Ident>) {
                 _ => Ident::new(&format!("__arg{index}"), Span::mixed_site()),
             };
             let ty = respan(typed.ty.to_token_stream());
-            params.push(quote!(#ident: #ty));
-            args.push(ident);
+            let cfgs: Vec<TokenStream> = typed
+                .attrs
+                .iter()
+                .filter(|attr| attr.path().is_ident("cfg"))
+                .filter_map(|attr| attr.meta.require_list().ok())
+                .map(|list| respan(list.tokens.clone()))
+                .collect();
+            let cfg = (!cfgs.is_empty()).then(|| quote!(all(#(#cfgs),*)));
+            let attr = cfg.as_ref().map(|cfg| quote!(#[cfg(#cfg)]));
+            params.push(OutcomeParam {
+                declaration: quote!(#attr #ident: #ty),
+                arg: ident,
+                cfg,
+            });
         }
     }
-    (params, args)
+    params
 }
 
 /// `::<T, N>`: the function's type and const parameters, to call it from the companion (an
