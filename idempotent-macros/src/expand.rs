@@ -137,10 +137,11 @@ impl Expansion<'_> {
         let (setup, job, key) = match hidden {
             Some(hidden) => {
                 let args = self.key_params().into_iter().map(key_argument);
+                let turbofish = self.key_generics().turbofish;
                 (
                     quote!(),
                     quote!(<#hidden>::job()),
-                    quote!(<#hidden>::key(#(#args),*)),
+                    quote!(<#hidden>::key #turbofish (#(#args),*)),
                 )
             }
             None => {

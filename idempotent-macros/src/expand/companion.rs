@@ -97,8 +97,11 @@ impl Expansion<'_> {
             };
             quote!(#ident: #ty)
         });
-        let types: Vec<TokenStream> = params.iter().map(|p| p.ty.to_token_stream()).collect();
-        let (generics, where_clause) = generics_used_by(&self.handler.item.sig.generics, &types);
+        let KeyGenerics {
+            params: generics,
+            where_clause,
+            ..
+        } = self.key_generics();
         let writer = Ident::new("__idempotent_writer", Span::mixed_site());
         let build = self.build_key(krate, &writer, true);
         quote! {
@@ -111,6 +114,16 @@ impl Expansion<'_> {
                 #build
             }
         }
+    }
+
+    /// What `key` declares of the handler's generics.
+    pub(super) fn key_generics(&self) -> KeyGenerics {
+        let types: Vec<TokenStream> = self
+            .key_params()
+            .iter()
+            .map(|p| p.ty.to_token_stream())
+            .collect();
+        generics_used_by(&self.handler.item.sig.generics, &types)
     }
 
     /// `outcome(..)`: calls the handler with the same arguments and says whether its body ran or
@@ -374,50 +387,134 @@ fn turbofish(generics: &syn::Generics) -> Option<TokenStream> {
     (!params.is_empty()).then(|| quote!(::<#(#params),*>))
 }
 
-/// The generic parameters (and where-clause predicates) that the key's input types mention, so
-/// that `key` can be called without naming the ones it does not need; respanned.
-fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) -> (TokenStream, TokenStream) {
-    use crate::signature::mentions;
-    let used = |name: &str| types.iter().any(|ty| mentions(ty.clone(), name));
-    let lifetime_used = |lifetime: &syn::Lifetime| {
-        types
-            .iter()
-            .any(|ty| ty.to_string().contains(&lifetime.to_string()))
-    };
-    let params: Vec<_> = generics
-        .params
-        .iter()
-        .filter(|param| match param {
-            syn::GenericParam::Type(t) => used(&t.ident.to_string()),
-            syn::GenericParam::Const(c) => used(&c.ident.to_string()),
-            syn::GenericParam::Lifetime(l) => lifetime_used(&l.lifetime),
-        })
-        .collect();
-    let predicates: Vec<_> = generics
+/// What `key` declares of the handler's generics.
+pub(super) struct KeyGenerics {
+    /// `<..>`, respanned.
+    pub params: TokenStream,
+    /// `where ..`, respanned.
+    pub where_clause: TokenStream,
+    /// `::<T, N>` of its type and const parameters, for the handler's call of `key`: a parameter
+    /// seen only through an associated type (`id: E::Id`) or a bound (`Id: Into<Raw>`) cannot be
+    /// inferred from the arguments.
+    pub turbofish: Option<TokenStream>,
+}
+
+/// The generic parameters (and where-clause predicates) that the key's input types need: those
+/// they mention, and, until nothing changes, those that the bounds and predicates of these
+/// mention (`Id: Into<Raw>` needs `Raw`, `'b: 'a` needs `'a`), so that `key` can be called without
+/// naming the ones it does not need.
+pub(super) fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) -> KeyGenerics {
+    let params: Vec<&syn::GenericParam> = generics.params.iter().collect();
+    let predicates: Vec<&syn::WherePredicate> = generics
         .where_clause
         .iter()
         .flat_map(|w| w.predicates.iter())
-        .filter(|predicate| match predicate {
-            syn::WherePredicate::Type(t) => {
-                let bounded = t.bounded_ty.to_token_stream();
-                params.iter().any(|param| match param {
-                    syn::GenericParam::Type(ty) => mentions(bounded.clone(), &ty.ident.to_string()),
-                    _ => false,
-                })
-            }
-            syn::WherePredicate::Lifetime(l) => lifetime_used(&l.lifetime),
-            _ => false,
+        .collect();
+    let mentioned = |tokens: &TokenStream, param: &syn::GenericParam| match param {
+        syn::GenericParam::Type(t) => {
+            crate::signature::mentions(tokens.clone(), &t.ident.to_string())
+        }
+        syn::GenericParam::Const(c) => {
+            crate::signature::mentions(tokens.clone(), &c.ident.to_string())
+        }
+        syn::GenericParam::Lifetime(l) => mentions_lifetime(tokens.clone(), &l.lifetime.ident),
+    };
+    let mut kept: Vec<bool> = params
+        .iter()
+        .map(|param| types.iter().any(|ty| mentioned(ty, param)))
+        .collect();
+    let mut kept_predicates = vec![false; predicates.len()];
+    // What a kept parameter's bounds mention, or a predicate that mentions a kept parameter.
+    let needs: Vec<TokenStream> = params
+        .iter()
+        .map(|param| match param {
+            syn::GenericParam::Type(t) => t.bounds.to_token_stream(),
+            syn::GenericParam::Lifetime(l) => l.bounds.to_token_stream(),
+            syn::GenericParam::Const(c) => c.ty.to_token_stream(),
         })
         .collect();
-    let generics = if params.is_empty() {
+    let predicate_tokens: Vec<TokenStream> =
+        predicates.iter().map(|p| p.to_token_stream()).collect();
+    loop {
+        let mut changed = false;
+        for (index, predicate) in predicate_tokens.iter().enumerate() {
+            if !kept_predicates[index]
+                && params
+                    .iter()
+                    .zip(&kept)
+                    .any(|(param, kept)| *kept && mentioned(predicate, param))
+            {
+                kept_predicates[index] = true;
+                changed = true;
+            }
+        }
+        let mut wanted: Vec<&TokenStream> = needs
+            .iter()
+            .zip(&kept)
+            .filter_map(|(needs, kept)| kept.then_some(needs))
+            .collect();
+        wanted.extend(
+            predicate_tokens
+                .iter()
+                .zip(&kept_predicates)
+                .filter_map(|(tokens, kept)| kept.then_some(tokens)),
+        );
+        for (index, param) in params.iter().enumerate() {
+            if !kept[index] && wanted.iter().any(|tokens| mentioned(tokens, param)) {
+                kept[index] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let kept_params: Vec<&&syn::GenericParam> = params
+        .iter()
+        .zip(&kept)
+        .filter_map(|(param, kept)| kept.then_some(param))
+        .collect();
+    let kept_predicates: Vec<&&syn::WherePredicate> = predicates
+        .iter()
+        .zip(&kept_predicates)
+        .filter_map(|(predicate, kept)| kept.then_some(predicate))
+        .collect();
+    let params_tokens = if kept_params.is_empty() {
         quote!()
     } else {
-        respan(quote!(<#(#params),*>))
+        respan(quote!(<#(#kept_params),*>))
     };
-    let where_clause = if predicates.is_empty() {
+    let where_clause = if kept_predicates.is_empty() {
         quote!()
     } else {
-        respan(quote!(where #(#predicates),*))
+        respan(quote!(where #(#kept_predicates),*))
     };
-    (generics, where_clause)
+    let arguments: Vec<TokenStream> = kept_params
+        .iter()
+        .filter_map(|param| match param {
+            syn::GenericParam::Type(t) => Some(respan(t.ident.to_token_stream())),
+            syn::GenericParam::Const(c) => Some(respan(c.ident.to_token_stream())),
+            syn::GenericParam::Lifetime(_) => None,
+        })
+        .collect();
+    KeyGenerics {
+        params: params_tokens,
+        where_clause,
+        turbofish: (!arguments.is_empty()).then(|| quote!(::<#(#arguments),*>)),
+    }
+}
+
+/// Whether `tokens` name the lifetime `'name` (not `'named`), nested groups included.
+fn mentions_lifetime(tokens: TokenStream, name: &Ident) -> bool {
+    let mut after_quote = false;
+    tokens.into_iter().any(|tree| {
+        let found = match &tree {
+            proc_macro2::TokenTree::Ident(ident) => after_quote && ident == name,
+            proc_macro2::TokenTree::Group(group) => mentions_lifetime(group.stream(), name),
+            _ => false,
+        };
+        after_quote =
+            matches!(&tree, proc_macro2::TokenTree::Punct(punct) if punct.as_char() == '\'');
+        found
+    })
 }
