@@ -137,10 +137,11 @@ impl Expansion<'_> {
         let (setup, job, key) = match hidden {
             Some(hidden) => {
                 let args = self.key_params().into_iter().map(key_argument);
+                let turbofish = self.key_generics().turbofish;
                 (
                     quote!(),
                     quote!(<#hidden>::job()),
-                    quote!(<#hidden>::key(#(#args),*)),
+                    quote!(<#hidden>::key #turbofish (#(#args),*)),
                 )
             }
             None => {
@@ -167,24 +168,31 @@ impl Expansion<'_> {
         }
     }
 
-    /// The signature as written, but for the connection's `mut`: the connection is only handed on
-    /// here, and rebound (with the `mut`) as the body's closure's parameter, where the body uses it.
+    /// The signature as written, but for the connection's `mut` and lint attributes: the
+    /// connection is only handed on here, and rebound (with the `mut` and the lint attributes) as
+    /// the body's closure's parameter, where the body uses it.
     fn signature_without_conn_mut(&self) -> syn::Signature {
         let mut sig = self.handler.item.sig.clone();
         let position = self.handler.conn().position;
-        if let Some(syn::FnArg::Typed(typed)) = sig.inputs.iter_mut().nth(position)
-            && let syn::Pat::Ident(pat) = &mut *typed.pat
-        {
-            pat.mutability = None;
+        if let Some(syn::FnArg::Typed(typed)) = sig.inputs.iter_mut().nth(position) {
+            typed.attrs.retain(|attr| !is_lint_attribute(attr));
+            if let syn::Pat::Ident(pat) = &mut *typed.pat {
+                pat.mutability = None;
+            }
         }
         sig
     }
 
-    /// The connection's pattern as written (`conn`, `mut conn`), for the body's closure.
+    /// The connection's pattern as written (`conn`, `mut conn`), with its lint attributes
+    /// (`#[allow(unused_variables)]`), for the body's closure.
     fn conn_pattern(&self) -> TokenStream {
         let position = self.handler.conn().position;
         match self.handler.item.sig.inputs.iter().nth(position) {
-            Some(syn::FnArg::Typed(typed)) => typed.pat.to_token_stream(),
+            Some(syn::FnArg::Typed(typed)) => {
+                let attrs = typed.attrs.iter().filter(|attr| is_lint_attribute(attr));
+                let pat = &typed.pat;
+                quote!(#(#attrs)* #pat)
+            }
             _ => self.handler.conn().ident.to_token_stream(),
         }
     }
@@ -455,6 +463,13 @@ impl Expansion<'_> {
         }
         (expr, span)
     }
+}
+
+/// A lint level (`allow`, `expect`, `warn`, `deny`, `forbid`), or a `cfg_attr` that may set one.
+fn is_lint_attribute(attr: &syn::Attribute) -> bool {
+    ["allow", "expect", "warn", "deny", "forbid", "cfg_attr"]
+        .iter()
+        .any(|name| attr.path().is_ident(name))
 }
 
 /// How the handler passes a key input to the companion's `key`, which takes each by reference.

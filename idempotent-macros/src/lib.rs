@@ -129,7 +129,7 @@ fn wants_companion(handler: &signature::Handler<'_>, args: &args::Args, cx: &ctx
             cx.error_at(
                 name.span(),
                 format!(
-                    "`{name}` is also the name of a {kind} here, and the companion that `#[idempotent_job]` gives a free function takes the function's name among types and modules; add `no_companion` to the attribute (the function itself is the job), or rename one of the two"
+                    "`{name}` is also the name of {kind} here, and the companion that `#[idempotent_job]` gives a free function takes the function's name among types and modules; add `no_companion` to the attribute (the function itself is the job), or rename one of the two"
                 ),
             );
             false

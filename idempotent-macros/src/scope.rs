@@ -27,7 +27,7 @@ pub enum Place {
     /// Among items (a module or a block): a companion can stand beside it.
     Free {
         /// An item in the same scope that already takes the function's name among types and
-        /// modules: its kind (`module`, `struct`, ...), so an error can name it.
+        /// modules: its kind (`a module`, `an import`, ...), so an error can name it.
         taken_by: Option<&'static str>,
     },
     /// In an `impl` or `trait` block, where a type cannot be declared.
@@ -41,12 +41,30 @@ pub enum Place {
 struct Found {
     name: String,
     signature: String,
+    /// Where its name starts: line (from 1) and column (in characters, from 0).
+    at: (usize, usize),
     place: Place,
+}
+
+/// A block of the file: the braces of an `impl` or `trait` block (`Associated`), or of a function's
+/// body, a module or a block expression (`Free`).
+#[derive(Clone, Debug)]
+struct Region {
+    start: (usize, usize),
+    end: (usize, usize),
+    place: Place,
+}
+
+/// What a source file holds.
+#[derive(Clone, Debug, Default)]
+struct Summary {
+    functions: Vec<Found>,
+    regions: Vec<Region>,
 }
 
 thread_local! {
     /// The last file read, its text and what it holds: a file with several handlers is parsed once.
-    static LAST: RefCell<Option<(PathBuf, String, Vec<Found>)>> = const { RefCell::new(None) };
+    static LAST: RefCell<Option<(PathBuf, String, Summary)>> = const { RefCell::new(None) };
 }
 
 /// Where `item`, which this attribute is expanding, stands in its source file.
@@ -62,79 +80,137 @@ pub fn locate(item: &ItemFn) -> Place {
     };
     let name = item.sig.ident.to_string();
     let signature = item.sig.to_token_stream().to_string();
+    let start = item.sig.ident.span().start();
+    let at = (start.line, start.column);
     LAST.with(|last| {
         let mut last = last.borrow_mut();
         let fresh = !matches!(&*last, Some((p, s, _)) if *p == path && *s == source);
         if fresh {
-            let found = summarise(&source).unwrap_or_default();
-            *last = Some((path, source, found));
+            let summary = summarise(&source).unwrap_or_default();
+            *last = Some((path, source, summary));
         }
-        let found = last
-            .as_ref()
-            .map(|(_, _, found)| found.as_slice())
-            .unwrap_or(&[]);
-        place_of(found, &name, &signature)
+        match last.as_ref() {
+            Some((_, _, summary)) => place_of(summary, &name, &signature, at),
+            None => Place::Unknown,
+        }
     })
 }
 
-/// The one place every function of that name and signature stands in, if they agree.
-fn place_of(found: &[Found], name: &str, signature: &str) -> Place {
-    let mut places = found
+/// The place of the function whose name starts at `at`; for one not found there (made by a
+/// macro), the one place every function of that name and signature stands in, if they agree, or
+/// else the place of the innermost block around `at` if that is an `impl` or `trait` block (the
+/// name was passed to a macro there).
+fn place_of(summary: &Summary, name: &str, signature: &str, at: (usize, usize)) -> Place {
+    if let Some(found) = summary
+        .functions
+        .iter()
+        .find(|found| found.name == name && found.at == at)
+    {
+        return found.place.clone();
+    }
+    let mut places = summary
+        .functions
         .iter()
         .filter(|found| found.name == name && found.signature == signature)
         .map(|found| &found.place);
-    match places.next() {
-        Some(first) if places.all(|other| other == first) => first.clone(),
+    if let Some(first) = places.next() {
+        return if places.all(|other| other == first) {
+            first.clone()
+        } else {
+            Place::Unknown
+        };
+    }
+    let innermost = summary
+        .regions
+        .iter()
+        .filter(|region| region.start < at && at < region.end)
+        .max_by_key(|region| region.start);
+    match innermost {
+        Some(Region {
+            place: Place::Associated,
+            ..
+        }) => Place::Associated,
         _ => Place::Unknown,
     }
 }
 
-/// Every function of a source file, with where it stands.
-fn summarise(source: &str) -> Option<Vec<Found>> {
+/// Every function of a source file, with where it stands, and its blocks. The file is parsed by
+/// proc-macro2's own parser, whose spans know their lines and columns (the compiler's, for a
+/// string, would all be the macro call's).
+fn summarise(source: &str) -> Option<Summary> {
+    struct Fallback;
+    impl Drop for Fallback {
+        fn drop(&mut self) {
+            proc_macro2::fallback::unforce();
+        }
+    }
+    proc_macro2::fallback::force();
+    let _fallback = Fallback;
     let file = syn::parse_file(source).ok()?;
-    let mut found = Vec::new();
+    let mut summary = Summary::default();
     let items: Vec<&Item> = file.items.iter().collect();
-    walk_items(&items, &mut found);
-    Some(found)
+    walk_items(&items, &mut summary);
+    Some(summary)
 }
 
-fn walk_items(items: &[&Item], found: &mut Vec<Found>) {
+fn position(span: proc_macro2::Span) -> (usize, usize) {
+    let start = span.start();
+    (start.line, start.column)
+}
+
+fn region(summary: &mut Summary, braces: &syn::token::Brace, place: Place) {
+    let span = braces.span;
+    summary.regions.push(Region {
+        start: position(span.open()),
+        end: position(span.close()),
+        place,
+    });
+}
+
+fn walk_items(items: &[&Item], summary: &mut Summary) {
     for item in items {
         match item {
             Item::Fn(function) => {
-                found.push(Found {
+                summary.functions.push(Found {
                     name: function.sig.ident.to_string(),
                     signature: function.sig.to_token_stream().to_string(),
+                    at: position(function.sig.ident.span()),
                     place: Place::Free {
                         taken_by: taken_by(items, &function.sig.ident),
                     },
                 });
-                walk_block(&function.block, found);
+                walk_block(&function.block, summary);
             }
             Item::Mod(module) => {
-                if let Some((_, content)) = &module.content {
+                if let Some((braces, content)) = &module.content {
+                    region(summary, braces, Place::Free { taken_by: None });
                     let content: Vec<&Item> = content.iter().collect();
-                    walk_items(&content, found);
+                    walk_items(&content, summary);
                 }
             }
             Item::Impl(block) => {
+                region(summary, &block.brace_token, Place::Associated);
                 for item in &block.items {
                     if let ImplItem::Fn(function) = item {
-                        found.push(associated(&function.sig));
-                        walk_block(&function.block, found);
+                        summary.functions.push(associated(&function.sig));
+                        walk_block(&function.block, summary);
                     }
                 }
             }
             Item::Trait(block) => {
+                region(summary, &block.brace_token, Place::Associated);
                 for item in &block.items {
                     if let TraitItem::Fn(function) = item
                         && let Some(body) = &function.default
                     {
-                        found.push(associated(&function.sig));
-                        walk_block(body, found);
+                        summary.functions.push(associated(&function.sig));
+                        walk_block(body, summary);
                     }
                 }
             }
+            // `const _: () = { impl A { .. } };`
+            Item::Const(constant) => walk_expr(&constant.expr, summary),
+            Item::Static(statik) => walk_expr(&statik.expr, summary),
             _ => {}
         }
     }
@@ -144,12 +220,15 @@ fn associated(signature: &syn::Signature) -> Found {
     Found {
         name: signature.ident.to_string(),
         signature: signature.to_token_stream().to_string(),
+        at: position(signature.ident.span()),
         place: Place::Associated,
     }
 }
 
-/// The items declared in a block (a function's body), which are a scope of their own.
-fn walk_block(block: &syn::Block, found: &mut Vec<Found>) {
+/// The items declared in a block (a function's body), which are a scope of their own, and those
+/// of the blocks inside it.
+fn walk_block(block: &syn::Block, summary: &mut Summary) {
+    region(summary, &block.brace_token, Place::Free { taken_by: None });
     let items: Vec<&Item> = block
         .stmts
         .iter()
@@ -158,43 +237,122 @@ fn walk_block(block: &syn::Block, found: &mut Vec<Found>) {
             _ => None,
         })
         .collect();
-    walk_items(&items, found);
+    walk_items(&items, summary);
+    for stmt in &block.stmts {
+        match stmt {
+            Stmt::Local(local) => {
+                if let Some(init) = &local.init {
+                    walk_expr(&init.expr, summary);
+                    if let Some((_, diverge)) = &init.diverge {
+                        walk_expr(diverge, summary);
+                    }
+                }
+            }
+            Stmt::Expr(expr, _) => walk_expr(expr, summary),
+            Stmt::Item(_) | Stmt::Macro(_) => {}
+        }
+    }
 }
 
-/// The kind of the item among `items` that takes `name` among types and modules. An item under
-/// `#[cfg]` may not exist in this build, so it is not counted: the compiler's own error remains
-/// for it.
+/// The blocks of an expression that can hold items (those of nested expressions that are not
+/// blocks are not looked into: a handler there is found by the name and signature).
+fn walk_expr(expr: &syn::Expr, summary: &mut Summary) {
+    use syn::Expr;
+    match expr {
+        Expr::Block(block) => walk_block(&block.block, summary),
+        Expr::Unsafe(block) => walk_block(&block.block, summary),
+        Expr::Const(block) => walk_block(&block.block, summary),
+        Expr::Async(block) => walk_block(&block.block, summary),
+        Expr::Loop(block) => walk_block(&block.body, summary),
+        Expr::While(block) => walk_block(&block.body, summary),
+        Expr::ForLoop(block) => walk_block(&block.body, summary),
+        Expr::If(branch) => {
+            walk_block(&branch.then_branch, summary);
+            if let Some((_, otherwise)) = &branch.else_branch {
+                walk_expr(otherwise, summary);
+            }
+        }
+        Expr::Closure(closure) => walk_expr(&closure.body, summary),
+        Expr::Match(matched) => {
+            for arm in &matched.arms {
+                walk_expr(&arm.body, summary);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The kind of the item among `items` that takes `name` among types and modules, with its article
+/// (`a module`, `an import`). An item under `#[cfg]` may not exist in this build, so it is not
+/// counted: the compiler's own error remains for it. An import counts when it names `name` (by
+/// its last segment, an `as` or a `{self}`), whatever namespace the imported item is in: a type or
+/// a module conflicts with the companion, and a function with the handler itself.
 fn taken_by(items: &[&Item], name: &syn::Ident) -> Option<&'static str> {
     items.iter().find_map(|item| {
-        let (attrs, ident, kind) = match item {
-            Item::Mod(item) => (&item.attrs, &item.ident, "module"),
-            Item::Struct(item) => (&item.attrs, &item.ident, "struct"),
-            Item::Enum(item) => (&item.attrs, &item.ident, "enum"),
-            Item::Union(item) => (&item.attrs, &item.ident, "union"),
-            Item::Type(item) => (&item.attrs, &item.ident, "type alias"),
-            Item::Trait(item) => (&item.attrs, &item.ident, "trait"),
-            Item::TraitAlias(item) => (&item.attrs, &item.ident, "trait alias"),
+        let (attrs, taken, kind) = match item {
+            Item::Mod(item) => (&item.attrs, item.ident == *name, "a module"),
+            Item::Struct(item) => (&item.attrs, item.ident == *name, "a struct"),
+            Item::Enum(item) => (&item.attrs, item.ident == *name, "an enum"),
+            Item::Union(item) => (&item.attrs, item.ident == *name, "a union"),
+            Item::Type(item) => (&item.attrs, item.ident == *name, "a type alias"),
+            Item::Trait(item) => (&item.attrs, item.ident == *name, "a trait"),
+            Item::TraitAlias(item) => (&item.attrs, item.ident == *name, "a trait alias"),
+            Item::Use(item) => (&item.attrs, imports(&item.tree, name, None), "an import"),
+            Item::ExternCrate(item) => {
+                let bound = item
+                    .rename
+                    .as_ref()
+                    .map_or(&item.ident, |(_, rename)| rename);
+                (&item.attrs, bound == name, "an `extern crate`")
+            }
             _ => return None,
         };
         let conditional = attrs
             .iter()
             .any(|attr| attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr"));
-        (ident == name && !conditional).then_some(kind)
+        (taken && !conditional).then_some(kind)
     })
+}
+
+/// Whether a `use` tree binds `name` (a glob binds nothing by name: an item declared here
+/// shadows it).
+fn imports(tree: &syn::UseTree, name: &syn::Ident, parent: Option<&syn::Ident>) -> bool {
+    match tree {
+        syn::UseTree::Path(path) => imports(&path.tree, name, Some(&path.ident)),
+        syn::UseTree::Name(leaf) if leaf.ident == "self" => parent == Some(name),
+        syn::UseTree::Name(leaf) => leaf.ident == *name,
+        syn::UseTree::Rename(rename) => rename.rename == *name,
+        syn::UseTree::Glob(_) => false,
+        syn::UseTree::Group(group) => group.items.iter().any(|tree| imports(tree, name, parent)),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The place of the first function called `name` in `source`, found by its position.
     fn place(source: &str, name: &str) -> Place {
-        let found = summarise(source).expect("parses");
-        let signature = found
+        nth_place(source, name, 0)
+    }
+
+    /// The place of the `nth` function called `name`, found by its position.
+    fn nth_place(source: &str, name: &str, nth: usize) -> Place {
+        let summary = summarise(source).expect("parses");
+        let found = summary
+            .functions
             .iter()
-            .find(|found| found.name == name)
-            .map(|found| found.signature.clone())
+            .filter(|found| found.name == name)
+            .nth(nth)
             .expect("a function of that name");
-        place_of(&found, name, &signature)
+        place_of(&summary, name, &found.signature, found.at)
+    }
+
+    /// The place of a function called `name` with `signature`, made by a macro whose name token is
+    /// at `at`.
+    fn place_by_macro(source: &str, name: &str, signature: &str, at: (usize, usize)) -> Place {
+        let summary = summarise(source).expect("parses");
+        place_of(&summary, name, signature, at)
     }
 
     #[test]
@@ -233,7 +391,7 @@ mod tests {
         assert_eq!(
             place("mod send {} fn send(id: u64) {}", "send"),
             Place::Free {
-                taken_by: Some("module")
+                taken_by: Some("a module")
             }
         );
         assert_eq!(
@@ -247,14 +405,86 @@ mod tests {
     }
 
     #[test]
-    fn the_same_signature_in_two_kinds_of_place_is_unknown() {
+    fn the_same_signature_in_two_kinds_of_place_is_told_apart_by_position() {
+        let source = "fn send(id: u64) {}\nimpl A {\n    fn send(id: u64) {}\n}";
+        assert_eq!(nth_place(source, "send", 0), Place::Free { taken_by: None });
+        assert_eq!(nth_place(source, "send", 1), Place::Associated);
+        // Made by a macro (found at no function's name): the two places disagree.
         assert_eq!(
-            place("fn send(id: u64) {} impl A { fn send(id: u64) {} }", "send"),
+            place_by_macro(source, "send", "fn send (id : u64)", (9, 9)),
             Place::Unknown
         );
         assert_eq!(
             place("fn send(id: u64) {} impl A { fn send(id: i64) {} }", "send"),
             Place::Free { taken_by: None }
+        );
+    }
+
+    #[test]
+    fn blocks_of_consts_and_statics_are_walked() {
+        assert_eq!(
+            place("const _: () = { impl A { fn send(id: u64) {} } };", "send"),
+            Place::Associated
+        );
+        assert_eq!(
+            place("static S: () = { fn send(id: u64) {} };", "send"),
+            Place::Free { taken_by: None }
+        );
+        assert_eq!(
+            place(
+                "fn main() { if true { loop { impl A { fn send(id: u64) {} } } } }",
+                "send"
+            ),
+            Place::Associated
+        );
+    }
+
+    #[test]
+    fn a_name_passed_to_a_macro_in_an_impl_block_is_associated() {
+        let source = "impl A {\n    make!(send);\n}\nfn main() {\n    make!(other);\n}";
+        assert_eq!(
+            place_by_macro(source, "send", "fn send (id : u64)", (2, 10)),
+            Place::Associated
+        );
+        assert_eq!(
+            place_by_macro(source, "other", "fn other (id : u64)", (5, 10)),
+            Place::Unknown
+        );
+    }
+
+    #[test]
+    fn an_import_of_the_same_name_takes_it() {
+        for source in [
+            "use a::send; fn send(id: u64) {}",
+            "pub use a::{b, c::send}; fn send(id: u64) {}",
+            "use a::other as send; fn send(id: u64) {}",
+            "use a::send::{self}; fn send(id: u64) {}",
+        ] {
+            assert_eq!(
+                place(source, "send"),
+                Place::Free {
+                    taken_by: Some("an import")
+                },
+                "{source}"
+            );
+        }
+        for source in [
+            "use a::*; fn send(id: u64) {}",
+            "use a::send as other; fn send(id: u64) {}",
+            "#[cfg(test)] use a::send; fn send(id: u64) {}",
+            "use a::send::other; fn send(id: u64) {}",
+        ] {
+            assert_eq!(
+                place(source, "send"),
+                Place::Free { taken_by: None },
+                "{source}"
+            );
+        }
+        assert_eq!(
+            place("extern crate a as send; fn send(id: u64) {}", "send"),
+            Place::Free {
+                taken_by: Some("an `extern crate`")
+            }
         );
     }
 }

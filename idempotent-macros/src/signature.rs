@@ -205,7 +205,7 @@ impl<'a> Handler<'a> {
             conn: conn?,
             output,
             mentions_self: mentions(item.sig.to_token_stream(), "Self")
-                || mentions(item.body.clone(), "Self"),
+                || mentions_outside_items(item.body.clone(), "Self"),
         })
     }
 
@@ -377,6 +377,41 @@ pub fn mentions(tokens: TokenStream, name: &str) -> bool {
     })
 }
 
+/// Whether `tokens` (a body) contain the identifier `name` outside the items declared in them: a
+/// nested `impl`, `trait`, `fn`, `struct`, `enum`, `union` or `mod` is a scope of its own, where
+/// `Self` is that item's (the outer one cannot be named there).
+pub fn mentions_outside_items(tokens: TokenStream, name: &str) -> bool {
+    // Each followed by the item's name (`union` is also a method's name, `fn(u8)` a type).
+    const NAMED_ITEMS: &[&str] = &["fn", "trait", "struct", "enum", "union", "mod"];
+    let mut trees = tokens.into_iter().peekable();
+    while let Some(tree) = trees.next() {
+        match &tree {
+            TokenTree::Ident(ident) if ident == name => return true,
+            TokenTree::Ident(ident)
+                if ident == "impl"
+                    || (NAMED_ITEMS.iter().any(|item| ident == item)
+                        && matches!(trees.peek(), Some(TokenTree::Ident(_)))) =>
+            {
+                // The item runs to its body's braces, or to a `;` (`struct A(u8);`).
+                for tree in trees.by_ref() {
+                    match tree {
+                        TokenTree::Group(group)
+                            if group.delimiter() == proc_macro2::Delimiter::Brace =>
+                        {
+                            break;
+                        }
+                        TokenTree::Punct(punct) if punct.as_char() == ';' => break,
+                        _ => {}
+                    }
+                }
+            }
+            TokenTree::Group(group) if mentions_outside_items(group.stream(), name) => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The names a pattern binds, each with the field path that reaches it from the whole value.
 fn bindings(pat: &Pat) -> Vec<(String, Option<String>)> {
     fn walk(pat: &Pat, path: Option<String>, out: &mut Vec<(String, Option<String>)>) {
@@ -452,6 +487,30 @@ mod tests {
         );
         let ty: syn::Type = syn::parse_quote!((u8, [u16; 2]));
         assert_eq!(shown(&ty), "(u8, [u16; 2])");
+    }
+
+    #[test]
+    fn self_in_a_nested_item_is_not_the_handlers() {
+        use super::mentions_outside_items;
+        let body: proc_macro2::TokenStream = syn::parse_quote! {{
+            struct Counter(u64);
+            impl Counter { fn new(start: u64) -> Self { Self(start) } }
+            fn helper() -> u8 { 1 }
+            let pointer: fn() -> u8 = helper;
+            Ok(Counter::new(pointer().into()).0)
+        }};
+        assert!(!mentions_outside_items(body, "Self"));
+        let body: proc_macro2::TokenStream = syn::parse_quote! {{
+            struct Local;
+            let made = Self::new();
+            Ok(made)
+        }};
+        assert!(mentions_outside_items(body, "Self"));
+        let body: proc_macro2::TokenStream = syn::parse_quote! {{
+            let pointer: fn() -> Self = Self::new;
+            Ok(pointer())
+        }};
+        assert!(mentions_outside_items(body, "Self"));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! is reported once.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens as _, quote};
+use quote::{ToTokens as _, quote, quote_spanned};
 use syn::Ident;
 
 use super::{Expansion, located, private_module, respan};
@@ -30,6 +30,7 @@ impl Expansion<'_> {
             .iter()
             .filter(|a| a.path().is_ident("deprecated"))
             .collect();
+        let allows = lint_allows(&item.attrs);
         let job_static = Ident::new("__IDEMPOTENT_JOB", Span::mixed_site());
         let job = self.job(&krate, &job_static);
         let key = self.companion_key(&krate);
@@ -50,6 +51,7 @@ impl Expansion<'_> {
 
             #(#cfgs)*
             #[allow(deprecated)]
+            #(#allows)*
             impl #hidden {
                 /// The job's description: its name, key template and settings.
                 #[must_use]
@@ -95,8 +97,11 @@ impl Expansion<'_> {
             };
             quote!(#ident: #ty)
         });
-        let types: Vec<TokenStream> = params.iter().map(|p| p.ty.to_token_stream()).collect();
-        let (generics, where_clause) = generics_used_by(&self.handler.item.sig.generics, &types);
+        let KeyGenerics {
+            params: generics,
+            where_clause,
+            ..
+        } = self.key_generics();
         let writer = Ident::new("__idempotent_writer", Span::mixed_site());
         let build = self.build_key(krate, &writer, true);
         quote! {
@@ -111,6 +116,16 @@ impl Expansion<'_> {
         }
     }
 
+    /// What `key` declares of the handler's generics.
+    pub(super) fn key_generics(&self) -> KeyGenerics {
+        let types: Vec<TokenStream> = self
+            .key_params()
+            .iter()
+            .map(|p| p.ty.to_token_stream())
+            .collect();
+        generics_used_by(&self.handler.item.sig.generics, &types)
+    }
+
     /// `outcome(..)`: calls the handler with the same arguments and says whether its body ran or
     /// was replayed.
     fn companion_outcome(&self, krate: &TokenStream) -> TokenStream {
@@ -118,12 +133,20 @@ impl Expansion<'_> {
         let item = self.handler.item;
         let vis = &item.vis;
         let name = &item.sig.ident;
-        let (params, args) = outcome_parameters(&item.sig);
+        let params = outcome_parameters(&item.sig);
+        let conditional: Vec<&OutcomeParam> =
+            params.iter().filter(|param| param.cfg.is_some()).collect();
+        if conditional.len() > MAX_CFG_PARAMS {
+            let message = format!(
+                "`#[idempotent_job]` gives `{name}::outcome` at most {MAX_CFG_PARAMS} parameters under `#[cfg]`, and `{name}` has {}: add `no_companion` to the attribute, or gather the conditional inputs into one parameter",
+                conditional.len()
+            );
+            return quote_spanned!(name.span()=> ::core::compile_error!(#message););
+        }
         let generics = &item.sig.generics;
         let turbofish = turbofish(generics);
         let function = located(name);
         let awaited = self.handler.is_async().then(|| quote!(.await));
-        let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
         let mut generic_params: Vec<TokenStream> = generics
             .params
             .iter()
@@ -135,30 +158,62 @@ impl Expansion<'_> {
             .flat_map(|clause| clause.predicates.iter())
             .map(|predicate| respan(predicate.to_token_stream()))
             .collect();
+        let mut convert = None;
         let (ok, err) = match &self.handler.output.parts {
             Some((ok, err)) => (respan(ok.to_token_stream()), respan(err.to_token_stream())),
             None => {
                 let parts = self.alias_parts();
                 generic_params.extend([parts.ok.clone(), parts.err.clone()]);
                 predicates.push(parts.predicate);
-                let convert = parts.convert;
-                call = quote!(#convert(#call));
+                convert = Some(parts.convert);
                 (parts.ok, parts.err)
             }
         };
-        let generics = (!generic_params.is_empty()).then(|| quote!(<#(#generic_params),*>));
-        let where_clause = (!predicates.is_empty()).then(|| quote!(where #(#predicates),*));
+        // One call for each combination of the conditional parameters that exist, each under the
+        // `cfg` of that combination: a call's arguments cannot carry `#[cfg]`.
+        let calls = (0..1_usize << conditional.len()).map(|combination| {
+            let present = |param: &OutcomeParam| {
+                conditional
+                    .iter()
+                    .position(|other| std::ptr::eq(*other, param))
+                    .is_none_or(|bit| combination & (1 << bit) != 0)
+            };
+            let args = params
+                .iter()
+                .filter(|param| present(param))
+                .map(|param| &param.arg);
+            let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
+            if let Some(convert) = &convert {
+                call = quote!(#convert(#call));
+            }
+            let predicates = conditional.iter().enumerate().map(|(bit, param)| {
+                let predicate = &param.cfg;
+                if combination & (1 << bit) != 0 {
+                    quote!(#predicate)
+                } else {
+                    quote!(not(#predicate))
+                }
+            });
+            let cfg = (!conditional.is_empty()).then(|| quote!(#[cfg(all(#(#predicates),*))]));
+            (cfg, call)
+        });
+        let run = Ident::new("__idempotent_run", Span::mixed_site());
         let (asyncness, call) = if self.handler.is_async() {
+            let runs = calls.map(|(cfg, call)| quote!(#cfg let #run = async move { #call };));
             (
                 quote!(async),
-                quote!(#krate::#private::outcome_of_async(async move { #call }).await),
+                quote!(#(#runs)* #krate::#private::outcome_of_async(#run).await),
             )
         } else {
+            let runs = calls.map(|(cfg, call)| quote!(#cfg let #run = move || #call;));
             (
                 quote!(),
-                quote!(#krate::#private::outcome_of(move || #call)),
+                quote!(#(#runs)* #krate::#private::outcome_of(#run)),
             )
         };
+        let generics = (!generic_params.is_empty()).then(|| quote!(<#(#generic_params),*>));
+        let where_clause = (!predicates.is_empty()).then(|| quote!(where #(#predicates),*));
+        let params = params.iter().map(|param| &param.declaration);
         let doc = format!(
             "Runs [`{name}`](fn@{name}) with these arguments, as a call of `{name}` does, and says \
              whether its body ran or a stored result was replayed.\n\n\
@@ -209,6 +264,57 @@ impl Expansion<'_> {
     }
 }
 
+/// The handler's lint levels that silence a lint (`allow`, and `expect` as an `allow`, also under
+/// `cfg_attr`), for the companion: it repeats the handler's parameters, so a lint the user allowed
+/// on the handler for its signature (`clippy::too_many_arguments`) would fire on `key` or
+/// `outcome`. An `expect` stays the handler's to fulfil; `warn`, `deny` and `forbid` are checked
+/// at the handler, in the user's code, and are not made stricter on generated code (a `forbid`
+/// would also refuse the companion's own `allow`s).
+fn lint_allows(attrs: &[syn::Attribute]) -> Vec<TokenStream> {
+    attrs
+        .iter()
+        .filter_map(|attr| {
+            if let Some(meta) = silencing_meta(&attr.meta) {
+                return Some(quote!(#[#meta]));
+            }
+            let list = attr.meta.require_list().ok()?;
+            if !list.path.is_ident("cfg_attr") {
+                return None;
+            }
+            let parts = list
+                .parse_args_with(
+                    syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated,
+                )
+                .ok()?;
+            let mut parts = parts.into_iter();
+            let predicate = parts.next()?;
+            let inner: Vec<TokenStream> = parts.filter_map(|meta| silencing_meta(&meta)).collect();
+            (!inner.is_empty()).then(|| quote!(#[cfg_attr(#predicate, #(#inner),*)]))
+        })
+        .map(respan)
+        .collect()
+}
+
+/// `allow(..)` for an `allow(..)` or an `expect(..)`, with its lints and reason, but for
+/// `dead_code` and `unused`: an item that allows `dead_code` counts as used, and so would the
+/// handler it calls, which then could not be reported (or expected) dead.
+fn silencing_meta(meta: &syn::Meta) -> Option<TokenStream> {
+    let list = meta.require_list().ok()?;
+    if !(list.path.is_ident("allow") || list.path.is_ident("expect")) {
+        return None;
+    }
+    let lints = list
+        .parse_args_with(syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated)
+        .ok()?;
+    let kept: Vec<&syn::Meta> = lints
+        .iter()
+        .filter(|lint| !(lint.path().is_ident("dead_code") || lint.path().is_ident("unused")))
+        .collect();
+    kept.iter()
+        .any(|lint| matches!(lint, syn::Meta::Path(_)))
+        .then(|| quote!(allow(#(#kept),*)))
+}
+
 /// What `outcome` needs for a return type spelled another way than `Result<T, E>`.
 struct AliasParts {
     ok: TokenStream,
@@ -218,22 +324,52 @@ struct AliasParts {
     convert: TokenStream,
 }
 
-/// `outcome`'s parameters (the handler's, each bound to a name) and the arguments it passes on.
-fn outcome_parameters(sig: &syn::Signature) -> (Vec<TokenStream>, Vec<Ident>) {
+/// How many parameters under `#[cfg]` `outcome` takes: it calls the handler once for each
+/// combination of them, in `2^n` statements.
+const MAX_CFG_PARAMS: usize = 4;
+
+/// One of `outcome`'s parameters.
+struct OutcomeParam {
+    /// `#[cfg(..)] name: Type`.
+    declaration: TokenStream,
+    /// The name it is passed on by.
+    arg: Ident,
+    /// Whether it exists, when it is under `#[cfg(..)]`: `all(..)` of its predicates.
+    cfg: Option<TokenStream>,
+}
+
+/// `outcome`'s parameters: the handler's, each bound to a name (of `outcome`'s own: a parameter
+/// named like the handler would otherwise shadow it in the call), with their `#[cfg]`s.
+fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
     let mut params = Vec::new();
-    let mut args = Vec::new();
     for (index, input) in sig.inputs.iter().enumerate() {
         if let syn::FnArg::Typed(typed) = input {
             let ident = match &*typed.pat {
-                syn::Pat::Ident(pat) if pat.subpat.is_none() => located(&pat.ident),
+                syn::Pat::Ident(pat) if pat.subpat.is_none() => {
+                    let mut ident = pat.ident.clone();
+                    ident.set_span(Span::mixed_site().located_at(pat.ident.span()));
+                    ident
+                }
                 _ => Ident::new(&format!("__arg{index}"), Span::mixed_site()),
             };
             let ty = respan(typed.ty.to_token_stream());
-            params.push(quote!(#ident: #ty));
-            args.push(ident);
+            let cfgs: Vec<TokenStream> = typed
+                .attrs
+                .iter()
+                .filter(|attr| attr.path().is_ident("cfg"))
+                .filter_map(|attr| attr.meta.require_list().ok())
+                .map(|list| respan(list.tokens.clone()))
+                .collect();
+            let cfg = (!cfgs.is_empty()).then(|| quote!(all(#(#cfgs),*)));
+            let attr = cfg.as_ref().map(|cfg| quote!(#[cfg(#cfg)]));
+            params.push(OutcomeParam {
+                declaration: quote!(#attr #ident: #ty),
+                arg: ident,
+                cfg,
+            });
         }
     }
-    (params, args)
+    params
 }
 
 /// `::<T, N>`: the function's type and const parameters, to call it from the companion (an
@@ -251,50 +387,134 @@ fn turbofish(generics: &syn::Generics) -> Option<TokenStream> {
     (!params.is_empty()).then(|| quote!(::<#(#params),*>))
 }
 
-/// The generic parameters (and where-clause predicates) that the key's input types mention, so
-/// that `key` can be called without naming the ones it does not need; respanned.
-fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) -> (TokenStream, TokenStream) {
-    use crate::signature::mentions;
-    let used = |name: &str| types.iter().any(|ty| mentions(ty.clone(), name));
-    let lifetime_used = |lifetime: &syn::Lifetime| {
-        types
-            .iter()
-            .any(|ty| ty.to_string().contains(&lifetime.to_string()))
-    };
-    let params: Vec<_> = generics
-        .params
-        .iter()
-        .filter(|param| match param {
-            syn::GenericParam::Type(t) => used(&t.ident.to_string()),
-            syn::GenericParam::Const(c) => used(&c.ident.to_string()),
-            syn::GenericParam::Lifetime(l) => lifetime_used(&l.lifetime),
-        })
-        .collect();
-    let predicates: Vec<_> = generics
+/// What `key` declares of the handler's generics.
+pub(super) struct KeyGenerics {
+    /// `<..>`, respanned.
+    pub params: TokenStream,
+    /// `where ..`, respanned.
+    pub where_clause: TokenStream,
+    /// `::<T, N>` of its type and const parameters, for the handler's call of `key`: a parameter
+    /// seen only through an associated type (`id: E::Id`) or a bound (`Id: Into<Raw>`) cannot be
+    /// inferred from the arguments.
+    pub turbofish: Option<TokenStream>,
+}
+
+/// The generic parameters (and where-clause predicates) that the key's input types need: those
+/// they mention, and, until nothing changes, those that the bounds and predicates of these
+/// mention (`Id: Into<Raw>` needs `Raw`, `'b: 'a` needs `'a`), so that `key` can be called without
+/// naming the ones it does not need.
+pub(super) fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) -> KeyGenerics {
+    let params: Vec<&syn::GenericParam> = generics.params.iter().collect();
+    let predicates: Vec<&syn::WherePredicate> = generics
         .where_clause
         .iter()
         .flat_map(|w| w.predicates.iter())
-        .filter(|predicate| match predicate {
-            syn::WherePredicate::Type(t) => {
-                let bounded = t.bounded_ty.to_token_stream();
-                params.iter().any(|param| match param {
-                    syn::GenericParam::Type(ty) => mentions(bounded.clone(), &ty.ident.to_string()),
-                    _ => false,
-                })
-            }
-            syn::WherePredicate::Lifetime(l) => lifetime_used(&l.lifetime),
-            _ => false,
+        .collect();
+    let mentioned = |tokens: &TokenStream, param: &syn::GenericParam| match param {
+        syn::GenericParam::Type(t) => {
+            crate::signature::mentions(tokens.clone(), &t.ident.to_string())
+        }
+        syn::GenericParam::Const(c) => {
+            crate::signature::mentions(tokens.clone(), &c.ident.to_string())
+        }
+        syn::GenericParam::Lifetime(l) => mentions_lifetime(tokens.clone(), &l.lifetime.ident),
+    };
+    let mut kept: Vec<bool> = params
+        .iter()
+        .map(|param| types.iter().any(|ty| mentioned(ty, param)))
+        .collect();
+    let mut kept_predicates = vec![false; predicates.len()];
+    // What a kept parameter's bounds mention, or a predicate that mentions a kept parameter.
+    let needs: Vec<TokenStream> = params
+        .iter()
+        .map(|param| match param {
+            syn::GenericParam::Type(t) => t.bounds.to_token_stream(),
+            syn::GenericParam::Lifetime(l) => l.bounds.to_token_stream(),
+            syn::GenericParam::Const(c) => c.ty.to_token_stream(),
         })
         .collect();
-    let generics = if params.is_empty() {
+    let predicate_tokens: Vec<TokenStream> =
+        predicates.iter().map(|p| p.to_token_stream()).collect();
+    loop {
+        let mut changed = false;
+        for (index, predicate) in predicate_tokens.iter().enumerate() {
+            if !kept_predicates[index]
+                && params
+                    .iter()
+                    .zip(&kept)
+                    .any(|(param, kept)| *kept && mentioned(predicate, param))
+            {
+                kept_predicates[index] = true;
+                changed = true;
+            }
+        }
+        let mut wanted: Vec<&TokenStream> = needs
+            .iter()
+            .zip(&kept)
+            .filter_map(|(needs, kept)| kept.then_some(needs))
+            .collect();
+        wanted.extend(
+            predicate_tokens
+                .iter()
+                .zip(&kept_predicates)
+                .filter_map(|(tokens, kept)| kept.then_some(tokens)),
+        );
+        for (index, param) in params.iter().enumerate() {
+            if !kept[index] && wanted.iter().any(|tokens| mentioned(tokens, param)) {
+                kept[index] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let kept_params: Vec<&&syn::GenericParam> = params
+        .iter()
+        .zip(&kept)
+        .filter_map(|(param, kept)| kept.then_some(param))
+        .collect();
+    let kept_predicates: Vec<&&syn::WherePredicate> = predicates
+        .iter()
+        .zip(&kept_predicates)
+        .filter_map(|(predicate, kept)| kept.then_some(predicate))
+        .collect();
+    let params_tokens = if kept_params.is_empty() {
         quote!()
     } else {
-        respan(quote!(<#(#params),*>))
+        respan(quote!(<#(#kept_params),*>))
     };
-    let where_clause = if predicates.is_empty() {
+    let where_clause = if kept_predicates.is_empty() {
         quote!()
     } else {
-        respan(quote!(where #(#predicates),*))
+        respan(quote!(where #(#kept_predicates),*))
     };
-    (generics, where_clause)
+    let arguments: Vec<TokenStream> = kept_params
+        .iter()
+        .filter_map(|param| match param {
+            syn::GenericParam::Type(t) => Some(respan(t.ident.to_token_stream())),
+            syn::GenericParam::Const(c) => Some(respan(c.ident.to_token_stream())),
+            syn::GenericParam::Lifetime(_) => None,
+        })
+        .collect();
+    KeyGenerics {
+        params: params_tokens,
+        where_clause,
+        turbofish: (!arguments.is_empty()).then(|| quote!(::<#(#arguments),*>)),
+    }
+}
+
+/// Whether `tokens` name the lifetime `'name` (not `'named`), nested groups included.
+fn mentions_lifetime(tokens: TokenStream, name: &Ident) -> bool {
+    let mut after_quote = false;
+    tokens.into_iter().any(|tree| {
+        let found = match &tree {
+            proc_macro2::TokenTree::Ident(ident) => after_quote && ident == name,
+            proc_macro2::TokenTree::Group(group) => mentions_lifetime(group.stream(), name),
+            _ => false,
+        };
+        after_quote =
+            matches!(&tree, proc_macro2::TokenTree::Punct(punct) if punct.as_char() == '\'');
+        found
+    })
 }

@@ -217,6 +217,65 @@ pub fn expected(conn: &mut SqliteConnection, id: u64, unused: u8) -> Result<u64,
     Ok(id)
 }
 
+/// Eight key inputs beside the connection, with clippy's limit on parameters allowed on the
+/// handler: the companion's `key` (eight parameters) and `outcome` (nine) repeat them, and the
+/// `allow` with them.
+///
+/// # Errors
+///
+/// When the job call fails.
+#[idempotent_job(key = "wide:<year>:<month>:<day>:<hour>:<minute>:<second>:<shard>:<region>")]
+#[allow(clippy::too_many_arguments, reason = "a key of eight parts")]
+pub fn wide(
+    conn: &mut SqliteConnection,
+    year: u16,
+    month: u8,
+    day: u8,
+    hour: u8,
+    minute: u8,
+    second: u8,
+    shard: u8,
+    region: &str,
+) -> Result<u64, AppError> {
+    let _ = (conn, region);
+    ran();
+    Ok(u64::from(year)
+        + u64::from(month)
+        + u64::from(day)
+        + u64::from(hour)
+        + u64::from(minute)
+        + u64::from(second)
+        + u64::from(shard))
+}
+
+/// The same limit met by an expectation, which the handler fulfils.
+///
+/// # Errors
+///
+/// When the job call fails.
+#[idempotent_job(key = "wide-expected:<id>")]
+#[expect(clippy::too_many_arguments, reason = "eight parameters")]
+pub fn wide_expected(
+    conn: &mut SqliteConnection,
+    id: u64,
+    first: u8,
+    second: u8,
+    third: u8,
+    fourth: u8,
+    fifth: u8,
+    sixth: u8,
+) -> Result<u64, AppError> {
+    let _ = conn;
+    ran();
+    Ok(id
+        + u64::from(first)
+        + u64::from(second)
+        + u64::from(third)
+        + u64::from(fourth)
+        + u64::from(fifth)
+        + u64::from(sixth))
+}
+
 /// The result under another name.
 pub type JobResult = Result<u64, AppError>;
 
@@ -483,6 +542,14 @@ pub fn main() {
         assert_eq!(old, 5);
         assert_eq!(expected(&mut conn, 6, 0).expect("expected"), 6);
         assert_eq!(aliased(&mut conn).expect("aliased"), 7);
+        assert_eq!(
+            wide(&mut conn, 2026, 1, 2, 3, 4, 5, 6, "eu").expect("wide"),
+            2026 + 21
+        );
+        assert_eq!(
+            wide_expected(&mut conn, 1, 1, 1, 1, 1, 1, 1).expect("wide_expected"),
+            7
+        );
         assert_eq!(shadowed::shadowed(&mut conn, 8).expect("shadowed"), 8);
         assert_eq!(via_macro(&mut conn, 9).expect("via_macro"), 9);
         assert_eq!(account.by_ref(&mut conn).expect("by_ref"), 3);
@@ -514,8 +581,8 @@ pub fn main() {
     assert_eq!(calls, 2);
     assert_eq!(
         RUNS.load(Ordering::SeqCst),
-        18,
-        "each of the 18 handlers ran once"
+        20,
+        "each of the 20 handlers ran once"
     );
 
     // The companions: the key from the inputs alone, the job, and whether a call ran.
@@ -527,4 +594,18 @@ pub fn main() {
             .is_replayed()
     );
     assert!(via_macro::outcome(&mut conn, 10).expect("outcome").is_ran());
+    assert_eq!(
+        wide::key(&2026, &1, &2, &3, &4, &5, &6, "eu").as_str(),
+        "wide:2026:1:2:3:4:5:6:eu"
+    );
+    assert!(
+        wide::outcome(&mut conn, 2026, 1, 2, 3, 4, 5, 6, "eu")
+            .expect("outcome")
+            .is_replayed()
+    );
+    assert!(
+        wide_expected::outcome(&mut conn, 1, 1, 1, 1, 1, 1, 1)
+            .expect("outcome")
+            .is_replayed()
+    );
 }
