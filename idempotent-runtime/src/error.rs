@@ -571,7 +571,8 @@ pub enum Error {
 
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
     /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
-    /// resumes.
+    /// resumes. Where the connection failed while the migration was committing, the error is
+    /// [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step may be committed.
     #[error(
         "creating or upgrading the runtime's table `{table}` failed; calling migrate again resumes where this stopped"
     )]

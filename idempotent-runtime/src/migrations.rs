@@ -276,10 +276,16 @@ pub(crate) async fn in_transaction<S: Store>(
         };
         match steps(transaction.store()).await {
             Ok(()) => {
-                return transaction
-                    .commit()
-                    .await
-                    .map_err(failed("idempotent_schema"));
+                return transaction.commit().await.map_err(|error| {
+                    // The server may have committed every step: not "failed, rolled back".
+                    match S::Db::connection_lost(&error) {
+                        true => Error::OutcomeUnknown {
+                            action: "migrating the runtime's tables",
+                            source: error,
+                        },
+                        false => failed("idempotent_schema")(error),
+                    }
+                });
             }
             Err(error) => {
                 transaction.rollback().await;

@@ -915,3 +915,33 @@ fn a_forget_whose_mysql_connection_is_killed_exits_3_and_changes_nothing() {
         "{stderr}"
     );
 }
+
+/// A `migrate` whose `COMMIT` reached PostgreSQL, which committed the tables, but whose reply was
+/// lost: the call must not say the migration failed and that its steps "were rolled back with
+/// the rest"; it says the outcome is unknown (and a second `migrate` finds the tables current).
+#[cfg(feature = "postgres")]
+#[test]
+fn a_migration_whose_commit_reply_is_lost_says_it_may_be_committed() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::empty();
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = Postgres::connect(&proxy.url(db.locator()));
+    proxy.arm_after("CREATE TABLE");
+    let migrated = idempotent_jobs::migrate(&mut conn);
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the migration's COMMIT");
+    let mut direct = db.connect();
+    idempotent_jobs::verify(&mut direct).expect("the server committed the tables");
+    match migrated {
+        Ok(()) => {}
+        Err(error) => {
+            let said = crate::harness::with_causes(&error);
+            assert!(
+                matches!(error, idempotent_jobs::Error::OutcomeUnknown { .. })
+                    && said.contains("may or may not have been committed"),
+                "the tables are there, but the error says: {said}"
+            );
+        }
+    }
+    idempotent_jobs::migrate(&mut direct).expect("a second migrate");
+}

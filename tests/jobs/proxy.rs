@@ -13,6 +13,10 @@ pub struct CommitCutter {
     upstream: String,
     armed: Arc<AtomicBool>,
     cuts: Arc<AtomicUsize>,
+    /// A text after which the proxy arms itself ([`arm_after`](Self::arm_after)).
+    after: Arc<std::sync::Mutex<Option<&'static str>>>,
+    /// Whether only a statement that is `COMMIT` counts (PostgreSQL, after `arm_after`).
+    strict: Arc<AtomicBool>,
 }
 
 impl CommitCutter {
@@ -26,18 +30,27 @@ impl CommitCutter {
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicUsize::new(0)),
         );
-        let (to, armed_for_clients, cuts_for_clients) =
-            (upstream.clone(), Arc::clone(&armed), Arc::clone(&cuts));
+        let after = Arc::new(std::sync::Mutex::new(None));
+        let strict = Arc::new(AtomicBool::new(false));
+        let (to, armed_for_clients, cuts_for_clients, after_for_clients, strict_for_clients) = (
+            upstream.clone(),
+            Arc::clone(&armed),
+            Arc::clone(&cuts),
+            Arc::clone(&after),
+            Arc::clone(&strict),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(&to) else {
                     continue;
                 };
-                let (armed, cuts) = (
+                let (armed, cuts, after, strict) = (
                     Arc::clone(&armed_for_clients),
                     Arc::clone(&cuts_for_clients),
+                    Arc::clone(&after_for_clients),
+                    Arc::clone(&strict_for_clients),
                 );
-                relay(client, server, mysql, armed, cuts);
+                relay(client, server, mysql, (armed, after, strict), cuts);
             }
         });
         CommitCutter {
@@ -45,6 +58,8 @@ impl CommitCutter {
             upstream,
             armed,
             cuts,
+            after,
+            strict,
         }
     }
 
@@ -64,6 +79,13 @@ impl CommitCutter {
     /// Cuts the next connection that sends a `COMMIT`, once.
     pub fn arm(&self) {
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Cuts the next connection that sends a `COMMIT` after a client sent `text` (a statement
+    /// of the transaction whose commit is to be cut), once.
+    pub fn arm_after(&self, text: &'static str) {
+        self.strict.store(true, Ordering::SeqCst);
+        *self.after.lock().expect("the proxy's state") = Some(text);
     }
 
     /// How many connections were cut.
@@ -86,7 +108,11 @@ fn relay(
     client: TcpStream,
     server: TcpStream,
     mysql: bool,
-    armed: Arc<AtomicBool>,
+    (armed, after, strict_commits): (
+        Arc<AtomicBool>,
+        Arc<std::sync::Mutex<Option<&'static str>>>,
+        Arc<AtomicBool>,
+    ),
     cuts: Arc<AtomicUsize>,
 ) {
     let (mut client_in, mut server_out) = (
@@ -118,7 +144,27 @@ fn relay(
                 break;
             }
             let chunk = &buffer[..read];
-            let is_commit = if mysql {
+            // Armed from the chunk after the one holding the text (whose SQL may say "commit").
+            let text_seen = after.lock().is_ok_and(|mut after| {
+                let seen = after.is_some_and(|text| {
+                    chunk
+                        .windows(text.len())
+                        .any(|w| w.eq_ignore_ascii_case(text.as_bytes()))
+                });
+                if seen {
+                    *after = None;
+                }
+                seen
+            });
+            // Armed by `arm_after` (its `after` taken): only a statement that is `COMMIT`, not
+            // the word in a comment of the migrations' SQL.
+            let strict = !mysql
+                && after.lock().is_ok_and(|after| after.is_none())
+                && armed.load(Ordering::SeqCst)
+                && strict_commits.load(Ordering::SeqCst);
+            let is_commit = if strict {
+                pg_commit_statement(chunk)
+            } else if mysql {
                 // One write may hold several packets (a statement's close goes out with the next
                 // command).
                 mysql_packets(chunk)
@@ -143,6 +189,9 @@ fn relay(
             let cut = is_commit && armed.swap(false, Ordering::SeqCst);
             if cut {
                 cutting.store(true, Ordering::SeqCst);
+            }
+            if text_seen {
+                armed.store(true, Ordering::SeqCst);
             }
             if server_out.write_all(chunk).is_err() {
                 break;
@@ -182,6 +231,33 @@ fn relay(
             }
         }
     });
+}
+
+/// Whether `chunk` holds a PostgreSQL simple query ('Q') one of whose statements is `COMMIT`.
+fn pg_commit_statement(chunk: &[u8]) -> bool {
+    let mut at = 0;
+    while at + 5 <= chunk.len() {
+        let kind = chunk[at];
+        let length =
+            u32::from_be_bytes([chunk[at + 1], chunk[at + 2], chunk[at + 3], chunk[at + 4]])
+                as usize;
+        let end = (at + 1 + length).min(chunk.len());
+        if kind == b'Q' {
+            let text = String::from_utf8_lossy(&chunk[at + 5..end]);
+            if text
+                .trim_end_matches('\0')
+                .split(';')
+                .any(|statement| statement.trim().eq_ignore_ascii_case("COMMIT"))
+            {
+                return true;
+            }
+        }
+        if length < 4 {
+            break;
+        }
+        at = end;
+    }
+    false
 }
 
 const COM_QUERY: u8 = 0x03;
