@@ -372,12 +372,19 @@ async fn forget_on<S: Store>(
     // delete that waited for its lock (MySQL's DELETE reads the latest committed row). Both in one
     // transaction, committed before this returns.
     let digest = *digest;
+    // The row the forget read, for the audit trail of a forget whose commit's outcome is unknown
+    // (the operation's own result is lost with the commit).
+    let read = std::sync::Arc::new(std::sync::Mutex::new(None::<(String, String)>));
+    let read_by_forget = std::sync::Arc::clone(&read);
     let (record, deleted) = keys_operation(
         conn,
         ("forget a key", "forgetting a key"),
         async move |conn: &mut S| {
             let digest = &digest;
             let record = S::Db::lookup_key(conn, digest).await?;
+            if let (Some(row), Ok(mut read)) = (&record, read_by_forget.lock()) {
+                *read = Some((row.job_name.clone(), row.job_key.clone()));
+            }
             let deleted = match &record {
                 None => false,
                 Some(row) if shown.is_some_and(|token| token != row.claim_token) => false,
@@ -394,8 +401,15 @@ async fn forget_on<S: Store>(
     .inspect_err(|error| {
         if let Error::OutcomeUnknown { .. } = error {
             // The forget may be committed: the audit trail has it, with its reason.
+            let (job, key) = read
+                .lock()
+                .ok()
+                .and_then(|read| read.clone())
+                .unwrap_or_default();
             tracing::warn!(
                 target: "idempotent_jobs::keys",
+                job,
+                key,
                 digest = %hex(&digest),
                 reason,
                 %error,

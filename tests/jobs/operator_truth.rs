@@ -169,6 +169,9 @@ fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
         events.iter().any(|event| {
             event.get("reason").map(String::as_str) == Some("ticket 4711")
                 && event.get("level").is_some_and(|level| level == "WARN")
+                // Which job and key, as the audit line of a forget that committed says.
+                && event.get("key").map(String::as_str) == Some("kept:1")
+                && event.get("job").map(String::as_str) == Some("kept")
         }),
         "no audit event for a forget the server committed: {events:?}"
     );
