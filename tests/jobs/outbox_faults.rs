@@ -323,8 +323,6 @@ where
     B: Backend<Conn = C>,
     C: TestConn,
 {
-    use crate::harness::Server;
-
     let (_db, mut conn) = three_receipts::<B, C>();
     let (install, remove) = refuse_mark(B::SERVER);
     for sql in install {
@@ -613,7 +611,10 @@ where
         let report = Relay::new().run_once(&mut conn, |_| Ok::<_, String>(()));
         let took = started.elapsed();
         finish.send(()).expect("finishing the job");
-        job.join().expect("the job's thread");
+        assert!(
+            job.join().expect("the job's thread").is_ran(),
+            "the job ran"
+        );
         (report, took)
     });
     let (report, took) = report;

@@ -7,6 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// The text after which a proxy arms itself, until it is seen.
+type After = Arc<std::sync::Mutex<Option<&'static str>>>;
+
 /// A proxy on loopback; see the module docs.
 pub struct CommitCutter {
     address: String,
@@ -14,7 +17,7 @@ pub struct CommitCutter {
     armed: Arc<AtomicBool>,
     cuts: Arc<AtomicUsize>,
     /// A text after which the proxy arms itself ([`arm_after`](Self::arm_after)).
-    after: Arc<std::sync::Mutex<Option<&'static str>>>,
+    after: After,
     /// Whether only a statement that is `COMMIT` counts (PostgreSQL, after `arm_after`).
     strict: Arc<AtomicBool>,
 }
@@ -108,11 +111,7 @@ fn relay(
     client: TcpStream,
     server: TcpStream,
     mysql: bool,
-    (armed, after, strict_commits): (
-        Arc<AtomicBool>,
-        Arc<std::sync::Mutex<Option<&'static str>>>,
-        Arc<AtomicBool>,
-    ),
+    (armed, after, strict_commits): (Arc<AtomicBool>, After, Arc<AtomicBool>),
     cuts: Arc<AtomicUsize>,
 ) {
     let (mut client_in, mut server_out) = (
