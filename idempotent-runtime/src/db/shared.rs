@@ -4,11 +4,11 @@
 
 use diesel::QueryableByName;
 use diesel::result::QueryResult;
-use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Binary, Nullable, Text};
 
 use crate::migrations::Version;
-use crate::sql::{Bind, Binds, SqlText, Statement, bind};
-use crate::store::{Claim, ClaimAttempt, Database, DoneRow, Lease, Store};
+use crate::sql::{Bind, SqlText, Statement, bind};
+use crate::store::{Claim, ClaimAttempt, Database, DoneRow, Store};
 
 /// A claim's values, in the order of the `?`s of every database's `ClaimInsert`: `key_digest`,
 /// `job_key`, `job_name`, `fingerprint`, `claim_token`, `result`.
@@ -51,7 +51,7 @@ pub(crate) async fn insert_or_read<'a, Insert, C>(
 where
     Insert: SqlText,
     C: Store,
-    ClaimValues<'a>: Binds<<C::Db as Database>::Backend>,
+    ClaimValues<'a>: crate::sql::Binds<<C::Db as Database>::Backend>,
 {
     let inserted = conn
         .execute(Statement::<Insert, _>::new(claim_values(claim)))
@@ -62,17 +62,23 @@ where
     Ok(found(C::Db::done_row(conn, claim.digest).await?))
 }
 
-/// A lease's first step on every database: `Park` (each database's own `ParkAbandoned`) parks the
-/// messages whose relay died during their last allowed attempt (`lease.max_attempts`).
-pub(crate) async fn park_abandoned<Park, C>(conn: &mut C, lease: &Lease<'_>) -> QueryResult<()>
+/// A lease's first step on SQLite and PostgreSQL: `Park` (each database's own `ParkAbandoned`)
+/// parks the messages whose relay died during their last allowed attempt (`lease.max_attempts`).
+/// MySQL finds them with `SKIP LOCKED` and parks them one by one (`db::mysql`).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "async-postgres"))]
+pub(crate) async fn park_abandoned<Park, C>(
+    conn: &mut C,
+    lease: &crate::store::Lease<'_>,
+) -> QueryResult<()>
 where
     Park: SqlText,
     C: Store,
-    (Bind<Integer, i32>,): Binds<<C::Db as Database>::Backend>,
+    (Bind<diesel::sql_types::Integer, i32>,): crate::sql::Binds<<C::Db as Database>::Backend>,
 {
-    conn.execute(Statement::<Park, _>::new((bind::<Integer, _>(
-        lease.max_attempts,
-    ),)))
+    conn.execute(Statement::<Park, _>::new((bind::<
+        diesel::sql_types::Integer,
+        _,
+    >(lease.max_attempts),)))
         .await
         .map(drop)
 }
