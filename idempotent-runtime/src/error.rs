@@ -63,7 +63,7 @@ pub enum Error {
     /// is a savepoint, and fine). What the body did before the statement is committed; what came
     /// after ran outside any transaction.
     #[error(
-        "job `{job}` (key `{key}`): a statement of its body ended the job's transaction (COMMIT, ROLLBACK, BEGIN; on MySQL also DDL and its other implicit commits); the work before it was committed, the claim was taken back, and a retry runs the job again"
+        "job `{job}` (key `{key}`): a statement of its body ended the job's transaction (COMMIT, ROLLBACK, BEGIN; on MySQL also DDL and its other implicit commits); the work before it was committed and the claim was taken back: a retry would run the job again over that work, so take the statement out of the body before retrying"
     )]
     TransactionEndedInBody {
         /// The job's name.
@@ -86,7 +86,7 @@ pub enum Error {
     /// mode that can roll back (`DELETE`, the default, `TRUNCATE`, `PERSIST`, `MEMORY` or `WAL`);
     /// look at what the body wrote. Retrying runs the job again over whatever it left.
     #[error(
-        "job `{job}` (key `{key}`): the job failed and its transaction could not be rolled back whole: {why}; what the body wrote there may be in the database; the claim was taken back, so the next delivery runs the job again"
+        "job `{job}` (key `{key}`): the job failed and its transaction could not be rolled back whole: {why}; what the body wrote there may be in the database; the claim was taken back: a retry would run the job again over what it left, so look at that before retrying"
     )]
     CannotRollBack {
         /// The job's name.
@@ -748,7 +748,7 @@ mod tests {
         ];
         for error in cases {
             let text = error.to_string();
-            let says_retry = text.contains("retried") || text.contains("retrying is safe");
+            let says_retry = says_to_retry(&text);
             assert_eq!(
                 says_retry,
                 error.is_retryable(),
@@ -759,5 +759,30 @@ mod tests {
                 "the message says what happened to the connection: {text}"
             );
         }
+        // The errors that ask for an operator say what a retry would do, not to retry.
+        for error in [
+            Error::TransactionEndedInBody {
+                job: "invoice",
+                key: "invoice:1".into(),
+            },
+            Error::CannotRollBack {
+                job: "invoice",
+                key: "invoice:1".into(),
+                why: "a table that is not transactional",
+            },
+        ] {
+            let text = error.to_string();
+            assert!(
+                !error.is_retryable() && !says_to_retry(&text) && text.contains("before retrying"),
+                "{text}"
+            );
+        }
+    }
+
+    /// Whether a message reads as advice to retry.
+    fn says_to_retry(text: &str) -> bool {
+        ["retried", "retrying is safe", "a retry runs", "delivery runs the job again"]
+            .iter()
+            .any(|phrase| text.contains(phrase))
     }
 }

@@ -8,9 +8,9 @@
 //!
 //! It leaves the database to the workers:
 //!
-//! * **Paced.** After each batch it pauses nine times as long as the batch took
-//!   ([`Prune::pace`]), so it takes at most a tenth of the database's time, and less when the
-//!   database is busy.
+//! * **Paced.** After each batch it pauses nine times as long as the batch took, at most 30 s
+//!   ([`Prune::pace`]), so it takes at most a tenth of the database's time (unless a batch takes
+//!   more than 3.3 s), and less when the database is busy.
 //! * **No gap locks** on MySQL/MariaDB: each batch runs at READ COMMITTED (that transaction only),
 //!   so it does not lock the index gap where every new claim's entry goes. Where statement-based
 //!   binary logging forbids that (error 1665), it goes on at the session's isolation.
@@ -67,7 +67,8 @@ impl Prune {
     }
 
     /// After each batch, a pause of `factor` times that batch's own duration (at most 30 s): the
-    /// prune then takes at most `1 / (factor + 1)` of the database's time, however busy it is,
+    /// prune then takes at most `1 / (factor + 1)` of the database's time, however busy it is
+    /// (as long as a batch takes less than `30 s / factor`: a slower one's pause is cut at 30 s),
     /// since a batch slowed by row locks or a busy disk is followed by a longer pause. A batch's
     /// duration runs from when its transaction has begun: waiting for SQLite's write lock is not
     /// work, and does not lengthen the pause. 9 by

@@ -18,12 +18,13 @@
 //!   short-cuts to the answer the claim would give. A call inside a transaction of the caller's
 //!   does not read first, nor does any call once [`allow_read_first`]`(false)` was called.
 //!
-//! On PostgreSQL the read runs inside the job's transaction, just before the claim (a replay then
-//! commits a transaction that wrote nothing): behind a transaction pooler (PgBouncer with
+//! On diesel-async's PostgreSQL connection the read runs inside the job's transaction, just before
+//! the claim (a replay then commits a transaction that wrote nothing): it prepares and executes a
+//! statement in two exchanges, and behind a transaction pooler (PgBouncer with
 //! `pool_mode = transaction`) a statement outside a transaction may be prepared on one server
 //! connection and executed on another, where another client's statement may carry its name; within
-//! a transaction both happen on one. On MySQL/MariaDB and SQLite it is a statement of its own,
-//! before any transaction.
+//! a transaction both happen on one. Elsewhere (Diesel's sync `PgConnection`, which sends the read
+//! in one message; MySQL/MariaDB; SQLite) it is a statement of its own, before any transaction.
 //!
 //! First deliveries (`redelivered(false, ..)`) skip the read, so they pay nothing for it. A call
 //! told nothing reads first when 12 of its job's last 16 calls that ran or replayed were replays
