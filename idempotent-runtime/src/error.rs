@@ -781,8 +781,13 @@ mod tests {
 
     /// Whether a message reads as advice to retry.
     fn says_to_retry(text: &str) -> bool {
-        ["retried", "retrying is safe", "a retry runs", "delivery runs the job again"]
-            .iter()
-            .any(|phrase| text.contains(phrase))
+        [
+            "retried",
+            "retrying is safe",
+            "a retry runs",
+            "delivery runs the job again",
+        ]
+        .iter()
+        .any(|phrase| text.contains(phrase))
     }
 }

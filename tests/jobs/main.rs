@@ -551,6 +551,13 @@ macro_rules! mysql_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn an_unfinished_claim_is_finished_where_empty_strings_read_as_null() {
+                crate::truth::an_unfinished_claim_is_finished_where_empty_strings_read_as_null::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn an_interrupted_step_resumes() {
                 crate::schema::an_interrupted_step_resumes::<$backend>();
             }

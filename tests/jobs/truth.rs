@@ -1157,3 +1157,38 @@ pub fn a_take_back_that_meets_a_passing_failure_is_retried<B: Backend>() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// MariaDB's `sql_mode` `EMPTY_STRING_IS_NULL` reads the literal `''` in a statement as NULL (a
+/// bound `''` is stored as it is). A committed claim whose run never recorded its result holds
+/// `''`: the runtime's statements that told it by the literal (`result = ''`) found nothing, so
+/// the next delivery's takeover changed no row, the claim went round for its whole retry window
+/// and said `ClaimRetriesExhausted`, "retrying later is safe", every time; and a look-up of the
+/// key failed to decode. Not MySQL 8 (no such mode); the session is one a user may have.
+pub fn an_unfinished_claim_is_finished_where_empty_strings_read_as_null<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let id = harness::unique_name("empty");
+    deliver::<B>(&mut conn, Kind::Value, &id, "", false).expect("a first run");
+    // What a worker that died after its body's COMMIT leaves: the claim, without its result.
+    B::execute(&mut conn, "UPDATE done_jobs SET result = ''");
+    let mut session = db.connect();
+    B::execute(
+        &mut session,
+        "SET SESSION sql_mode = CONCAT(@@sql_mode, ',EMPTY_STRING_IS_NULL')",
+    );
+    let record = B::keys_lookup(&mut session, &key_of(Kind::Value, &id));
+    assert!(
+        matches!(&record, Ok(Some(r)) if r.unfinished && r.next_delivery_runs()),
+        "the look-up reads the unfinished run: {record:?}"
+    );
+    let again = deliver::<B>(&mut session, Kind::Value, &id, "", false);
+    assert!(
+        again.is_ok(),
+        "the next delivery finishes the key: {again:?}"
+    );
+    assert_eq!(
+        B::count_topic(&mut conn, &format!("before:{id}")),
+        2,
+        "it ran the job"
+    );
+}

@@ -676,15 +676,17 @@ macro_rules! shared_statements {
                  WHERE id = ? AND lease_owner = ? AND delivered_at IS NULL AND attempts > 0";
             ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
             // Takes over a lapsed claim, or a committed one whose run never recorded its result.
+            // No literal `''` in these statements: MariaDB's `sql_mode` `EMPTY_STRING_IS_NULL`
+            // reads it as NULL (a bound `''`, the placeholder, is stored as it is).
             Renew = concat!(
                 "UPDATE done_jobs SET job_key = ?, job_name = ?, fingerprint = ?, claim_token = ?, result = ?, done_at = ",
                 now!(),
-                ", expires_at = NULL WHERE key_digest = ? AND (expires_at <= ", now!(), " OR result = '')"
+                ", expires_at = NULL WHERE key_digest = ? AND (expires_at <= ", now!(), " OR LENGTH(result) = 0)"
             );
 
             LookupKey = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
-                   (result IS NOT NULL AND result <> '') AS has_result, (result IS NOT NULL AND result = '') AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
+                   (result IS NOT NULL AND LENGTH(result) > 0) AS has_result, (result IS NOT NULL AND LENGTH(result) = 0) AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
                  FROM done_jobs WHERE key_digest = ?", every_row!()
@@ -692,7 +694,7 @@ macro_rules! shared_statements {
             SchemaVersion = concat!("SELECT MAX(version) AS version FROM idempotent_schema", every_row!());
             ListKeys = concat!(
                 "SELECT key_digest, job_key, job_name, claim_token, \
-                   (result IS NOT NULL AND result <> '') AS has_result, (result IS NOT NULL AND result = '') AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
+                   (result IS NOT NULL AND LENGTH(result) > 0) AS has_result, (result IS NOT NULL AND LENGTH(result) = 0) AS unfinished, (fingerprint IS NOT NULL) AS has_fingerprint, ",
                 micros!("done_at"), " AS done_at_micros, ", micros!("expires_at"), " AS expires_at_micros, \
                    (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
                  FROM done_jobs \
