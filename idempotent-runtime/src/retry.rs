@@ -108,7 +108,7 @@ impl Retry {
         }
         if self.lock_timeouts > 0 {
             parts.push(format!(
-                "{} times another transaction held the key (or a row lock) past the server's lock wait timeout",
+                "{} times another transaction held the key (or a row lock) past the session's lock wait or statement timeout",
                 self.lock_timeouts
             ));
         }

@@ -591,6 +591,17 @@ macro_rules! mysql_tests {
                     "SET SESSION innodb_lock_wait_timeout = 1",
                 );
             }
+
+            /// A session's statement time limit that ends the claim's wait for another run of
+            /// its key is a wait that passes, as the lock wait timeout is: retried, then
+            /// retryable. Before, `Database { retryable: false }`: a worker trusting
+            /// `is_retryable` dead-lettered the message while the other run could still roll back.
+            #[test]
+            fn a_statement_time_limit_on_the_claim_is_retried() {
+                crate::holes::exhausted_retries_name_their_cause::<$backend>(
+                    "SET SESSION max_statement_time = 0.5",
+                );
+            }
         }
     };
 }
@@ -599,6 +610,15 @@ macro_rules! mysql_tests {
 macro_rules! postgres_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
+            /// As for MySQL's `max_statement_time`: PostgreSQL's `statement_timeout` ending the
+            /// claim's wait for another run of its key is retried, then retryable.
+            #[test]
+            fn a_statement_time_limit_on_the_claim_is_retried() {
+                crate::holes::exhausted_retries_name_their_cause::<$backend>(
+                    "SET statement_timeout = '500ms'",
+                );
+            }
+
             #[test]
             fn a_failed_take_back_with_nothing_to_take_is_no_alarm() {
                 crate::truth::a_failed_take_back_with_nothing_to_take_is_no_alarm::<$backend>();

@@ -466,6 +466,13 @@ impl Database for MysqlDb {
             _ => match super::message(error) {
                 Some(m) if m.contains("Deadlock found") => Fault::Deadlock,
                 Some(m) if m.contains("Lock wait timeout") => Fault::LockTimeout,
+                // A session's statement time limit that ends a wait (MariaDB 1969, MySQL 8 3024).
+                Some(m)
+                    if m.contains("max_statement_time exceeded")
+                        || m.contains("maximum statement execution time exceeded") =>
+                {
+                    Fault::LockTimeout
+                }
                 _ => Fault::Other,
             },
         }

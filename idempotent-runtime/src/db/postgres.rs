@@ -311,7 +311,12 @@ impl Database for PostgresDb {
             }
             _ => match super::message(error) {
                 Some(m) if m.contains("deadlock detected") => Fault::Deadlock,
-                Some(m) if m.contains("canceling statement due to lock timeout") => {
+                // A session's `statement_timeout` that ends a wait (the claim's for another run of
+                // its key) passes as `lock_timeout` does.
+                Some(m)
+                    if m.contains("canceling statement due to lock timeout")
+                        || m.contains("canceling statement due to statement timeout") =>
+                {
                     Fault::LockTimeout
                 }
                 _ => Fault::Other,
