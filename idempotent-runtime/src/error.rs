@@ -226,10 +226,12 @@ pub enum Error {
         packet: u64,
     },
 
-    /// The handler's `Ok` value could not be stored as JSON that reads back as its type.
+    /// The handler's `Ok` value could not be stored as JSON that reads back as its type, or it
+    /// holds a NaN or infinite float anywhere (JSON stores it as `null`, which inside an `Option`
+    /// would replay as `None`).
     ///
-    /// What to do: make the value round-trip through serde_json (maps need string keys; a NaN
-    /// float becomes null). Retrying does not help.
+    /// What to do: make the value round-trip through serde_json (maps need string keys; no NaN
+    /// or infinite float). Retrying does not help.
     #[error(
         "job `{job}` (key `{key}`): its result does not read back from JSON as the same type; nothing was committed"
     )]

@@ -89,11 +89,7 @@ impl FingerprintBuilder {
     /// float, makes [`finish`](Self::finish) fail.
     pub fn input<T: Serialize + ?Sized>(mut self, name: &str, value: &T) -> Self {
         if self.error.is_none() {
-            match value
-                .serialize(FiniteFloats)
-                .map_err(<serde_json::Error as serde::ser::Error>::custom)
-                .and_then(|()| serde_json::to_value(value))
-            {
+            match refuse_non_finite(value).and_then(|()| serde_json::to_value(value)) {
                 Ok(value) => {
                     self.inputs.insert(name.to_owned(), value);
                 }
@@ -120,6 +116,14 @@ impl FingerprintBuilder {
         );
         Ok(Fingerprint(Sha256::digest(canonical.as_bytes()).into()))
     }
+}
+
+/// Refuses a value that holds a NaN or infinite float anywhere: JSON writes it as `null`, which
+/// reads back as `None` inside an `Option` (a stored result would replay as another value).
+pub(crate) fn refuse_non_finite<T: Serialize + ?Sized>(value: &T) -> Result<(), serde_json::Error> {
+    value
+        .serialize(FiniteFloats)
+        .map_err(<serde_json::Error as serde::ser::Error>::custom)
 }
 
 /// A serializer that writes nothing and fails on a NaN or infinite float anywhere in the value.

@@ -715,6 +715,12 @@ sqlite_tests!(sqlite_holes, crate::backends::Sqlite);
 #[cfg(feature = "async-sqlite")]
 sqlite_tests!(async_sqlite_holes, crate::backends::AsyncSqlite);
 
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_result_that_would_replay_as_another_value_is_refused() {
+    truth::a_result_that_would_replay_as_another_value_is_refused();
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_relay_never_waits_for_a_job_that_pushed() {

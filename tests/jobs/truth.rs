@@ -1192,3 +1192,33 @@ pub fn an_unfinished_claim_is_finished_where_empty_strings_read_as_null<B: Backe
         "it ran the job"
     );
 }
+
+/// A result whose JSON reads back as another value: serde_json writes a NaN or infinite float as
+/// `null`, which an `Option<f64>` reads back as `None`. Before, the run returned `Ran(Some(NaN))`
+/// and every replay `Replayed(None)`, a value the first run never returned; now the run fails
+/// with `StoreResult`, rolled back, while its cause is at hand (as a NaN outside an `Option`
+/// already did).
+#[cfg(feature = "sqlite")]
+pub fn a_result_that_would_replay_as_another_value_is_refused() {
+    use crate::backends::Sqlite;
+    static AVERAGE: idempotent_jobs::Job = idempotent_jobs::Job::new("average", "average:<n>");
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    for (n, value) in [(1, f64::NAN), (2, f64::INFINITY)] {
+        let key = JobKey::new(format!("average:{n}"));
+        let first = idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| {
+            Ok::<_, Error>(vec![Some(1.5), Some(value)])
+        });
+        assert!(
+            matches!(first, Err(Error::StoreResult { .. })),
+            "{value}: {first:?}"
+        );
+        assert!(
+            Sqlite::keys_lookup(&mut conn, &key)
+                .expect("a look-up")
+                .is_none(),
+            "{value}: nothing committed"
+        );
+    }
+}
