@@ -660,7 +660,7 @@ impl Error {
             }
             _ => return false,
         };
-        crate::db::connection_lost_anywhere(source)
+        crate::lost::anywhere(source)
     }
 
     /// Whether the database may hold something a failed job left that a person should look at

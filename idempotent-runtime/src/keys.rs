@@ -417,15 +417,19 @@ async fn forget_on<S: Store>(
             );
         }
     })?;
-    let (job, key) = record
-        .as_ref()
-        .map_or(("", ""), |r| (r.job_name.as_str(), r.job_key.as_str()));
+    audit_forget(record.as_ref(), deleted, &digest, reason);
+    Ok(deleted)
+}
+
+/// The audit trail of a forget that committed: what it deleted, or why it deleted nothing.
+fn audit_forget(record: Option<&KeyRow>, deleted: bool, digest: &[u8; 32], reason: &str) {
+    let (job, key) = record.map_or(("", ""), |r| (r.job_name.as_str(), r.job_key.as_str()));
     if deleted {
         tracing::warn!(
             target: "idempotent_jobs::keys",
             job,
             key,
-            digest = %hex(&digest),
+            digest = %hex(digest),
             reason,
             "forgot a key: the job's next delivery runs it again"
         );
@@ -440,19 +444,18 @@ async fn forget_on<S: Store>(
             target: "idempotent_jobs::keys",
             job,
             key,
-            digest = %hex(&digest),
+            digest = %hex(digest),
             reason,
             "asked to forget a key whose row another run replaced meanwhile; nothing was forgotten"
         );
     } else {
         tracing::info!(
             target: "idempotent_jobs::keys",
-            digest = %hex(&digest),
+            digest = %hex(digest),
             reason,
             "asked to forget a key no committed run holds; nothing was forgotten"
         );
     }
-    Ok(deleted)
 }
 
 async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyRecord>, Error> {

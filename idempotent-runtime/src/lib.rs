@@ -52,6 +52,7 @@ mod job;
 pub mod key;
 pub mod keys;
 mod lifecycle;
+mod lost;
 pub mod outbox;
 mod outcome;
 #[cfg(feature = "async-postgres")]

@@ -68,6 +68,18 @@ fn cli(url: &str, args: &[&str]) -> Output {
     output
 }
 
+/// The CLI with `args` against `url`, running, its output piped.
+fn spawn_cli(url: &str, args: &[&str]) -> std::process::Child {
+    Command::new(cli_binary())
+        .args(args)
+        .env("DATABASE_URL", url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the CLI")
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -599,14 +611,10 @@ fn a_prune_stopped_by_a_signal_leaves_whole_batches_and_the_next_prune_counts_th
         );
         // Counting beside the prune waits for its batch instead of failing.
         Sqlite::execute(&mut conn, "PRAGMA busy_timeout = 5000");
-        let child = Command::new(cli_binary())
-            .args(["prune", "--batch-size", "250", "--pace", "30"])
-            .env("DATABASE_URL", db.locator())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the CLI");
+        let child = spawn_cli(
+            db.locator(),
+            &["prune", "--batch-size", "250", "--pace", "30"],
+        );
         // Until it has deleted something, and not everything.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -723,29 +731,18 @@ fn forget_meeting_a_renewal(legacy: bool) {
         .expect("the renewal holds its claim");
     let name = unique_name("optruth");
     let url = format!("{}&application_name={name}", db.locator());
-    let child = Command::new(cli_binary())
-        .args(["keys", "forget", "brief:1", "--yes", "--reason", "race"])
-        .env("DATABASE_URL", &url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the CLI");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while Postgres::query_i64(
+    let child = spawn_cli(
+        &url,
+        &["keys", "forget", "brief:1", "--yes", "--reason", "race"],
+    );
+    wait_for::<Postgres>(
         &mut conn,
         &format!(
             "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{name}' \
              AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM done_jobs%'"
         ),
-    ) == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the CLI's forget never waited for the renewing run"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        "the CLI's forget waiting for the renewing run",
+    );
     finish.send(()).expect("finishing the run");
     assert!(run.join().expect("the run's thread"), "the renewal ran");
     let output = child.wait_with_output().expect("the CLI's end");
@@ -802,6 +799,7 @@ fn a_read_only_sqlite_file_changes_nothing_and_says_so() {
 // --- a connection lost under the CLI ----------------------------------------------------------
 
 /// Waits until `sql` (a count) is not 0 on `conn`, for at most a minute.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn wait_for<B: Backend>(conn: &mut B::Conn, sql: &str, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while B::query_i64(conn, sql) == 0 {
@@ -830,14 +828,7 @@ fn a_prune_that_loses_its_connection_after_a_batch_exits_5_with_the_count() {
     );
     let name = unique_name("optruth");
     let url = format!("{}&application_name={name}", db.locator());
-    let child = Command::new(cli_binary())
-        .args(["prune", "--batch-size", "2", "--pace", "2000"])
-        .env("DATABASE_URL", &url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the CLI");
+    let child = spawn_cli(&url, &["prune", "--batch-size", "2", "--pace", "2000"]);
     wait_for::<Postgres>(
         &mut conn,
         "SELECT CASE WHEN COUNT(*) = 3 THEN 1::bigint ELSE 0::bigint END AS n FROM done_jobs",
@@ -882,14 +873,10 @@ fn a_forget_whose_mysql_connection_is_killed_exits_3_and_changes_nothing() {
     let mut holder = db.connect();
     Mysql::execute(&mut holder, "BEGIN");
     Mysql::execute(&mut holder, "SELECT * FROM done_jobs FOR UPDATE");
-    let child = Command::new(cli_binary())
-        .args(["keys", "forget", "kept:1", "--yes", "--reason", "kill"])
-        .env("DATABASE_URL", db.locator())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the CLI");
+    let child = spawn_cli(
+        db.locator(),
+        &["keys", "forget", "kept:1", "--yes", "--reason", "kill"],
+    );
     let waiting = "SELECT COUNT(*) AS n FROM information_schema.processlist \
                    WHERE info LIKE 'DELETE FROM done_jobs%' AND id <> CONNECTION_ID()";
     wait_for::<Mysql>(&mut conn, waiting, "the CLI's forget waiting for the lock");

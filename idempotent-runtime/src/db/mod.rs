@@ -119,44 +119,6 @@ pub(crate) fn message(error: &DieselError) -> Option<&str> {
     }
 }
 
-/// Whether `error` (or, for a commit Diesel tried to roll back, the commit's own error) is one of
-/// a database's ways of saying the connection failed.
-#[cfg(any(
-    feature = "postgres",
-    feature = "async-postgres",
-    feature = "mysql",
-    feature = "async-mysql"
-))]
-pub(crate) fn connection_lost(error: &DieselError, phrases: &[&str]) -> bool {
-    match error {
-        DieselError::RollbackErrorOnCommit { commit_error, .. } => {
-            connection_lost(commit_error, phrases)
-        }
-        DieselError::DatabaseError(diesel::result::DatabaseErrorKind::ClosedConnection, _) => true,
-        _ => message(error).is_some_and(|m| {
-            let m = m.to_ascii_lowercase();
-            phrases.iter().any(|p| m.contains(&p.to_ascii_lowercase()))
-        }),
-    }
-}
-
-/// Whether `error` is any compiled-in database's way of saying the connection failed, for
-/// [`Error::is_connection_lost`](crate::Error::is_connection_lost), which knows no database.
-pub(crate) fn connection_lost_anywhere(error: &DieselError) -> bool {
-    #[cfg(any(feature = "postgres", feature = "async-postgres"))]
-    if <postgres::PostgresDb as crate::store::Database>::connection_lost(error) {
-        return true;
-    }
-    #[cfg(any(feature = "mysql", feature = "async-mysql"))]
-    if <mysql::MysqlDb as crate::store::Database>::connection_lost(error) {
-        return true;
-    }
-    matches!(
-        error,
-        DieselError::DatabaseError(diesel::result::DatabaseErrorKind::ClosedConnection, _)
-    )
-}
-
 /// A name read from a catalog.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Name {

@@ -479,22 +479,7 @@ impl Database for MysqlDb {
     }
 
     fn connection_lost(error: &DieselError) -> bool {
-        super::connection_lost(
-            error,
-            &[
-                "Lost connection",
-                "server has gone away",
-                "Connection reset",
-                "Broken pipe",
-                "Input/output error",
-                "connection closed",
-                "Connection refused",
-                // MariaDB 1927 (KILL), MySQL 8 4031 (wait_timeout), mysql_async's closed stream.
-                "Connection was killed",
-                "disconnected by the server because of inactivity",
-                "Connection to the server is closed",
-            ],
-        )
+        crate::lost::connection_lost(error, crate::lost::MYSQL)
     }
 
     async fn fewest_locks_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {

@@ -325,22 +325,7 @@ impl Database for PostgresDb {
     }
 
     fn connection_lost(error: &DieselError) -> bool {
-        super::connection_lost(
-            error,
-            &[
-                "server closed the connection",
-                "terminating connection",
-                "no connection to the server",
-                "could not receive data",
-                "could not send data",
-                "connection closed",
-                // libpq over TLS: "SSL connection has been closed unexpectedly".
-                "connection has been closed",
-                "Connection reset",
-                "Broken pipe",
-                "unexpected EOF",
-            ],
-        )
+        crate::lost::connection_lost(error, crate::lost::POSTGRES)
     }
 
     async fn claim<C: Store<Db = Self>>(
