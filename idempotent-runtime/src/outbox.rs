@@ -64,7 +64,7 @@ use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
 use crate::stats::Settled;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
-use crate::transaction::{Outside, outside_transactions};
+use crate::transaction::{Outside, Own, outside_transactions, outside_transactions_as};
 
 pub use crate::store::OutboxCounts;
 
@@ -687,17 +687,18 @@ impl Relay {
         // The closures of the runtime's transactions own what they use (an async closure that
         // borrows makes a future rustc cannot prove `Send` for: tests/jobs/spawnable.rs).
         let leased_by = owner.clone();
-        let rows = outside_transactions(conn, "outbox", async move |conn: &mut S| {
-            let lease = Lease {
-                owner: &leased_by,
-                lease_micros,
-                limit,
-                max_attempts,
-            };
-            S::Db::lease(conn, &lease).await
-        })
-        .await
-        .map_err(relay_error::<S::Db>)?;
+        let rows =
+            outside_transactions_as(conn, "outbox", Own::Lease, async move |conn: &mut S| {
+                let lease = Lease {
+                    owner: &leased_by,
+                    lease_micros,
+                    limit,
+                    max_attempts,
+                };
+                S::Db::lease(conn, &lease).await
+            })
+            .await
+            .map_err(relay_error::<S::Db>)?;
         let mut report = RelayReport {
             leased: rows.len() as u64,
             ..RelayReport::default()

@@ -110,6 +110,47 @@ impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Twice<ST, 
     }
 }
 
+/// Up to `N` ids bound to `N` `?`s in a row (an `IN (?, ..., ?)` list), the places after the
+/// last id bound to NULL, which no id equals.
+#[cfg(any(feature = "mysql", feature = "async-mysql"))]
+pub struct IdList<const N: usize>([Option<i64>; N]);
+
+#[cfg(any(feature = "mysql", feature = "async-mysql"))]
+impl<const N: usize> IdList<N> {
+    /// The ids of `ids`, which holds at most `N`.
+    pub fn new(ids: impl IntoIterator<Item = i64>) -> Self {
+        let mut list = [None; N];
+        for (place, id) in list.iter_mut().zip(ids) {
+            *place = Some(id);
+        }
+        Self(list)
+    }
+}
+
+#[cfg(any(feature = "mysql", feature = "async-mysql"))]
+impl<const N: usize> SlotCount for IdList<N> {
+    const COUNT: usize = N;
+}
+
+#[cfg(any(feature = "mysql", feature = "async-mysql"))]
+impl<DB, const N: usize> Slot<DB> for IdList<N>
+where
+    DB: Backend + HasSqlType<diesel::sql_types::Nullable<diesel::sql_types::BigInt>>,
+    Option<i64>: ToSql<diesel::sql_types::Nullable<diesel::sql_types::BigInt>, DB>,
+{
+    fn push<'b>(
+        &'b self,
+        text: &mut std::str::Split<'static, char>,
+        pass: &mut AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        for id in &self.0 {
+            pass.push_bind_param::<diesel::sql_types::Nullable<diesel::sql_types::BigInt>, _>(id)?;
+            pass.push_sql(text.next().unwrap_or(""));
+        }
+        Ok(())
+    }
+}
+
 /// How many values a bind tuple holds.
 pub trait BindCount {
     /// The number of `?`s the values fill.

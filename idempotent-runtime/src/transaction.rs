@@ -251,6 +251,9 @@ pub(crate) enum Own {
     /// over); `fewest_locks`: at the isolation that takes the fewest locks where the database
     /// chooses one per transaction (MySQL: READ COMMITTED, no gap locks in front of new claims).
     Prune { fewest_locks: bool },
+    /// A relay's lease: deferred, as [`Own::Look`], at the isolation its statements are written
+    /// for ([`Database::lease_isolation_next`]).
+    Lease,
 }
 
 /// [`outside_transactions`], beginning as `own` says.
@@ -286,6 +289,10 @@ async fn in_own_transaction<S: Store, T>(
         let attempt = async {
             let (mut transaction, _) = match own {
                 Own::Look => Transaction::begin_deferred(&mut *conn, itself::<S>).await?,
+                Own::Lease => {
+                    S::Db::lease_isolation_next(&mut *conn).await?;
+                    Transaction::begin_deferred(&mut *conn, itself::<S>).await?
+                }
                 Own::Prune { fewest_locks } => {
                     if fewest_locks {
                         S::Db::fewest_locks_next(&mut *conn).await?;

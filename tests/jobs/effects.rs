@@ -337,7 +337,11 @@ pub(crate) fn each_delivered_once(
     reports: &[outbox::RelayReport],
     messages: usize,
 ) {
-    assert_eq!(ledger.messages.len(), messages);
+    assert_eq!(
+        ledger.messages.len(),
+        messages,
+        "the relays reported {reports:?}"
+    );
     assert_eq!(
         ledger.deliveries, messages as u64,
         "no message was delivered twice"

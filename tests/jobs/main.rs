@@ -733,6 +733,18 @@ fn mysql_relay_never_waits_for_a_job_that_pushed() {
     outbox_faults::a_relay_never_waits_for_a_job_that_pushed::<crate::backends::Mysql, _>();
 }
 
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_lease_hides_no_message_it_does_not_take() {
+    outbox_faults::a_lease_hides_no_message_it_does_not_take::<crate::backends::Postgres, _>();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_lease_hides_no_message_it_does_not_take() {
+    outbox_faults::a_lease_hides_no_message_it_does_not_take::<crate::backends::Mysql, _>();
+}
+
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);
 #[cfg(feature = "postgres")]

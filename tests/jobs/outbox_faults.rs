@@ -575,7 +575,24 @@ where
 /// that scanned the outbox and waited for the job's row: every relay stood still for as long as
 /// any job that pushed ran, then failed with a lock wait timeout (and its locks held other
 /// relays' marks). Not SQLite: a job holding its one write lock holds every writer.
+///
+/// Also when the relay's session is SERIALIZABLE, where MySQL's plain reads take shared locks:
+/// the lease reads at an isolation of its own.
 pub fn a_relay_never_waits_for_a_job_that_pushed<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    let serializable = match B::SERVER {
+        crate::harness::Server::Mysql => "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        _ => "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+    };
+    for session in [None, Some(serializable)] {
+        a_relay_passes_a_running_job_by::<B, C>(session);
+    }
+}
+
+fn a_relay_passes_a_running_job_by<B, C>(session: Option<&str>)
 where
     B: Backend<Conn = C>,
     C: TestConn + Send,
@@ -585,6 +602,9 @@ where
     if B::SERVER == crate::harness::Server::Mysql {
         // A failing run fails in seconds rather than the default 50.
         B::execute(&mut conn, "SET SESSION innodb_lock_wait_timeout = 2");
+    }
+    if let Some(sql) = session {
+        B::execute(&mut conn, sql);
     }
     let (pushed, holds) = std::sync::mpsc::channel();
     let (finish, finishing) = std::sync::mpsc::channel::<()>();
@@ -620,13 +640,127 @@ where
     let (report, took) = report;
     assert!(
         matches!(&report, Ok(r) if r.delivered == 3),
-        "the relay delivers the three committed messages beside the running job (in {took:?}): {report:?}"
+        "the relay delivers the three committed messages beside the running job (in {took:?}, session: {session:?}): {report:?}"
     );
     let counts = outbox::counts(&mut conn).expect("counts");
     assert_eq!(
         (counts.delivered, counts.pending),
         (3, 1),
         "the job's message, committed since, waits for the next round"
+    );
+}
+
+/// Triggers that stop a lease at its first message's take, once, until the test lets it go:
+/// `(install, reached, open_gate)`. The trigger takes the lock `reached` shows, then waits for
+/// the gate, a lock the test's own session holds (`close_gate`, run first).
+fn gate_first_take(
+    server: crate::harness::Server,
+) -> (
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+    &'static str,
+) {
+    use crate::harness::Server;
+
+    match server {
+        Server::Postgres => (
+            &[
+                "CREATE FUNCTION gate_first_take() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 PERFORM pg_advisory_lock(hashtext(current_schema() || ':reached')); \
+                 PERFORM pg_advisory_lock(hashtext(current_schema() || ':gate')); \
+                 PERFORM pg_advisory_unlock(hashtext(current_schema() || ':gate')); \
+                 PERFORM pg_advisory_unlock(hashtext(current_schema() || ':reached')); \
+                 RETURN NEW; END $$",
+                "CREATE TRIGGER gate_first_take BEFORE UPDATE ON outbox FOR EACH ROW \
+                 WHEN (OLD.id = 1 AND OLD.attempts = 0 AND NEW.attempts = 1) \
+                 EXECUTE FUNCTION gate_first_take()",
+            ],
+            "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM pg_locks \
+             WHERE locktype = 'advisory' AND granted \
+             AND objid = CAST(CAST(hashtext(current_schema() || ':reached') AS BIGINT) & 4294967295 AS OID)",
+            "SELECT pg_advisory_lock(hashtext(current_schema() || ':gate'))",
+            "SELECT pg_advisory_unlock(hashtext(current_schema() || ':gate'))",
+        ),
+        Server::Mysql => (
+            &[
+                "CREATE TRIGGER gate_first_take BEFORE UPDATE ON outbox FOR EACH ROW \
+               BEGIN IF OLD.id = 1 AND OLD.attempts = 0 AND NEW.attempts = 1 THEN \
+               SET @reached = GET_LOCK(CONCAT(DATABASE(), ':reached'), 60); \
+               SET @gate = GET_LOCK(CONCAT(DATABASE(), ':gate'), 60); \
+               SET @gate = RELEASE_LOCK(CONCAT(DATABASE(), ':gate')); \
+               SET @reached = RELEASE_LOCK(CONCAT(DATABASE(), ':reached')); \
+               END IF; END",
+            ],
+            "SELECT CAST(IS_USED_LOCK(CONCAT(DATABASE(), ':reached')) IS NOT NULL AS SIGNED) AS n",
+            "DO GET_LOCK(CONCAT(DATABASE(), ':gate'), 60)",
+            "DO RELEASE_LOCK(CONCAT(DATABASE(), ':gate'))",
+        ),
+        Server::Sqlite => unreachable!("SQLite's relays take its one write lock in turn"),
+    }
+}
+
+/// A relay's lease locks only the messages it takes: another relay leasing at the same moment
+/// takes all the others. Before, on MySQL and MariaDB, the lease's scans for abandoned messages
+/// ran at REPEATABLE READ, which keeps the lock on every row a scan reads whether or not it
+/// matches: for as long as one relay's lease lasted, every other relay's `SKIP LOCKED` found
+/// nothing, and its `drain` returned at once with the outbox full. Two relays could even hide
+/// the outbox from each other across two indexes, and both return with nothing delivered (seen
+/// once in the suite: 120 messages, 0 delivered). Not SQLite: its relays lease in turn.
+pub fn a_lease_hides_no_message_it_does_not_take<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    const MESSAGES: usize = 20;
+    const BATCH: u32 = 7;
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for order in 1..=MESSAGES {
+        send_receipt(&mut conn, &format!("order-{order}")).expect("a receipt");
+    }
+    let (install, reached, close_gate, open_gate) = gate_first_take(B::SERVER);
+    for sql in install {
+        B::execute(&mut conn, sql);
+    }
+    let mut gate = db.connect();
+    B::execute(&mut gate, close_gate);
+    let (first, second) = std::thread::scope(|scope| {
+        let db = &db;
+        let first = scope.spawn(move || {
+            let mut conn = db.connect();
+            Relay::new()
+                .batch_size(BATCH)
+                .drain(&mut conn, |_| Ok::<_, String>(()))
+        });
+        let waiting = std::time::Instant::now();
+        while B::query_i64(&mut conn, reached) == 0 {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(60) && !first.is_finished(),
+                "the first relay never reached its first take"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The first relay's lease holds its batch, and stands still.
+        let second = Relay::new()
+            .batch_size(BATCH)
+            .drain(&mut conn, |_| Ok::<_, String>(()));
+        B::execute(&mut gate, open_gate);
+        (first.join().expect("the first relay's thread"), second)
+    });
+    let (first, second) = (
+        first.expect("the first relay"),
+        second.expect("the second relay"),
+    );
+    assert_eq!(
+        second.delivered,
+        (MESSAGES - BATCH as usize) as u64,
+        "the second relay delivers every message the first one's lease did not take: {second:?}, the first: {first:?}"
+    );
+    assert_eq!(first.delivered, u64::from(BATCH), "{first:?}");
+    assert_eq!(
+        outbox::counts(&mut conn).expect("counts").delivered,
+        MESSAGES as i64
     );
 }
 

@@ -30,7 +30,7 @@ use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
 use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
-use crate::sql::{Statement, bind};
+use crate::sql::{IdList, Statement, bind};
 use crate::store::{
     Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Nesting, StatementLimit,
     Store, Unfinished,
@@ -93,6 +93,16 @@ macro_rules! every_row {
     };
 }
 
+/// How many ids one of the lease's statements carries (`IN (?, ...)`); fewer are padded with NULL.
+const ID_CHUNK: usize = 8;
+
+/// The `IN` list of [`ID_CHUNK`] ids.
+macro_rules! id_list {
+    () => {
+        "(?, ?, ?, ?, ?, ?, ?, ?)"
+    };
+}
+
 sql! {
     MaxAllowedPacket = concat!("SELECT @@max_allowed_packet AS `limit`", every_row!());
     // A statement that uses a table clears the session's list of warnings; a `ROLLBACK` that
@@ -118,25 +128,45 @@ sql! {
     PruneLapsed = concat!(
         "DELETE FROM done_jobs WHERE expires_at <= ", now!(), " ORDER BY expires_at LIMIT ?"
     );
-    // Found with `SKIP LOCKED`, then parked one by one by primary key: a plain `UPDATE ... WHERE`
-    // scans the outbox and waits for every row a running job has pushed and not committed.
-    FindParkable = concat!(
-        "SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts >= ? ORDER BY id",
-        every_row!(), " FOR UPDATE SKIP LOCKED"
+    // A lease finds its candidates with plain reads, which lock nothing, and then locks only
+    // them, by primary key, checking each one's condition again on the row as it is now. A
+    // locking read that scans (`FOR UPDATE SKIP LOCKED` over the outbox) keeps every row it read
+    // locked until the lease commits, matched or not: at REPEATABLE READ always, and at READ
+    // COMMITTED through a secondary index (MariaDB 10.11). Every other relay's `SKIP LOCKED`
+    // then skipped them all and found nothing, and two relays could hide the whole outbox from
+    // each other across two indexes. `FORCE INDEX (PRIMARY)`: the list of ids, never a scan
+    // (which the optimizer prefers for a few ids in a small table, and which would wait for a
+    // running job's pushed message, in `UPDATE`s too).
+    ParkableCandidates = concat!(
+        "SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts >= ? ORDER BY id", every_row!()
     );
-    ParkOne = concat!(
-        "UPDATE outbox SET parked_at = ", now!(), ", lease_owner = NULL, lease_until = NULL, \
-         last_error = ", abandoned_reason!(), " WHERE id = ?"
+    LockParkable = concat!(
+        "SELECT id FROM outbox FORCE INDEX (PRIMARY) WHERE id IN ", id_list!(), " AND ",
+        abandoned!(), " AND attempts >= ? ORDER BY id", every_row!(), " FOR UPDATE SKIP LOCKED"
     );
-    FindAbandoned = concat!(
-        "SELECT id FROM outbox WHERE ", abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+    ParkMany = concat!(
+        "UPDATE outbox FORCE INDEX (PRIMARY) SET parked_at = ", now!(), ", lease_owner = NULL, \
+         lease_until = NULL, last_error = ", abandoned_reason!(), " WHERE id IN ", id_list!()
     );
-    FindPending = concat!(
-        "SELECT id FROM outbox WHERE ", pending!(), " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+    AbandonedCandidates = concat!(
+        "SELECT id FROM outbox WHERE ", abandoned!(), " AND id > ? ORDER BY id LIMIT 8" // ID_CHUNK
     );
-    TakeOne = concat!(
-        "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(),
-        ", attempts = attempts + 1 WHERE id = ?"
+    // One abandoned message at a time (it may be the one that stopped the relay).
+    LockAbandoned = concat!(
+        "SELECT id FROM outbox FORCE INDEX (PRIMARY) WHERE id IN ", id_list!(), " AND ",
+        abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+    );
+    PendingCandidates = concat!(
+        "SELECT id FROM outbox WHERE ", pending!(), " AND id > ? ORDER BY id LIMIT ?"
+    );
+    LockPending = concat!(
+        "SELECT id FROM outbox FORCE INDEX (PRIMARY) WHERE id IN ", id_list!(), " AND ",
+        pending!(), " ORDER BY id", every_row!(), " FOR UPDATE SKIP LOCKED"
+    );
+    // The rows are this lease's, locked by the reads above.
+    TakeMany = concat!(
+        "UPDATE outbox FORCE INDEX (PRIMARY) SET lease_owner = ?, lease_until = ", now_plus!(),
+        ", attempts = attempts + 1 WHERE id IN ", id_list!()
     );
     Leased = concat!(
         "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id", every_row!()
@@ -243,6 +273,8 @@ sql! {
     SetLockWaitTimeout = "SET SESSION innodb_lock_wait_timeout = ?";
     // The next transaction only (no SESSION or GLOBAL): a prune's batch.
     ReadCommittedNext = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+    // The next transaction only: a relay's lease.
+    RepeatableReadNext = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ";
 }
 
 /// What `max_allowed_packet` must hold beside the values a statement carries (a result, a key, an
@@ -297,6 +329,34 @@ const RELEASE_MIGRATION_LOCK: &str =
 struct MaxPacket {
     #[diesel(sql_type = BigInt)]
     limit: i64,
+}
+
+/// The ids of `chunk` (at most [`ID_CHUNK`]) as an `IN` list.
+fn ids(chunk: &[Id]) -> IdList<ID_CHUNK> {
+    IdList::new(chunk.iter().map(|row| row.id))
+}
+
+/// Locks and returns one message whose relay died while it held it (none if every such message
+/// is locked by another relay's lease).
+async fn abandoned_one<C: Store<Db = MysqlDb>>(conn: &mut C) -> QueryResult<Vec<Id>> {
+    let mut after = 0;
+    loop {
+        let candidates: Vec<Id> = conn
+            .load(Statement::<AbandonedCandidates, _>::new((
+                bind::<BigInt, _>(after),
+            )))
+            .await?;
+        let Some(last) = candidates.last() else {
+            return Ok(Vec::new());
+        };
+        after = last.id;
+        let locked: Vec<Id> = conn
+            .load(Statement::<LockAbandoned, _>::new((ids(&candidates),)))
+            .await?;
+        if !locked.is_empty() {
+            return Ok(locked);
+        }
+    }
 }
 
 #[derive(diesel::QueryableByName)]
@@ -602,37 +662,76 @@ impl Database for MysqlDb {
         conn: &mut C,
         lease: &Lease<'_>,
     ) -> QueryResult<Vec<LeasedRow>> {
+        // Messages abandoned at their last attempt: parked.
         let parkable: Vec<Id> = conn
-            .load(Statement::<FindParkable, _>::new((bind::<Integer, _>(
-                lease.max_attempts,
-            ),)))
+            .load(Statement::<ParkableCandidates, _>::new((
+                bind::<Integer, _>(lease.max_attempts),
+            )))
             .await?;
-        for id in &parkable {
-            conn.execute(Statement::<ParkOne, _>::new((bind::<BigInt, _>(id.id),)))
+        for chunk in parkable.chunks(ID_CHUNK) {
+            let locked: Vec<Id> = conn
+                .load(Statement::<LockParkable, _>::new((
+                    ids(chunk),
+                    bind::<Integer, _>(lease.max_attempts),
+                )))
                 .await?;
+            if !locked.is_empty() {
+                conn.execute(Statement::<ParkMany, _>::new((ids(&locked),)))
+                    .await?;
+            }
         }
-        let mut ids: Vec<Id> = conn.load(Statement::<FindAbandoned, _>::new(())).await?;
-        if ids.is_empty() {
-            ids = conn
-                .load(Statement::<FindPending, _>::new((bind::<BigInt, _>(
-                    lease.limit,
-                ),)))
-                .await?;
+        // One abandoned message, alone; else up to `limit` pending ones.
+        let mut taken = abandoned_one(conn).await?;
+        if taken.is_empty() {
+            let limit = usize::try_from(lease.limit).unwrap_or(0);
+            let mut after = 0;
+            // Candidates other relays have locked meanwhile are skipped: the next ones are read.
+            while taken.len() < limit {
+                let wanted = i64::try_from(limit - taken.len()).unwrap_or(i64::MAX);
+                let candidates: Vec<Id> = conn
+                    .load(Statement::<PendingCandidates, _>::new((
+                        bind::<BigInt, _>(after),
+                        bind::<BigInt, _>(wanted),
+                    )))
+                    .await?;
+                let Some(last) = candidates.last() else {
+                    break;
+                };
+                after = last.id;
+                for chunk in candidates.chunks(ID_CHUNK) {
+                    let locked: Vec<Id> = conn
+                        .load(Statement::<LockPending, _>::new((ids(chunk),)))
+                        .await?;
+                    taken.extend(locked);
+                }
+            }
         }
-        // The rows are locked by the reads above; one short update each, in this transaction.
-        for id in &ids {
-            conn.execute(Statement::<TakeOne, _>::new((
+        if taken.is_empty() {
+            return Ok(Vec::new());
+        }
+        for chunk in taken.chunks(ID_CHUNK) {
+            conn.execute(Statement::<TakeMany, _>::new((
                 bind::<Text, _>(lease.owner),
                 bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
-                bind::<BigInt, _>(id.id),
+                ids(chunk),
             )))
             .await?;
         }
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
         conn.load(Statement::<Leased, _>::new((bind::<Text, _>(lease.owner),)))
             .await
+    }
+
+    async fn lease_isolation_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+        match conn
+            .execute(Statement::<RepeatableReadNext, _>::new(()))
+            .await
+        {
+            Err(error) if refuses_prepared(&error) => {
+                conn.batch(<RepeatableReadNext as crate::sql::SqlText>::SQL)
+                    .await
+            }
+            result => result.map(drop),
+        }
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
@@ -1208,6 +1307,20 @@ mod tests {
         assert_eq!(
             retry.explain(),
             "1 times the key's row changed under the claim (pruned or renewed by other workers)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use crate::sql::SqlText;
+
+    #[test]
+    fn each_id_list_holds_one_chunk() {
+        assert_eq!(id_list!().matches('?').count(), super::ID_CHUNK);
+        assert!(
+            super::AbandonedCandidates::SQL.ends_with(&format!("LIMIT {}", super::ID_CHUNK)),
+            "the abandoned candidates fill one id list"
         );
     }
 }

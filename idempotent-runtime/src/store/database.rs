@@ -283,6 +283,20 @@ pub trait Database: Sized + Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// Outside any transaction, just before a relay lease's `BEGIN`: the isolation the lease's
+    /// statements are written for. MySQL/MariaDB: `SET TRANSACTION ISOLATION LEVEL REPEATABLE
+    /// READ` (the next transaction only). The lease finds its candidates with plain reads, which
+    /// must lock nothing: at a session's SERIALIZABLE they would take shared locks and wait for a
+    /// running job's pushed message. READ COMMITTED is refused under statement-based binary
+    /// logging; REPEATABLE READ never is. Elsewhere nothing.
+    #[doc(hidden)]
+    fn lease_isolation_next<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let _ = conn;
+        std::future::ready(Ok(()))
+    }
+
     /// Whether `error` says a prune's statement cannot run at the isolation
     /// [`fewest_locks_next`](Self::fewest_locks_next) chose (MySQL/MariaDB with statement-based
     /// binary logging, error 1665), so that the prune goes on at the session's own.
