@@ -745,6 +745,24 @@ fn mysql_lease_hides_no_message_it_does_not_take() {
     outbox_faults::a_lease_hides_no_message_it_does_not_take::<crate::backends::Mysql, _>();
 }
 
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_retrying_parked_messages_never_waits_for_a_job_that_pushed() {
+    outbox_faults::retrying_parked_messages_never_waits_for_a_job_that_pushed::<
+        crate::backends::Postgres,
+        _,
+    >();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_retrying_parked_messages_never_waits_for_a_job_that_pushed() {
+    outbox_faults::retrying_parked_messages_never_waits_for_a_job_that_pushed::<
+        crate::backends::Mysql,
+        _,
+    >();
+}
+
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);
 #[cfg(feature = "postgres")]

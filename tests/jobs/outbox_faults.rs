@@ -764,6 +764,83 @@ where
     );
 }
 
+/// An operator's retry of parked messages passes a running job's pushed, uncommitted message by,
+/// as a relay does. Before, on MySQL and MariaDB it was an `UPDATE` that scanned the outbox,
+/// waited for the job's row (50 s, then a lock wait timeout), and meanwhile held every row it had
+/// read from every relay.
+pub fn retrying_parked_messages_never_waits_for_a_job_that_pushed<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let parked = send_receipt(&mut conn, "order-1").expect("a receipt");
+    let report = Relay::new()
+        .max_attempts(1)
+        .drain(&mut conn, |_| Err("the mail server is down"))
+        .expect("a relay");
+    assert_eq!(report.parked, 1, "{report:?}");
+    send_receipt(&mut conn, "order-2").expect("a receipt");
+    Relay::new()
+        .drain(&mut conn, |_| Ok::<_, String>(()))
+        .expect("a relay");
+    if B::SERVER == crate::harness::Server::Mysql {
+        // A failing run fails in seconds rather than the default 50.
+        B::execute(&mut conn, "SET SESSION innodb_lock_wait_timeout = 2");
+    }
+    let (pushed, holds) = std::sync::mpsc::channel();
+    let (finish, finishing) = std::sync::mpsc::channel::<()>();
+    let (all, one) = std::thread::scope(|scope| {
+        let db = &db;
+        let job = scope.spawn(move || {
+            let mut conn = db.connect();
+            idempotent_jobs::run(&mut conn, &PUSHING, &JobKey::new("pushing:1"), |conn| {
+                outbox::push(
+                    conn,
+                    "receipt",
+                    &serde_json::json!({ "order_id": "order-3" }),
+                )?;
+                let _ = pushed.send(());
+                let _ = finishing.recv_timeout(Duration::from_secs(120));
+                Ok::<_, Error>(())
+            })
+            .expect("the pushing job")
+        });
+        holds
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the job pushed");
+        let one = outbox::retry_parked(&mut conn, Some(&parked));
+        // Parked again, by its primary key (a statement that waits for no other row).
+        B::execute(
+            &mut conn,
+            "UPDATE outbox SET parked_at = created_at, attempts = 1 WHERE id = 1",
+        );
+        let all = outbox::retry_parked(&mut conn, None);
+        finish.send(()).expect("finishing the job");
+        assert!(
+            job.join().expect("the job's thread").is_ran(),
+            "the job ran"
+        );
+        (all, one)
+    });
+    assert!(
+        matches!(one, Ok(1)),
+        "the one parked message is retried beside the running job: {one:?}"
+    );
+    assert!(
+        matches!(all, Ok(1)),
+        "every parked message is retried beside the running job: {all:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!(
+        (counts.pending, counts.delivered, counts.parked),
+        (2, 1, 0),
+        "the retried message and the job's wait for the relay"
+    );
+}
+
 /// A relay inside a transaction of the caller's would hold its row locks until that transaction
 /// ends: it is refused, and nothing is leased.
 pub fn relays_refuse_to_run_inside_a_transaction<B, C>()

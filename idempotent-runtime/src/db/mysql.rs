@@ -171,10 +171,15 @@ sql! {
     Leased = concat!(
         "SELECT ", message_columns!(), " FROM outbox WHERE lease_owner = ? ORDER BY id", every_row!()
     );
+    // Through the index on `(delivered_at, parked_at, ...)`: only parked entries are read and
+    // locked. A scan of the table locked every row it read and waited for each one a running
+    // job had pushed and not committed, holding the rest from every relay meanwhile. A parked
+    // message is never delivered, so `delivered_at IS NULL` changes no answer.
     RetryParked = concat!(
-        "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
+        "UPDATE outbox FORCE INDEX (outbox_pending) SET parked_at = NULL, attempts = 0, \
+         last_error = NULL, available_at = ",
         now!(),
-        " WHERE parked_at IS NOT NULL AND (? IS NULL OR message_id = ?)"
+        " WHERE delivered_at IS NULL AND parked_at IS NOT NULL AND (? IS NULL OR message_id = ?)"
     );
     PruneDelivered = concat!(
         "DELETE FROM outbox WHERE delivered_at <= TIMESTAMPADD(MICROSECOND, -?, ", now!(),
