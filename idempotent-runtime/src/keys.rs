@@ -32,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::error::Error;
 use crate::key::JobKey;
 use crate::store::{Database, JobCountRow, KeyFilter, KeyRow, Store};
-use crate::transaction::{Outside, outside_transactions};
+use crate::transaction::{Outside, Own, outside_transactions_as};
 
 /// What `done_jobs` holds for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -505,7 +505,7 @@ async fn keys_operation<S: Store, T>(
     (what, action): (&'static str, &'static str),
     statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Error> {
-    outside_transactions(conn, "done_jobs", statements)
+    outside_transactions_as(conn, "done_jobs", Own::Committed, statements)
         .await
         .map_err(keys_error::<S>(what, action))
 }

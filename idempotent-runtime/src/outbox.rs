@@ -294,11 +294,12 @@ async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessa
         return Ok(Vec::new());
     }
     let limit = i64::from(limit);
-    let rows = outside_transactions(conn, "outbox", async move |conn: &mut S| {
-        S::Db::unsent(conn, limit).await
-    })
-    .await
-    .map_err(outbox_error::<S::Db>("list unsent outbox messages"))?;
+    let rows =
+        outside_transactions_as(conn, "outbox", Own::Committed, async move |conn: &mut S| {
+            S::Db::unsent(conn, limit).await
+        })
+        .await
+        .map_err(outbox_error::<S::Db>("list unsent outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
@@ -317,7 +318,7 @@ pub async fn parked_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn parked_on<S: Store>(conn: &mut S) -> Result<Vec<OutboxMessage>, Error> {
-    let rows = outside_transactions(conn, "outbox", async |conn: &mut S| {
+    let rows = outside_transactions_as(conn, "outbox", Own::Committed, async |conn: &mut S| {
         S::Db::parked(conn).await
     })
     .await
@@ -413,7 +414,7 @@ pub async fn counts_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn counts_on<S: Store>(conn: &mut S) -> Result<OutboxCounts, Error> {
-    let counts = outside_transactions(conn, "outbox", async |conn: &mut S| {
+    let counts = outside_transactions_as(conn, "outbox", Own::Committed, async |conn: &mut S| {
         S::Db::outbox_counts(conn).await
     })
     .await
@@ -688,7 +689,7 @@ impl Relay {
         // borrows makes a future rustc cannot prove `Send` for: tests/jobs/spawnable.rs).
         let leased_by = owner.clone();
         let rows =
-            outside_transactions_as(conn, "outbox", Own::Lease, async move |conn: &mut S| {
+            outside_transactions_as(conn, "outbox", Own::Committed, async move |conn: &mut S| {
                 let lease = Lease {
                     owner: &leased_by,
                     lease_micros,

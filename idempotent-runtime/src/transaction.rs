@@ -251,9 +251,11 @@ pub(crate) enum Own {
     /// over); `fewest_locks`: at the isolation that takes the fewest locks where the database
     /// chooses one per transaction (MySQL: READ COMMITTED, no gap locks in front of new claims).
     Prune { fewest_locks: bool },
-    /// A relay's lease: deferred, as [`Own::Look`], at the isolation its statements are written
-    /// for ([`Database::lease_isolation_next`]).
-    Lease,
+    /// A relay's lease, or a read whose answer is reported (a key's record, the outbox's
+    /// counts): deferred, as [`Own::Look`], reading only committed rows and locking nothing it
+    /// reads plainly, whatever the session's own isolation
+    /// ([`Database::committed_reads_next`]).
+    Committed,
 }
 
 /// [`outside_transactions`], beginning as `own` says.
@@ -289,8 +291,8 @@ async fn in_own_transaction<S: Store, T>(
         let attempt = async {
             let (mut transaction, _) = match own {
                 Own::Look => Transaction::begin_deferred(&mut *conn, itself::<S>).await?,
-                Own::Lease => {
-                    S::Db::lease_isolation_next(&mut *conn).await?;
+                Own::Committed => {
+                    S::Db::committed_reads_next(&mut *conn).await?;
                     Transaction::begin_deferred(&mut *conn, itself::<S>).await?
                 }
                 Own::Prune { fewest_locks } => {

@@ -763,6 +763,15 @@ fn mysql_retrying_parked_messages_never_waits_for_a_job_that_pushed() {
     >();
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_read_uncommitted_session_reports_only_what_was_committed() {
+    outbox_faults::a_read_uncommitted_session_reports_only_what_was_committed::<
+        crate::backends::Mysql,
+        _,
+    >();
+}
+
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);
 #[cfg(feature = "postgres")]

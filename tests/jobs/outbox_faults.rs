@@ -841,6 +841,81 @@ where
     );
 }
 
+/// A session at READ UNCOMMITTED (MySQL/MariaDB) reads rows no transaction has committed. The
+/// runtime's reads report what the database holds: a job still running (its claim and its pushed
+/// message not committed, and they may yet roll back) is not a done key, nor a pending message.
+pub fn a_read_uncommitted_session_reports_only_what_was_committed<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    use idempotent_jobs::keys;
+
+    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED",
+    );
+    let key = JobKey::new("pushing:1");
+    let (pushed, holds) = std::sync::mpsc::channel();
+    let (finish, finishing) = std::sync::mpsc::channel::<()>();
+    let (record, listed, counts, unsent) = std::thread::scope(|scope| {
+        let (db, key) = (&db, &key);
+        let job = scope.spawn(move || {
+            let mut conn = db.connect();
+            idempotent_jobs::run(&mut conn, &PUSHING, key, |conn| {
+                outbox::push(
+                    conn,
+                    "receipt",
+                    &serde_json::json!({ "order_id": "order-1" }),
+                )?;
+                let _ = pushed.send(());
+                let _ = finishing.recv_timeout(Duration::from_secs(120));
+                Ok::<_, Error>(())
+            })
+            .expect("the pushing job")
+        });
+        holds
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the job pushed");
+        let seen = (
+            keys::lookup(&mut conn, key),
+            keys::list(&mut conn, &keys::KeyQuery::default()),
+            outbox::counts(&mut conn),
+            outbox::unsent(&mut conn, 10),
+        );
+        finish.send(()).expect("finishing the job");
+        assert!(
+            job.join().expect("the job's thread").is_ran(),
+            "the job ran"
+        );
+        seen
+    });
+    assert!(
+        matches!(record, Ok(None)),
+        "a run not committed is no done key: {record:?}"
+    );
+    assert!(
+        matches!(&listed, Ok(keys) if keys.is_empty()),
+        "nor listed: {listed:?}"
+    );
+    assert!(
+        matches!(&counts, Ok(c) if c.pending == 0),
+        "a message not committed is not pending: {counts:?}"
+    );
+    assert!(
+        matches!(&unsent, Ok(m) if m.is_empty()),
+        "nor unsent: {unsent:?}"
+    );
+    assert!(
+        keys::lookup(&mut conn, &key).expect("a look-up").is_some(),
+        "once committed, the key is done"
+    );
+    assert_eq!(outbox::counts(&mut conn).expect("counts").pending, 1);
+}
+
 /// A relay inside a transaction of the caller's would hold its row locks until that transaction
 /// ends: it is refused, and nothing is leased.
 pub fn relays_refuse_to_run_inside_a_transaction<B, C>()

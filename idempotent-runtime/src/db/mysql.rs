@@ -278,7 +278,7 @@ sql! {
     SetLockWaitTimeout = "SET SESSION innodb_lock_wait_timeout = ?";
     // The next transaction only (no SESSION or GLOBAL): a prune's batch.
     ReadCommittedNext = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
-    // The next transaction only: a relay's lease.
+    // The next transaction only: a relay's lease, or a reported read.
     RepeatableReadNext = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ";
 }
 
@@ -726,7 +726,7 @@ impl Database for MysqlDb {
             .await
     }
 
-    async fn lease_isolation_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+    async fn committed_reads_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
         match conn
             .execute(Statement::<RepeatableReadNext, _>::new(()))
             .await

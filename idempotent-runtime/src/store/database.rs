@@ -283,14 +283,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
-    /// Outside any transaction, just before a relay lease's `BEGIN`: the isolation the lease's
-    /// statements are written for. MySQL/MariaDB: `SET TRANSACTION ISOLATION LEVEL REPEATABLE
-    /// READ` (the next transaction only). The lease finds its candidates with plain reads, which
-    /// must lock nothing: at a session's SERIALIZABLE they would take shared locks and wait for a
-    /// running job's pushed message. READ COMMITTED is refused under statement-based binary
-    /// logging; REPEATABLE READ never is. Elsewhere nothing.
+    /// Outside any transaction, just before the `BEGIN` of a relay's lease or of a read whose
+    /// answer is reported: plain reads see only committed rows and lock nothing. MySQL/MariaDB:
+    /// `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ` (the next transaction only). At a
+    /// session's READ UNCOMMITTED a key's look-up would report a run not yet committed (which may
+    /// roll back) as done, and the outbox's counts its pushed messages; at SERIALIZABLE the
+    /// lease's plain reads would take shared locks and wait for a running job's pushed message.
+    /// READ COMMITTED is refused under statement-based binary logging; REPEATABLE READ never is.
+    /// Elsewhere nothing (PostgreSQL reads nothing uncommitted at any level, SQLite outside a
+    /// shared cache neither).
     #[doc(hidden)]
-    fn lease_isolation_next<C: Store<Db = Self>>(
+    fn committed_reads_next<C: Store<Db = Self>>(
         conn: &mut C,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         let _ = conn;
