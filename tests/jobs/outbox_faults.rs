@@ -569,6 +569,51 @@ where
     );
 }
 
+/// The key of the job [`while_a_job_holds_a_push`] runs.
+const PUSHED_KEY: &str = "pushing:1";
+
+/// Runs `while_held` while a job (key [`PUSHED_KEY`]) holds its claim and the message it pushed
+/// for `order_id`, neither committed; the job commits once `while_held` has returned.
+fn while_a_job_holds_a_push<B, C, T>(
+    db: &Db<B>,
+    order_id: &str,
+    while_held: impl FnOnce() -> T,
+) -> T
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
+    let (pushed, holds) = std::sync::mpsc::channel();
+    let (finish, finishing) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let job = scope.spawn(move || {
+            let mut conn = db.connect();
+            idempotent_jobs::run(&mut conn, &PUSHING, &JobKey::new(PUSHED_KEY), |conn| {
+                outbox::push(
+                    conn,
+                    "receipt",
+                    &serde_json::json!({ "order_id": order_id }),
+                )?;
+                let _ = pushed.send(());
+                let _ = finishing.recv_timeout(Duration::from_secs(120));
+                Ok::<_, Error>(())
+            })
+            .expect("the pushing job")
+        });
+        holds
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the job pushed");
+        let seen = while_held();
+        finish.send(()).expect("finishing the job");
+        assert!(
+            job.join().expect("the job's thread").is_ran(),
+            "the job ran"
+        );
+        seen
+    })
+}
+
 /// A job that has pushed a message and is still running holds that row uncommitted; a relay's
 /// lease must pass it by (`SKIP LOCKED`) and deliver the rest. Before, on MySQL and MariaDB the
 /// lease's first statement (parking messages abandoned at their last attempt) was a plain `UPDATE`
@@ -597,7 +642,6 @@ where
     B: Backend<Conn = C>,
     C: TestConn + Send,
 {
-    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
     let (db, mut conn) = three_receipts::<B, C>();
     if B::SERVER == crate::harness::Server::Mysql {
         // A failing run fails in seconds rather than the default 50.
@@ -606,36 +650,10 @@ where
     if let Some(sql) = session {
         B::execute(&mut conn, sql);
     }
-    let (pushed, holds) = std::sync::mpsc::channel();
-    let (finish, finishing) = std::sync::mpsc::channel::<()>();
-    let report = std::thread::scope(|scope| {
-        let db = &db;
-        let job = scope.spawn(move || {
-            let mut conn = db.connect();
-            idempotent_jobs::run(&mut conn, &PUSHING, &JobKey::new("pushing:1"), |conn| {
-                outbox::push(
-                    conn,
-                    "receipt",
-                    &serde_json::json!({ "order_id": "order-4" }),
-                )?;
-                let _ = pushed.send(());
-                let _ = finishing.recv_timeout(Duration::from_secs(120));
-                Ok::<_, Error>(())
-            })
-            .expect("the pushing job")
-        });
-        holds
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the job pushed");
+    let report = while_a_job_holds_a_push(&db, "order-4", || {
         let started = std::time::Instant::now();
         let report = Relay::new().run_once(&mut conn, |_| Ok::<_, String>(()));
-        let took = started.elapsed();
-        finish.send(()).expect("finishing the job");
-        assert!(
-            job.join().expect("the job's thread").is_ran(),
-            "the job ran"
-        );
-        (report, took)
+        (report, started.elapsed())
     });
     let (report, took) = report;
     assert!(
@@ -773,7 +791,6 @@ where
     B: Backend<Conn = C>,
     C: TestConn + Send,
 {
-    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
     let parked = send_receipt(&mut conn, "order-1").expect("a receipt");
@@ -790,40 +807,14 @@ where
         // A failing run fails in seconds rather than the default 50.
         B::execute(&mut conn, "SET SESSION innodb_lock_wait_timeout = 2");
     }
-    let (pushed, holds) = std::sync::mpsc::channel();
-    let (finish, finishing) = std::sync::mpsc::channel::<()>();
-    let (all, one) = std::thread::scope(|scope| {
-        let db = &db;
-        let job = scope.spawn(move || {
-            let mut conn = db.connect();
-            idempotent_jobs::run(&mut conn, &PUSHING, &JobKey::new("pushing:1"), |conn| {
-                outbox::push(
-                    conn,
-                    "receipt",
-                    &serde_json::json!({ "order_id": "order-3" }),
-                )?;
-                let _ = pushed.send(());
-                let _ = finishing.recv_timeout(Duration::from_secs(120));
-                Ok::<_, Error>(())
-            })
-            .expect("the pushing job")
-        });
-        holds
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the job pushed");
+    let (all, one) = while_a_job_holds_a_push(&db, "order-3", || {
         let one = outbox::retry_parked(&mut conn, Some(&parked));
         // Parked again, by its primary key (a statement that waits for no other row).
         B::execute(
             &mut conn,
             "UPDATE outbox SET parked_at = created_at, attempts = 1 WHERE id = 1",
         );
-        let all = outbox::retry_parked(&mut conn, None);
-        finish.send(()).expect("finishing the job");
-        assert!(
-            job.join().expect("the job's thread").is_ran(),
-            "the job ran"
-        );
-        (all, one)
+        (outbox::retry_parked(&mut conn, None), one)
     });
     assert!(
         matches!(one, Ok(1)),
@@ -851,47 +842,20 @@ where
 {
     use idempotent_jobs::keys;
 
-    static PUSHING: Job = Job::new("pushing", "pushing:<n>");
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
     B::execute(
         &mut conn,
         "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED",
     );
-    let key = JobKey::new("pushing:1");
-    let (pushed, holds) = std::sync::mpsc::channel();
-    let (finish, finishing) = std::sync::mpsc::channel::<()>();
-    let (record, listed, counts, unsent) = std::thread::scope(|scope| {
-        let (db, key) = (&db, &key);
-        let job = scope.spawn(move || {
-            let mut conn = db.connect();
-            idempotent_jobs::run(&mut conn, &PUSHING, key, |conn| {
-                outbox::push(
-                    conn,
-                    "receipt",
-                    &serde_json::json!({ "order_id": "order-1" }),
-                )?;
-                let _ = pushed.send(());
-                let _ = finishing.recv_timeout(Duration::from_secs(120));
-                Ok::<_, Error>(())
-            })
-            .expect("the pushing job")
-        });
-        holds
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the job pushed");
-        let seen = (
-            keys::lookup(&mut conn, key),
+    let key = JobKey::new(PUSHED_KEY);
+    let (record, listed, counts, unsent) = while_a_job_holds_a_push(&db, "order-1", || {
+        (
+            keys::lookup(&mut conn, &key),
             keys::list(&mut conn, &keys::KeyQuery::default()),
             outbox::counts(&mut conn),
             outbox::unsent(&mut conn, 10),
-        );
-        finish.send(()).expect("finishing the job");
-        assert!(
-            job.join().expect("the job's thread").is_ran(),
-            "the job ran"
-        );
-        seen
+        )
     });
     assert!(
         matches!(record, Ok(None)),

@@ -336,6 +336,17 @@ struct MaxPacket {
     limit: i64,
 }
 
+/// Sends `S`, a `SET TRANSACTION ISOLATION LEVEL ...` for the next transaction only: prepared,
+/// or as text where the server refuses to prepare it.
+async fn next_transaction_at<S: crate::sql::SqlText, C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+) -> QueryResult<()> {
+    match conn.execute(Statement::<S, _>::new(())).await {
+        Err(error) if refuses_prepared(&error) => conn.batch(S::SQL).await,
+        result => result.map(drop),
+    }
+}
+
 /// The ids of `chunk` (at most [`ID_CHUNK`]) as an `IN` list.
 fn ids(chunk: &[Id]) -> IdList<ID_CHUNK> {
     IdList::new(chunk.iter().map(|row| row.id))
@@ -548,16 +559,7 @@ impl Database for MysqlDb {
     }
 
     async fn fewest_locks_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
-        match conn
-            .execute(Statement::<ReadCommittedNext, _>::new(()))
-            .await
-        {
-            Err(error) if refuses_prepared(&error) => {
-                conn.batch(<ReadCommittedNext as crate::sql::SqlText>::SQL)
-                    .await
-            }
-            result => result.map(drop),
-        }
+        next_transaction_at::<ReadCommittedNext, _>(conn).await
     }
 
     fn fewest_locks_refused(error: &DieselError) -> bool {
@@ -727,16 +729,7 @@ impl Database for MysqlDb {
     }
 
     async fn committed_reads_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
-        match conn
-            .execute(Statement::<RepeatableReadNext, _>::new(()))
-            .await
-        {
-            Err(error) if refuses_prepared(&error) => {
-                conn.batch(<RepeatableReadNext as crate::sql::SqlText>::SQL)
-                    .await
-            }
-            result => result.map(drop),
-        }
+        next_transaction_at::<RepeatableReadNext, _>(conn).await
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {
