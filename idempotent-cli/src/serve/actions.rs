@@ -201,6 +201,21 @@ pub async fn forget(
             })
         })
         .await;
+    forget_answer(&app, &auth, done)
+}
+
+/// What a forget did: the record read, whether it was forgotten, the reason recorded, and, when it
+/// was not, whether the key is still there (renewed) or not (deleted), or the error of the look-up
+/// that would tell.
+type Forgetting = (
+    KeyRecord,
+    bool,
+    String,
+    Result<bool, idempotent_runtime::Error>,
+);
+
+/// What the dashboard answers to a forget.
+fn forget_answer(app: &App, auth: &Auth, done: Result<Forgetting, Failure>) -> Response {
     match done {
         Ok((record, true, recorded, _)) => {
             audit(&format!(
@@ -227,7 +242,7 @@ pub async fn forget(
             StatusCode::CONFLICT,
             "The key changed since it was read (deleted, or renewed by another run). Nothing was changed; look at it again.",
         ),
-        Err(failure) => failed(&app, &auth, &failure),
+        Err(failure) => failed(app, auth, &failure),
     }
 }
 
