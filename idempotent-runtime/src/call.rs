@@ -328,11 +328,11 @@ impl Call {
     ///
     /// The JSON must read back as a `T`, or the first replay would fail where this run succeeded:
     /// serde_json writes a NaN as `null`, and some `Serialize` impls have no matching
-    /// `Deserialize`; nor must it read back as another value (a NaN inside an `Option` reads back
-    /// as `None`: refused wherever it is). Such a value fails this run instead, rolled back, while
-    /// its cause is at hand.
+    /// `Deserialize`; nor must it read back as another value (a NaN inside an `Option`, or
+    /// `Some(())` and `Some(None)`, read back as `None`: refused wherever they are). Such a value
+    /// fails this run instead, rolled back, while its cause is at hand.
     pub(crate) fn encode<T: JobOutput>(&self, value: &T) -> Result<Option<String>, Error> {
-        let stored = crate::fingerprint::refuse_non_finite(value)
+        let stored = crate::fingerprint::refuse_ambiguous_result(value)
             .and_then(|()| serde_json::to_string(value))
             .and_then(|json| serde_json::from_str::<T>(&json).map(|_| json));
         match stored {

@@ -227,13 +227,14 @@ pub enum Error {
     },
 
     /// The handler's `Ok` value could not be stored as JSON that reads back as its type, or it
-    /// holds a NaN or infinite float anywhere (JSON stores it as `null`, which inside an `Option`
-    /// would replay as `None`).
+    /// would read back as another value: it holds a NaN or infinite float anywhere, or a `Some`
+    /// of a value JSON writes as `null` (`Some(())`, `Some(None)`, `Some(Value::Null)`). JSON
+    /// stores these as `null`, which an `Option` reads back as `None`.
     ///
     /// What to do: make the value round-trip through serde_json (maps need string keys; no NaN
-    /// or infinite float). Retrying does not help.
+    /// or infinite float; an enum instead of `Option<Option<T>>`). Retrying does not help.
     #[error(
-        "job `{job}` (key `{key}`): its result does not read back from JSON as the same type; nothing was committed"
+        "job `{job}` (key `{key}`): its result does not read back from JSON as the same value; nothing was committed"
     )]
     StoreResult {
         /// The job's name.
@@ -492,7 +493,9 @@ pub enum Error {
     #[error("the outbox relay was run inside an open transaction; nothing was leased")]
     RelayInsideTransaction,
 
-    /// An outbox payload could not be turned into JSON.
+    /// An outbox payload could not be turned into JSON, or holds a NaN or infinite float (JSON
+    /// would write it as `null`, and the consumer would read another value). The job goes on;
+    /// the message is not recorded. Retrying does not help.
     #[error(
         "the payload of outbox message \"{topic}\" could not be stored as JSON; nothing was recorded"
     )]

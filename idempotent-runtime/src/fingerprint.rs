@@ -21,6 +21,8 @@
 //! * a float that is NaN or infinite, anywhere inside an input, is refused: JSON has no such
 //!   number, and serde_json would write it as `null`, so NaN, both infinities and `None` would give
 //!   one fingerprint.
+//! * `Some(None)`, `Some(())` and `None` are all `null`, and give one fingerprint: where the
+//!   difference matters ("set to nothing" against "left alone"), make the input an enum.
 //!
 //! Only the digest is stored, never the inputs, so fingerprints may cover personal data.
 
@@ -121,15 +123,63 @@ impl FingerprintBuilder {
 /// Refuses a value that holds a NaN or infinite float anywhere: JSON writes it as `null`, which
 /// reads back as `None` inside an `Option` (a stored result would replay as another value).
 pub(crate) fn refuse_non_finite<T: Serialize + ?Sized>(value: &T) -> Result<(), serde_json::Error> {
+    check(value, JsonCheck::default())
+}
+
+/// Refuses a result that would read back from its JSON as another value: one that holds a NaN or
+/// infinite float anywhere, or a `Some` of a value JSON writes as `null` (`Some(())`,
+/// `Some(None)`, `Some(Value::Null)`, `Some` of a unit struct), which reads back as `None`.
+pub(crate) fn refuse_ambiguous_result<T: Serialize + ?Sized>(
+    value: &T,
+) -> Result<(), serde_json::Error> {
+    check(
+        value,
+        JsonCheck {
+            null_in_some: true,
+            ..JsonCheck::default()
+        },
+    )
+}
+
+fn check<T: Serialize + ?Sized>(value: &T, check: JsonCheck) -> Result<(), serde_json::Error> {
     value
-        .serialize(FiniteFloats)
+        .serialize(check)
         .map_err(<serde_json::Error as serde::ser::Error>::custom)
 }
 
-/// A serializer that writes nothing and fails on a NaN or infinite float anywhere in the value.
-struct FiniteFloats;
+/// A serializer that writes nothing and fails on a NaN or infinite float anywhere in the value,
+/// and, with `null_in_some`, on a `Some` of a value written as `null`.
+#[derive(Clone, Copy, Default)]
+struct JsonCheck {
+    /// Whether a `Some` of a value written as `null` is refused.
+    null_in_some: bool,
+    /// Whether the value being checked is directly inside a `Some` (newtype structs are
+    /// transparent in JSON, so they keep it).
+    in_some: bool,
+}
 
-/// Why [`FiniteFloats`] refused a value.
+impl JsonCheck {
+    /// The check of a part of a compound value (an element, a field, a variant's content).
+    fn part(self) -> Self {
+        JsonCheck {
+            in_some: false,
+            ..self
+        }
+    }
+
+    /// A value written as `null`: refused directly inside a `Some`, when asked.
+    fn null(self, what: &str) -> Result<(), NotFinite> {
+        if self.null_in_some && self.in_some {
+            Err(NotFinite(format!(
+                "it holds `Some({what})`, which JSON writes as null, the same as `None`: it would replay as `None`"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Why [`JsonCheck`] refused a value.
 #[derive(Debug)]
 struct NotFinite(String);
 
@@ -171,7 +221,7 @@ macro_rules! descend {
     };
 }
 
-impl serde::Serializer for FiniteFloats {
+impl serde::Serializer for JsonCheck {
     type Ok = ();
     type Error = NotFinite;
     type SerializeSeq = Self;
@@ -197,9 +247,6 @@ impl serde::Serializer for FiniteFloats {
         serialize_char(char);
         serialize_str(&str);
         serialize_bytes(&[u8]);
-        serialize_none();
-        serialize_unit();
-        serialize_unit_struct(&'static str);
         serialize_unit_variant(&'static str, u32, &'static str);
     }
 
@@ -211,8 +258,23 @@ impl serde::Serializer for FiniteFloats {
         check_float(value)
     }
 
+    fn serialize_none(self) -> Result<(), NotFinite> {
+        self.null("None")
+    }
+
+    fn serialize_unit(self) -> Result<(), NotFinite> {
+        self.null("()")
+    }
+
+    fn serialize_unit_struct(self, name: &'static str) -> Result<(), NotFinite> {
+        self.null(name)
+    }
+
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), NotFinite> {
-        value.serialize(self)
+        value.serialize(JsonCheck {
+            in_some: true,
+            ..self
+        })
     }
 
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -230,7 +292,7 @@ impl serde::Serializer for FiniteFloats {
         _: &'static str,
         value: &T,
     ) -> Result<(), NotFinite> {
-        value.serialize(self)
+        value.serialize(self.part())
     }
 
     descend! {
@@ -247,13 +309,13 @@ impl serde::Serializer for FiniteFloats {
 macro_rules! compound {
     ($($trait:ident { $($method:ident($($name:ident: $arg:ty),*);)* })*) => {
         $(
-            impl serde::ser::$trait for FiniteFloats {
+            impl serde::ser::$trait for JsonCheck {
                 type Ok = ();
                 type Error = NotFinite;
                 $(
                     fn $method<T: Serialize + ?Sized>(&mut self, $($name: $arg,)* value: &T) -> Result<(), NotFinite> {
                         $(let _ = $name;)*
-                        value.serialize(FiniteFloats)
+                        value.serialize(self.part())
                     }
                 )*
                 fn end(self) -> Result<(), NotFinite> {

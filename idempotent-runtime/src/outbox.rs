@@ -204,10 +204,12 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
             job: job.job,
         });
     }
-    let payload = serde_json::to_string(payload).map_err(|source| Error::OutboxPayload {
-        topic: topic.to_owned(),
-        source,
-    })?;
+    let payload = crate::fingerprint::refuse_non_finite(payload)
+        .and_then(|()| serde_json::to_string(payload))
+        .map_err(|source| Error::OutboxPayload {
+            topic: topic.to_owned(),
+            source,
+        })?;
     refuse_what_would_not_fit(conn, topic, &payload, &job.key_text).await?;
     let id = message_id(&job.digest, job.run(), topic, job.next_push());
     S::Db::push(

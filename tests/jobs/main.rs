@@ -465,8 +465,8 @@ macro_rules! effects_tests {
             }
 
             #[test]
-            fn a_topic_with_a_nul_is_refused_and_the_job_goes_on() {
-                crate::outbox_faults::a_topic_with_a_nul_is_refused_and_the_job_goes_on::<
+            fn a_message_that_would_arrive_changed_is_refused_and_the_job_goes_on() {
+                crate::outbox_faults::a_message_that_would_arrive_changed_is_refused_and_the_job_goes_on::<
                     $backend,
                     _,
                 >();

@@ -1000,7 +1000,7 @@ where
 /// pushes after commits with it. Before, on PostgreSQL the push failed in the database
 /// (`Error::Outbox`, not refused) and left the job's transaction aborted, so the body could not go
 /// on; SQLite and MySQL stored it.
-pub fn a_topic_with_a_nul_is_refused_and_the_job_goes_on<B, C>()
+pub fn a_message_that_would_arrive_changed_is_refused_and_the_job_goes_on<B, C>()
 where
     B: Backend<Conn = C>,
     C: TestConn,
@@ -1011,14 +1011,24 @@ where
     let outcome =
         idempotent_jobs::run(&mut conn, &NUL_TOPIC, &JobKey::new("nul-topic:1"), |conn| {
             let refused = outbox::push(conn, "a\0b", &"payload");
+            // JSON writes a NaN as `null`: the consumer would read another amount.
+            let not_a_number = outbox::push(conn, "nan", &vec![1.5, f64::NAN]);
             let next = outbox::push(conn, "after", &"payload")?;
-            Ok::<_, Error>((refused.map_err(|e| format!("{e:?}")), next))
+            Ok::<_, Error>((
+                refused.map_err(|e| format!("{e:?}")),
+                not_a_number.map_err(|e| format!("{e:?}")),
+                next,
+            ))
         })
         .expect("the job");
-    let (refused, _) = outcome.into_inner();
+    let (refused, not_a_number, _) = outcome.into_inner();
     assert!(
         matches!(&refused, Err(e) if e.starts_with("OutboxMessageRefused")),
         "{refused:?}"
+    );
+    assert!(
+        matches!(&not_a_number, Err(e) if e.starts_with("OutboxPayload")),
+        "{not_a_number:?}"
     );
     let mut delivered = Vec::new();
     Relay::new()

@@ -1221,4 +1221,53 @@ pub fn a_result_that_would_replay_as_another_value_is_refused() {
             "{value}: nothing committed"
         );
     }
+    // `Some` of a value JSON writes as `null` reads back as `None`: `Some(())`, `Some(None)`,
+    // `Some(Value::Null)` and `Some` of a unit struct, at the top or deep inside.
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    struct Marker;
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    struct Wrapped(Option<()>);
+    fn refused<T>(conn: &mut diesel::SqliteConnection, name: &str, value: T)
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug + Clone + 'static,
+    {
+        let key = JobKey::new(format!("average:{name}"));
+        let first = idempotent_jobs::run(conn, &AVERAGE, &key, |_| Ok::<_, Error>(value.clone()));
+        let replay = idempotent_jobs::run(conn, &AVERAGE, &key, |_| Ok::<_, Error>(value.clone()));
+        assert!(
+            matches!(first, Err(Error::StoreResult { .. })),
+            "{name}: the run returned {first:?}, and a replay {replay:?}"
+        );
+        assert!(
+            Sqlite::keys_lookup(conn, &key)
+                .expect("a look-up")
+                .is_none(),
+            "{name}: nothing committed"
+        );
+    }
+    refused(&mut conn, "some-unit", Some(()));
+    refused(&mut conn, "some-none", Some(None::<u32>));
+    refused(&mut conn, "some-null", Some(serde_json::Value::Null));
+    refused(&mut conn, "deep", vec![Some(Some(3_u32)), None, Some(None)]);
+    refused(&mut conn, "newtype", Wrapped(Some(())));
+    refused(&mut conn, "unit-struct", Some(Marker));
+    // What reads back as itself still runs and replays.
+    for (name, value) in [
+        ("none", None),
+        ("some-some", Some(Some(3_u32))),
+        ("some-some-zero", Some(Some(0))),
+    ] {
+        let key = JobKey::new(format!("average:{name}"));
+        let first = idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| Ok::<_, Error>(value));
+        let again =
+            idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| Ok::<_, Error>(Some(Some(9))));
+        assert_eq!(
+            (
+                first.expect("a run").into_inner(),
+                again.expect("a replay").into_inner()
+            ),
+            (value, value),
+            "{name}"
+        );
+    }
 }

@@ -143,60 +143,14 @@ impl Expansion<'_> {
             );
             return quote_spanned!(name.span()=> ::core::compile_error!(#message););
         }
-        let generics = &item.sig.generics;
-        let turbofish = turbofish(generics);
-        let function = located(name);
-        let awaited = self.handler.is_async().then(|| quote!(.await));
-        let mut generic_params: Vec<TokenStream> = generics
-            .params
-            .iter()
-            .map(|param| respan(param.to_token_stream()))
-            .collect();
-        let mut predicates: Vec<TokenStream> = generics
-            .where_clause
-            .iter()
-            .flat_map(|clause| clause.predicates.iter())
-            .map(|predicate| respan(predicate.to_token_stream()))
-            .collect();
-        let mut convert = None;
-        let (ok, err) = match &self.handler.output.parts {
-            Some((ok, err)) => (respan(ok.to_token_stream()), respan(err.to_token_stream())),
-            None => {
-                let parts = self.alias_parts();
-                generic_params.extend([parts.ok.clone(), parts.err.clone()]);
-                predicates.push(parts.predicate);
-                convert = Some(parts.convert);
-                (parts.ok, parts.err)
-            }
-        };
-        // One call for each combination of the conditional parameters that exist, each under the
-        // `cfg` of that combination: a call's arguments cannot carry `#[cfg]`.
-        let calls = (0..1_usize << conditional.len()).map(|combination| {
-            let present = |param: &OutcomeParam| {
-                conditional
-                    .iter()
-                    .position(|other| std::ptr::eq(*other, param))
-                    .is_none_or(|bit| combination & (1 << bit) != 0)
-            };
-            let args = params
-                .iter()
-                .filter(|param| present(param))
-                .map(|param| &param.arg);
-            let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
-            if let Some(convert) = &convert {
-                call = quote!(#convert(#call));
-            }
-            let predicates = conditional.iter().enumerate().map(|(bit, param)| {
-                let predicate = &param.cfg;
-                if combination & (1 << bit) != 0 {
-                    quote!(#predicate)
-                } else {
-                    quote!(not(#predicate))
-                }
-            });
-            let cfg = (!conditional.is_empty()).then(|| quote!(#[cfg(all(#(#predicates),*))]));
-            (cfg, call)
-        });
+        let OutcomeSignature {
+            generic_params,
+            predicates,
+            ok,
+            err,
+            convert,
+        } = self.outcome_signature();
+        let calls = self.outcome_calls(&params, &conditional, convert.as_ref());
         let run = Ident::new("__idempotent_run", Span::mixed_site());
         let (asyncness, call) = if self.handler.is_async() {
             let runs = calls.map(|(cfg, call)| quote!(#cfg let #run = async move { #call };));
@@ -230,6 +184,83 @@ impl Expansion<'_> {
                 #call
             }
         }
+    }
+
+    /// `outcome`'s generics, where-clause and `Ok`/`Err` types: the handler's, and for a return
+    /// type spelled another way than `Result<T, E>`, the parameters of [`Self::alias_parts`].
+    fn outcome_signature(&self) -> OutcomeSignature {
+        let generics = &self.handler.item.sig.generics;
+        let mut generic_params: Vec<TokenStream> = generics
+            .params
+            .iter()
+            .map(|param| respan(param.to_token_stream()))
+            .collect();
+        let mut predicates: Vec<TokenStream> = generics
+            .where_clause
+            .iter()
+            .flat_map(|clause| clause.predicates.iter())
+            .map(|predicate| respan(predicate.to_token_stream()))
+            .collect();
+        let (ok, err, convert) = match &self.handler.output.parts {
+            Some((ok, err)) => (
+                respan(ok.to_token_stream()),
+                respan(err.to_token_stream()),
+                None,
+            ),
+            None => {
+                let parts = self.alias_parts();
+                generic_params.extend([parts.ok.clone(), parts.err.clone()]);
+                predicates.push(parts.predicate);
+                (parts.ok, parts.err, Some(parts.convert))
+            }
+        };
+        OutcomeSignature {
+            generic_params,
+            predicates,
+            ok,
+            err,
+            convert,
+        }
+    }
+
+    /// The handler's calls with `outcome`'s arguments: one for each combination of the
+    /// conditional parameters that exist, each under the `cfg` of that combination (a call's
+    /// arguments cannot carry `#[cfg]`).
+    fn outcome_calls<'a>(
+        &self,
+        params: &'a [OutcomeParam],
+        conditional: &'a [&'a OutcomeParam],
+        convert: Option<&'a TokenStream>,
+    ) -> impl Iterator<Item = (Option<TokenStream>, TokenStream)> + 'a {
+        let function = located(&self.handler.item.sig.ident);
+        let turbofish = type_and_const_arguments(&self.handler.item.sig.generics.params);
+        let awaited = self.handler.is_async().then(|| quote!(.await));
+        (0..1_usize << conditional.len()).map(move |combination| {
+            let present = |param: &OutcomeParam| {
+                conditional
+                    .iter()
+                    .position(|other| std::ptr::eq(*other, param))
+                    .is_none_or(|bit| combination & (1 << bit) != 0)
+            };
+            let args = params
+                .iter()
+                .filter(|param| present(param))
+                .map(|param| &param.arg);
+            let mut call = quote!(#function #turbofish (#(#args),*) #awaited);
+            if let Some(convert) = convert {
+                call = quote!(#convert(#call));
+            }
+            let predicates = conditional.iter().enumerate().map(|(bit, param)| {
+                let predicate = &param.cfg;
+                if combination & (1 << bit) != 0 {
+                    quote!(#predicate)
+                } else {
+                    quote!(not(#predicate))
+                }
+            });
+            let cfg = (!conditional.is_empty()).then(|| quote!(#[cfg(all(#(#predicates),*))]));
+            (cfg, call)
+        })
     }
 
     /// `T` and `E` of a return type not spelled `Result<T, E>` (an alias of one): parameters of
@@ -324,6 +355,18 @@ struct AliasParts {
     convert: TokenStream,
 }
 
+/// `outcome`'s signature, but for its parameters.
+struct OutcomeSignature {
+    /// The handler's generic parameters, respanned, and `T`/`E` of [`AliasParts`].
+    generic_params: Vec<TokenStream>,
+    /// The handler's where-clause predicates, and [`AliasParts::predicate`].
+    predicates: Vec<TokenStream>,
+    ok: TokenStream,
+    err: TokenStream,
+    /// [`AliasParts::convert`], for a return type that is an alias of a `Result`.
+    convert: Option<TokenStream>,
+}
+
 /// How many parameters under `#[cfg]` `outcome` takes: it calls the handler once for each
 /// combination of them, in `2^n` statements.
 const MAX_CFG_PARAMS: usize = 4;
@@ -372,19 +415,20 @@ fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
     params
 }
 
-/// `::<T, N>`: the function's type and const parameters, to call it from the companion (an
-/// `impl Trait` parameter is left to inference).
-fn turbofish(generics: &syn::Generics) -> Option<TokenStream> {
-    let params: Vec<TokenStream> = generics
-        .params
-        .iter()
+/// `::<T, N>`: these type and const parameters, to call a function from the companion (lifetimes,
+/// and an `impl Trait` parameter, are left to inference).
+fn type_and_const_arguments<'a>(
+    params: impl IntoIterator<Item = &'a syn::GenericParam>,
+) -> Option<TokenStream> {
+    let arguments: Vec<TokenStream> = params
+        .into_iter()
         .filter_map(|param| match param {
             syn::GenericParam::Type(t) => Some(respan(t.ident.to_token_stream())),
             syn::GenericParam::Const(c) => Some(respan(c.ident.to_token_stream())),
             syn::GenericParam::Lifetime(_) => None,
         })
         .collect();
-    (!params.is_empty()).then(|| quote!(::<#(#params),*>))
+    (!arguments.is_empty()).then(|| quote!(::<#(#arguments),*>))
 }
 
 /// What `key` declares of the handler's generics.
@@ -410,19 +454,45 @@ pub(super) fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) 
         .iter()
         .flat_map(|w| w.predicates.iter())
         .collect();
-    let mentioned = |tokens: &TokenStream, param: &syn::GenericParam| match param {
-        syn::GenericParam::Type(t) => {
-            crate::signature::mentions(tokens.clone(), &t.ident.to_string())
-        }
-        syn::GenericParam::Const(c) => {
-            crate::signature::mentions(tokens.clone(), &c.ident.to_string())
-        }
-        syn::GenericParam::Lifetime(l) => mentions_lifetime(tokens.clone(), &l.lifetime.ident),
-    };
     let mut kept: Vec<bool> = params
         .iter()
-        .map(|param| types.iter().any(|ty| mentioned(ty, param)))
+        .map(|param| types.iter().any(|ty| mentions_param(ty, param)))
         .collect();
+    let kept_predicates = keep_what_kept_params_need(&params, &predicates, &mut kept);
+    let kept_params: Vec<&syn::GenericParam> = params
+        .iter()
+        .zip(&kept)
+        .filter_map(|(param, kept)| kept.then_some(*param))
+        .collect();
+    let kept_predicates: Vec<&&syn::WherePredicate> = predicates
+        .iter()
+        .zip(&kept_predicates)
+        .filter_map(|(predicate, kept)| kept.then_some(predicate))
+        .collect();
+    let params_tokens = if kept_params.is_empty() {
+        quote!()
+    } else {
+        respan(quote!(<#(#kept_params),*>))
+    };
+    let where_clause = if kept_predicates.is_empty() {
+        quote!()
+    } else {
+        respan(quote!(where #(#kept_predicates),*))
+    };
+    KeyGenerics {
+        params: params_tokens,
+        where_clause,
+        turbofish: type_and_const_arguments(kept_params),
+    }
+}
+
+/// Marks in `kept`, until nothing changes, the parameters that the kept ones' bounds mention and
+/// those that the predicates mentioning a kept parameter mention; returns which predicates are kept.
+fn keep_what_kept_params_need(
+    params: &[&syn::GenericParam],
+    predicates: &[&syn::WherePredicate],
+    kept: &mut [bool],
+) -> Vec<bool> {
     let mut kept_predicates = vec![false; predicates.len()];
     // What a kept parameter's bounds mention, or a predicate that mentions a kept parameter.
     let needs: Vec<TokenStream> = params
@@ -441,8 +511,8 @@ pub(super) fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) 
             if !kept_predicates[index]
                 && params
                     .iter()
-                    .zip(&kept)
-                    .any(|(param, kept)| *kept && mentioned(predicate, param))
+                    .zip(kept.iter())
+                    .any(|(param, kept)| *kept && mentions_param(predicate, param))
             {
                 kept_predicates[index] = true;
                 changed = true;
@@ -450,7 +520,7 @@ pub(super) fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) 
         }
         let mut wanted: Vec<&TokenStream> = needs
             .iter()
-            .zip(&kept)
+            .zip(kept.iter())
             .filter_map(|(needs, kept)| kept.then_some(needs))
             .collect();
         wanted.extend(
@@ -460,47 +530,27 @@ pub(super) fn generics_used_by(generics: &syn::Generics, types: &[TokenStream]) 
                 .filter_map(|(tokens, kept)| kept.then_some(tokens)),
         );
         for (index, param) in params.iter().enumerate() {
-            if !kept[index] && wanted.iter().any(|tokens| mentioned(tokens, param)) {
+            if !kept[index] && wanted.iter().any(|tokens| mentions_param(tokens, param)) {
                 kept[index] = true;
                 changed = true;
             }
         }
         if !changed {
-            break;
+            return kept_predicates;
         }
     }
-    let kept_params: Vec<&&syn::GenericParam> = params
-        .iter()
-        .zip(&kept)
-        .filter_map(|(param, kept)| kept.then_some(param))
-        .collect();
-    let kept_predicates: Vec<&&syn::WherePredicate> = predicates
-        .iter()
-        .zip(&kept_predicates)
-        .filter_map(|(predicate, kept)| kept.then_some(predicate))
-        .collect();
-    let params_tokens = if kept_params.is_empty() {
-        quote!()
-    } else {
-        respan(quote!(<#(#kept_params),*>))
-    };
-    let where_clause = if kept_predicates.is_empty() {
-        quote!()
-    } else {
-        respan(quote!(where #(#kept_predicates),*))
-    };
-    let arguments: Vec<TokenStream> = kept_params
-        .iter()
-        .filter_map(|param| match param {
-            syn::GenericParam::Type(t) => Some(respan(t.ident.to_token_stream())),
-            syn::GenericParam::Const(c) => Some(respan(c.ident.to_token_stream())),
-            syn::GenericParam::Lifetime(_) => None,
-        })
-        .collect();
-    KeyGenerics {
-        params: params_tokens,
-        where_clause,
-        turbofish: (!arguments.is_empty()).then(|| quote!(::<#(#arguments),*>)),
+}
+
+/// Whether `tokens` name the generic parameter `param`.
+fn mentions_param(tokens: &TokenStream, param: &syn::GenericParam) -> bool {
+    match param {
+        syn::GenericParam::Type(t) => {
+            crate::signature::mentions(tokens.clone(), &t.ident.to_string())
+        }
+        syn::GenericParam::Const(c) => {
+            crate::signature::mentions(tokens.clone(), &c.ident.to_string())
+        }
+        syn::GenericParam::Lifetime(l) => mentions_lifetime(tokens.clone(), &l.lifetime.ident),
     }
 }
 
