@@ -127,6 +127,27 @@ pub fn implicit_commits_are_detected<B: Backend>() {
         "both runs ran their body (the work before the DDL was committed each time, as the error says)"
     );
     assert_eq!(B::count_done(&mut conn), 0);
+    // The server's messages in another language (`lc_messages`, a session's own setting): the
+    // same answers, and the claims taken back.
+    for language in ["de_DE", "ja_JP"] {
+        B::execute(
+            &mut conn,
+            &format!("SET SESSION lc_messages = '{language}'"),
+        );
+        for fail in [true, false] {
+            let id = format!("{language}-{fail}");
+            let error = runtime_error(B::ddl_in_body(&mut conn, &id, fail));
+            assert!(
+                matches!(error, Error::TransactionEndedInBody { .. }),
+                "{language}, the body failing: {fail}: {error}"
+            );
+        }
+        assert_eq!(
+            B::count_done(&mut conn),
+            0,
+            "{language}: no claim of a run that did not finish in one transaction stays"
+        );
+    }
 }
 
 /// The server rolls the job's transaction back under the body (a caught deadlock; on Galera, a

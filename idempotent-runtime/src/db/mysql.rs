@@ -448,9 +448,11 @@ impl Database for MysqlDb {
 
     fn release_failed(error: &DieselError) -> bool {
         // ER_SP_DOES_NOT_EXIST (1305): "SAVEPOINT idempotent_job does not exist", also outside
-        // a transaction. Not "PROCEDURE ... does not exist", whose kind is the same.
+        // a transaction. Not "PROCEDURE ... does not exist", whose kind is the same. In the
+        // session's language (`lc_messages`): "SAVEPOINT idempotent_job existiert nicht",
+        // "SAVEPOINTidempotent_job不存在"; the words `SAVEPOINT` and the name are never translated.
         super::message(error)
-            .is_some_and(|m| m.starts_with("SAVEPOINT") && m.contains("does not exist"))
+            .is_some_and(|m| m.starts_with("SAVEPOINT") && m.contains("idempotent_job"))
     }
 
     /// A server that refuses the prepared savepoint (`ER_UNSUPPORTED_PS`) switches this process to
