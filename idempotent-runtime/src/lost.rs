@@ -19,6 +19,11 @@ pub(crate) const POSTGRES: &[&str] = &[
     "Connection reset",
     "Broken pipe",
     "unexpected EOF",
+    // tokio-postgres' own texts, without their cause, for a connection reset or timed out, or a
+    // protocol it could not follow: diesel-async passes them on as they are.
+    "error communicating with the server",
+    "unexpected message from server",
+    "error parsing response from server",
 ];
 
 /// MySQL's and MariaDB's (libmysqlclient's, mysql_async's) texts for a failed connection.
@@ -75,4 +80,29 @@ pub(crate) fn anywhere(error: &DieselError) -> bool {
         error,
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
     )
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "async-postgres")))]
+mod tests {
+    use super::*;
+
+    /// diesel-async reports a tokio-postgres error without a SQLSTATE by its `Display` alone,
+    /// which for a reset connection is "error communicating with the server": at a `COMMIT`, that
+    /// is an unknown outcome, not "nothing was committed".
+    #[test]
+    fn tokio_postgres_transport_failures_are_lost_connections() {
+        for text in [
+            "error communicating with the server",
+            "unexpected message from server",
+            "error parsing response from server",
+            "connection closed",
+        ] {
+            let error = DieselError::DatabaseError(
+                DatabaseErrorKind::UnableToSendCommand,
+                Box::new(text.to_owned()),
+            );
+            assert!(connection_lost(&error, POSTGRES), "{text}");
+            assert!(anywhere(&error), "{text}");
+        }
+    }
 }
