@@ -382,6 +382,13 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         };
         match taken {
             Ok(true) => ended_in_body(self.call),
+            // Nothing of the run is committed, and the error may be the `COMMIT`'s own (a
+            // deferred trigger's): it, not the body, says what happened.
+            Ok(false)
+                if self.nesting != Nesting::Savepoint && S::Db::commit_failed_instead(&source) =>
+            {
+                self.call.database::<S::Db>(Step::Commit, source)
+            }
             Ok(false) => Error::TransactionRolledBackInBody {
                 job: self.call.job.name(),
                 key: self.call.key_text.clone(),

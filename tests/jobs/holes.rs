@@ -600,3 +600,64 @@ pub fn redeliveries_never_read_an_old_snapshot<B: Backend>() {
         "the forgotten key ran again instead of replaying from the old snapshot"
     );
 }
+
+/// A `COMMIT` that PostgreSQL refuses with an error of no kind Diesel names: a deferred
+/// constraint trigger raising its own exception (SQLSTATE P0001), which fires at the `COMMIT`.
+/// Before, the runtime took any such error for the release of its savepoint failing (the body's
+/// doing), found nothing of the run committed and said `TransactionRolledBackInBody`: "rolled
+/// back while its body ran ... retrying is safe", retryable, the trigger's message lost. Now the
+/// call is the `COMMIT`'s database error, with the trigger's message, and nothing committed.
+pub fn a_commit_refused_by_a_deferred_trigger_says_so<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "CREATE FUNCTION refuse_after() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.topic LIKE 'after:refused-%' THEN \
+         RAISE EXCEPTION 'the ledger does not balance for %', NEW.payload; END IF; \
+         RETURN NULL; END $$",
+    );
+    B::execute(
+        &mut conn,
+        "CREATE CONSTRAINT TRIGGER balanced AFTER INSERT ON test_outbox \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_after()",
+    );
+    for (kind, unit) in [("value", false), ("unit", true)] {
+        let id = format!("refused-{kind}");
+        let result = if unit {
+            B::statements_in_unit_body(&mut conn, &id, "", false)
+        } else {
+            B::statements_in_body(&mut conn, &id, "", false).map(drop)
+        };
+        let error = runtime_error(result);
+        assert!(
+            matches!(
+                error,
+                Error::Database {
+                    step: idempotent_jobs::Step::Commit,
+                    ..
+                }
+            ),
+            "{kind}: the COMMIT's own error, not the body's: {error}"
+        );
+        let text = format!("{error} {:?}", std::error::Error::source(&error));
+        assert!(
+            text.contains("the ledger does not balance"),
+            "{kind}: the trigger's message is kept: {text}"
+        );
+        assert!(
+            text.contains("nothing of the job was committed"),
+            "{kind}: {text}"
+        );
+        assert!(
+            !error.is_retryable(),
+            "{kind}: the trigger refuses every retry alike: {text}"
+        );
+        assert_eq!(
+            B::count_topic(&mut conn, &format!("before:{id}")),
+            0,
+            "{kind}: nothing committed"
+        );
+    }
+    assert_eq!(B::count_done(&mut conn), 0, "no claim committed");
+}

@@ -636,6 +636,11 @@ macro_rules! postgres_tests {
             fn serialization_failures_at_commit_are_retryable() {
                 crate::holes::serialization_failures_at_commit_are_retryable::<$backend>();
             }
+
+            #[test]
+            fn a_commit_refused_by_a_deferred_trigger_says_so() {
+                crate::holes::a_commit_refused_by_a_deferred_trigger_says_so::<$backend>();
+            }
         }
     };
 }

@@ -304,6 +304,18 @@ impl Database for PostgresDb {
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
 
+    fn commit_failed_instead(error: &DieselError) -> bool {
+        // The release's own failures: `savepoint "idempotent_job" does not exist` (the body
+        // released or rolled back past it), "RELEASE SAVEPOINT can only be used in transaction
+        // blocks" (the body ended the transaction), "current transaction is aborted" (the body
+        // swallowed a failed statement). The savepoint's name and the statement's are not
+        // translated where the server's messages are; an aborted transaction's text is.
+        matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+            if !["idempotent_job", "RELEASE SAVEPOINT", "current transaction is aborted"]
+                .iter()
+                .any(|known| info.message().contains(known)))
+    }
+
     fn classify(error: &DieselError) -> Fault {
         match error {
             DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {

@@ -172,6 +172,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         )
     }
 
+    /// Whether `error`, which [`release_failed`](Self::release_failed) took for the release's,
+    /// may be the `COMMIT`'s own instead: an error of no kind Diesel names that is none of the
+    /// release's known failures (PostgreSQL: a deferred constraint trigger's exception at the
+    /// `COMMIT`). When nothing of the run turns out committed, the call is then the `COMMIT`'s
+    /// error, with its message, rather than the body's doing. By default never.
+    #[doc(hidden)]
+    fn commit_failed_instead(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Whether `error`, from [`begin_and_claim`](Self::begin_and_claim), says that the key is
     /// taken and that nothing is open: the claim's transaction ended with it (MySQL's
     /// `idempotent_begin_and_claim` rolls back on the key's duplicate). The key's row is then read
