@@ -380,7 +380,11 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
         return Err(Finish::NotOwn(error));
     }
     if store.finish_in_one_batch() {
-        return match store.release_and_commit().await {
+        let finished = match store.release_and_commit().await {
+            Err(error) => Err(S::Db::in_known_terms(store, error).await),
+            finished => finished,
+        };
+        return match finished {
             Ok(()) => {
                 store.forget_transaction(false);
                 Ok(())
@@ -397,6 +401,7 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
         };
     }
     if let Err(error) = S::Db::release_job(store).await {
+        let error = S::Db::in_known_terms(store, error).await;
         return Err(if S::Db::connection_lost(&error) {
             store.forget_transaction(true);
             Finish::BeforeCommit(error)
@@ -404,7 +409,10 @@ pub(crate) async fn finish_job<S: Store>(store: &mut S, nesting: Nesting) -> Res
             Finish::NotOwn(error)
         });
     }
-    store.commit().await.map_err(Finish::Commit)
+    match store.commit().await {
+        Err(error) => Err(Finish::Commit(S::Db::in_known_terms(store, error).await)),
+        committed => committed.map_err(Finish::Commit),
+    }
 }
 
 /// Whether a body left Diesel's count of open transactions above the job's own one (a nested

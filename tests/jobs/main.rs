@@ -602,6 +602,19 @@ macro_rules! mysql_tests {
                     "SET SESSION max_statement_time = 0.5",
                 );
             }
+
+            /// The server's messages in the session's language: a lock wait timeout reads
+            /// "Beim Warten auf eine Sperre wurde die zulässige Wartezeit überschritten", and is
+            /// still a wait that passes.
+            #[test]
+            fn waits_that_pass_are_known_in_every_message_language() {
+                crate::holes::exhausted_retries_name_their_cause::<$backend>(
+                    "SET SESSION innodb_lock_wait_timeout = 1; SET SESSION lc_messages = 'de_DE'",
+                );
+                crate::holes::exhausted_retries_name_their_cause::<$backend>(
+                    "SET SESSION max_statement_time = 0.5; SET SESSION lc_messages = 'ja_JP'",
+                );
+            }
         }
     };
 }

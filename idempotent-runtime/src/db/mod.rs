@@ -163,7 +163,12 @@ macro_rules! statement_methods {
             S: $crate::sql::SqlText,
             B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
         {
-            $dsl::RunQueryDsl::execute(statement, self)$(.$await)?
+            match $dsl::RunQueryDsl::execute(statement, self)$(.$await)? {
+                Err(error) => Err(
+                    <Self::Db as $crate::store::Database>::in_known_terms(self, error).await,
+                ),
+                done => done,
+            }
         }
 
         async fn load<S, B, U>(
@@ -177,7 +182,12 @@ macro_rules! statement_methods {
                 + Send
                 + 'static,
         {
-            $dsl::RunQueryDsl::load(statement, self)$(.$await)?
+            match $dsl::RunQueryDsl::load(statement, self)$(.$await)? {
+                Err(error) => Err(
+                    <Self::Db as $crate::store::Database>::in_known_terms(self, error).await,
+                ),
+                rows => rows,
+            }
         }
 
         async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
@@ -218,7 +228,13 @@ macro_rules! sync_store {
                 S: $crate::sql::SqlText,
                 B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
             {
-                $pipelined(self, first)
+                // The claim's error in terms the runtime knows, before anything else is sent.
+                let known = <Self::Db as $crate::store::Database>::in_known_terms;
+                Some(match $pipelined(self, first)? {
+                    Ok((nesting, Err(error))) => Ok((nesting, Err(known(self, error).await))),
+                    Err(error) => Err(known(self, error).await),
+                    began => began,
+                })
             })?
 
             $(async fn begin_deferred(&mut self) -> diesel::QueryResult<$crate::store::Nesting> {

@@ -395,6 +395,37 @@ struct Column {
     data_type: String,
 }
 
+/// Reads the number of the failed statement's error into a session variable of the runtime's.
+const ERROR_NUMBER: &str = "GET DIAGNOSTICS CONDITION 1 @idempotent_jobs_errno = MYSQL_ERRNO";
+/// The number [`ERROR_NUMBER`] read.
+const READ_ERROR_NUMBER: &str =
+    "SELECT COALESCE(CAST(@idempotent_jobs_errno AS CHAR), '') AS `row`";
+
+/// `error`, whose number is `number`, with the English words of that error that the runtime's
+/// checks read ([`MysqlDb::classify`], `release_failed`, `refuses_prepared`, ...) appended to
+/// the server's own message, which may be in any language.
+fn in_english(error: DieselError, number: u32) -> DieselError {
+    let words = match number {
+        1205 => "Lock wait timeout exceeded",
+        1213 => "Deadlock found",
+        1969 => "max_statement_time exceeded",
+        3024 => "maximum statement execution time exceeded",
+        1927 => "Connection was killed",
+        1295 => "prepared statement protocol",
+        1665 => "BINLOG_FORMAT = STATEMENT",
+        1142 | 1370 => "command denied",
+        1449 => "definer",
+        1304 => "already exists",
+        1305 => "does not exist",
+        _ => return error,
+    };
+    let message = super::message(&error).unwrap_or_default();
+    DieselError::DatabaseError(
+        DatabaseErrorKind::Unknown,
+        Box::new(format!("{message} (error {number}: {words})")),
+    )
+}
+
 /// `COMMIT` whatever the session's `completion_type` (see `Database::COMMIT`).
 const COMMIT: &str = "COMMIT AND NO CHAIN NO RELEASE";
 /// `ROLLBACK` whatever the session's `completion_type`.
@@ -558,6 +589,39 @@ impl Database for MysqlDb {
 
     fn connection_lost(error: &DieselError) -> bool {
         crate::lost::connection_lost(error, crate::lost::MYSQL)
+    }
+
+    async fn in_known_terms<C: Store<Db = Self>>(conn: &mut C, error: DieselError) -> DieselError {
+        let unknown = matches!(
+            error,
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, _)
+        ) && Self::classify(&error) == Fault::Other
+            && !Self::connection_lost(&error);
+        if !unknown {
+            return error;
+        }
+        // The diagnostics area still holds the failed statement's condition: a statement sent as
+        // text reads its number (a prepared one would start a new diagnostics area).
+        let number = match conn.batch(ERROR_NUMBER).await {
+            Ok(()) => conn.text_rows(READ_ERROR_NUMBER).await,
+            Err(asked) => Err(asked),
+        };
+        match number {
+            Ok(rows) => match rows.first().and_then(|row| row.trim().parse::<u32>().ok()) {
+                Some(number) => in_english(error, number),
+                None => error,
+            },
+            // The connection failed right after the statement: so did the statement, as far as
+            // anyone can tell.
+            Err(asked) if Self::connection_lost(&asked) => DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection,
+                Box::new(format!(
+                    "{} (the connection failed with it: {asked})",
+                    super::message(&error).unwrap_or_default()
+                )),
+            ),
+            Err(_) => error,
+        }
     }
 
     async fn fewest_locks_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {

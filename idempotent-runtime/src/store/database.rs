@@ -32,6 +32,19 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
+    /// `error`, from a statement of the runtime's on `conn`, in terms the runtime's checks know
+    /// whatever the language of the server's messages: MySQL's are the session's `lc_messages`
+    /// ("Beim Warten auf eine Sperre wurde die zulässige Wartezeit überschritten"), and Diesel
+    /// keeps no error number. By default `error` as it is.
+    #[doc(hidden)]
+    fn in_known_terms<C: Store<Db = Self>>(
+        conn: &mut C,
+        error: DieselError,
+    ) -> impl Future<Output = DieselError> + Send {
+        let _ = conn;
+        async move { error }
+    }
+
     /// The most characters an outbox topic may have, where the table bounds it.
     #[doc(hidden)]
     const MAX_TOPIC_CHARS: Option<usize> = None;
