@@ -371,6 +371,8 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// nothing the runtime did was committed; the body may have committed the claim (then taken
     /// back here) or not.
     async fn not_own_at_commit(&mut self, source: diesel::result::Error) -> Error {
+        let commit_failed = self.nesting != Nesting::Savepoint
+            && S::Db::commit_failed_instead(self.transaction.store(), &source).await;
         self.transaction.abort_job(self.nesting).await;
         let taken = match self.nesting {
             Nesting::Savepoint => {
@@ -384,11 +386,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             Ok(true) => ended_in_body(self.call),
             // Nothing of the run is committed, and the error may be the `COMMIT`'s own (a
             // deferred trigger's): it, not the body, says what happened.
-            Ok(false)
-                if self.nesting != Nesting::Savepoint && S::Db::commit_failed_instead(&source) =>
-            {
-                self.call.database::<S::Db>(Step::Commit, source)
-            }
+            Ok(false) if commit_failed => self.call.database::<S::Db>(Step::Commit, source),
             Ok(false) => Error::TransactionRolledBackInBody {
                 job: self.call.job.name(),
                 key: self.call.key_text.clone(),

@@ -661,3 +661,84 @@ pub fn a_commit_refused_by_a_deferred_trigger_says_so<B: Backend>() {
     }
     assert_eq!(B::count_done(&mut conn), 0, "no claim committed");
 }
+
+/// An error the runtime does not know by its text (a trigger's `SIGNAL`) is read by its number
+/// from the server, and never as another error: not from a number a session variable kept from
+/// an earlier error, where the session keeps no conditions (`max_error_count = 0`), nor from a
+/// warning raised before the error. The call is the trigger's error, not retryable, at once.
+pub fn an_unknown_error_is_never_read_as_another<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "CREATE TRIGGER refuse_claims BEFORE INSERT ON done_jobs FOR EACH ROW BEGIN \
+         IF NEW.job_key LIKE 'in-body:refused%' THEN \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'claims are closed'; END IF; END",
+    );
+    for (case, settings) in [
+        (
+            "a number kept from an earlier error",
+            "SET @idempotent_jobs_errno = 1205, @idempotent_jobs_conditions = 1; \
+             SET SESSION max_error_count = 0",
+        ),
+        (
+            "the session as it comes",
+            "SET SESSION max_error_count = DEFAULT",
+        ),
+    ] {
+        B::execute(&mut conn, settings);
+        let started = std::time::Instant::now();
+        let error = runtime_error(B::statements_in_body(&mut conn, "refused", "", false));
+        let text = format!("{error} {:?}", std::error::Error::source(&error));
+        assert!(
+            matches!(error, Error::Database { .. }) && text.contains("claims are closed"),
+            "{case}: the trigger's error: {text}"
+        );
+        assert!(!text.contains("Lock wait"), "{case}: {text}");
+        assert!(!error.is_retryable(), "{case}: {text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{case}: not retried as a lock wait ({:?})",
+            started.elapsed()
+        );
+    }
+    assert_eq!(B::count_done(&mut conn), 0);
+}
+
+/// The other side of [`a_commit_refused_by_a_deferred_trigger_says_so`]: a body that goes past a
+/// failed statement of its own (PostgreSQL aborts the transaction) and returns `Ok(())` (a job
+/// that stores a result already fails storing it) is the body's doing,
+/// `TransactionRolledBackInBody`, retryable, in whatever language the server writes
+/// "current transaction is aborted" (the runtime asks the connection whether the transaction is
+/// still open, aborted, rather than read that text).
+#[cfg(feature = "postgres")]
+pub fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
+    use crate::backends::Postgres;
+    use diesel::RunQueryDsl as _;
+    static CARELESS: idempotent_jobs::Job = idempotent_jobs::Job::new("careless", "careless:<n>");
+
+    let db = Db::<Postgres>::fresh();
+    let mut conn = db.connect();
+    Postgres::execute(&mut conn, "CREATE TABLE careless_effects (n INT)");
+    let key = JobKey::new("careless:1");
+    let result = idempotent_jobs::run(&mut conn, &CARELESS, &key, |conn| {
+        diesel::sql_query("INSERT INTO careless_effects VALUES (1)")
+            .execute(conn)
+            .map_err(TestError::from)?;
+        // "Try it, ignore the failure": the transaction is aborted from here.
+        let _ignored = diesel::sql_query("SELECT * FROM no_such_table").execute(conn);
+        Ok::<_, TestError>(())
+    });
+    let error = runtime_error(result);
+    assert!(
+        matches!(error, Error::TransactionRolledBackInBody { .. }),
+        "{error}"
+    );
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(
+        Postgres::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM careless_effects"),
+        0,
+        "nothing committed"
+    );
+    assert_eq!(Postgres::count_done(&mut conn), 0, "no claim committed");
+}

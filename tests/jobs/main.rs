@@ -603,6 +603,11 @@ macro_rules! mysql_tests {
                 );
             }
 
+            #[test]
+            fn an_unknown_error_is_never_read_as_another() {
+                crate::holes::an_unknown_error_is_never_read_as_another::<$backend>();
+            }
+
             /// The server's messages in the session's language: a lock wait timeout reads
             /// "Beim Warten auf eine Sperre wurde die zulässige Wartezeit überschritten", and is
             /// still a wait that passes.
@@ -732,6 +737,12 @@ postgres_tests!(async_postgres_holes, crate::backends::AsyncPostgres);
 sqlite_tests!(sqlite_holes, crate::backends::Sqlite);
 #[cfg(feature = "async-sqlite")]
 sqlite_tests!(async_sqlite_holes, crate::backends::AsyncSqlite);
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
+    holes::a_body_that_goes_past_a_failed_statement_is_reported_as_such();
+}
 
 #[cfg(feature = "sqlite")]
 #[test]

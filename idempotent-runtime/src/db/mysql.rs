@@ -395,34 +395,81 @@ struct Column {
     data_type: String,
 }
 
-/// Reads the number of the failed statement's error into a session variable of the runtime's.
-const ERROR_NUMBER: &str = "GET DIAGNOSTICS CONDITION 1 @idempotent_jobs_errno = MYSQL_ERRNO";
-/// The number [`ERROR_NUMBER`] read.
-const READ_ERROR_NUMBER: &str =
-    "SELECT COALESCE(CAST(@idempotent_jobs_errno AS CHAR), '') AS `row`";
+/// How many of a failed statement's first conditions [`error_number_sql`] reads (and its last).
+const CONDITIONS_READ: u32 = 4;
 
-/// `error`, whose number is `number`, with the English words of that error that the runtime's
-/// checks read ([`MysqlDb::classify`], `release_failed`, `refuses_prepared`, ...) appended to
-/// the server's own message, which may be in any language.
+/// MariaDB's note after an error raised in a stored procedure (`ER_SP_STACK_TRACE`).
+const PROCEDURE_NOTE: u64 = 4094;
+
+/// Reads how many conditions the failed statement left, and the number of each of the first
+/// [`CONDITIONS_READ`] and of the last, into session variables of the runtime's.
+fn error_number_sql() -> String {
+    let mut sql = String::from(
+        "GET DIAGNOSTICS @idempotent_jobs_conditions = NUMBER; \
+         GET DIAGNOSTICS CONDITION @idempotent_jobs_conditions @idempotent_jobs_errno_last = MYSQL_ERRNO",
+    );
+    for n in 1..=CONDITIONS_READ {
+        sql.push_str(&format!(
+            "; GET DIAGNOSTICS CONDITION {n} @idempotent_jobs_errno_{n} = MYSQL_ERRNO"
+        ));
+    }
+    sql
+}
+
+/// What [`error_number_sql`] read, as a JSON array: `[conditions, last, first, second, ...]`.
+fn read_error_number_sql() -> String {
+    let mut columns = vec![
+        "COALESCE(@idempotent_jobs_conditions, 0)".to_owned(),
+        "@idempotent_jobs_errno_last".to_owned(),
+    ];
+    columns.extend((1..=CONDITIONS_READ).map(|n| format!("@idempotent_jobs_errno_{n}")));
+    format!("SELECT JSON_ARRAY({}) AS `row`", columns.join(", "))
+}
+
+/// The error's number from what [`read_error_number_sql`] read: the last condition the
+/// statement kept that is not a [`PROCEDURE_NOTE`].
+fn error_number_of(row: &str) -> Option<u32> {
+    let values: Vec<serde_json::Value> = serde_json::from_str(row).ok()?;
+    let kept = usize::try_from(values.first()?.as_u64()?).ok()?;
+    let number = |value: Option<&serde_json::Value>| value?.as_u64();
+    let error = if kept == 0 {
+        None
+    } else if kept > CONDITIONS_READ as usize {
+        // Only the first few and the last were read: the last, unless it is a note.
+        number(values.get(1)).filter(|&n| n != PROCEDURE_NOTE)
+    } else {
+        (0..kept)
+            .rev()
+            .filter_map(|index| number(values.get(2 + index)))
+            .find(|&n| n != PROCEDURE_NOTE)
+    };
+    error.and_then(|n| u32::try_from(n).ok())
+}
+/// What [`in_english`] appends, so that an error is read by its number once.
+const NUMBERED: &str = "(MySQL error ";
+
+/// `error`, whose number is `number`, with that number appended to the server's own message
+/// (which may be in any language), and the English words of that error that the runtime's checks
+/// read ([`MysqlDb::classify`], `release_failed`, `refuses_prepared`, ...).
 fn in_english(error: DieselError, number: u32) -> DieselError {
     let words = match number {
-        1205 => "Lock wait timeout exceeded",
-        1213 => "Deadlock found",
-        1969 => "max_statement_time exceeded",
-        3024 => "maximum statement execution time exceeded",
-        1927 => "Connection was killed",
-        1295 => "prepared statement protocol",
-        1665 => "BINLOG_FORMAT = STATEMENT",
-        1142 | 1370 => "command denied",
-        1449 => "definer",
-        1304 => "already exists",
-        1305 => "does not exist",
-        _ => return error,
+        1205 => ": Lock wait timeout exceeded",
+        1213 => ": Deadlock found",
+        1969 => ": max_statement_time exceeded",
+        3024 => ": maximum statement execution time exceeded",
+        1927 => ": Connection was killed",
+        1295 => ": prepared statement protocol",
+        1665 => ": BINLOG_FORMAT = STATEMENT",
+        1142 | 1370 => ": command denied",
+        1449 => ": definer",
+        1304 => ": already exists",
+        1305 => ": does not exist",
+        _ => "",
     };
     let message = super::message(&error).unwrap_or_default();
     DieselError::DatabaseError(
         DatabaseErrorKind::Unknown,
-        Box::new(format!("{message} (error {number}: {words})")),
+        Box::new(format!("{message} {NUMBERED}{number}{words})")),
     )
 }
 
@@ -596,31 +643,31 @@ impl Database for MysqlDb {
             error,
             DieselError::DatabaseError(DatabaseErrorKind::Unknown, _)
         ) && Self::classify(&error) == Fault::Other
-            && !Self::connection_lost(&error);
+            && !Self::connection_lost(&error)
+            && !Self::release_failed(&error)
+            && !super::message(&error).is_some_and(|m| m.contains(NUMBERED));
         if !unknown {
             return error;
         }
-        // The diagnostics area still holds the failed statement's condition: a statement sent as
-        // text reads its number (a prepared one would start a new diagnostics area).
-        let number = match conn.batch(ERROR_NUMBER).await {
-            Ok(()) => conn.text_rows(READ_ERROR_NUMBER).await,
+        // The diagnostics area still holds the failed statement's conditions: statements sent as
+        // text read them (a prepared one would start a new diagnostics area). The error ends the
+        // statement: it is the last condition but for the notes MariaDB adds after an error in a
+        // procedure ("At line 1 in ..."), and after any warning raised before it. Conditions
+        // past the number kept (none at `max_error_count = 0`) are not read: their variables
+        // hold whatever they held before.
+        let read = match conn.batch(&error_number_sql()).await {
+            Ok(()) => conn.text_rows(&read_error_number_sql()).await,
             Err(asked) => Err(asked),
         };
+        let number = read
+            .ok()
+            .and_then(|rows| rows.into_iter().next())
+            .and_then(|row| error_number_of(&row));
+        // The read failing (the connection failed after the server answered) leaves the error
+        // as the server gave it.
         match number {
-            Ok(rows) => match rows.first().and_then(|row| row.trim().parse::<u32>().ok()) {
-                Some(number) => in_english(error, number),
-                None => error,
-            },
-            // The connection failed right after the statement: so did the statement, as far as
-            // anyone can tell.
-            Err(asked) if Self::connection_lost(&asked) => DieselError::DatabaseError(
-                DatabaseErrorKind::ClosedConnection,
-                Box::new(format!(
-                    "{} (the connection failed with it: {asked})",
-                    super::message(&error).unwrap_or_default()
-                )),
-            ),
-            Err(_) => error,
+            Some(number) => in_english(error, number),
+            None => error,
         }
     }
 
@@ -1386,5 +1433,31 @@ mod lease_tests {
             super::AbandonedCandidates::SQL.ends_with(&format!("LIMIT {}", super::ID_CHUNK)),
             "the abandoned candidates fill one id list"
         );
+    }
+}
+
+#[cfg(test)]
+mod error_number_tests {
+    use super::error_number_of;
+
+    #[test]
+    fn the_error_is_the_last_condition_kept_but_for_procedure_notes() {
+        // [kept, last, first, second, third, fourth]
+        let cases = [
+            ("[1, 1205, 1205, null, null, null]", Some(1205)),
+            // An error in a procedure, and MariaDB's notes of where.
+            ("[3, 4094, 1205, 4094, 4094, null]", Some(1205)),
+            // A warning raised before the error.
+            ("[2, 1062, 1264, 1062, null, null]", Some(1062)),
+            // Nothing kept (`max_error_count = 0`): the variables hold an earlier error's numbers.
+            ("[0, 1205, 1205, 1205, null, null]", None),
+            // More conditions than read: the last, unless it is a note.
+            ("[9, 1213, 1264, 1264, 1264, 1264]", Some(1213)),
+            ("[9, 4094, 1264, 1264, 1264, 1264]", None),
+            ("not json", None),
+        ];
+        for (row, expected) in cases {
+            assert_eq!(error_number_of(row), expected, "{row}");
+        }
     }
 }

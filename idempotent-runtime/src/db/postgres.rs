@@ -304,16 +304,23 @@ impl Database for PostgresDb {
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
 
-    fn commit_failed_instead(error: &DieselError) -> bool {
-        // The release's own failures: `savepoint "idempotent_job" does not exist` (the body
-        // released or rolled back past it), "RELEASE SAVEPOINT can only be used in transaction
-        // blocks" (the body ended the transaction), "current transaction is aborted" (the body
-        // swallowed a failed statement). The savepoint's name and the statement's are not
-        // translated where the server's messages are; an aborted transaction's text is.
-        matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
-            if !["idempotent_job", "RELEASE SAVEPOINT", "current transaction is aborted"]
-                .iter()
-                .any(|known| info.message().contains(known)))
+    async fn commit_failed_instead<C: Store<Db = Self>>(conn: &mut C, error: &DieselError) -> bool {
+        // The release's own failures name the savepoint or the statement, in every language:
+        // `savepoint "idempotent_job" does not exist` (the body released or rolled back past it),
+        // "RELEASE SAVEPOINT can only be used in transaction blocks" (the body ended the
+        // transaction). The third, "current transaction is aborted" (the body went past a failed
+        // statement), is translated: a statement tells it from a failed `COMMIT`, which ended the
+        // transaction, where the aborted one is still open and refuses it.
+        let DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) = error else {
+            return false;
+        };
+        if ["idempotent_job", "RELEASE SAVEPOINT"]
+            .iter()
+            .any(|named| info.message().contains(named))
+        {
+            return false;
+        }
+        conn.batch("SELECT 1").await.is_ok()
     }
 
     fn classify(error: &DieselError) -> Fault {

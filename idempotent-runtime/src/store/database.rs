@@ -186,14 +186,17 @@ pub trait Database: Sized + Send + Sync + 'static {
     }
 
     /// Whether `error`, which [`release_failed`](Self::release_failed) took for the release's,
-    /// may be the `COMMIT`'s own instead: an error of no kind Diesel names that is none of the
-    /// release's known failures (PostgreSQL: a deferred constraint trigger's exception at the
-    /// `COMMIT`). When nothing of the run turns out committed, the call is then the `COMMIT`'s
-    /// error, with its message, rather than the body's doing. By default never.
+    /// is the `COMMIT`'s own instead (PostgreSQL: a deferred constraint trigger's exception at the
+    /// `COMMIT`), asked on `conn` before anything else is sent. When nothing of the run turns out
+    /// committed, the call is then the `COMMIT`'s error, with its message, rather than the body's
+    /// doing. By default never.
     #[doc(hidden)]
-    fn commit_failed_instead(error: &DieselError) -> bool {
-        let _ = error;
-        false
+    fn commit_failed_instead<C: Store<Db = Self>>(
+        conn: &mut C,
+        error: &DieselError,
+    ) -> impl Future<Output = bool> + Send {
+        let _ = (conn, error);
+        async { false }
     }
 
     /// Whether `error`, from [`begin_and_claim`](Self::begin_and_claim), says that the key is
