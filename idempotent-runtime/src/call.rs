@@ -329,12 +329,16 @@ impl Call {
     /// The JSON must read back as a `T`, or the first replay would fail where this run succeeded:
     /// serde_json writes a NaN as `null`, and some `Serialize` impls have no matching
     /// `Deserialize`; nor must it read back as another value (a NaN inside an `Option`, or
-    /// `Some(())` and `Some(None)`, read back as `None`: refused wherever they are). Such a value
-    /// fails this run instead, rolled back, while its cause is at hand.
+    /// `Some(())` and `Some(None)`, read back as `None`; an untagged enum's other variant): the
+    /// [`Shape`](crate::shape::Shape)s of the value and of what its JSON reads back as must be
+    /// equal. Such a value fails this run instead, rolled back, while its cause is at hand.
     pub(crate) fn encode<T: JobOutput>(&self, value: &T) -> Result<Option<String>, Error> {
-        let stored = crate::fingerprint::refuse_ambiguous_result(value)
+        let stored = crate::fingerprint::refuse_non_finite(value)
             .and_then(|()| serde_json::to_string(value))
-            .and_then(|json| serde_json::from_str::<T>(&json).map(|_| json));
+            .and_then(|json| {
+                let back = serde_json::from_str::<T>(&json)?;
+                same_value(value, &back).map(|()| json)
+            });
         match stored {
             Ok(json) if json == "null" => Ok(None),
             Ok(json) => Ok(Some(json)),
@@ -372,6 +376,21 @@ impl Call {
                 source,
             }
         })
+    }
+}
+
+/// Whether `back`, read from the JSON of `value`, is the same value: their
+/// [`Shape`](crate::shape::Shape)s are equal.
+fn same_value<T: serde::Serialize>(value: &T, back: &T) -> Result<(), serde_json::Error> {
+    use serde::ser::Error as _;
+    let shape = |value: &T| crate::shape::Shape::of(value).map_err(serde_json::Error::custom);
+    if shape(value)? == shape(back)? {
+        Ok(())
+    } else {
+        Err(serde_json::Error::custom(
+            "it reads back from its JSON as another value (`Some(())` or `Some(None)` as `None`, \
+             an untagged enum as another of its variants): a replay would return another answer",
+        ))
     }
 }
 

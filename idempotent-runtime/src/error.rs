@@ -228,8 +228,9 @@ pub enum Error {
 
     /// The handler's `Ok` value could not be stored as JSON that reads back as its type, or it
     /// would read back as another value: it holds a NaN or infinite float anywhere, or a `Some`
-    /// of a value JSON writes as `null` (`Some(())`, `Some(None)`, `Some(Value::Null)`). JSON
-    /// stores these as `null`, which an `Option` reads back as `None`.
+    /// of a value JSON writes as `null` (`Some(())`, `Some(None)`: JSON stores these as `null`,
+    /// which an `Option` reads back as `None`), or an untagged enum's variant that reads back as
+    /// another.
     ///
     /// What to do: make the value round-trip through serde_json (maps need string keys; no NaN
     /// or infinite float; an enum instead of `Option<Option<T>>`). Retrying does not help.

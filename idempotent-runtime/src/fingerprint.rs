@@ -33,6 +33,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+// Why [`FiniteFloats`] refused a value.
+use crate::shape::NoShape as NotFinite;
+
 /// The SHA-256 of a job call's canonical inputs; see the [module docs](self).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
@@ -123,79 +126,13 @@ impl FingerprintBuilder {
 /// Refuses a value that holds a NaN or infinite float anywhere: JSON writes it as `null`, which
 /// reads back as `None` inside an `Option` (a stored result would replay as another value).
 pub(crate) fn refuse_non_finite<T: Serialize + ?Sized>(value: &T) -> Result<(), serde_json::Error> {
-    check(value, JsonCheck::default())
-}
-
-/// Refuses a result that would read back from its JSON as another value: one that holds a NaN or
-/// infinite float anywhere, or a `Some` of a value JSON writes as `null` (`Some(())`,
-/// `Some(None)`, `Some(Value::Null)`, `Some` of a unit struct), which reads back as `None`.
-pub(crate) fn refuse_ambiguous_result<T: Serialize + ?Sized>(
-    value: &T,
-) -> Result<(), serde_json::Error> {
-    check(
-        value,
-        JsonCheck {
-            null_in_some: true,
-            ..JsonCheck::default()
-        },
-    )
-}
-
-fn check<T: Serialize + ?Sized>(value: &T, check: JsonCheck) -> Result<(), serde_json::Error> {
     value
-        .serialize(check)
+        .serialize(FiniteFloats)
         .map_err(<serde_json::Error as serde::ser::Error>::custom)
 }
 
-/// A serializer that writes nothing and fails on a NaN or infinite float anywhere in the value,
-/// and, with `null_in_some`, on a `Some` of a value written as `null`.
-#[derive(Clone, Copy, Default)]
-struct JsonCheck {
-    /// Whether a `Some` of a value written as `null` is refused.
-    null_in_some: bool,
-    /// Whether the value being checked is directly inside a `Some` (newtype structs are
-    /// transparent in JSON, so they keep it).
-    in_some: bool,
-}
-
-impl JsonCheck {
-    /// The check of a part of a compound value (an element, a field, a variant's content).
-    fn part(self) -> Self {
-        JsonCheck {
-            in_some: false,
-            ..self
-        }
-    }
-
-    /// A value written as `null`: refused directly inside a `Some`, when asked.
-    fn null(self, what: &str) -> Result<(), NotFinite> {
-        if self.null_in_some && self.in_some {
-            Err(NotFinite(format!(
-                "it holds `Some({what})`, which JSON writes as null, the same as `None`: it would replay as `None`"
-            )))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-/// Why [`JsonCheck`] refused a value.
-#[derive(Debug)]
-struct NotFinite(String);
-
-impl fmt::Display for NotFinite {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for NotFinite {}
-
-impl serde::ser::Error for NotFinite {
-    fn custom<T: fmt::Display>(message: T) -> Self {
-        NotFinite(message.to_string())
-    }
-}
+/// A serializer that writes nothing and fails on a NaN or infinite float anywhere in the value.
+struct FiniteFloats;
 
 fn check_float(value: f64) -> Result<(), NotFinite> {
     if value.is_finite() {
@@ -221,7 +158,7 @@ macro_rules! descend {
     };
 }
 
-impl serde::Serializer for JsonCheck {
+impl serde::Serializer for FiniteFloats {
     type Ok = ();
     type Error = NotFinite;
     type SerializeSeq = Self;
@@ -247,6 +184,9 @@ impl serde::Serializer for JsonCheck {
         serialize_char(char);
         serialize_str(&str);
         serialize_bytes(&[u8]);
+        serialize_none();
+        serialize_unit();
+        serialize_unit_struct(&'static str);
         serialize_unit_variant(&'static str, u32, &'static str);
     }
 
@@ -258,23 +198,8 @@ impl serde::Serializer for JsonCheck {
         check_float(value)
     }
 
-    fn serialize_none(self) -> Result<(), NotFinite> {
-        self.null("None")
-    }
-
-    fn serialize_unit(self) -> Result<(), NotFinite> {
-        self.null("()")
-    }
-
-    fn serialize_unit_struct(self, name: &'static str) -> Result<(), NotFinite> {
-        self.null(name)
-    }
-
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), NotFinite> {
-        value.serialize(JsonCheck {
-            in_some: true,
-            ..self
-        })
+        value.serialize(self)
     }
 
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -292,7 +217,7 @@ impl serde::Serializer for JsonCheck {
         _: &'static str,
         value: &T,
     ) -> Result<(), NotFinite> {
-        value.serialize(self.part())
+        value.serialize(self)
     }
 
     descend! {
@@ -309,13 +234,13 @@ impl serde::Serializer for JsonCheck {
 macro_rules! compound {
     ($($trait:ident { $($method:ident($($name:ident: $arg:ty),*);)* })*) => {
         $(
-            impl serde::ser::$trait for JsonCheck {
+            impl serde::ser::$trait for FiniteFloats {
                 type Ok = ();
                 type Error = NotFinite;
                 $(
                     fn $method<T: Serialize + ?Sized>(&mut self, $($name: $arg,)* value: &T) -> Result<(), NotFinite> {
                         $(let _ = $name;)*
-                        value.serialize(self.part())
+                        value.serialize(FiniteFloats)
                     }
                 )*
                 fn end(self) -> Result<(), NotFinite> {

@@ -64,6 +64,7 @@ pub mod registry;
 mod retry;
 pub mod schema;
 mod schema_problem;
+mod shape;
 pub mod stats;
 mod store;
 mod telemetry;

@@ -1251,6 +1251,70 @@ pub fn a_result_that_would_replay_as_another_value_is_refused() {
     refused(&mut conn, "deep", vec![Some(Some(3_u32)), None, Some(None)]);
     refused(&mut conn, "newtype", Wrapped(Some(())));
     refused(&mut conn, "unit-struct", Some(Marker));
+    // An untagged enum whose variants overlap: `Count(5)` is written `5`, which reads back as
+    // `Maybe(Some(5))`.
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    #[serde(untagged)]
+    enum Overlapping {
+        Maybe(Option<u32>),
+        Count(u32),
+    }
+    refused(&mut conn, "untagged", Overlapping::Count(5));
+    // serde's idiom for "set, to nothing" against "left alone" reads `Some(None)` back as itself:
+    // it runs and replays.
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Patch {
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "some_of"
+        )]
+        email: Option<Option<String>>,
+    }
+    fn some_of<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Option<String>>, D::Error> {
+        serde::Deserialize::deserialize(deserializer).map(Some)
+    }
+    for (name, patch) in [
+        ("patch-cleared", Patch { email: Some(None) }),
+        ("patch-left", Patch { email: None }),
+        (
+            "patch-set",
+            Patch {
+                email: Some(Some("a@example.com".to_owned())),
+            },
+        ),
+    ] {
+        let key = JobKey::new(format!("average:{name}"));
+        let first =
+            idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| Ok::<_, Error>(patch.clone()));
+        let again = idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| {
+            Ok::<_, Error>(Patch { email: None })
+        });
+        assert_eq!(
+            (
+                first.expect("a run").into_inner(),
+                again.expect("a replay").into_inner()
+            ),
+            (patch.clone(), patch),
+            "{name}"
+        );
+    }
+    // A set and a map read back in another order, and are the same value.
+    let set: std::collections::HashSet<String> = (0..64).map(|i| format!("v{i}")).collect();
+    let key = JobKey::new("average:set");
+    let first = idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| Ok::<_, Error>(set.clone()));
+    let again = idempotent_jobs::run(&mut conn, &AVERAGE, &key, |_| {
+        Ok::<_, Error>(std::collections::HashSet::new())
+    });
+    assert_eq!(
+        (
+            first.expect("a set: a run").into_inner(),
+            again.expect("a set: a replay").into_inner()
+        ),
+        (set.clone(), set)
+    );
     // A float is replayed bit for bit: serde_json's default parser read some numbers back one
     // step off (1.5777777777770001 is written for 0x3ff93e93e93e863b and read as ...863a).
     let mut bits = 0x3ff9_3e93_e93e_863b_u64;
