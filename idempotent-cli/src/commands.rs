@@ -348,6 +348,18 @@ fn keys_list<C: JobStore>(
         emit("no keys match\n");
         return Ok(());
     }
+    let mut text = keys_table(&records);
+    if let Some(next) = next {
+        text.push_str(&format!(
+            "({limit} keys shown; more match: the next page is the same command with --after {next})\n"
+        ));
+    }
+    emit(&text);
+    Ok(())
+}
+
+/// `keys list`'s table of `records`.
+fn keys_table(records: &[KeyRecord]) -> String {
     let mut table = Table::new(&[
         ("JOB", Align::Left),
         ("KEY", Align::Left),
@@ -357,7 +369,7 @@ fn keys_list<C: JobStore>(
         ("RESULT", Align::Left),
         ("FINGERPRINT", Align::Left),
     ]);
-    for r in &records {
+    for r in records {
         table.row([
             r.job.clone(),
             r.key.clone(),
@@ -371,14 +383,7 @@ fn keys_list<C: JobStore>(
             yes_no(r.has_fingerprint).to_owned(),
         ]);
     }
-    let mut text = table.render();
-    if let Some(next) = next {
-        text.push_str(&format!(
-            "({limit} keys shown; more match: the next page is the same command with --after {next})\n"
-        ));
-    }
-    emit(&text);
-    Ok(())
+    table.render()
 }
 
 /// `keys forget`: shows the record, asks unless `--yes`, then forgets it.
