@@ -494,6 +494,40 @@ pub enum Error {
     #[error("the outbox relay was run inside an open transaction; nothing was leased")]
     RelayInsideTransaction,
 
+    /// A relay run ([`run_once`](crate::outbox::Relay::run_once),
+    /// [`drain`](crate::outbox::Relay::drain)) stopped part-way, after it had handed messages to
+    /// the delivery function: a statement failed (`source`). `report` counts what the run did and
+    /// recorded before it stopped; all of that stays recorded. When the failure was the record of
+    /// a delivery's outcome, `message_id` names that message and `delivered` says whether the
+    /// delivery function returned `Ok` (it reached its receiver, and the database does not say
+    /// so): its lease lapses and it is delivered again, a copy its receiver drops by its id.
+    ///
+    /// A run that fails before it hands any message over returns the failure itself.
+    ///
+    /// What to do: run the relay again (when [`is_retryable`](Error::is_retryable) says so; the
+    /// messages the round had not tried were given back, untried).
+    #[error(
+        "the outbox relay stopped part-way{what}; before it stopped, this run recorded {} delivered, {} failed (to be tried again), {} parked and {} that lost their lease, of {} leased{retry}",
+        report.delivered,
+        report.failed,
+        report.parked,
+        report.lease_lost,
+        report.leased,
+        what = stopped_at(message_id.as_deref(), *delivered),
+        retry = if source.is_retryable() { "; running the relay again is safe and can succeed" } else { "" }
+    )]
+    RelayStopped {
+        /// What the run did and recorded before it stopped.
+        report: crate::outbox::RelayReport,
+        /// The message whose delivery's outcome could not be recorded, when that was the failure.
+        message_id: Option<String>,
+        /// Whether that message's delivery function returned `Ok`.
+        delivered: bool,
+        /// Why the run stopped.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// An outbox payload could not be turned into JSON, or holds a NaN or infinite float (JSON
     /// would write it as `null`, and the consumer would read another value). The job goes on;
     /// the message is not recorded. Retrying does not help.
@@ -633,6 +667,7 @@ impl Error {
             | Error::TransactionRolledBackInBody { .. }
             | Error::InProgress { .. } => true,
             Error::ClaimNotTakenBack { replays, .. } => !replays,
+            Error::RelayStopped { source, .. } => source.is_retryable(),
             Error::Keys { retryable, .. }
             | Error::Prune { retryable, .. }
             | Error::Outbox { retryable, .. } => *retryable,
@@ -662,6 +697,7 @@ impl Error {
                     None => return false,
                 }
             }
+            Error::RelayStopped { source, .. } => return source.is_connection_lost(),
             _ => return false,
         };
         crate::lost::anywhere(source)
@@ -682,6 +718,22 @@ impl Error {
                 | Error::CannotRollBack { .. }
                 | Error::TransactionEndedInBody { .. }
         )
+    }
+}
+
+/// Where a relay run stopped, for [`Error::RelayStopped`].
+fn stopped_at(message_id: Option<&str>, delivered: bool) -> String {
+    match (message_id, delivered) {
+        (Some(id), true) => format!(
+            ": message {id} was delivered, and recording so failed; the database still holds it \
+             undelivered, so once its lease lapses it is delivered again (its receiver drops the \
+             copy by its id)"
+        ),
+        (Some(id), false) => format!(
+            ": the failed delivery of message {id} could not be recorded; it is tried again once \
+             its lease lapses, its attempt counted"
+        ),
+        (None, _) => ": taking its next batch failed".to_owned(),
     }
 }
 

@@ -663,7 +663,10 @@ impl Relay {
     ) -> Result<RelayReport, Error> {
         let mut total = RelayReport::default();
         loop {
-            let report = self.round(conn, deliver).await?;
+            let report = match self.round(conn, deliver).await {
+                Ok(report) => report,
+                Err(error) => return Err(stopped_after(total, error)),
+            };
             total.add(&report);
             if report.leased == 0 {
                 return Ok(total);
@@ -712,6 +715,7 @@ impl Relay {
             let started = Instant::now();
             let delivery = attempt(deliver, &message).await;
             let delay = message.age + started.elapsed();
+            let delivered = matches!(delivery, Delivery::Delivered);
             let settled = match self.settle(conn, &owner, &message, delivery).await {
                 Ok(settled) => settled,
                 Err(error) => {
@@ -735,7 +739,12 @@ impl Relay {
                             "recording an outbox delivery failed: the round stops; releasing the messages it had not tried failed too, so they stay leased, their attempt counted, until the lease lapses"
                         ),
                     }
-                    return Err(error);
+                    return Err(Error::RelayStopped {
+                        report,
+                        message_id: Some(message.message_id().to_owned()),
+                        delivered,
+                        source: Box::new(error),
+                    });
                 }
             };
             report.count(settled);
@@ -867,6 +876,34 @@ fn outbox_error<D: Database>(what: &'static str) -> impl Fn(Outside) -> Error + 
 }
 
 /// The error of a relay's statement.
+/// A round's error, with what the rounds before it (`before`) did: a run that had handed no
+/// message over returns the error itself.
+fn stopped_after(before: RelayReport, error: Error) -> Error {
+    match error {
+        Error::RelayStopped {
+            mut report,
+            message_id,
+            delivered,
+            source,
+        } => {
+            report.add(&before);
+            Error::RelayStopped {
+                report,
+                message_id,
+                delivered,
+                source,
+            }
+        }
+        error if before.leased == 0 => error,
+        error => Error::RelayStopped {
+            report: before,
+            message_id: None,
+            delivered: false,
+            source: Box::new(error),
+        },
+    }
+}
+
 fn relay_error<D: Database>(outside: Outside) -> Error {
     match outside {
         Outside::InsideTransaction => Error::RelayInsideTransaction,

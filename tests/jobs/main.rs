@@ -450,6 +450,11 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_relay_that_stops_says_what_it_did() {
+                crate::outbox_faults::a_relay_that_stops_says_what_it_did::<$backend, _>();
+            }
+
+            #[test]
             fn a_panicking_delivery_fails_alone() {
                 crate::outbox_faults::a_panicking_delivery_fails_alone::<$backend, _>();
             }

@@ -370,6 +370,93 @@ where
     );
 }
 
+/// The triggers of [`refuse_mark`], for message `id`: `(install, remove)`.
+fn refuse_mark_of(server: crate::harness::Server, id: i64) -> (Vec<String>, Vec<String>) {
+    let (install, remove) = refuse_mark(server);
+    let install = install
+        .iter()
+        .map(|sql| sql.replace("OLD.id = 1", &format!("OLD.id = {id}")))
+        .collect();
+    (
+        install,
+        remove.iter().map(|sql| (*sql).to_owned()).collect(),
+    )
+}
+
+/// A relay run that stops part-way says what it did, and that is what the database holds. Here
+/// the mark of the second message fails (a trigger; a lock wait or a lost connection in life):
+/// the run had delivered and recorded the first, and delivered the second without recording it.
+/// Before, `run_once` and `drain` returned the mark's `Outbox` error alone, "the statement
+/// changed nothing": the delivery recorded before it and the one the database does not know of
+/// were in a WARN only. Now the error is `RelayStopped`, with the run's counts (those of its
+/// earlier batches too) and the message delivered twice to come.
+pub fn a_relay_that_stops_says_what_it_did<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    for batch in [3, 1] {
+        let (_db, mut conn) = three_receipts::<B, C>();
+        let (install, remove) = refuse_mark_of(B::SERVER, 2);
+        for sql in &install {
+            B::execute(&mut conn, sql);
+        }
+        let relay = Relay::new()
+            .batch_size(batch)
+            .lease(Duration::from_secs(60));
+        let mut handed = Vec::new();
+        let stopped = if batch == 1 {
+            relay.drain(&mut conn, |message| -> Result<(), String> {
+                handed.push(message.message_id().to_owned());
+                Ok(())
+            })
+        } else {
+            relay.run_once(&mut conn, |message| -> Result<(), String> {
+                handed.push(message.message_id().to_owned());
+                Ok(())
+            })
+        };
+        for sql in &remove {
+            B::execute(&mut conn, sql);
+        }
+        let counts = outbox::counts(&mut conn).expect("counts");
+        let error = stopped.expect_err("the mark of the second message fails");
+        let text = error.to_string();
+        let Error::RelayStopped {
+            report,
+            message_id,
+            delivered,
+            ..
+        } = &error
+        else {
+            panic!("batch {batch}: the run's own error, with what it did: {error:?}");
+        };
+        assert_eq!(handed.len(), 2, "batch {batch}: handed over {handed:?}");
+        assert_eq!(
+            (report.delivered, counts.delivered),
+            (1, 1),
+            "batch {batch}: one delivery recorded, and reported: {report:?}, {counts:?}"
+        );
+        assert_eq!(
+            report.leased,
+            if batch == 1 { 2 } else { 3 },
+            "batch {batch}: {report:?}"
+        );
+        assert_eq!(message_id.as_deref(), Some(handed[1].as_str()));
+        assert!(*delivered, "the second message reached its receiver");
+        assert!(
+            text.contains(&handed[1])
+                && text.contains("delivered again")
+                && text.contains("1 delivered"),
+            "batch {batch}: {text}"
+        );
+        assert_eq!(
+            counts.leased, 1,
+            "batch {batch}: the second message stays leased until its lease lapses (the third, untried, is given back): {counts:?}"
+        );
+    }
+}
+
 /// When the release of the untried messages fails too (the connection that failed the mark
 /// usually fails it), the round's WARN must not say they were released: they stay leased, their
 /// attempt counted, until the lease lapses. Before, it said "the messages it had not tried are
