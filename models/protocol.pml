@@ -494,15 +494,18 @@ end_idle:
   }
 #endif
 
-  /* outbox.rs Relay::settle: db/mod.rs mark_delivered (MarkDelivered) only while this round still
-   * holds the lease (WHERE lease_owner = ?), else Settled::LeaseLost; or, after a failed delivery,
+  /* outbox.rs Relay::settle: db/mod.rs mark_delivered (MarkDelivered) while this round still
+   * holds the lease, or nobody does (WHERE delivered_at IS NULL AND (lease_owner = ? OR
+   * lease_owner IS NULL): parked, or pending after another relay's failed delivery), else
+   * Settled::LeaseLost; or, after a failed delivery,
    * db/mod.rs mark_failed (MarkFailed): parked when the attempts are spent (Relay::settle:
    * message.attempts() >= max_attempts), else backs off */
   atomic {
     if
     :: sent ->
          if
-         :: ob_st[t] == OB_LEASED && ob_owner[t] == owner -> ob_st[t] = OB_DELIVERED; ob_owner[t] = 0;
+         :: (ob_st[t] == OB_LEASED && ob_owner[t] == owner) || ob_st[t] == OB_PARKED ||
+            ob_st[t] == OB_PENDING -> ob_st[t] = OB_DELIVERED; ob_owner[t] = 0;
               printf("relay %d marks message %d delivered\n", r, t);
          printf("relay %d marks message %d delivered\n", r, t)
          :: else -> skip

@@ -464,8 +464,10 @@ pub struct RelayReport {
     pub failed: u64,
     /// Messages parked after their last allowed attempt.
     pub parked: u64,
-    /// Deliveries whose lease had lapsed and been taken by another relay before they were marked:
-    /// the message may reach its receiver twice, which its id lets the receiver drop.
+    /// Deliveries whose lease had lapsed and been taken by another relay, which holds it now or
+    /// delivered it, before they were marked: the message may reach its receiver twice, which its
+    /// id lets the receiver drop. (A successful delivery whose message nobody holds any more is
+    /// marked, and counted `delivered`.)
     pub lease_lost: u64,
 }
 

@@ -483,6 +483,14 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_delivery_that_outlived_its_lease_is_recorded_when_nobody_holds_it() {
+                crate::outbox_faults::a_delivery_that_outlived_its_lease_is_recorded_when_nobody_holds_it::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn a_failed_delivery_that_lost_its_lease_is_reported_lost() {
                 crate::outbox_faults::a_failed_delivery_that_lost_its_lease_is_reported_lost::<
                     $backend,

@@ -593,6 +593,74 @@ where
     );
 }
 
+/// A delivery that succeeds after its lease lapsed and the message was given up on: another relay
+/// parked it ("it may have been delivered"), or its next delivery failed and it waits for a retry.
+/// Nobody holds it, and it did reach its receiver: the mark records it delivered. Before, the mark
+/// found its lease gone and recorded nothing: the round said `lease_lost` ("may reach its receiver
+/// twice") and the message stayed parked for an operator to look at (or was sent again), though
+/// it had been delivered.
+pub fn a_delivery_that_outlived_its_lease_is_recorded_when_nobody_holds_it<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    for copy_attempts in [1, 5] {
+        let db = Db::<B>::fresh();
+        let mut conn = db.connect();
+        send_receipt(&mut conn, "order-1").expect("a receipt");
+        let relay = Relay::new()
+            .lease(Duration::from_millis(300))
+            .max_attempts(1);
+        // With 1 allowed attempt the copy parks the lapsed message; with 5 it takes it, and its
+        // delivery fails (the message then waits for its backoff, held by nobody).
+        let copy = Relay::new()
+            .lease(Duration::from_millis(300))
+            .max_attempts(copy_attempts)
+            .backoff(Duration::from_secs(60), Duration::from_secs(60));
+        let name = harness::unique_name("relay-outlived");
+        let delivering = signals::expect(&format!("{name}-delivering"));
+        let copy_done = signals::expect(&format!("{name}-copy-done"));
+        let (first, second) = std::thread::scope(|scope| {
+            let (db, relay, name) = (&db, &relay, &name);
+            let first = scope.spawn(move || {
+                let mut conn = db.connect();
+                relay
+                    .run_once(&mut conn, |_| {
+                        signals::notify(&format!("{name}-delivering"));
+                        copy_done.wait("the copy giving the message up");
+                        Ok::<_, String>(())
+                    })
+                    .expect("the first copy")
+            });
+            delivering.wait("the first copy delivering");
+            std::thread::sleep(Duration::from_millis(450));
+            let second = copy
+                .run_once(&mut conn, |_| {
+                    Err::<(), _>("the receiver is down".to_owned())
+                })
+                .expect("the second copy");
+            signals::notify(&format!("{name}-copy-done"));
+            (first.join().expect("the first copy"), second)
+        });
+        let counts = outbox::counts(&mut conn).expect("counts");
+        assert_eq!(
+            (second.leased, second.failed),
+            if copy_attempts == 1 { (0, 0) } else { (1, 1) },
+            "copy with {copy_attempts} attempts: {second:?}"
+        );
+        assert_eq!(
+            (first.delivered, first.lease_lost),
+            (1, 0),
+            "copy with {copy_attempts} attempts: the delivery is recorded: {first:?}"
+        );
+        assert_eq!(
+            (counts.delivered, counts.parked, counts.pending),
+            (1, 0, 0),
+            "copy with {copy_attempts} attempts: the database holds the message delivered: {counts:?}"
+        );
+    }
+}
+
 /// The same race with a delivery that fails: the first copy's lease lapses while it delivers, the
 /// copy takes the message and delivers it, then the first copy's delivery fails. Its mark finds
 /// the lease gone and records nothing; before, the round counted the failure anyway (at its last

@@ -634,9 +634,12 @@ macro_rules! shared_statements {
                 "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
                  VALUES (?, ?, ?, ?, ", now!(), ", ", now!(), ")"
             );
+            // Held by this lease, or by nobody: a delivery that outlived its lease, whose message
+            // another relay then parked, or failed to deliver and backs off, did reach its
+            // receiver. A lease another relay holds now is left alone (it delivers again).
             MarkDelivered = concat!(
-                "UPDATE outbox SET delivered_at = ", now!(), ", lease_owner = NULL, lease_until = NULL \
-                 WHERE id = ? AND lease_owner = ?"
+                "UPDATE outbox SET delivered_at = ", now!(), ", parked_at = NULL, lease_owner = NULL, lease_until = NULL \
+                 WHERE id = ? AND delivered_at IS NULL AND (lease_owner = ? OR lease_owner IS NULL)"
             );
             MarkFailed = concat!(
                 "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \

@@ -490,7 +490,8 @@ pub trait Database: Sized + Send + Sync + 'static {
         lease: &Lease<'_>,
     ) -> impl Future<Output = QueryResult<Vec<LeasedRow>>> + Send;
 
-    /// Marks a message delivered if `owner` still holds its lease.
+    /// Marks a message delivered if `owner` still holds its lease, or nobody does (it lapsed, and
+    /// another relay parked the message or failed to deliver it).
     #[doc(hidden)]
     fn mark_delivered<C: Store<Db = Self>>(
         conn: &mut C,
