@@ -742,3 +742,64 @@ pub fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
     );
     assert_eq!(Postgres::count_done(&mut conn), 0, "no claim committed");
 }
+
+/// SQLite in its default rollback-journal mode: a `COMMIT` needs every reader gone, and a reader
+/// that holds on past the busy timeout (which the body shortened here) fails it with "database is
+/// locked". The job's savepoint and `COMMIT` go in one `sqlite3_exec`; the call must be the
+/// `COMMIT`'s error (retryable, nothing committed), not the body's doing: "database is locked"
+/// names no savepoint, so the release did not fail.
+pub fn a_commit_that_finds_the_database_busy_says_so() {
+    use crate::backends::Sqlite;
+    use diesel::RunQueryDsl as _;
+    static BUSY: idempotent_jobs::Job = idempotent_jobs::Job::new("busy", "busy:<n>");
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    Sqlite::execute(&mut conn, "CREATE TABLE busy_effects (n INT)");
+    let mut reader = db.connect();
+    let key = JobKey::new("busy:1");
+    let result = idempotent_jobs::run(&mut conn, &BUSY, &key, |conn| {
+        diesel::sql_query("INSERT INTO busy_effects VALUES (1)")
+            .execute(conn)
+            .map_err(TestError::from)?;
+        diesel::sql_query("PRAGMA busy_timeout = 50")
+            .execute(conn)
+            .map_err(TestError::from)?;
+        // Another connection starts reading, and keeps its shared lock past the job's COMMIT.
+        Sqlite::execute(&mut reader, "BEGIN");
+        assert_eq!(
+            Sqlite::query_i64(&mut reader, "SELECT COUNT(*) AS n FROM busy_effects"),
+            0
+        );
+        Ok::<_, TestError>(())
+    });
+    Sqlite::execute(&mut reader, "COMMIT");
+    let error = runtime_error(result);
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                step: idempotent_jobs::Step::Commit,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.is_retryable(), "a busy database passes: {error}");
+    assert_eq!(
+        Sqlite::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM busy_effects"),
+        0,
+        "nothing committed"
+    );
+    assert_eq!(Sqlite::count_done(&mut conn), 0, "no claim committed");
+    let ran = idempotent_jobs::run(&mut conn, &BUSY, &key, |conn| {
+        diesel::sql_query("INSERT INTO busy_effects VALUES (1)")
+            .execute(conn)
+            .map_err(TestError::from)
+    });
+    assert!(ran.is_ok(), "the retry runs: {ran:?}");
+    assert_eq!(
+        Sqlite::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM busy_effects"),
+        1
+    );
+}

@@ -751,6 +751,12 @@ sqlite_tests!(sqlite_holes, crate::backends::Sqlite);
 #[cfg(feature = "async-sqlite")]
 sqlite_tests!(async_sqlite_holes, crate::backends::AsyncSqlite);
 
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_commit_that_finds_the_database_busy_says_so() {
+    holes::a_commit_that_finds_the_database_busy_says_so();
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {

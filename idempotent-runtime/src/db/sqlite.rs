@@ -183,6 +183,13 @@ impl Database for SqliteDb {
     const NAME: &'static str = "SQLite";
     const WRITE_LOCK_AT_BEGIN: bool = true;
 
+    /// The job's savepoint and `COMMIT` go in one `sqlite3_exec` (which stops at its first
+    /// error): only the release names the savepoint it cannot find. (`COMMIT`'s own failures, a
+    /// busy database, a full disk, an I/O error, name none.)
+    fn release_failed(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| m.contains("no such savepoint"))
+    }
+
     fn inside_callers_transaction(error: &DieselError) -> bool {
         // The job's `BEGIN IMMEDIATE` in a transaction Diesel does not know of: refused, and the
         // caller's transaction goes on untouched.
@@ -289,7 +296,7 @@ const BEGIN_FAILED: &str = "PRAGMA busy_timeout = 5000";
 
 // A job's own transaction begins as any other, `Nesting::Unmarked`: its savepoint comes after the
 // claim.
-sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN, transactions: crate::db::ansi_begin, begin_job, crate::db::ansi_commit, crate::db::ansi_rollback, deferred: BEGIN_DEFERRED);
+sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN, transactions: crate::db::ansi_begin, begin_job, crate::db::ansi_commit, crate::db::ansi_rollback, deferred: BEGIN_DEFERRED, one_batch: true);
 
 /// Opens a job's own transaction: `BEGIN IMMEDIATE` (`sql`), without the job's savepoint, which
 /// costs nothing after the claim in process ([`Nesting::Unmarked`]); or Diesel's savepoint inside
@@ -342,6 +349,10 @@ mod wrapper {
             })
             .await
             .map(crate::db::unmarked)
+        }
+
+        fn finish_in_one_batch(&mut self) -> bool {
+            true
         }
 
         async fn begin_deferred(&mut self) -> diesel::QueryResult<Nesting> {
