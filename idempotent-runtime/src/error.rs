@@ -500,12 +500,16 @@ pub enum Error {
     /// recorded before it stopped; all of that stays recorded. When the failure was the record of
     /// a delivery's outcome, `message_id` names that message and `delivered` says whether the
     /// delivery function returned `Ok` (it reached its receiver, and the database does not say
-    /// so): its lease lapses and it is delivered again, a copy its receiver drops by its id.
+    /// so, unless `source` is [`OutcomeUnknown`](Error::OutcomeUnknown): the record's commit may
+    /// have happened). Such a message stays leased until its lease lapses; it is then sent again
+    /// (a copy its receiver drops by its id), or, when this was its last allowed attempt
+    /// (`last_attempt`), parked as one that may have been delivered.
     ///
+    /// The messages the round had not handed over yet are given back untried; a WARN says when
+    /// that failed too (they then stay leased, their attempt counted, until the lease lapses).
     /// A run that fails before it hands any message over returns the failure itself.
     ///
-    /// What to do: run the relay again (when [`is_retryable`](Error::is_retryable) says so; the
-    /// messages the round had not tried were given back, untried).
+    /// What to do: run the relay again (when [`is_retryable`](Error::is_retryable) says so).
     #[error(
         "the outbox relay stopped part-way{what}; before it stopped, this run recorded {} delivered, {} failed (to be tried again), {} parked and {} that lost their lease, of {} leased{retry}",
         report.delivered,
@@ -513,7 +517,7 @@ pub enum Error {
         report.parked,
         report.lease_lost,
         report.leased,
-        what = stopped_at(message_id.as_deref(), *delivered),
+        what = stopped_at(message_id.as_deref(), *delivered, *last_attempt, source),
         retry = if source.is_retryable() { "; running the relay again is safe and can succeed" } else { "" }
     )]
     RelayStopped {
@@ -523,6 +527,9 @@ pub enum Error {
         message_id: Option<String>,
         /// Whether that message's delivery function returned `Ok`.
         delivered: bool,
+        /// Whether that was the message's last allowed attempt
+        /// ([`max_attempts`](crate::outbox::Relay::max_attempts)).
+        last_attempt: bool,
         /// Why the run stopped.
         #[source]
         source: Box<Error>,
@@ -722,18 +729,31 @@ impl Error {
 }
 
 /// Where a relay run stopped, for [`Error::RelayStopped`].
-fn stopped_at(message_id: Option<&str>, delivered: bool) -> String {
-    match (message_id, delivered) {
-        (Some(id), true) => format!(
-            ": message {id} was delivered, and recording so failed; the database still holds it \
-             undelivered, so once its lease lapses it is delivered again (its receiver drops the \
-             copy by its id)"
-        ),
-        (Some(id), false) => format!(
-            ": the failed delivery of message {id} could not be recorded; it is tried again once \
-             its lease lapses, its attempt counted"
-        ),
-        (None, _) => ": taking its next batch failed".to_owned(),
+fn stopped_at(
+    message_id: Option<&str>,
+    delivered: bool,
+    last_attempt: bool,
+    source: &Error,
+) -> String {
+    let Some(id) = message_id else {
+        return ": taking its next batch failed".to_owned();
+    };
+    let recorded = if matches!(source, Error::OutcomeUnknown { .. }) {
+        "its record may or may not be committed"
+    } else {
+        "the database does not hold it"
+    };
+    let then = if last_attempt {
+        "it was its last allowed attempt, so once its lease lapses it is parked as one that may have been delivered"
+    } else if delivered {
+        "once its lease lapses it is sent again (its receiver drops the copy by its id)"
+    } else {
+        "once its lease lapses it is tried again, this attempt counted"
+    };
+    if delivered {
+        format!(": message {id} was delivered, and recording so failed ({recorded}); {then}")
+    } else {
+        format!(": the failed delivery of message {id} could not be recorded ({recorded}); {then}")
     }
 }
 

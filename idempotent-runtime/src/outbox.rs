@@ -456,7 +456,8 @@ impl Clone for Relay {
 /// What a relay run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
-    /// Messages leased and handed to the delivery function.
+    /// Messages leased and handed to the delivery function (in an
+    /// [`Error::RelayStopped`], also those the stopped round gave back untried).
     pub leased: u64,
     /// Messages delivered and marked so.
     pub delivered: u64,
@@ -464,10 +465,11 @@ pub struct RelayReport {
     pub failed: u64,
     /// Messages parked after their last allowed attempt.
     pub parked: u64,
-    /// Deliveries whose lease had lapsed and been taken by another relay, which holds it now or
-    /// delivered it, before they were marked: the message may reach its receiver twice, which its
-    /// id lets the receiver drop. (A successful delivery whose message nobody holds any more is
-    /// marked, and counted `delivered`.)
+    /// Deliveries whose lease had lapsed before they were marked, and whose outcome this relay no
+    /// longer records: a successful one whose message another relay holds now or delivered (it
+    /// may reach its receiver twice, which its id lets the receiver drop), or a failed one,
+    /// whoever holds the message now. (A successful delivery whose message nobody holds any more
+    /// is marked, and counted `delivered`.)
     pub lease_lost: u64,
 }
 
@@ -745,6 +747,7 @@ impl Relay {
                         report,
                         message_id: Some(message.message_id().to_owned()),
                         delivered,
+                        last_attempt: message.attempts() >= self.max_attempts,
                         source: Box::new(error),
                     });
                 }
@@ -811,7 +814,7 @@ impl Relay {
         if !held {
             // The lease lapsed during the delivery, and another round took the message (and may
             // have delivered it): this failure is not its to record.
-            tracing::info!(message_id, attempts, %error, "outbox delivery failed after its lease lapsed; another relay holds the message, nothing was recorded");
+            tracing::info!(message_id, attempts, %error, "outbox delivery failed after its lease lapsed; the message is no longer this round's (another relay took it over or parked it), nothing was recorded");
             return Ok(Settled::LeaseLost);
         }
         if park {
@@ -877,7 +880,6 @@ fn outbox_error<D: Database>(what: &'static str) -> impl Fn(Outside) -> Error + 
     }
 }
 
-/// The error of a relay's statement.
 /// A round's error, with what the rounds before it (`before`) did: a run that had handed no
 /// message over returns the error itself.
 fn stopped_after(before: RelayReport, error: Error) -> Error {
@@ -886,6 +888,7 @@ fn stopped_after(before: RelayReport, error: Error) -> Error {
             mut report,
             message_id,
             delivered,
+            last_attempt,
             source,
         } => {
             report.add(&before);
@@ -893,6 +896,7 @@ fn stopped_after(before: RelayReport, error: Error) -> Error {
                 report,
                 message_id,
                 delivered,
+                last_attempt,
                 source,
             }
         }
@@ -901,11 +905,13 @@ fn stopped_after(before: RelayReport, error: Error) -> Error {
             report: before,
             message_id: None,
             delivered: false,
+            last_attempt: false,
             source: Box::new(error),
         },
     }
 }
 
+/// The error of a relay's statement.
 fn relay_error<D: Database>(outside: Outside) -> Error {
     match outside {
         Outside::InsideTransaction => Error::RelayInsideTransaction,

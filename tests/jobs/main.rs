@@ -828,6 +828,14 @@ backend_tests!(postgres, crate::backends::Postgres);
 backend_tests!(mysql, crate::backends::Mysql);
 #[cfg(feature = "mysql")]
 #[test]
+fn mysql_a_job_that_pushes_never_waits_for_a_relays_mark() {
+    crate::outbox_faults::a_job_that_pushes_never_waits_for_a_relays_mark::<
+        crate::backends::Mysql,
+        _,
+    >();
+}
+#[cfg(feature = "mysql")]
+#[test]
 fn mysql_redeliveries_never_read_an_old_snapshot() {
     holes::redeliveries_never_read_an_old_snapshot::<crate::backends::Mysql>();
 }

@@ -395,7 +395,7 @@ where
     B: Backend<Conn = C>,
     C: TestConn,
 {
-    for batch in [3, 1] {
+    for (batch, attempts) in [(3, 10), (1, 10), (3, 1)] {
         let (_db, mut conn) = three_receipts::<B, C>();
         let (install, remove) = refuse_mark_of(B::SERVER, 2);
         for sql in &install {
@@ -403,6 +403,7 @@ where
         }
         let relay = Relay::new()
             .batch_size(batch)
+            .max_attempts(attempts)
             .lease(Duration::from_secs(60));
         let mut handed = Vec::new();
         let stopped = if batch == 1 {
@@ -426,6 +427,7 @@ where
             report,
             message_id,
             delivered,
+            last_attempt,
             ..
         } = &error
         else {
@@ -444,9 +446,16 @@ where
         );
         assert_eq!(message_id.as_deref(), Some(handed[1].as_str()));
         assert!(*delivered, "the second message reached its receiver");
+        assert_eq!(*last_attempt, attempts == 1);
+        let then = if attempts == 1 {
+            "it is parked as one that may have been delivered"
+        } else {
+            "it is sent again"
+        };
         assert!(
             text.contains(&handed[1])
-                && text.contains("delivered again")
+                && text.contains(then)
+                && text.contains("the database does not hold it")
                 && text.contains("1 delivered"),
             "batch {batch}: {text}"
         );
@@ -821,6 +830,69 @@ where
         (3, 1),
         "the job's message, committed since, waits for the next round"
     );
+}
+
+/// MySQL/MariaDB: a relay marking a delivery must not hold up a job that pushes a message. The
+/// mark's `UPDATE` runs at the session's REPEATABLE READ; read through the index on
+/// `delivered_at` (the plan MariaDB chose once the statement said `delivered_at IS NULL`), it
+/// left a gap lock after the newest undelivered message, where the next push goes: the job waited
+/// for the mark's commit, and failed with a lock wait timeout if the relay stalled there. Here a
+/// trigger holds the mark open until the test lets it go, and a job pushes meanwhile.
+pub fn a_job_that_pushes_never_waits_for_a_relays_mark<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + Send,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    send_receipt(&mut conn, "order-1").expect("a receipt");
+    B::execute(
+        &mut conn,
+        "CREATE TRIGGER gate_mark BEFORE UPDATE ON outbox FOR EACH ROW \
+         BEGIN IF NEW.delivered_at IS NOT NULL AND OLD.delivered_at IS NULL THEN \
+         SET @reached = GET_LOCK(CONCAT(DATABASE(), ':reached'), 60); \
+         SET @gate = GET_LOCK(CONCAT(DATABASE(), ':gate'), 60); \
+         SET @gate = RELEASE_LOCK(CONCAT(DATABASE(), ':gate')); \
+         SET @reached = RELEASE_LOCK(CONCAT(DATABASE(), ':reached')); \
+         END IF; END",
+    );
+    let mut gate = db.connect();
+    B::execute(&mut gate, "DO GET_LOCK(CONCAT(DATABASE(), ':gate'), 60)");
+    let (report, pushed) = std::thread::scope(|scope| {
+        let db = &db;
+        let relay = scope.spawn(move || {
+            let mut conn = db.connect();
+            Relay::new().run_once(&mut conn, |_| Ok::<_, String>(()))
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while B::query_i64(
+            &mut conn,
+            "SELECT CAST(IS_USED_LOCK(CONCAT(DATABASE(), ':reached')) IS NOT NULL AS SIGNED) AS n",
+        ) == 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay never reached its mark"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The mark is in flight, its row locked. A job pushes a message now.
+        let mut job = db.connect();
+        B::execute(&mut job, "SET SESSION innodb_lock_wait_timeout = 2");
+        let pushed = send_receipt(&mut job, "order-2");
+        B::execute(&mut gate, "DO RELEASE_LOCK(CONCAT(DATABASE(), ':gate'))");
+        (relay.join().expect("the relay's thread"), pushed)
+    });
+    assert!(
+        pushed.is_ok(),
+        "the job pushed while the relay was marking, without waiting for it: {pushed:?}"
+    );
+    assert!(
+        matches!(&report, Ok(r) if r.delivered == 1),
+        "the relay's mark: {report:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("counts");
+    assert_eq!((counts.delivered, counts.pending), (1, 1), "{counts:?}");
 }
 
 /// Triggers that stop a lease at its first message's take, once, until the test lets it go:

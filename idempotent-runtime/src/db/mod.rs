@@ -607,7 +607,9 @@ macro_rules! abandoned {
 ///
 /// `every_row!()` ends every `SELECT` without a `LIMIT` of its own: on MySQL an explicit `LIMIT`
 /// as large as it takes, which a session's `sql_select_limit` cannot cut short (it applies to a
-/// `SELECT` without one, and `= 0` returns no row at all).
+/// `SELECT` without one, and `= 0` returns no row at all). `by_primary_key!()` follows the table
+/// of an `UPDATE` of one outbox message by its id: on MySQL `FORCE INDEX (PRIMARY)`, so that it
+/// locks that row and no gap where the next push goes.
 ///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
 /// do not pay for one); they are for operators, bounded by `LIMIT`.
@@ -638,11 +640,11 @@ macro_rules! shared_statements {
             // another relay then parked, or failed to deliver and backs off, did reach its
             // receiver. A lease another relay holds now is left alone (it delivers again).
             MarkDelivered = concat!(
-                "UPDATE outbox SET delivered_at = ", now!(), ", parked_at = NULL, lease_owner = NULL, lease_until = NULL \
+                "UPDATE outbox", by_primary_key!(), " SET delivered_at = ", now!(), ", parked_at = NULL, lease_owner = NULL, lease_until = NULL \
                  WHERE id = ? AND delivered_at IS NULL AND (lease_owner = ? OR lease_owner IS NULL)"
             );
             MarkFailed = concat!(
-                "UPDATE outbox SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
+                "UPDATE outbox", by_primary_key!(), " SET last_error = ?, lease_owner = NULL, lease_until = NULL, \
                  parked_at = CASE WHEN ? THEN ", now!(), " END, \
                  available_at = COALESCE(", now_plus!(), ", ", now!(), ") \
                  WHERE id = ? AND lease_owner = ?"
@@ -653,8 +655,10 @@ macro_rules! shared_statements {
             // A message a round leased (by its owner token) and never handed to the delivery:
             // released, its attempt uncounted. By its primary key: on InnoDB a filter on
             // `lease_owner` (no index) would lock every row, the one whose mark failed among them.
-            ReleaseUntried = "UPDATE outbox SET lease_owner = NULL, lease_until = NULL, attempts = attempts - 1 \
-                 WHERE id = ? AND lease_owner = ? AND delivered_at IS NULL AND attempts > 0";
+            ReleaseUntried = concat!(
+                "UPDATE outbox", by_primary_key!(), " SET lease_owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+                 WHERE id = ? AND lease_owner = ? AND delivered_at IS NULL AND attempts > 0"
+            );
             ForgetDieselVersions = "DELETE FROM __diesel_schema_migrations WHERE version IN ('20261130000001', '20261130000002')";
             // Takes over a lapsed claim, or a committed one whose run never recorded its result.
             // No literal `''` in these statements: MariaDB's `sql_mode` `EMPTY_STRING_IS_NULL`

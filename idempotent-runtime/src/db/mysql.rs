@@ -84,6 +84,16 @@ macro_rules! micros {
     };
 }
 
+/// An `UPDATE` of one outbox message by its id reads it through the primary key: by another index
+/// (MariaDB chooses `outbox_delivered` once the statement says `delivered_at IS NULL`), the
+/// statement's REPEATABLE READ locks the gap after the newest undelivered message, where the next
+/// push goes, and a job pushing a message waits for the relay's commit.
+macro_rules! by_primary_key {
+    () => {
+        " FORCE INDEX (PRIMARY)"
+    };
+}
+
 /// An explicit `LIMIT` as large as MySQL takes, at the end of every `SELECT` the runtime sends
 /// there: a session's `sql_select_limit` applies to every `SELECT` without one (a table-less one
 /// too), and would cut a statement's rows short (`= 0`: return none).

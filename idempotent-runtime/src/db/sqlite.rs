@@ -131,6 +131,13 @@ macro_rules! read_guard {
     };
 }
 
+/// Nothing: `by_primary_key!()` is MySQL's (see `shared_statements!`).
+macro_rules! by_primary_key {
+    () => {
+        ""
+    };
+}
+
 /// Nothing: `every_row!()` is MySQL's (see `shared_statements!`).
 macro_rules! every_row {
     () => {

@@ -31,11 +31,11 @@ pub trait Store: Send + Sized {
         self.begin()
     }
 
-    /// Whether one text batch of several statements is one round trip on this connection, so that
-    /// releasing the job's savepoint can go out with the `COMMIT` (PostgreSQL; diesel-async's
-    /// MySQL). Where it is not (Diesel's sync MySQL switches multi-statement mode on and off around
-    /// a batch; SQLite has no round trips), the two go as prepared statements one after the other,
-    /// which also tells a missing savepoint from a failed commit without looking at the error.
+    /// Whether releasing the job's savepoint goes out with the `COMMIT`, the `COMMIT` only when the
+    /// release succeeded: one text batch that is one round trip (PostgreSQL; diesel-async's
+    /// MySQL), one `sqlite3_exec` (SQLite), or one stored procedure (Diesel's sync MySQL with the
+    /// job procedures). The database's `release_failed` then tells a missing savepoint from a
+    /// failed commit by the error. Elsewhere the two go one after the other.
     #[doc(hidden)]
     fn finish_in_one_batch(&mut self) -> bool {
         false
