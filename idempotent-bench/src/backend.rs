@@ -6,7 +6,7 @@ use crate::databases::Databases;
 use crate::db::BenchDb;
 use crate::report::BackendReport;
 use crate::roundtrips::{Proxy, via};
-use crate::{growth, prune, roundtrips, throughput};
+use crate::{growth, prune, relay, roundtrips, throughput};
 
 /// What to measure, and at which sizes.
 #[derive(Debug, Clone)]
@@ -18,6 +18,10 @@ pub struct Plan {
     /// Row counts `done_jobs` is measured at (empty: not measured).
     pub growth_sizes: Vec<u64>,
     pub growth_samples: usize,
+    /// Delivered messages kept in the outbox that a relay round is measured beside (empty: not
+    /// measured), and the rounds at each.
+    pub relay_sizes: Vec<u64>,
+    pub relay_rounds: usize,
     /// Live and lapsed rows of the prune-while-claiming test (None: not measured).
     pub prune: Option<(u64, u64)>,
     pub prune_baseline: Duration,
@@ -48,6 +52,14 @@ pub fn run<C: BenchDb>(name: &'static str, dbs: &mut Databases, plan: &Plan) -> 
         dbs.drop("growth");
         points
     });
+    let relay = (!plan.relay_sizes.is_empty()).then(|| {
+        eprintln!("  relay...");
+        let mut conn = prepared::<C>(&dbs.create("relay"));
+        let points = relay::measure(&mut conn, &plan.relay_sizes, plan.relay_rounds);
+        drop(conn);
+        dbs.drop("relay");
+        points
+    });
     let prune = plan.prune.map(|(live, lapsed)| {
         eprintln!("  prune while claiming...");
         let url = dbs.create("prune");
@@ -63,6 +75,7 @@ pub fn run<C: BenchDb>(name: &'static str, dbs: &mut Databases, plan: &Plan) -> 
         throughput,
         round_trips,
         growth,
+        relay,
         prune,
     }
 }

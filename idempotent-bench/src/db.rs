@@ -88,6 +88,12 @@ pub trait BenchDb:
     fn before_fill(&mut self) -> QueryResult<()>;
     /// Flushes what a bulk fill left dirty, so that the next measurement does not pay for it.
     const SETTLE: &'static str;
+    /// `INSERT ... SELECT` of outbox messages `n` in `from..to`: delivered long ago, or pending
+    /// (available since long ago, never tried).
+    fn outbox_fill_sql(from: u64, to: u64, delivered: bool) -> String;
+    /// What the server does by itself after a bulk insert into the outbox (SQLite: nothing, it
+    /// keeps no statistics unless the application runs `ANALYZE`).
+    const SETTLE_OUTBOX: &'static str;
     /// The settings the figures were measured with, as the server reports them.
     const SETTINGS: &'static str;
     /// The size of `done_jobs` with its indexes, as the server reports it.
@@ -149,6 +155,16 @@ pub trait BenchDb:
 
     fn size(&mut self) -> String {
         self.query_text(Self::SIZE)
+    }
+
+    fn settle_outbox(&mut self) {
+        for statement in Self::SETTLE_OUTBOX
+            .split(';')
+            .filter(|s| !s.trim().is_empty())
+        {
+            self.batch_execute(statement)
+                .expect("settling after an outbox fill");
+        }
     }
 
     fn settle(&mut self) {
@@ -308,6 +324,7 @@ impl BenchDb for SqliteConnection {
     const DROP_INDEXES: &'static str = "";
     const ADD_INDEXES: &'static str = "";
     const SETTLE: &'static str = "PRAGMA wal_checkpoint(TRUNCATE)";
+    const SETTLE_OUTBOX: &'static str = "PRAGMA wal_checkpoint(TRUNCATE)";
     const SETTINGS: &'static str = "SELECT 'journal_mode=' || (SELECT journal_mode FROM pragma_journal_mode) || ', synchronous=' || \
         (SELECT CASE synchronous WHEN 0 THEN 'OFF' WHEN 1 THEN 'NORMAL' WHEN 2 THEN 'FULL' ELSE 'EXTRA' END FROM pragma_synchronous) || \
         ', cache_size=' || (SELECT cache_size FROM pragma_cache_size) || ' (negative: KiB), page_size=' || (SELECT page_size FROM pragma_page_size) || \
@@ -355,6 +372,16 @@ impl BenchDb for SqliteConnection {
         })
     }
 
+    fn outbox_fill_sql(from: u64, to: u64, delivered: bool) -> String {
+        let (prefix, attempts, delivered_at) = outbox_kind(delivered);
+        format!(
+            "WITH RECURSIVE s(n) AS (SELECT {from} UNION ALL SELECT n + 1 FROM s WHERE n + 1 < {to}) \
+             INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at, attempts, delivered_at) \
+             SELECT '{prefix}' || n, 'bench', '{{}}', 'bench:' || n, '2000-01-01 00:00:00', '2000-01-01 00:00:00', \
+             {attempts}, {delivered_at} FROM s"
+        )
+    }
+
     fn fill_sql(from: u64, to: u64, prefix: &str, job: &str, lapsed: bool, sorted: bool) -> String {
         format!(
             "WITH RECURSIVE s(n) AS (SELECT {from} UNION ALL SELECT n + 1 FROM s WHERE n + 1 < {to}) \
@@ -375,6 +402,7 @@ impl BenchDb for PgConnection {
     const ADD_INDEXES: &'static str = "ALTER TABLE done_jobs ADD CONSTRAINT done_jobs_pkey PRIMARY KEY (key_digest); \
         CREATE INDEX done_jobs_expires_at ON done_jobs (expires_at) WHERE expires_at IS NOT NULL";
     const SETTLE: &'static str = "VACUUM ANALYZE done_jobs; CHECKPOINT";
+    const SETTLE_OUTBOX: &'static str = "VACUUM ANALYZE outbox; CHECKPOINT";
     const SETTINGS: &'static str = "SELECT string_agg(name || '=' || setting || COALESCE(unit, ''), ', ' ORDER BY name) || \
         ', PostgreSQL ' || current_setting('server_version') AS s FROM pg_settings WHERE name IN \
         ('synchronous_commit', 'fsync', 'full_page_writes', 'wal_level', 'autovacuum', 'shared_buffers', \
@@ -417,6 +445,15 @@ impl BenchDb for PgConnection {
         self.batch_execute("SET work_mem = '256MB'; SET maintenance_work_mem = '512MB'")
     }
 
+    fn outbox_fill_sql(from: u64, to: u64, delivered: bool) -> String {
+        let (prefix, attempts, delivered_at) = outbox_kind(delivered);
+        format!(
+            "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at, attempts, delivered_at) \
+             SELECT '{prefix}' || n, 'bench', '{{}}', 'bench:' || n, '2000-01-01 00:00:00', '2000-01-01 00:00:00', \
+             {attempts}, {delivered_at} FROM generate_series({from}, {to} - 1) AS n"
+        )
+    }
+
     fn fill_sql(from: u64, to: u64, prefix: &str, job: &str, lapsed: bool, sorted: bool) -> String {
         format!(
             "INSERT INTO done_jobs (key_digest, job_key, job_name, done_at, expires_at) \
@@ -442,6 +479,7 @@ impl BenchDb for MysqlConnection {
     const ADD_INDEXES: &'static str = "ALTER TABLE done_jobs ADD UNIQUE KEY done_jobs_key_digest (key_digest), \
         ADD INDEX done_jobs_expires_at (expires_at)";
     const SETTLE: &'static str = "ANALYZE TABLE done_jobs";
+    const SETTLE_OUTBOX: &'static str = "ANALYZE TABLE outbox";
     const SETTINGS: &'static str = "SELECT CAST(CONCAT('innodb_flush_log_at_trx_commit=', @@innodb_flush_log_at_trx_commit, \
         ', sync_binlog=', @@sync_binlog, ', log_bin=', @@log_bin, ', binlog_format=', @@binlog_format, \
         ', innodb_buffer_pool_size=', @@innodb_buffer_pool_size DIV 1048576, 'M, innodb_flush_method=', @@innodb_flush_method, \
@@ -517,6 +555,16 @@ impl BenchDb for MysqlConnection {
         Ok(deleted as u64)
     }
 
+    fn outbox_fill_sql(from: u64, to: u64, delivered: bool) -> String {
+        let (prefix, attempts, delivered_at) = outbox_kind(delivered);
+        format!(
+            "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at, attempts, delivered_at) \
+             SELECT CONCAT('{prefix}', seq), 'bench', '{{}}', CONCAT('bench:', seq), '2000-01-01 00:00:00', \
+             '2000-01-01 00:00:00', {attempts}, {delivered_at} FROM seq_{from}_to_{}",
+            to - 1
+        )
+    }
+
     fn fill_sql(from: u64, to: u64, prefix: &str, job: &str, lapsed: bool, sorted: bool) -> String {
         format!(
             "INSERT INTO done_jobs (key_digest, job_key, job_name, done_at, expires_at) \
@@ -534,5 +582,15 @@ fn expires(lapsed: bool) -> &'static str {
         "'2000-01-02 00:00:00'"
     } else {
         "NULL"
+    }
+}
+
+/// The message ids' prefix, the attempts and `delivered_at` of the outbox messages
+/// [`BenchDb::outbox_fill_sql`] inserts.
+fn outbox_kind(delivered: bool) -> (&'static str, u8, &'static str) {
+    if delivered {
+        ("bench-delivered-", 1, "'2000-01-02 00:00:00'")
+    } else {
+        ("bench-pending-", 0, "NULL")
     }
 }

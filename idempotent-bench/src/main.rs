@@ -12,7 +12,7 @@
 //! * `--big` (`IDEMPOTENT_BENCH_BIG=1`): the sizes: growth to 10,000,000 rows on the
 //!   servers, and the prune of 1,000,000 lapsed of 6,000,000 rows (about an hour; ~6 GB of disk at
 //!   the peak, each big database dropped as soon as it is measured);
-//! * `--only=throughput,round-trips,growth,prune,async,workers,compile` (`IDEMPOTENT_BENCH_ONLY`;
+//! * `--only=throughput,round-trips,growth,relay,prune,async,workers,compile` (`IDEMPOTENT_BENCH_ONLY`;
 //!   `async`: diesel-async's PostgreSQL connection, macro beside hand-written);
 //! * `--backends=sqlite,sqlite-wal,postgres,mariadb` (`IDEMPOTENT_BENCH_BACKENDS`);
 //! * `IDEMPOTENT_BENCH_ROUNDS`, `IDEMPOTENT_BENCH_JOBS` (9 rounds of 500 jobs of each variant) and
@@ -30,6 +30,7 @@ mod databases;
 mod db;
 mod growth;
 mod prune;
+mod relay;
 mod report;
 mod roundtrips;
 mod stats;
@@ -127,6 +128,16 @@ impl Options {
                 Vec::new()
             },
             growth_samples: if self.quick { 200 } else { 1_000 },
+            relay_sizes: if self.wants("relay") {
+                if self.quick {
+                    vec![0, 100_000]
+                } else {
+                    vec![0, 1_000_000]
+                }
+            } else {
+                Vec::new()
+            },
+            relay_rounds: if self.quick { 10 } else { 50 },
             prune: (grows && self.wants("prune")).then_some(prune),
             prune_baseline: Duration::from_secs(if self.quick {
                 1

@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::compile::CompileTime;
 use crate::growth::GrowthPoint;
 use crate::prune::PruneUnderLoad;
+use crate::relay::RelayPoint;
 use crate::roundtrips::Count;
 use crate::throughput::{RATIOS, Throughput};
 use crate::variants::VARIANTS;
@@ -41,6 +42,7 @@ pub struct BackendReport {
     pub throughput: Option<Throughput>,
     pub round_trips: Option<Vec<Count>>,
     pub growth: Option<Vec<GrowthPoint>>,
+    pub relay: Option<Vec<RelayPoint>>,
     pub prune: Option<PruneUnderLoad>,
 }
 
@@ -49,6 +51,7 @@ pub fn print(report: &Report) {
     print_throughput(report);
     print_round_trips(report);
     print_growth(report);
+    print_relay(report);
     print_prune(report);
     print_async(report);
     print_workers(report);
@@ -233,6 +236,37 @@ fn print_growth(report: &Report) {
                 p.claim_path_over_read,
                 p.read_first_over_read,
                 p.size
+            );
+        }
+    }
+}
+
+fn print_relay(report: &Report) {
+    let measured: Vec<(&str, &Vec<RelayPoint>)> = report
+        .backends
+        .iter()
+        .filter_map(|b| Some((b.backend, b.relay.as_ref()?)))
+        .collect();
+    if measured.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "relay rounds beside delivered messages kept (until prune_delivered): p50 / p99 µs; a full round leases and delivers 100"
+    );
+    println!(
+        "{:<12}{:>16}{:>18}{:>18}{:>14}",
+        "backend", "delivered kept", "idle round", "full round", "per message"
+    );
+    for (name, points) in measured {
+        for p in points {
+            let pair = |s: crate::stats::Spread| format!("{:.0} / {:.0}", s.p50_us, s.p99_us);
+            println!(
+                "{name:<12}{:>16}{:>18}{:>18}{:>14.1}",
+                p.delivered_kept,
+                pair(p.idle),
+                pair(p.full),
+                p.per_message_us
             );
         }
     }
