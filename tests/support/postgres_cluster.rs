@@ -197,9 +197,33 @@ impl Postgres {
     }
 
     /// SIGKILL to the primary and every process of it, as a machine that dies.
+    ///
+    /// A signal to the postmaster's process group does not reach its backends: each runs in a
+    /// session of its own (`setsid`), and notices the postmaster's death only when it next waits.
+    /// A WAL sender stopped by [`pause`](Self::pause) while it held `SyncRepLock` then left every
+    /// backend committing behind it blocked on that lock for good, its client waiting with it (the
+    /// synchronous failover test hung 1 run in 6; every run left the stopped WAL sender behind).
+    /// The postmaster is stopped first (it forks nothing more), then each of its processes and
+    /// the postmaster are killed.
     pub fn kill_primary(&mut self) {
+        let postmaster = std::fs::read_to_string(self.primary.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|pid| pid.lines().next()?.trim().parse::<u32>().ok());
+        if let Some(postmaster) = postmaster {
+            signal("STOP", postmaster);
+            for child in children_of(postmaster) {
+                let _ = Command::new("kill")
+                    .args(["-s", "KILL", &child.to_string()])
+                    .status();
+            }
+        }
         if let Some(server) = self.primary.server.take() {
             self.dir.kill(server);
+        }
+        if let Some(postmaster) = postmaster {
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", &postmaster.to_string()])
+                .status();
         }
     }
 
@@ -247,6 +271,23 @@ impl Postgres {
     pub fn pause(pid: u32) {
         signal("STOP", pid);
     }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid ...`; `comm` may hold spaces and parentheses.
+            let after = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
 
 fn perms(path: &std::path::Path) -> std::fs::Permissions {
