@@ -814,7 +814,7 @@ impl Relay {
         if !held {
             // The lease lapsed during the delivery, and another round took the message (and may
             // have delivered it): this failure is not its to record.
-            tracing::info!(message_id, attempts, %error, "outbox delivery failed after its lease lapsed; the message is no longer this round's (another relay took it over or parked it), nothing was recorded");
+            tracing::info!(message_id, attempts, %error, "outbox delivery failed after its lease lapsed; the message is no longer this round's (another relay took it over, or gave it up), nothing was recorded");
             return Ok(Settled::LeaseLost);
         }
         if park {
