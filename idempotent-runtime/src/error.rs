@@ -522,7 +522,7 @@ pub enum Error {
     )]
     RelayStopped {
         /// What the run did and recorded before it stopped.
-        report: crate::outbox::RelayReport,
+        report: crate::relay_report::RelayReport,
         /// The message whose delivery's outcome could not be recorded, when that was the failure.
         message_id: Option<String>,
         /// Whether that message's delivery function returned `Ok`.

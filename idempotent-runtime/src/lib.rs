@@ -61,6 +61,7 @@ pub mod pooler;
 pub mod prune;
 pub mod redelivery;
 pub mod registry;
+mod relay_report;
 mod retry;
 pub mod schema;
 mod schema_problem;

@@ -453,25 +453,7 @@ impl Clone for Relay {
     }
 }
 
-/// What a relay run did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RelayReport {
-    /// Messages leased and handed to the delivery function (in an
-    /// [`Error::RelayStopped`], also those the stopped round gave back untried).
-    pub leased: u64,
-    /// Messages delivered and marked so.
-    pub delivered: u64,
-    /// Deliveries that failed (returned `Err` or panicked) and will be tried again.
-    pub failed: u64,
-    /// Messages parked after their last allowed attempt.
-    pub parked: u64,
-    /// Deliveries whose lease had lapsed before they were marked, and whose outcome this relay no
-    /// longer records: a successful one whose message another relay holds now or delivered (it
-    /// may reach its receiver twice, which its id lets the receiver drop), or a failed one,
-    /// whoever holds the message now. (A successful delivery whose message nobody holds any more
-    /// is marked, and counted `delivered`.)
-    pub lease_lost: u64,
-}
+pub use crate::relay_report::RelayReport;
 
 impl RelayReport {
     fn count(&mut self, settled: Settled) {
@@ -481,14 +463,6 @@ impl RelayReport {
             Settled::Failed => &mut self.failed,
             Settled::Parked => &mut self.parked,
         } += 1;
-    }
-
-    fn add(&mut self, other: &RelayReport) {
-        self.leased += other.leased;
-        self.delivered += other.delivered;
-        self.failed += other.failed;
-        self.parked += other.parked;
-        self.lease_lost += other.lease_lost;
     }
 }
 
@@ -723,26 +697,9 @@ impl Relay {
             let settled = match self.settle(conn, &owner, &message, delivery).await {
                 Ok(settled) => settled,
                 Err(error) => {
-                    let untried: Vec<i64> = rows.map(|row| row.id).collect();
-                    let (count, released) =
-                        (untried.len(), release_untried(conn, &owner, untried).await);
-                    match released {
-                        Ok(()) => tracing::warn!(
-                            %error,
-                            message_id = message.message_id(),
-                            delivered = report.delivered,
-                            untried = count,
-                            "recording an outbox delivery failed: the round stops, and the messages it had not tried are released"
-                        ),
-                        Err(release) => tracing::warn!(
-                            %error,
-                            message_id = message.message_id(),
-                            delivered = report.delivered,
-                            untried = count,
-                            release = ?release,
-                            "recording an outbox delivery failed: the round stops; releasing the messages it had not tried failed too, so they stay leased, their attempt counted, until the lease lapses"
-                        ),
-                    }
+                    let untried = rows.map(|row| row.id).collect();
+                    give_back_untried(conn, &owner, &message, untried, report.delivered, &error)
+                        .await;
                     return Err(Error::RelayStopped {
                         report,
                         message_id: Some(message.message_id().to_owned()),
@@ -840,6 +797,36 @@ impl Relay {
 /// After a round's mark failed: releases what the round leased and never tried, with its attempt
 /// uncounted, so that it is not parked for an attempt that never happened once the lease lapses.
 /// A failure is the caller's to log: the lease then lapses as it would after a crash.
+/// After the record of `message`'s delivery failed (`error`) and its round stopped: gives the
+/// messages the round had not handed over back, their attempt uncounted, and says whether it did.
+async fn give_back_untried<S: Store>(
+    conn: &mut S,
+    owner: &str,
+    message: &OutboxMessage,
+    untried: Vec<i64>,
+    delivered: u64,
+    error: &Error,
+) {
+    let (count, released) = (untried.len(), release_untried(conn, owner, untried).await);
+    match released {
+        Ok(()) => tracing::warn!(
+            %error,
+            message_id = message.message_id(),
+            delivered,
+            untried = count,
+            "recording an outbox delivery failed: the round stops, and the messages it had not tried are released"
+        ),
+        Err(release) => tracing::warn!(
+            %error,
+            message_id = message.message_id(),
+            delivered,
+            untried = count,
+            release = ?release,
+            "recording an outbox delivery failed: the round stops; releasing the messages it had not tried failed too, so they stay leased, their attempt counted, until the lease lapses"
+        ),
+    }
+}
+
 async fn release_untried<S: Store>(
     conn: &mut S,
     owner: &str,

@@ -558,6 +558,51 @@ where
     assert!(error.chars().count() <= 2_001);
 }
 
+/// `relay` runs a round on a connection of its own; while its delivery waits, its lease lapses
+/// and `copy` runs a round on `conn`, whose deliveries return `copy_delivers`; then the first
+/// delivery returns `first_delivers`. The events of the first round, and both reports.
+fn while_a_delivery_outlives_its_lease<B, C>(
+    db: &Db<B>,
+    conn: &mut C,
+    (relay, first_delivers): (&Relay, Result<(), String>),
+    (copy, copy_delivers): (&Relay, Result<(), String>),
+) -> (
+    outbox::RelayReport,
+    Vec<crate::capture::Fields>,
+    outbox::RelayReport,
+)
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let name = harness::unique_name("relay-lapse");
+    let delivering = signals::expect(&format!("{name}-delivering"));
+    let copy_done = signals::expect(&format!("{name}-copy-done"));
+    std::thread::scope(|scope| {
+        let name = &name;
+        let first = scope.spawn(move || {
+            let mut conn = db.connect();
+            crate::capture::events(|| {
+                relay
+                    .run_once(&mut conn, |_| {
+                        signals::notify(&format!("{name}-delivering"));
+                        copy_done.wait("the copy's round");
+                        first_delivers.clone()
+                    })
+                    .expect("the first copy")
+            })
+        });
+        delivering.wait("the first copy delivering");
+        std::thread::sleep(Duration::from_millis(450));
+        let second = copy
+            .run_once(conn, |_| copy_delivers.clone())
+            .expect("the second copy");
+        signals::notify(&format!("{name}-copy-done"));
+        let (first, events) = first.join().expect("the first copy");
+        (first, events, second)
+    })
+}
+
 /// Copies of one relay never take each other's leases for their own: when a copy's lease lapsed and
 /// another copy delivered the message, the first copy reports the lease as lost.
 pub fn relay_copies_keep_their_own_leases<B, C>()
@@ -571,29 +616,8 @@ where
     let relay = Relay::new().lease(Duration::from_millis(300));
     let copy = relay.clone();
     assert_ne!(relay.owner(), copy.owner());
-    let name = harness::unique_name("relay-copy");
-    let delivering = signals::expect(&format!("{name}-delivering"));
-    let copy_done = signals::expect(&format!("{name}-copy-done"));
-    let (first, second) = std::thread::scope(|scope| {
-        let (db, relay, name) = (&db, &relay, &name);
-        let first = scope.spawn(move || {
-            let mut conn = db.connect();
-            relay
-                .run_once(&mut conn, |_| {
-                    signals::notify(&format!("{name}-delivering"));
-                    copy_done.wait("the copy delivering the message");
-                    Ok::<_, String>(())
-                })
-                .expect("the first copy")
-        });
-        delivering.wait("the first copy delivering");
-        std::thread::sleep(Duration::from_millis(450));
-        let second = copy
-            .run_once(&mut conn, |_| Ok::<_, String>(()))
-            .expect("the second copy");
-        signals::notify(&format!("{name}-copy-done"));
-        (first.join().expect("the first copy"), second)
-    });
+    let (first, _, second) =
+        while_a_delivery_outlives_its_lease(&db, &mut conn, (&relay, Ok(())), (&copy, Ok(())));
     assert_eq!(second.delivered, 1, "the copy took the lapsed lease");
     assert_eq!(
         (first.delivered, first.lease_lost),
@@ -626,31 +650,12 @@ where
             .lease(Duration::from_millis(300))
             .max_attempts(copy_attempts)
             .backoff(Duration::from_secs(60), Duration::from_secs(60));
-        let name = harness::unique_name("relay-outlived");
-        let delivering = signals::expect(&format!("{name}-delivering"));
-        let copy_done = signals::expect(&format!("{name}-copy-done"));
-        let (first, second) = std::thread::scope(|scope| {
-            let (db, relay, name) = (&db, &relay, &name);
-            let first = scope.spawn(move || {
-                let mut conn = db.connect();
-                relay
-                    .run_once(&mut conn, |_| {
-                        signals::notify(&format!("{name}-delivering"));
-                        copy_done.wait("the copy giving the message up");
-                        Ok::<_, String>(())
-                    })
-                    .expect("the first copy")
-            });
-            delivering.wait("the first copy delivering");
-            std::thread::sleep(Duration::from_millis(450));
-            let second = copy
-                .run_once(&mut conn, |_| {
-                    Err::<(), _>("the receiver is down".to_owned())
-                })
-                .expect("the second copy");
-            signals::notify(&format!("{name}-copy-done"));
-            (first.join().expect("the first copy"), second)
-        });
+        let (first, _, second) = while_a_delivery_outlives_its_lease(
+            &db,
+            &mut conn,
+            (&relay, Ok(())),
+            (&copy, Err("the receiver is down".to_owned())),
+        );
         let counts = outbox::counts(&mut conn).expect("counts");
         assert_eq!(
             (second.leased, second.failed),
@@ -689,31 +694,12 @@ where
     let copy = Relay::new()
         .lease(Duration::from_millis(300))
         .max_attempts(5);
-    let name = harness::unique_name("relay-lost");
-    let delivering = signals::expect(&format!("{name}-delivering"));
-    let copy_done = signals::expect(&format!("{name}-copy-done"));
-    let ((first, events), second) = std::thread::scope(|scope| {
-        let (db, relay, name) = (&db, &relay, &name);
-        let first = scope.spawn(move || {
-            let mut conn = db.connect();
-            crate::capture::events(|| {
-                relay
-                    .run_once(&mut conn, |_| {
-                        signals::notify(&format!("{name}-delivering"));
-                        copy_done.wait("the copy delivering the message");
-                        Err::<(), _>("the receiver timed out".to_owned())
-                    })
-                    .expect("the first copy")
-            })
-        });
-        delivering.wait("the first copy delivering");
-        std::thread::sleep(Duration::from_millis(450));
-        let second = copy
-            .run_once(&mut conn, |_| Ok::<_, String>(()))
-            .expect("the second copy");
-        signals::notify(&format!("{name}-copy-done"));
-        (first.join().expect("the first copy"), second)
-    });
+    let (first, events, second) = while_a_delivery_outlives_its_lease(
+        &db,
+        &mut conn,
+        (&relay, Err("the receiver timed out".to_owned())),
+        (&copy, Ok(())),
+    );
     assert_eq!(second.delivered, 1, "the copy took the lapsed lease");
     assert_eq!(
         (first.failed, first.parked, first.lease_lost),
