@@ -273,12 +273,19 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
 
     /// A step after the body failed with `error`: the transaction ends uncommitted; when the body
     /// had committed the claim itself, that is the error.
+    ///
+    /// The body returned `Ok` here: a transaction that the database says is no longer the job's
+    /// (a statement of the body aborted it, on PostgreSQL any failed statement does), and that
+    /// ended with nothing of the job committed, was rolled back in the body, as for a job whose
+    /// claim is its whole record; `error` (storing the result "failed") would hide why.
     async fn fail_after_body(&mut self, error: Error) -> Error {
-        let error = self
-            .end_unfinished()
-            .await
-            .error(self.call)
-            .unwrap_or(error);
+        let error = match self.end_unfinished().await {
+            Ended::RolledBackByBody => Error::TransactionRolledBackInBody {
+                job: self.call.job.name(),
+                key: self.call.key_text.clone(),
+            },
+            ended => ended.error(self.call).unwrap_or(error),
+        };
         self.call.failed(error)
     }
 
@@ -294,6 +301,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         let replays = !self.stores_result;
         let committed = |taken, ownership| match taken {
             Ok(true) => Ended::CommittedInBody,
+            Ok(false) if ownership == Ownership::NotOwn => Ended::RolledBackByBody,
             Ok(false) => Ended::RolledBack,
             Err(source) if ownership == Ownership::NotOwn => {
                 Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source, replays)
@@ -504,6 +512,9 @@ async fn take_back_in_own_transaction<S: Store>(
 enum Ended {
     /// Rolled back: nothing of the job is in the database.
     RolledBack,
+    /// Rolled back, and the database had said the transaction was no longer the job's own: a
+    /// statement of the body rolled it back or aborted it. Nothing of the job is in the database.
+    RolledBackByBody,
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,
@@ -519,7 +530,7 @@ impl Ended {
     /// The error that replaces the job's own, unless the transaction simply rolled back.
     fn error(self, call: &Call) -> Option<Error> {
         match self {
-            Ended::RolledBack => None,
+            Ended::RolledBack | Ended::RolledBackByBody => None,
             Ended::CommittedInBody => Some(ended_in_body(call)),
             Ended::NoRollback(why) => Some(Error::CannotRollBack {
                 job: call.job.name(),

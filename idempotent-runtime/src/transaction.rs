@@ -13,6 +13,8 @@ pub(crate) struct Transaction<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &m
     conn: &'a mut Conn,
     reach: R,
     open: bool,
+    /// Diesel's count of open transactions when the job's commit was sent (the job's own level).
+    finished_at: Option<u32>,
 }
 
 impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Conn, S, R> {
@@ -22,6 +24,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
             conn,
             reach,
             open: true,
+            finished_at: None,
         }
     }
 
@@ -111,6 +114,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
 
     /// Commits a job's transaction, if it is still the job's own; see [`finish_job`].
     pub(crate) async fn finish_job(&mut self, nesting: Nesting) -> Result<(), Finish> {
+        self.finished_at = self.store().transaction_depth().ok();
         let finished = finish_job(self.store(), nesting).await;
         self.open = false;
         finished
@@ -147,8 +151,24 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
 
     /// Ends whatever transaction the connection is in, once the job's own turned out to be gone;
     /// see [`abort_job`].
+    ///
+    /// Inside a caller's transaction, after a failed release of the job's savepoint: Diesel may
+    /// have left the savepoint already (sync Diesel rolls back to it when the transaction is in
+    /// error; diesel-async counts it gone on any failure). Then a rollback of Diesel's innermost
+    /// transaction would be the caller's, and the job's savepoint is rolled back to by its name
+    /// instead: that undoes the job's work if Diesel only counted it gone, and brings an aborted
+    /// transaction back to where the caller left it. A savepoint that is gone stays gone.
     pub(crate) async fn abort_job(&mut self, nesting: Nesting) {
-        abort_job(self.store(), nesting).await;
+        let depth = self.store().transaction_depth().ok();
+        match (nesting, self.finished_at) {
+            (Nesting::Savepoint, Some(job)) if depth.is_some_and(|depth| depth < job) => {
+                let back = format!("ROLLBACK TO SAVEPOINT diesel_savepoint_{}", job - 1);
+                if let Err(error) = self.store().batch(&back).await {
+                    tracing::debug!(%error, "the job's savepoint is gone: a statement of its body took it");
+                }
+            }
+            _ => abort_job(self.store(), nesting).await,
+        }
         self.open = false;
     }
 

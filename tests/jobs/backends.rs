@@ -135,6 +135,13 @@ pub trait Backend: Sized + 'static {
         statements: &str,
         fail: bool,
     ) -> Result<Receipt, TestError>;
+    /// Inside a transaction of the caller's, which writes topic `caller` before and after it:
+    /// [`handlers::careless_unit`]. The job's result, and then the caller's transaction's.
+    fn careless_unit_in_callers_transaction(
+        conn: &mut Self::Conn,
+        id: &str,
+        statements: &str,
+    ) -> (Result<(), TestError>, Result<(), TestError>);
     /// `statements_in_unit_body`: the same, returning `()`.
     fn statements_in_unit_body(
         conn: &mut Self::Conn,
@@ -445,6 +452,21 @@ macro_rules! sync_backend {
                 fail: bool,
             ) -> Result<Receipt, TestError> {
                 handlers::statements_in_body(conn, id, statements, fail)
+            }
+
+            fn careless_unit_in_callers_transaction(
+                conn: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+            ) -> (Result<(), TestError>, Result<(), TestError>) {
+                let mut job = Ok(());
+                let caller = diesel::Connection::transaction(conn, |conn| {
+                    handlers::TestConn::insert_message(conn, "caller", id)?;
+                    job = handlers::careless_unit(conn, id, statements);
+                    handlers::TestConn::insert_message(conn, "caller", id)?;
+                    Ok::<_, TestError>(())
+                });
+                (job, caller)
             }
 
             fn statements_in_unit_body(
@@ -888,6 +910,26 @@ macro_rules! async_backend {
                     statements,
                     fail,
                 ))
+            }
+
+            fn careless_unit_in_callers_transaction(
+                c: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+            ) -> (Result<(), TestError>, Result<(), TestError>) {
+                let mut job = Ok(());
+                let caller = c
+                    .runtime
+                    .block_on(diesel_async::AsyncConnection::transaction(
+                        &mut c.conn,
+                        async |conn| {
+                            handlers::AsyncTestConn::insert_message(conn, "caller", id).await?;
+                            job = handlers::careless_unit_async(conn, id, statements).await;
+                            handlers::AsyncTestConn::insert_message(conn, "caller", id).await?;
+                            Ok::<_, TestError>(())
+                        },
+                    ));
+                (job, caller)
             }
 
             fn statements_in_unit_body(

@@ -443,6 +443,17 @@ pub fn statements_in_unit_body<C: TestConn>(
     run_statements(conn, id, statements, fail)
 }
 
+/// A job returning `()` whose body writes its effect, then runs `statements` and carries on
+/// whatever they answer ("try it, ignore the failure").
+#[idempotent_job(key = "careless:<id>", name = "careless_unit")]
+pub fn careless_unit<C: TestConn>(conn: &mut C, id: &str, statements: &str) -> Result<(), TestError> {
+    conn.insert_message("careless", id)?;
+    for statement in statements.split(";;").filter(|s| !s.is_empty()) {
+        let _caught = conn.execute_sql(statement);
+    }
+    Ok(())
+}
+
 /// A job whose result is `bytes` long.
 #[idempotent_job(key = "big:<id>", name = "big_result")]
 pub fn big_result<C: TestConn>(conn: &mut C, id: &str, bytes: usize) -> Result<String, TestError> {
@@ -768,6 +779,19 @@ mod asynchronous {
         conn.insert_message(&format!("after:{id}"), id).await?;
         if fail {
             return Err(TestError::Declined);
+        }
+        Ok(())
+    }
+
+    #[idempotent_job(key = "careless:<id>", name = "careless_unit")]
+    pub async fn careless_unit_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        statements: &str,
+    ) -> Result<(), TestError> {
+        conn.insert_message("careless", id).await?;
+        for statement in statements.split(";;").filter(|s| !s.is_empty()) {
+            let _caught = conn.execute_sql(statement).await;
         }
         Ok(())
     }

@@ -720,27 +720,77 @@ pub fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
     let db = Db::<Postgres>::fresh();
     let mut conn = db.connect();
     Postgres::execute(&mut conn, "CREATE TABLE careless_effects (n INT)");
-    let key = JobKey::new("careless:1");
-    let result = idempotent_jobs::run(&mut conn, &CARELESS, &key, |conn| {
+    let careless = |conn: &mut diesel::PgConnection| -> Result<(), TestError> {
         diesel::sql_query("INSERT INTO careless_effects VALUES (1)")
             .execute(conn)
             .map_err(TestError::from)?;
         // "Try it, ignore the failure": the transaction is aborted from here.
         let _ignored = diesel::sql_query("SELECT * FROM no_such_table").execute(conn);
-        Ok::<_, TestError>(())
+        Ok(())
+    };
+    // A job that returns `()` (its claim is its whole record: the commit finds the transaction
+    // aborted), and one that returns a value (storing it finds the transaction aborted first).
+    let unit = idempotent_jobs::run(&mut conn, &CARELESS, &JobKey::new("careless:1"), |conn| {
+        careless(conn)
     });
-    let error = runtime_error(result);
-    assert!(
-        matches!(error, Error::TransactionRolledBackInBody { .. }),
-        "{error}"
-    );
-    assert!(error.is_retryable(), "{error}");
+    let value = idempotent_jobs::run(&mut conn, &CARELESS, &JobKey::new("careless:2"), |conn| {
+        careless(conn).map(|()| 7_u32)
+    });
+    for (what, error) in [("unit", runtime_error(unit)), ("value", runtime_error(value))] {
+        assert!(
+            matches!(error, Error::TransactionRolledBackInBody { .. }),
+            "{what}: {error}"
+        );
+        assert!(error.is_retryable(), "{what}: {error}");
+    }
     assert_eq!(
         Postgres::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM careless_effects"),
         0,
         "nothing committed"
     );
     assert_eq!(Postgres::count_done(&mut conn), 0, "no claim committed");
+}
+
+/// A job inside a caller's transaction whose body went past a failed statement: on PostgreSQL the
+/// job's savepoint is aborted and its release fails, and Diesel then leaves the savepoint itself
+/// (rolls back to it, or, diesel-async, counts it gone). The runtime must not roll back what is
+/// left, which is the caller's transaction: the call fails alone (retryable, nothing of it
+/// committed), and the caller's transaction goes on and commits what it wrote before and after.
+/// Elsewhere the failed statement aborts nothing and the job runs. Either way, what the call says
+/// is what the database holds, and the caller's rows are all there.
+pub fn a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let (job, caller) =
+        B::careless_unit_in_callers_transaction(&mut conn, "1", "SELECT * FROM no_such_table");
+    let caller_rows = B::count_topic(&mut conn, "caller");
+    let effects = B::count_topic(&mut conn, "careless");
+    let claims = B::count_done(&mut conn);
+    assert!(
+        caller.is_ok(),
+        "the caller's transaction commits: {caller:?} (the job said {job:?})"
+    );
+    assert_eq!(caller_rows, 2, "the caller's rows before and after the job");
+    match job {
+        Ok(()) => assert_eq!(
+            (effects, claims),
+            (1, 1),
+            "a job that ran is committed with the caller"
+        ),
+        Err(_) => {
+            let error = runtime_error(job);
+            assert!(
+                matches!(error, Error::TransactionRolledBackInBody { .. }),
+                "{error}"
+            );
+            assert!(error.is_retryable(), "{error}");
+            assert_eq!((effects, claims), (0, 0), "nothing of the job is committed");
+        }
+    }
+    // The connection is back where the caller left it: the next job runs at the top level.
+    let (job, caller) = B::careless_unit_in_callers_transaction(&mut conn, "2", "");
+    assert!(job.is_ok() && caller.is_ok(), "{job:?} {caller:?}");
+    assert_eq!(B::count_topic(&mut conn, "careless"), effects + 1);
 }
 
 /// SQLite in its default rollback-journal mode: a `COMMIT` needs every reader gone, and a reader

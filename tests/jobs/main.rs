@@ -60,6 +60,13 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole() {
+                holes::a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn in_progress_policies_bound_the_wait() {
                 holes::in_progress_policies_bound_the_wait::<$backend>();
             }
