@@ -94,6 +94,9 @@ pub trait BenchDb:
     /// What the server does by itself after a bulk insert into the outbox (SQLite: nothing, it
     /// keeps no statistics unless the application runs `ANALYZE`).
     const SETTLE_OUTBOX: &'static str;
+    /// Every undelivered message's next attempt put far ahead, as after failed deliveries.
+    const OUTBOX_BACK_OFF: &'static str =
+        "UPDATE outbox SET available_at = '2100-01-01 00:00:00' WHERE delivered_at IS NULL";
     /// The settings the figures were measured with, as the server reports them.
     const SETTINGS: &'static str;
     /// The size of `done_jobs` with its indexes, as the server reports it.

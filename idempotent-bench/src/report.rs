@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::compile::CompileTime;
 use crate::growth::GrowthPoint;
 use crate::prune::PruneUnderLoad;
-use crate::relay::RelayPoint;
+use crate::relay::{Backlog, RelayPoint};
 use crate::roundtrips::Count;
 use crate::throughput::{RATIOS, Throughput};
 use crate::variants::VARIANTS;
@@ -252,19 +252,25 @@ fn print_relay(report: &Report) {
     }
     println!();
     println!(
-        "relay rounds beside delivered messages kept (until prune_delivered): p50 / p99 µs; a full round leases and delivers 100"
+        "relay rounds beside delivered messages kept (until prune_delivered) and undelivered ones: p50 / p99 µs; a full round leases and delivers 100"
     );
     println!(
-        "{:<12}{:>16}{:>18}{:>18}{:>14}",
-        "backend", "delivered kept", "idle round", "full round", "per message"
+        "{:<12}{:>16}{:>22}{:>18}{:>18}{:>14}",
+        "backend", "delivered kept", "undelivered", "idle round", "full round", "per message"
     );
     for (name, points) in measured {
         for p in points {
             let pair = |s: crate::stats::Spread| format!("{:.0} / {:.0}", s.p50_us, s.p99_us);
+            let backlog = match p.backlog {
+                Backlog::None => "-".to_owned(),
+                Backlog::Due(n) => format!("{n} due"),
+                Backlog::BackingOff(n) => format!("{n} backing off"),
+            };
             println!(
-                "{name:<12}{:>16}{:>18}{:>18}{:>14.1}",
+                "{name:<12}{:>16}{:>22}{:>18}{:>18}{:>14.1}",
                 p.delivered_kept,
-                pair(p.idle),
+                backlog,
+                p.idle.map_or_else(|| "-".to_owned(), pair),
                 pair(p.full),
                 p.per_message_us
             );

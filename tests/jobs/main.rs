@@ -462,6 +462,14 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_relay_takes_messages_in_the_order_they_became_due() {
+                crate::outbox_faults::a_relay_takes_messages_in_the_order_they_became_due::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn a_panicking_delivery_fails_alone() {
                 crate::outbox_faults::a_panicking_delivery_fails_alone::<$backend, _>();
             }

@@ -533,6 +533,48 @@ where
     );
 }
 
+/// A relay takes the messages that became due first, on every database: a message whose delivery
+/// failed waits out its backoff behind the messages pushed meanwhile. (PostgreSQL and MySQL took
+/// them in id order, the failed one first.)
+pub fn a_relay_takes_messages_in_the_order_they_became_due<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn,
+{
+    let (_db, mut conn) = three_receipts::<B, C>();
+    let backoff = Duration::from_millis(300);
+    let relay = Relay::new()
+        .batch_size(1)
+        .backoff(backoff, backoff)
+        .lease(Duration::from_secs(60));
+    let first = relay
+        .run_once(&mut conn, |message| -> Result<(), String> {
+            assert_eq!(
+                order_of(message),
+                "order-1",
+                "the first message pushed goes first"
+            );
+            Err("the receiver is down".to_owned())
+        })
+        .expect("a round");
+    assert_eq!((first.leased, first.failed), (1, 1), "{first:?}");
+    send_receipt(&mut conn, "order-4").expect("a receipt pushed during order-1's backoff");
+    std::thread::sleep(backoff + Duration::from_millis(200));
+    let mut delivered = Vec::new();
+    let report = relay
+        .drain(&mut conn, |message| -> Result<(), String> {
+            delivered.push(order_of(message));
+            Ok(())
+        })
+        .expect("the relay drains the outbox");
+    assert_eq!(report.delivered, 4, "{report:?}");
+    assert_eq!(
+        delivered,
+        ["order-2", "order-3", "order-4", "order-1"],
+        "in the order the messages became due: order-1 at the end of its backoff"
+    );
+}
+
 /// A delivery error with a NUL byte (which PostgreSQL text cannot hold) and one of megabytes are
 /// stored sanitized and bounded; the relay goes on.
 pub fn delivery_errors_are_stored_sanitized<B, C>()

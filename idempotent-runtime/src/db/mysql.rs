@@ -30,7 +30,7 @@ use diesel::sql_types::{BigInt, Binary, Bool, Integer, Nullable, Text};
 
 use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
-use crate::sql::{IdList, Statement, bind};
+use crate::sql::{Bind, IdList, Statement, bind};
 use crate::store::{
     Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Nesting, StatementLimit,
     Store, Unfinished,
@@ -113,6 +113,15 @@ macro_rules! id_list {
     };
 }
 
+/// After the candidate bound at `?, ?, ?` (its `available_at` as text, again, and its id) in the
+/// order of `outbox_pending`. A `DATETIME` against text is compared as a `DATETIME`, whatever the
+/// session's time zone.
+macro_rules! after_candidate {
+    () => {
+        "(available_at > ? OR (available_at = ? AND id > ?))"
+    };
+}
+
 sql! {
     MaxAllowedPacket = concat!("SELECT @@max_allowed_packet AS `limit`", every_row!());
     // A statement that uses a table clears the session's list of warnings; a `ROLLBACK` that
@@ -158,8 +167,14 @@ sql! {
         "UPDATE outbox FORCE INDEX (PRIMARY) SET parked_at = ", now!(), ", lease_owner = NULL, \
          lease_until = NULL, last_error = ", abandoned_reason!(), " WHERE id IN ", id_list!()
     );
+    // Candidates come in the order of `outbox_pending` (`available_at, id`: the order in which
+    // messages became due), which a range of the index reads and stops at the limit, after the
+    // last one read (`after_candidate`). With `ORDER BY id` the plan depended on the statistics:
+    // measured with 1,000,000 messages backing off and 100 due, one plan walked every message
+    // backing off (1.9 s a lease), another sorted the due ones; through the index, 0.2 ms.
     AbandonedCandidates = concat!(
-        "SELECT id FROM outbox WHERE ", abandoned!(), " AND id > ? ORDER BY id LIMIT 8" // ID_CHUNK
+        "SELECT id, CAST(available_at AS CHAR) AS available FROM outbox WHERE ", abandoned!(),
+        " AND ", after_candidate!(), " ORDER BY available_at, id LIMIT 8" // ID_CHUNK
     );
     // One abandoned message at a time (it may be the one that stopped the relay).
     LockAbandoned = concat!(
@@ -167,7 +182,8 @@ sql! {
         abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
     );
     PendingCandidates = concat!(
-        "SELECT id FROM outbox WHERE ", pending!(), " AND id > ? ORDER BY id LIMIT ?"
+        "SELECT id, CAST(available_at AS CHAR) AS available FROM outbox WHERE ", pending!(),
+        " AND ", after_candidate!(), " ORDER BY available_at, id LIMIT ?"
     );
     LockPending = concat!(
         "SELECT id FROM outbox FORCE INDEX (PRIMARY) WHERE id IN ", id_list!(), " AND ",
@@ -362,24 +378,22 @@ async fn next_transaction_at<S: crate::sql::SqlText, C: Store<Db = MysqlDb>>(
 }
 
 /// The ids of `chunk` (at most [`ID_CHUNK`]) as an `IN` list.
-fn ids(chunk: &[Id]) -> IdList<ID_CHUNK> {
-    IdList::new(chunk.iter().map(|row| row.id))
+fn ids<R: HasId>(chunk: &[R]) -> IdList<ID_CHUNK> {
+    IdList::new(chunk.iter().map(HasId::id))
 }
 
 /// Locks and returns one message whose relay died while it held it (none if every such message
 /// is locked by another relay's lease).
 async fn abandoned_one<C: Store<Db = MysqlDb>>(conn: &mut C) -> QueryResult<Vec<Id>> {
-    let mut after = 0;
+    let mut after = Candidate::first();
     loop {
-        let candidates: Vec<Id> = conn
-            .load(Statement::<AbandonedCandidates, _>::new((
-                bind::<BigInt, _>(after),
-            )))
+        let candidates: Vec<Candidate> = conn
+            .load(Statement::<AbandonedCandidates, _>::new(after.cursor()))
             .await?;
         let Some(last) = candidates.last() else {
             return Ok(Vec::new());
         };
-        after = last.id;
+        after = last.clone();
         let locked: Vec<Id> = conn
             .load(Statement::<LockAbandoned, _>::new((ids(&candidates),)))
             .await?;
@@ -393,6 +407,55 @@ async fn abandoned_one<C: Store<Db = MysqlDb>>(conn: &mut C) -> QueryResult<Vec<
 struct Id {
     #[diesel(sql_type = BigInt)]
     id: i64,
+}
+
+/// The binds of `after_candidate!()`: a candidate's `available_at` (twice) and id.
+type Cursor<'a> = (Bind<Text, &'a str>, Bind<Text, &'a str>, Bind<BigInt, i64>);
+
+/// A message the lease may take, and where it stands in the order of `outbox_pending`.
+#[derive(diesel::QueryableByName, Clone)]
+struct Candidate {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    /// `available_at`, as the server writes it.
+    #[diesel(sql_type = Text)]
+    available: String,
+}
+
+impl Candidate {
+    /// Before every message: `DATETIME`'s range starts at year 1000.
+    fn first() -> Self {
+        Self {
+            id: 0,
+            available: "1000-01-01 00:00:00".to_owned(),
+        }
+    }
+
+    /// The binds of `after_candidate!()`.
+    fn cursor(&self) -> Cursor<'_> {
+        (
+            bind::<Text, _>(&self.available),
+            bind::<Text, _>(&self.available),
+            bind::<BigInt, _>(self.id),
+        )
+    }
+}
+
+/// What [`ids`] lists.
+trait HasId {
+    fn id(&self) -> i64;
+}
+
+impl HasId for Id {
+    fn id(&self) -> i64 {
+        self.id
+    }
+}
+
+impl HasId for Candidate {
+    fn id(&self) -> i64 {
+        self.id
+    }
 }
 
 #[derive(diesel::QueryableByName)]
@@ -818,20 +881,23 @@ impl Database for MysqlDb {
         let mut taken = abandoned_one(conn).await?;
         if taken.is_empty() {
             let limit = usize::try_from(lease.limit).unwrap_or(0);
-            let mut after = 0;
+            let mut after = Candidate::first();
             // Candidates other relays have locked meanwhile are skipped: the next ones are read.
             while taken.len() < limit {
                 let wanted = i64::try_from(limit - taken.len()).unwrap_or(i64::MAX);
-                let candidates: Vec<Id> = conn
+                let (available, again, id) = after.cursor();
+                let candidates: Vec<Candidate> = conn
                     .load(Statement::<PendingCandidates, _>::new((
-                        bind::<BigInt, _>(after),
+                        available,
+                        again,
+                        id,
                         bind::<BigInt, _>(wanted),
                     )))
                     .await?;
                 let Some(last) = candidates.last() else {
                     break;
                 };
-                after = last.id;
+                after = last.clone();
                 for chunk in candidates.chunks(ID_CHUNK) {
                     let locked: Vec<Id> = conn
                         .load(Statement::<LockPending, _>::new((ids(chunk),)))

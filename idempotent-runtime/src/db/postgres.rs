@@ -126,15 +126,21 @@ sql! {
          last_error = ", abandoned_reason!(), " WHERE id IN (SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts >= ? \
          FOR UPDATE SKIP LOCKED)"
     );
+    // In the order of `outbox_pending` (`available_at, id`: the order in which messages became
+    // due, pushed or at the end of their backoff), which the index reads and stops at the limit.
+    // With `ORDER BY id` the planner walked the primary key once statistics showed many messages
+    // pending, past every delivered message kept until `prune_delivered` and every one backing
+    // off: measured with 1,000,000 delivered and 1,000,000 due, 160 ms a lease; through the index,
+    // 0.1 ms.
     TakeAbandoned = concat!(
         "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
          WHERE id = (SELECT id FROM outbox WHERE ", abandoned!(),
-        " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ", message_columns!()
+        " ORDER BY available_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ", message_columns!()
     );
     TakePending = concat!(
         "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
          WHERE id IN (SELECT id FROM outbox WHERE ", pending!(),
-        " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING ", message_columns!()
+        " ORDER BY available_at, id LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING ", message_columns!()
     );
     RetryParked = concat!(
         "UPDATE outbox SET parked_at = NULL, attempts = 0, last_error = NULL, available_at = ",
