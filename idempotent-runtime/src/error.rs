@@ -161,25 +161,31 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
-    /// The database rolled the job's transaction back while the body ran, and the body returned
-    /// `Ok` regardless: an error the body caught (a deadlock, a lock wait timeout), or on Galera a
-    /// conflicting write certified on another node. Nothing of the job's transaction was committed;
-    /// retrying is safe. The key's row, if another run has committed one since, is left alone.
+    /// The job's transaction was rolled back or aborted while the body ran: an error the body
+    /// caught and went past (on PostgreSQL any failed statement aborts the whole transaction), a
+    /// rollback the database made under it (a deadlock the body caught; on Galera a conflicting
+    /// write certified on another node), or a statement of the body that rolled back itself
+    /// (`ROLLBACK`). Neither the claim nor the body's work before that was committed, and the
+    /// key's row, if another run has committed one since, is left alone.
     ///
-    /// What caught it: a statement of the body failed and the body went on (on PostgreSQL that
-    /// aborts the whole transaction), the database rolled back under it (a deadlock or lock wait
-    /// timeout the body caught; on Galera a conflicting write certified on another node), or the
-    /// body rolled back itself. What to do: propagate statement errors with `?`, or run a
-    /// statement whose failure the body handles in a nested `conn.transaction(..)` (a savepoint);
-    /// then retry. Statements the body ran after the rollback ran outside any transaction.
-    #[error(
-        "job `{job}` (key `{key}`): the job's transaction was rolled back or aborted while its body ran, and the body returned Ok regardless; nothing of it was committed; retrying is safe"
-    )]
+    /// Where the transaction ended before the body was done (`outside`), the statements the body
+    /// ran after that ran outside any transaction, each committed on its own: the error says
+    /// they may be committed, and replaces an `Err` the body returned. Otherwise (an aborted
+    /// transaction, which refuses every later statement) nothing of the job was committed.
+    ///
+    /// What to do: propagate statement errors with `?`, or run a statement whose failure the
+    /// body handles in a nested `conn.transaction(..)` (a savepoint); do not end the job's
+    /// transaction in its body. A retry runs the job again (and, when `outside`, the statements
+    /// the body ran after the rollback with it).
+    #[error("job `{job}` (key `{key}`): {}", rolled_back_in_body(*.outside))]
     TransactionRolledBackInBody {
         /// The job's name.
         job: &'static str,
         /// The job's key.
         key: String,
+        /// The transaction had ended while the body went on: what the body ran after that ran
+        /// outside any transaction and may be committed.
+        outside: bool,
     },
 
     /// The handler's result is too large for the database to take in one statement; nothing was
@@ -657,6 +663,15 @@ impl fmt::Display for Step {
             Step::Commit => "committing",
             Step::Rollback => "rolling back",
         })
+    }
+}
+
+/// What [`Error::TransactionRolledBackInBody`] says after the job and its key.
+fn rolled_back_in_body(outside: bool) -> &'static str {
+    if outside {
+        "the job's transaction was rolled back while its body ran (by a statement of the body, or by the database), and the body went on: neither the claim nor the work before that was committed, but the statements the body ran after it ran outside any transaction and may be committed; a retry runs the job again, those statements with it"
+    } else {
+        "the job's transaction was rolled back or aborted while its body ran, and the body returned Ok regardless; nothing of it was committed; retrying is safe"
     }
 }
 

@@ -156,13 +156,13 @@ where
     };
     match produced {
         Err(panic) => {
-            if let Some(error) = job.end_unfinished().await.error(call) {
+            if let Some(error) = job.end_unfinished(true).await.error(call) {
                 tracing::error!(%error, "the job's body panicked");
             }
             call.finished(Ending::Panicked);
             resume_unwind(panic)
         }
-        Ok(Produced::Failed(error)) => match job.end_unfinished().await.error(call) {
+        Ok(Produced::Failed(error)) => match job.end_unfinished(true).await.error(call) {
             None => {
                 call.finished(Ending::Failed);
                 Err(error)
@@ -279,11 +279,8 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// ended with nothing of the job committed, was rolled back in the body, as for a job whose
     /// claim is its whole record; `error` (storing the result "failed") would hide why.
     async fn fail_after_body(&mut self, error: Error) -> Error {
-        let error = match self.end_unfinished().await {
-            Ended::RolledBackByBody => Error::TransactionRolledBackInBody {
-                job: self.call.job.name(),
-                key: self.call.key_text.clone(),
-            },
+        let error = match self.end_unfinished(false).await {
+            Ended::RolledBackByBody { outside } => rolled_back_in_body(self.call, outside),
             ended => ended.error(self.call).unwrap_or(error),
         };
         self.call.failed(error)
@@ -294,14 +291,20 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// statement of the body ended or replaced it), ends whatever is open and takes back this
     /// run's claim, in case the body committed it; on a connection that cannot roll back, takes
     /// the claim back too.
-    async fn end_unfinished(&mut self) -> Ended {
+    ///
+    /// `body_failed`: the body returned `Err` (else a step after a body that returned `Ok` failed).
+    async fn end_unfinished(&mut self, body_failed: bool) -> Ended {
+        // Before any statement of the runtime's: a body that returned at the failure that ended
+        // its transaction (a MySQL deadlock) ran nothing after it.
+        let stopped_at_failure =
+            body_failed && S::Db::body_stopped_at_a_failure(self.transaction.store()).await;
         // Where the database answered that the transaction is not the job's, a statement of the
         // body may have committed the claim: a failed take-back leaves it. Where the connection
         // failed, the transaction ended with it, uncommitted.
         let replays = !self.stores_result;
-        let committed = |taken, ownership| match taken {
+        let committed = |taken, ownership, outside| match taken {
             Ok(true) => Ended::CommittedInBody,
-            Ok(false) if ownership == Ownership::NotOwn => Ended::RolledBackByBody,
+            Ok(false) if ownership == Ownership::NotOwn => Ended::RolledBackByBody { outside },
             Ok(false) => Ended::RolledBack,
             Err(source) if ownership == Ownership::NotOwn => {
                 Ended::ClaimKept(ENDED_IN_BODY.to_owned(), source, replays)
@@ -318,9 +321,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             if ownership == Ownership::Own {
                 return self.after_rollback(false, false).await;
             }
+            let outside = !stopped_at_failure && self.ended_outside(ownership).await;
             return committed(
                 take_back_after_callers_end(self.transaction.store(), self.call).await,
                 ownership,
+                outside,
             );
         }
         let ownership = self.transaction.ownership().await;
@@ -335,11 +340,22 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             self.transaction.rollback().await;
             return self.after_rollback(true, cleared).await;
         }
+        let outside = !stopped_at_failure && self.ended_outside(ownership).await;
         self.transaction.abort_job(self.nesting).await;
         committed(
             take_back_claim(self.transaction.store(), self.call).await,
             ownership,
+            outside,
         )
+    }
+
+    /// Asked before the runtime ends a transaction that the database said is no longer the
+    /// job's: whether it had ended already (no transaction open on the session), so that what the
+    /// body ran after its end ran outside it. Unless the database answers that one is still open,
+    /// the answer is yes: the call then says such statements may be committed.
+    async fn ended_outside(&mut self, ownership: Ownership) -> bool {
+        ownership == Ownership::NotOwn
+            && S::Db::transaction_still_open(self.transaction.store()).await != Some(true)
     }
 
     /// After a rollback the database reported done: on a connection that has no rollback, the
@@ -381,6 +397,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     async fn not_own_at_commit(&mut self, source: diesel::result::Error) -> Error {
         let commit_failed = self.nesting != Nesting::Savepoint
             && S::Db::commit_failed_instead(self.transaction.store(), &source).await;
+        let outside = self.ended_outside(Ownership::NotOwn).await;
         self.transaction.abort_job(self.nesting).await;
         let taken = match self.nesting {
             Nesting::Savepoint => {
@@ -395,10 +412,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             // Nothing of the run is committed, and the error may be the `COMMIT`'s own (a
             // deferred trigger's): it, not the body, says what happened.
             Ok(false) if commit_failed => self.call.database::<S::Db>(Step::Commit, source),
-            Ok(false) => Error::TransactionRolledBackInBody {
-                job: self.call.job.name(),
-                key: self.call.key_text.clone(),
-            },
+            Ok(false) => rolled_back_in_body(self.call, outside),
             // The result was recorded after the body's statement: a committed row of it reads as
             // finished, whatever the job returns.
             Err(error) => match Ownership::from_failure::<S::Db>(&source) {
@@ -513,8 +527,13 @@ enum Ended {
     /// Rolled back: nothing of the job is in the database.
     RolledBack,
     /// Rolled back, and the database had said the transaction was no longer the job's own: a
-    /// statement of the body rolled it back or aborted it. Nothing of the job is in the database.
-    RolledBackByBody,
+    /// statement of the body rolled it back or aborted it. Nothing of the job's transaction is in
+    /// the database; when `outside`, no transaction was open any more, and what the body ran after
+    /// its end ran outside it.
+    RolledBackByBody {
+        /// What the body ran after the end of its transaction may be committed.
+        outside: bool,
+    },
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,
@@ -530,7 +549,9 @@ impl Ended {
     /// The error that replaces the job's own, unless the transaction simply rolled back.
     fn error(self, call: &Call) -> Option<Error> {
         match self {
-            Ended::RolledBack | Ended::RolledBackByBody => None,
+            Ended::RolledBack | Ended::RolledBackByBody { outside: false } => None,
+            // The body's own error would say nothing of what it ran after the end.
+            Ended::RolledBackByBody { outside: true } => Some(rolled_back_in_body(call, true)),
             Ended::CommittedInBody => Some(ended_in_body(call)),
             Ended::NoRollback(why) => Some(Error::CannotRollBack {
                 job: call.job.name(),
@@ -541,6 +562,15 @@ impl Ended {
                 Some(claim_kept(call, ended, source, replays))
             }
         }
+    }
+}
+
+/// [`Error::TransactionRolledBackInBody`] for `call`.
+fn rolled_back_in_body(call: &Call, outside: bool) -> Error {
+    Error::TransactionRolledBackInBody {
+        job: call.job.name(),
+        key: call.key_text.clone(),
+        outside,
     }
 }
 
@@ -675,10 +705,9 @@ async fn record<S: Store>(
     } else {
         // This run's claim is gone from its transaction: a statement of the body rolled back to
         // the job's savepoint (the claim with it) or switched the session to another database.
-        Err(Error::TransactionRolledBackInBody {
-            job: call.job.name(),
-            key: call.key_text.clone(),
-        })
+        // Whether what the body ran after that is committed, the end of the job's transaction
+        // tells (`JobEnd::fail_after_body`).
+        Err(rolled_back_in_body(call, false))
     }
 }
 

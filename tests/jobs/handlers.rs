@@ -446,7 +446,11 @@ pub fn statements_in_unit_body<C: TestConn>(
 /// A job returning `()` whose body writes its effect, then runs `statements` and carries on
 /// whatever they answer ("try it, ignore the failure").
 #[idempotent_job(key = "careless:<id>", name = "careless_unit")]
-pub fn careless_unit<C: TestConn>(conn: &mut C, id: &str, statements: &str) -> Result<(), TestError> {
+pub fn careless_unit<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    statements: &str,
+) -> Result<(), TestError> {
     conn.insert_message("careless", id)?;
     for statement in statements.split(";;").filter(|s| !s.is_empty()) {
         let _caught = conn.execute_sql(statement);

@@ -178,12 +178,20 @@ pub fn a_rolled_back_run_leaves_another_runs_claim_alone<B: Backend>() {
         "the job's effect is there once: the third delivery replayed"
     );
     let error = runtime_error(first);
+    // The body's `ROLLBACK` ended the job's transaction: what it ran after that (here nothing)
+    // ran outside it, and the error says so.
     assert!(
-        matches!(error, Error::TransactionRolledBackInBody { .. }),
-        "{error}"
+        matches!(
+            error,
+            Error::TransactionRolledBackInBody { outside: true, .. }
+        ),
+        "{error:?}"
     );
     assert!(error.is_retryable(), "{error}");
-    assert!(error.to_string().contains("retrying is safe"), "{error}");
+    assert!(
+        error.to_string().contains("a retry runs the job again"),
+        "{error}"
+    );
 }
 
 /// Many workers on one SQLite file, with SQLite's defaults (rollback journal, no busy timeout of
@@ -736,10 +744,17 @@ pub fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
     let value = idempotent_jobs::run(&mut conn, &CARELESS, &JobKey::new("careless:2"), |conn| {
         careless(conn).map(|()| 7_u32)
     });
-    for (what, error) in [("unit", runtime_error(unit)), ("value", runtime_error(value))] {
+    for (what, error) in [
+        ("unit", runtime_error(unit)),
+        ("value", runtime_error(value)),
+    ] {
+        // The aborted transaction refused every later statement: nothing ran outside it.
         assert!(
-            matches!(error, Error::TransactionRolledBackInBody { .. }),
-            "{what}: {error}"
+            matches!(
+                error,
+                Error::TransactionRolledBackInBody { outside: false, .. }
+            ),
+            "{what}: {error:?}"
         );
         assert!(error.is_retryable(), "{what}: {error}");
     }
@@ -749,6 +764,77 @@ pub fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
         "nothing committed"
     );
     assert_eq!(Postgres::count_done(&mut conn), 0, "no claim committed");
+}
+
+/// MySQL/MariaDB: a deadlock rolls back the job's whole transaction, and the session then runs
+/// each statement as one of its own. A body that returns at that failure (`?`) ran nothing
+/// outside the transaction: the call is the body's own error (the deadlock, which a retry can
+/// pass), not the runtime's warning that statements after the rollback may be committed; and
+/// nothing of the job is committed.
+pub fn a_deadlock_the_body_returns_at_is_the_bodys_own_error() {
+    use crate::backends::Mysql;
+    use diesel::RunQueryDsl as _;
+    static LOCKER: idempotent_jobs::Job = idempotent_jobs::Job::new("locker", "locker:<n>");
+
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    Mysql::execute(
+        &mut conn,
+        "CREATE TABLE locked_rows (id INT PRIMARY KEY, v INT) ENGINE = InnoDB",
+    );
+    Mysql::execute(&mut conn, "CREATE TABLE heavy (id INT) ENGINE = InnoDB");
+    Mysql::execute(&mut conn, "INSERT INTO locked_rows VALUES (1, 0), (2, 0)");
+    let id = harness::unique_name("deadlock");
+    signals::barrier(&id, 2);
+    let result = std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            let mut other = db.connect();
+            // The heavier transaction: the server picks the job's as the deadlock's victim.
+            Mysql::execute(&mut other, "START TRANSACTION");
+            for _ in 0..50 {
+                Mysql::execute(&mut other, "INSERT INTO heavy VALUES (1)");
+            }
+            Mysql::execute(&mut other, "UPDATE locked_rows SET v = v + 1 WHERE id = 2");
+            signals::meet(&id);
+            std::thread::sleep(Duration::from_millis(300)); // the job waits for row 2
+            let closed =
+                Mysql::try_execute(&mut other, "UPDATE locked_rows SET v = v + 1 WHERE id = 1");
+            Mysql::execute(&mut other, "ROLLBACK");
+            closed
+        });
+        let result = idempotent_jobs::run(&mut conn, &LOCKER, &JobKey::new("locker:1"), |conn| {
+            diesel::sql_query("UPDATE locked_rows SET v = v + 1 WHERE id = 1")
+                .execute(conn)
+                .map_err(TestError::from)?;
+            signals::meet(&id);
+            diesel::sql_query("UPDATE locked_rows SET v = v + 1 WHERE id = 2")
+                .execute(conn)
+                .map_err(TestError::from)?;
+            Ok::<_, TestError>(())
+        });
+        let closed = other.join().expect("the other transaction");
+        assert!(
+            closed.is_ok(),
+            "the job's transaction was the victim: {closed:?}"
+        );
+        result
+    });
+    match &result {
+        Err(TestError::Database(error)) => assert!(
+            error.to_string().contains("Deadlock"),
+            "the body's own error: {error}"
+        ),
+        other => panic!("expected the body's own error, the deadlock: {other:?}"),
+    }
+    assert_eq!(Mysql::count_done(&mut conn), 0, "no claim committed");
+    assert_eq!(
+        Mysql::query_i64(
+            &mut conn,
+            "SELECT CAST(SUM(v) AS SIGNED) AS n FROM locked_rows"
+        ),
+        0,
+        "nothing of the job committed"
+    );
 }
 
 /// A job inside a caller's transaction whose body went past a failed statement: on PostgreSQL the
@@ -780,8 +866,11 @@ pub fn a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole<B: Ba
         Err(_) => {
             let error = runtime_error(job);
             assert!(
-                matches!(error, Error::TransactionRolledBackInBody { .. }),
-                "{error}"
+                matches!(
+                    error,
+                    Error::TransactionRolledBackInBody { outside: false, .. }
+                ),
+                "{error:?}"
             );
             assert!(error.is_retryable(), "{error}");
             assert_eq!((effects, claims), (0, 0), "nothing of the job is committed");

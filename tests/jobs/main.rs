@@ -778,6 +778,12 @@ fn a_body_that_goes_past_a_failed_statement_is_reported_as_such() {
     holes::a_body_that_goes_past_a_failed_statement_is_reported_as_such();
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn a_deadlock_the_body_returns_at_is_the_bodys_own_error() {
+    holes::a_deadlock_the_body_returns_at_is_the_bodys_own_error();
+}
+
 #[cfg(feature = "sqlite")]
 #[test]
 fn a_result_that_would_replay_as_another_value_is_refused() {

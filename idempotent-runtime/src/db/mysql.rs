@@ -130,6 +130,9 @@ sql! {
     // Right after a `ROLLBACK` that followed `ClearWarnings`: its only warning is 1196, "Some
     // non-transactional changed tables couldn't be rolled back".
     RollbackWarnings = concat!("SELECT CAST(@@warning_count AS SIGNED) AS n", every_row!());
+    // The errors of the session's last statement that had any (a `SELECT` of a variable keeps
+    // them).
+    LastErrors = concat!("SELECT CAST(@@error_count AS SIGNED) AS n", every_row!());
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
@@ -769,6 +772,17 @@ impl Database for MysqlDb {
             .load(Statement::<SessionInTransaction, _>::new(()))
             .await?;
         Ok(rows.first().is_some_and(|r| r.n > 0))
+    }
+
+    async fn body_stopped_at_a_failure<C: Store<Db = Self>>(conn: &mut C) -> bool {
+        let errors: QueryResult<Vec<TableCount>> =
+            conn.load(Statement::<LastErrors, _>::new(())).await;
+        errors.is_ok_and(|rows| rows.first().is_some_and(|row| row.n > 0))
+    }
+
+    async fn transaction_still_open<C: Store<Db = Self>>(conn: &mut C) -> Option<bool> {
+        // MariaDB's `@@in_transaction`; MySQL's `@@autocommit = 0` (then any statement opens one).
+        Self::session_in_transaction(conn).await.ok()
     }
 
     async fn release_job<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {

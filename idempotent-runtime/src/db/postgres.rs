@@ -245,6 +245,10 @@ sql! {
     // `set_config(.., true)`: for this transaction only, whatever happens to it.
     BoundLockWait = "SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', ?, true) AS applied";
     RestoreLockWait = "SELECT set_config('lock_timeout', ?, true) AS previous";
+    // A setting for this transaction only, read back by the next statement: there only when both
+    // ran in one transaction (outside a transaction block, each statement is one of its own).
+    MarkStillOpen = "SELECT set_config('idempotent.open', 'on', true) AS previous";
+    ReadStillOpen = "SELECT COALESCE(current_setting('idempotent.open', true), '') AS previous";
 }
 
 #[derive(diesel::QueryableByName)]
@@ -304,6 +308,22 @@ impl Database for PostgresDb {
 
     fn inside_callers_transaction(error: &DieselError) -> bool {
         super::message(error).is_some_and(|m| m.contains(INSIDE_CALLERS))
+    }
+
+    async fn transaction_still_open<C: Store<Db = Self>>(conn: &mut C) -> Option<bool> {
+        let marked: QueryResult<Vec<crate::store::SettingRow>> =
+            conn.load(Statement::<MarkStillOpen, _>::new(())).await;
+        match marked {
+            Ok(_) => {}
+            // Only an aborted transaction refuses a `SELECT` of a setting.
+            Err(error) if !Self::connection_lost(&error) => return Some(true),
+            Err(_) => return None,
+        }
+        let read: Vec<crate::store::SettingRow> = conn
+            .load(Statement::<ReadStillOpen, _>::new(()))
+            .await
+            .ok()?;
+        Some(read.first().is_some_and(|row| row.previous == "on"))
     }
 
     const LEAVE_CALLERS_TRANSACTION: &'static str = "ROLLBACK TO SAVEPOINT idempotent_job; \

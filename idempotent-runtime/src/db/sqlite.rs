@@ -209,6 +209,16 @@ impl Database for SqliteDb {
         super::message(error).is_some_and(|m| m.contains("no such savepoint"))
     }
 
+    async fn transaction_still_open<C: Store<Db = Self>>(conn: &mut C) -> Option<bool> {
+        // A deferred `BEGIN` takes no lock: outside a transaction it opens one, ended at once;
+        // inside one it is refused (and then the batch stops).
+        match conn.batch("BEGIN DEFERRED; ROLLBACK").await {
+            Ok(()) => Some(false),
+            Err(error) if Self::inside_callers_transaction(&error) => Some(true),
+            Err(_) => None,
+        }
+    }
+
     fn inside_callers_transaction(error: &DieselError) -> bool {
         // The job's `BEGIN IMMEDIATE` in a transaction Diesel does not know of: refused, and the
         // caller's transaction goes on untouched.

@@ -111,6 +111,34 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const KNOWS_SESSION_TRANSACTION: bool = false;
 
+    /// Asked when a job's body returned `Err`, before any statement of the runtime's: whether the
+    /// body's last statement failed. Where the database rolls back a whole transaction on its own
+    /// (MySQL and MariaDB, on a deadlock) and the session then runs each statement as one of its
+    /// own, a body that returned at that failure ran nothing outside the rolled-back transaction.
+    /// MySQL and MariaDB keep a statement's errors until a statement that uses a table
+    /// (`@@error_count`); by default `false`, with no round trip.
+    #[doc(hidden)]
+    fn body_stopped_at_a_failure<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = bool> + Send {
+        let _ = conn;
+        async { false }
+    }
+
+    /// Asked on an error path only, once a job's transaction has turned out not to be its own and
+    /// before the runtime ends it: whether a transaction is still open on the session.
+    /// `Some(true)`: one is (aborted, or with the job's savepoint gone), and the runtime's rollback
+    /// takes what the body wrote in it. `Some(false)`: none is; a statement of the body, or the
+    /// database, ended the job's transaction, and what the body ran after that ran outside any
+    /// transaction, each statement committed on its own. `None`: no answer. By default `None`.
+    #[doc(hidden)]
+    fn transaction_still_open<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = Option<bool>> + Send {
+        let _ = conn;
+        async { None }
+    }
+
     /// Whether the session holds a transaction that Diesel does not know of, before a transaction
     /// of the runtime's own begins (MySQL with `autocommit = 0` and statements pending: a `BEGIN`
     /// would commit them).
