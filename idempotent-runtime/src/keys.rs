@@ -32,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::error::Error;
 use crate::key::JobKey;
 use crate::store::{Database, JobCountRow, KeyFilter, KeyRow, Store};
-use crate::transaction::{Outside, Own, outside_transactions_as};
+use crate::transaction::{Outside, Own, outside_transactions_judged};
 
 /// What `done_jobs` holds for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,6 +354,7 @@ async fn lookup_on<S: Store>(conn: &mut S, digest: &[u8; 32]) -> Result<Option<K
     let row = keys_operation(
         conn,
         ("look up a key", "looking up a key"),
+        |_| false,
         async move |conn: &mut S| S::Db::lookup_key(conn, &digest).await,
     )
     .await?;
@@ -379,6 +380,7 @@ async fn forget_on<S: Store>(
     let (record, deleted) = keys_operation(
         conn,
         ("forget a key", "forgetting a key"),
+        |(_, deleted): &(Option<KeyRow>, bool)| *deleted,
         async move |conn: &mut S| {
             let digest = &digest;
             let record = S::Db::lookup_key(conn, digest).await?;
@@ -472,6 +474,7 @@ async fn list_on<S: Store>(conn: &mut S, query: &KeyQuery) -> Result<Vec<KeyReco
     let rows = keys_operation(
         conn,
         ("list keys", "listing keys"),
+        |_| false,
         async move |conn: &mut S| {
             let filter = KeyFilter {
                 job: job.as_deref(),
@@ -492,6 +495,7 @@ async fn job_counts_on<S: Store>(conn: &mut S) -> Result<Vec<JobCount>, Error> {
     let rows = keys_operation(
         conn,
         ("count keys", "counting keys per job"),
+        |_| false,
         async |conn: &mut S| S::Db::job_counts(conn).await,
     )
     .await?;
@@ -500,12 +504,16 @@ async fn job_counts_on<S: Store>(conn: &mut S) -> Result<Vec<JobCount>, Error> {
 
 /// Runs a keys operation in a transaction of its own; `names` are what it is (for a refusal inside
 /// a transaction) and what it was doing (for a failure).
+///
+/// `wrote` tells from the answer whether the statements changed anything (a look-up never does):
+/// when they did not, a lost `COMMIT` reply loses nothing.
 async fn keys_operation<S: Store, T>(
     conn: &mut S,
     (what, action): (&'static str, &'static str),
+    wrote: impl Fn(&T) -> bool,
     statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Error> {
-    outside_transactions_as(conn, "done_jobs", Own::Committed, statements)
+    outside_transactions_judged(conn, "done_jobs", Own::Committed, wrote, statements)
         .await
         .map_err(keys_error::<S>(what, action))
 }

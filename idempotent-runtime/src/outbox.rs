@@ -64,7 +64,9 @@ use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
 use crate::stats::Settled;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
-use crate::transaction::{Outside, Own, outside_transactions, outside_transactions_as};
+use crate::transaction::{
+    Outside, Own, outside_transactions, outside_transactions_as, outside_transactions_judged,
+};
 
 pub use crate::store::OutboxCounts;
 
@@ -296,12 +298,15 @@ async fn unsent_on<S: Store>(conn: &mut S, limit: u32) -> Result<Vec<OutboxMessa
         return Ok(Vec::new());
     }
     let limit = i64::from(limit);
-    let rows =
-        outside_transactions_as(conn, "outbox", Own::Committed, async move |conn: &mut S| {
-            S::Db::unsent(conn, limit).await
-        })
-        .await
-        .map_err(outbox_error::<S::Db>("list unsent outbox messages"))?;
+    let rows = outside_transactions_judged(
+        conn,
+        "outbox",
+        Own::Committed,
+        |_| false,
+        async move |conn: &mut S| S::Db::unsent(conn, limit).await,
+    )
+    .await
+    .map_err(outbox_error::<S::Db>("list unsent outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
 }
 
@@ -320,9 +325,13 @@ pub async fn parked_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn parked_on<S: Store>(conn: &mut S) -> Result<Vec<OutboxMessage>, Error> {
-    let rows = outside_transactions_as(conn, "outbox", Own::Committed, async |conn: &mut S| {
-        S::Db::parked(conn).await
-    })
+    let rows = outside_transactions_judged(
+        conn,
+        "outbox",
+        Own::Committed,
+        |_| false,
+        async |conn: &mut S| S::Db::parked(conn).await,
+    )
     .await
     .map_err(outbox_error::<S::Db>("list parked outbox messages"))?;
     Ok(rows.into_iter().map(OutboxMessage::from_row).collect())
@@ -348,9 +357,14 @@ pub async fn retry_parked_async<C: crate::connection::AsyncJobStore>(
 
 async fn retry_parked_on<S: Store>(conn: &mut S, message_id: Option<&str>) -> Result<usize, Error> {
     let message_id = message_id.map(str::to_owned);
-    outside_transactions(conn, "outbox", async move |conn: &mut S| {
-        S::Db::retry_parked(conn, message_id.as_deref()).await
-    })
+    // Sending none again, whose `COMMIT` reply is lost, sent none again.
+    outside_transactions_judged(
+        conn,
+        "outbox",
+        Own::Look,
+        |retried| *retried > 0,
+        async move |conn: &mut S| S::Db::retry_parked(conn, message_id.as_deref()).await,
+    )
     .await
     .map_err(outbox_error::<S::Db>("retry parked outbox messages"))
 }
@@ -416,9 +430,13 @@ pub async fn counts_async<C: crate::connection::AsyncJobStore>(
 }
 
 async fn counts_on<S: Store>(conn: &mut S) -> Result<OutboxCounts, Error> {
-    let counts = outside_transactions_as(conn, "outbox", Own::Committed, async |conn: &mut S| {
-        S::Db::outbox_counts(conn).await
-    })
+    let counts = outside_transactions_judged(
+        conn,
+        "outbox",
+        Own::Committed,
+        |_| false,
+        async |conn: &mut S| S::Db::outbox_counts(conn).await,
+    )
     .await
     .map_err(outbox_error::<S::Db>("count outbox messages"))?;
     crate::stats::outbox_counts(&counts);

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::store::{Database, Store};
-use crate::transaction::{Outside, Own, outside_transactions_as};
+use crate::transaction::{Outside, Own, outside_transactions_judged};
 
 /// The longest pause pacing adds after one batch, however long the batch took.
 const MAX_PACED_PAUSE: Duration = Duration::from_secs(30);
@@ -179,6 +179,9 @@ impl Batches {
         asked: &'static str,
     ) -> Result<PruneReport, Error> {
         let mut report = PruneReport::default();
+        if options.max_batches == Some(0) {
+            return Ok(report);
+        }
         let mut fewest_locks = true;
         loop {
             // The batch's own time runs from when its transaction has begun: waiting for
@@ -190,10 +193,18 @@ impl Batches {
                 let own = Own::Prune { fewest_locks };
                 // The closure owns what it uses (a copy of `delete`): an async closure that
                 // borrows makes a future rustc cannot prove `Send` (tests/jobs/spawnable.rs).
-                match outside_transactions_as(conn, self.table, own, async move |conn: &mut S| {
-                    let began = Instant::now();
-                    delete(conn, limit).await.map(|removed| (removed, began))
-                })
+                // A batch that deleted nothing, whose `COMMIT` reply is lost, deleted nothing.
+                let deleted = |(removed, _): &(usize, Instant)| *removed > 0;
+                match outside_transactions_judged(
+                    conn,
+                    self.table,
+                    own,
+                    deleted,
+                    async move |conn: &mut S| {
+                        let began = Instant::now();
+                        delete(conn, limit).await.map(|removed| (removed, began))
+                    },
+                )
                 .await
                 {
                     Err(Outside::Failed(refused))

@@ -285,7 +285,21 @@ pub(crate) async fn outside_transactions_as<S: Store, T>(
     own: Own,
     statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Outside> {
-    match in_own_transaction(conn, own, statements).await {
+    outside_transactions_judged(conn, table, own, |_| true, statements).await
+}
+
+/// [`outside_transactions_as`], where `wrote` tells from the statements' answer whether they
+/// changed anything: a transaction that changed nothing (a read, a forget that found nothing to
+/// forget, a batch that deleted no row) whose `COMMIT` reply is lost has its answer all the same,
+/// where one that wrote is [`Outside::CommitUnknown`].
+pub(crate) async fn outside_transactions_judged<S: Store, T>(
+    conn: &mut S,
+    table: &'static str,
+    own: Own,
+    wrote: impl Fn(&T) -> bool,
+    statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
+) -> Result<T, Outside> {
+    match in_own_transaction(conn, own, wrote, statements).await {
         // The usual first mistake, named: a failure that does not pass, on a table not there.
         Err(Outside::Failed(error))
             if !S::Db::classify(&error).is_transient()
@@ -301,6 +315,7 @@ pub(crate) async fn outside_transactions_as<S: Store, T>(
 async fn in_own_transaction<S: Store, T>(
     conn: &mut S,
     own: Own,
+    wrote: impl Fn(&T) -> bool,
     mut statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Outside> {
     if conn.transaction_depth()? > 0 || S::Db::session_in_transaction(conn).await? {
@@ -338,9 +353,15 @@ async fn in_own_transaction<S: Store, T>(
             match statements(transaction.store()).await {
                 Ok(value) => match transaction.commit().await {
                     Ok(()) => Ok(value),
-                    // The `COMMIT` may have reached the server: what it did is not known here.
+                    // The `COMMIT` may have reached the server: what it did is not known here,
+                    // unless there was nothing for it to do.
                     Err(error) if S::Db::connection_lost(&error) => {
-                        Err(Outside::CommitUnknown(error))
+                        if wrote(&value) {
+                            Err(Outside::CommitUnknown(error))
+                        } else {
+                            tracing::debug!(%error, "the connection failed at the COMMIT of statements that changed nothing; their answer stands");
+                            Ok(value)
+                        }
                     }
                     Err(error) => Err(Outside::Failed(error)),
                 },

@@ -208,6 +208,49 @@ fn a_forget_whose_commit_reply_is_lost_never_says_nothing_was_changed() {
     }
 }
 
+/// A look-up, and a forget that finds nothing to forget, whose `COMMIT` reply is lost: neither
+/// changed anything, so neither can have an unknown outcome. The look-up has its answer; the
+/// forget answers that there was nothing to forget, and the audit trail has no "may have
+/// forgotten". Both said `OutcomeUnknown` ("may or may not have been committed"; the CLI's exit 5),
+/// and the forget logged a WARN that it may have forgotten a key.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_read_whose_commit_reply_is_lost_keeps_its_answer() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut direct = db.connect();
+    assert!(deliver(&mut direct, &KEPT, "kept:1", 1));
+    let (proxy, mut conn) = cutting_the_next_commit(&db);
+    let found = keys::lookup(&mut conn, &JobKey::new("kept:1"));
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the look-up's COMMIT");
+    let record = found
+        .expect("the look-up's answer")
+        .expect("the key's record");
+    assert_eq!(record.job, "kept");
+
+    let (proxy, mut conn) = cutting_the_next_commit(&db);
+    let (forgot, events) =
+        crate::capture::events(|| keys::forget(&mut conn, &JobKey::new("never:1"), "ticket 4712"));
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the forget's COMMIT");
+    assert!(
+        matches!(forgot, Ok(false)),
+        "nothing to forget, nothing forgotten: {forgot:?}"
+    );
+    assert!(
+        !events.iter().any(|event| event
+            .get("message")
+            .is_some_and(|m| m.contains("may have forgotten"))),
+        "{events:?}"
+    );
+    assert!(
+        keys::lookup(&mut direct, &JobKey::new("kept:1"))
+            .expect("a look-up")
+            .is_some(),
+        "the other key is untouched"
+    );
+}
+
 /// The same for a prune: its only batch's `COMMIT` reached the server, which deleted the five
 /// lapsed keys, and the reply was lost. The error says the prune failed and that "the batches
 /// before it stay deleted" (there were none), so the operator reads that the failed batch deleted

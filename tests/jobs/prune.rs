@@ -103,6 +103,35 @@ fn a_prune_pauses_for_its_work_not_for_its_wait_for_the_write_lock() {
     );
 }
 
+/// `max_batches(0)`: no batch (a maintenance window's budget that came out as 0). It ran one
+/// batch, and deleted up to a batch of keys.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_prune_of_no_batches_deletes_nothing() {
+    use crate::backends::Sqlite;
+    let db = crate::harness::Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    lapsed::<Sqlite>(&mut conn, "old", 10);
+    let report =
+        idempotent_jobs::prune(&mut conn, &idempotent_jobs::Prune::default().max_batches(0))
+            .expect("a prune");
+    assert_eq!((report.removed, report.batches), (0, 0), "{report:?}");
+    assert_eq!(
+        Sqlite::count_done(&mut conn),
+        10,
+        "every lapsed key is still there"
+    );
+    let report = idempotent_jobs::prune(
+        &mut conn,
+        &idempotent_jobs::Prune::default()
+            .batch_size(4)
+            .max_batches(2)
+            .pace(0),
+    )
+    .expect("a prune");
+    assert_eq!((report.removed, report.batches), (8, 2), "{report:?}");
+}
+
 /// Inserts `rows` claims of the job `job` that lapsed in 2000.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 fn lapsed<B: Backend>(conn: &mut B::Conn, job: &str, rows: u32) {
