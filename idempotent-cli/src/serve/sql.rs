@@ -36,14 +36,19 @@ pub trait Hourly {
 macro_rules! hourly {
     ($conn:ty, $keys:expr, $delivered:expr) => {
         impl Hourly for $conn {
+            // Each in a transaction of its own, committed: in a session with `autocommit = 0`
+            // a bare read opens one that stays open, and the pooled connection would go back
+            // holding it.
             fn keys_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>> {
                 use diesel::RunQueryDsl;
-                diesel::sql_query($keys).load(self)
+                diesel::Connection::transaction(self, |conn| diesel::sql_query($keys).load(conn))
             }
 
             fn delivered_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>> {
                 use diesel::RunQueryDsl;
-                diesel::sql_query($delivered).load(self)
+                diesel::Connection::transaction(self, |conn| {
+                    diesel::sql_query($delivered).load(conn)
+                })
             }
         }
     };
@@ -82,3 +87,52 @@ hourly!(
     "SELECT topic AS series, CAST((julianday('now') - julianday(delivered_at)) * 24 AS INTEGER) AS hours_ago, \
      COUNT(*) AS n FROM outbox WHERE julianday(delivered_at) >= julianday('now') - 7 GROUP BY 1, 2"
 );
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, MysqlConnection, QueryableByName, RunQueryDsl};
+
+    use super::Hourly;
+
+    #[derive(QueryableByName)]
+    struct Open {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+
+    /// A session with `autocommit = 0` (a server default some sites set): any read opens a
+    /// transaction that stays open. The dashboard's chart reads ran as bare statements, so the
+    /// pooled connection went back holding one, and the next request's first call of the runtime
+    /// was refused ("the connection is inside a transaction"). They now end what they open.
+    #[test]
+    fn the_hourly_reads_leave_no_transaction_open_where_autocommit_is_off() {
+        let base = std::env::var("IDEMPOTENT_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let mut admin = MysqlConnection::establish(&base).unwrap_or_else(|e| {
+            panic!("MariaDB at {base}: {e}; scripts/test starts it (or set IDEMPOTENT_MYSQL_URL)")
+        });
+        let name = format!("hourly_{}", std::process::id());
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+            ))
+            .expect("a database of the test's own");
+        let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+        let mut conn =
+            MysqlConnection::establish(&format!("{server}/{name}")).expect("a connection");
+        idempotent_runtime::migrate(&mut conn).expect("the runtime's tables");
+        conn.batch_execute("SET autocommit = 0")
+            .expect("autocommit off");
+        conn.keys_per_hour().expect("keys per hour");
+        conn.delivered_per_hour().expect("delivered per hour");
+        let open: Vec<Open> = diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS n")
+            .load(&mut conn)
+            .expect("@@in_transaction");
+        drop(conn); // its transaction, if any, ends with it (a DROP would wait for its locks)
+        admin
+            .batch_execute(&format!("DROP DATABASE {name}"))
+            .expect("dropping the test's database");
+        assert_eq!(open[0].n, 0, "the chart reads left a transaction open");
+    }
+}
