@@ -171,6 +171,51 @@ impl Batches {
         }
     }
 
+    /// One batch in a transaction of its own: how many rows it deleted, and when its transaction
+    /// had begun. Where the database refuses the isolation that takes the fewest locks, it runs
+    /// at the session's own, from then on (`fewest_locks` is cleared).
+    async fn batch<S: Store>(
+        &self,
+        conn: &mut S,
+        limit: i64,
+        fewest_locks: &mut bool,
+        delete: impl AsyncFn(&mut S, i64) -> diesel::QueryResult<usize> + Copy,
+    ) -> Result<(usize, Instant), Outside> {
+        loop {
+            let own = Own::Prune {
+                fewest_locks: *fewest_locks,
+            };
+            // The closure owns what it uses (a copy of `delete`): an async closure that
+            // borrows makes a future rustc cannot prove `Send` (tests/jobs/spawnable.rs).
+            // A batch that deleted nothing, whose `COMMIT` reply is lost, deleted nothing.
+            let deleted = |(removed, _): &(usize, Instant)| *removed > 0;
+            match outside_transactions_judged(
+                conn,
+                self.table,
+                own,
+                deleted,
+                async move |conn: &mut S| {
+                    let began = Instant::now();
+                    delete(conn, limit).await.map(|removed| (removed, began))
+                },
+            )
+            .await
+            {
+                Err(Outside::Failed(refused))
+                    if *fewest_locks && S::Db::fewest_locks_refused(&refused) =>
+                {
+                    tracing::info!(
+                        error = %refused,
+                        what = self.what,
+                        "the database refused the prune's isolation; pruning at the session's own"
+                    );
+                    *fewest_locks = false;
+                }
+                result => return result,
+            }
+        }
+    }
+
     pub(crate) async fn run<S: Store>(
         &self,
         conn: &mut S,
@@ -189,39 +234,10 @@ impl Batches {
             // the database, and charged to the pace it made a prune beside busy workers pause
             // seconds per batch and fall behind the keys lapsing.
             let limit = i64::from(options.batch_size);
-            let (removed, began) = loop {
-                let own = Own::Prune { fewest_locks };
-                // The closure owns what it uses (a copy of `delete`): an async closure that
-                // borrows makes a future rustc cannot prove `Send` (tests/jobs/spawnable.rs).
-                // A batch that deleted nothing, whose `COMMIT` reply is lost, deleted nothing.
-                let deleted = |(removed, _): &(usize, Instant)| *removed > 0;
-                match outside_transactions_judged(
-                    conn,
-                    self.table,
-                    own,
-                    deleted,
-                    async move |conn: &mut S| {
-                        let began = Instant::now();
-                        delete(conn, limit).await.map(|removed| (removed, began))
-                    },
-                )
+            let (removed, began) = self
+                .batch(conn, limit, &mut fewest_locks, delete)
                 .await
-                {
-                    Err(Outside::Failed(refused))
-                        if fewest_locks && S::Db::fewest_locks_refused(&refused) =>
-                    {
-                        tracing::info!(
-                            error = %refused,
-                            what = self.what,
-                            "the database refused the prune's isolation; pruning at the session's own"
-                        );
-                        fewest_locks = false;
-                    }
-                    result => {
-                        break result.map_err(|outside| self.error::<S>(outside, asked, report))?;
-                    }
-                }
-            };
+                .map_err(|outside| self.error::<S>(outside, asked, report))?;
             let took = began.elapsed();
             report.removed += removed as u64;
             report.batches += 1;
