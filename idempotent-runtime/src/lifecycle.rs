@@ -278,9 +278,19 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// (a statement of the body aborted it, on PostgreSQL any failed statement does), and that
     /// ended with nothing of the job committed, was rolled back in the body, as for a job whose
     /// claim is its whole record; `error` (storing the result "failed") would hide why.
+    ///
+    /// Inside a caller's transaction the job's savepoint is Diesel's, and the rollback to it
+    /// succeeds whether a statement of the body had aborted it or not. Where any failed statement
+    /// aborts the transaction (PostgreSQL), a statement of the runtime's that the database refused
+    /// after a body that returned `Ok` is read as the job's own transaction reads it (its
+    /// savepoint's release is refused): the body left it aborted, and it was rolled back.
     async fn fail_after_body(&mut self, error: Error) -> Error {
+        let refused = S::Db::A_FAILED_STATEMENT_ABORTS
+            && self.nesting == Nesting::Savepoint
+            && matches!(&error, Error::Database { source, .. } if !S::Db::connection_lost(source));
         let error = match self.end_unfinished(false).await {
             Ended::RolledBackByBody { outside } => rolled_back_in_body(self.call, outside),
+            Ended::RolledBack if refused => rolled_back_in_body(self.call, false),
             ended => ended.error(self.call).unwrap_or(error),
         };
         self.call.failed(error)

@@ -191,6 +191,8 @@ fn error_res(error: WorkerError) -> Res {
                     | idempotent_jobs::Error::TransactionEndedInBody { .. }
                     | idempotent_jobs::Error::ClaimNotTakenBack { .. }
                     | idempotent_jobs::Error::CannotRollBack { .. }
+                    // What the body ran after its transaction ended may be committed.
+                    | idempotent_jobs::Error::TransactionRolledBackInBody { outside: true, .. }
             );
             Res::Error {
                 variant,

@@ -136,11 +136,13 @@ pub trait Backend: Sized + 'static {
         fail: bool,
     ) -> Result<Receipt, TestError>;
     /// Inside a transaction of the caller's, which writes topic `caller` before and after it:
-    /// [`handlers::careless_unit`]. The job's result, and then the caller's transaction's.
-    fn careless_unit_in_callers_transaction(
+    /// [`handlers::careless_unit`], or with `value` [`handlers::careless_value`]. The job's
+    /// result, and then the caller's transaction's.
+    fn careless_in_callers_transaction(
         conn: &mut Self::Conn,
         id: &str,
         statements: &str,
+        value: bool,
     ) -> (Result<(), TestError>, Result<(), TestError>);
     /// `statements_in_unit_body`: the same, returning `()`.
     fn statements_in_unit_body(
@@ -454,15 +456,19 @@ macro_rules! sync_backend {
                 handlers::statements_in_body(conn, id, statements, fail)
             }
 
-            fn careless_unit_in_callers_transaction(
+            fn careless_in_callers_transaction(
                 conn: &mut Self::Conn,
                 id: &str,
                 statements: &str,
+                value: bool,
             ) -> (Result<(), TestError>, Result<(), TestError>) {
                 let mut job = Ok(());
                 let caller = diesel::Connection::transaction(conn, |conn| {
                     handlers::TestConn::insert_message(conn, "caller", id)?;
-                    job = handlers::careless_unit(conn, id, statements);
+                    job = match value {
+                        true => handlers::careless_value(conn, id, statements).map(drop),
+                        false => handlers::careless_unit(conn, id, statements),
+                    };
                     handlers::TestConn::insert_message(conn, "caller", id)?;
                     Ok::<_, TestError>(())
                 });
@@ -912,10 +918,11 @@ macro_rules! async_backend {
                 ))
             }
 
-            fn careless_unit_in_callers_transaction(
+            fn careless_in_callers_transaction(
                 c: &mut Self::Conn,
                 id: &str,
                 statements: &str,
+                value: bool,
             ) -> (Result<(), TestError>, Result<(), TestError>) {
                 let mut job = Ok(());
                 let caller = c
@@ -924,7 +931,12 @@ macro_rules! async_backend {
                         &mut c.conn,
                         async |conn| {
                             handlers::AsyncTestConn::insert_message(conn, "caller", id).await?;
-                            job = handlers::careless_unit_async(conn, id, statements).await;
+                            job = match value {
+                                true => handlers::careless_value_async(conn, id, statements)
+                                    .await
+                                    .map(drop),
+                                false => handlers::careless_unit_async(conn, id, statements).await,
+                            };
                             handlers::AsyncTestConn::insert_message(conn, "caller", id).await?;
                             Ok::<_, TestError>(())
                         },

@@ -426,10 +426,16 @@ fn run_statements<C: TestConn>(
     }
     conn.insert_message(&format!("after:{id}"), id)?;
     if fail {
+        // Returns at a failed statement, as a body that `?`s one does.
+        conn.execute_sql(A_FAILING_STATEMENT)?;
         return Err(TestError::Declined);
     }
     Ok(())
 }
+
+/// The statement a failing [`statements_in_body`] returns at: it fails on every database, and
+/// takes nothing with it but (on PostgreSQL) the transaction it runs in.
+pub const A_FAILING_STATEMENT: &str = "SELECT * FROM no_such_table";
 
 /// [`statements_in_body`] as a job that returns `()`: its claim is its whole record (no result is
 /// stored after the body, so no later statement of the runtime finds the claim gone).
@@ -451,11 +457,26 @@ pub fn careless_unit<C: TestConn>(
     id: &str,
     statements: &str,
 ) -> Result<(), TestError> {
+    careless_body(conn, id, statements)
+}
+
+/// What the careless jobs run.
+fn careless_body<C: TestConn>(conn: &mut C, id: &str, statements: &str) -> Result<(), TestError> {
     conn.insert_message("careless", id)?;
     for statement in statements.split(";;").filter(|s| !s.is_empty()) {
         let _caught = conn.execute_sql(statement);
     }
     Ok(())
+}
+
+/// [`careless_unit`] as a job that stores a result after its body.
+#[idempotent_job(key = "careless-value:<id>", name = "careless_value")]
+pub fn careless_value<C: TestConn>(
+    conn: &mut C,
+    id: &str,
+    statements: &str,
+) -> Result<u32, TestError> {
+    careless_body(conn, id, statements).map(|()| 7)
 }
 
 /// A job whose result is `bytes` long.
@@ -782,6 +803,7 @@ mod asynchronous {
         }
         conn.insert_message(&format!("after:{id}"), id).await?;
         if fail {
+            conn.execute_sql(super::A_FAILING_STATEMENT).await?;
             return Err(TestError::Declined);
         }
         Ok(())
@@ -793,11 +815,28 @@ mod asynchronous {
         id: &str,
         statements: &str,
     ) -> Result<(), TestError> {
+        careless_body_async(conn, id, statements).await
+    }
+
+    async fn careless_body_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        statements: &str,
+    ) -> Result<(), TestError> {
         conn.insert_message("careless", id).await?;
         for statement in statements.split(";;").filter(|s| !s.is_empty()) {
             let _caught = conn.execute_sql(statement).await;
         }
         Ok(())
+    }
+
+    #[idempotent_job(key = "careless-value:<id>", name = "careless_value")]
+    pub async fn careless_value_async<C: AsyncTestConn>(
+        conn: &mut C,
+        id: &str,
+        statements: &str,
+    ) -> Result<u32, TestError> {
+        careless_body_async(conn, id, statements).await.map(|()| 7)
     }
 
     #[idempotent_job(key = "in-unit-body:<id>", name = "statements_in_unit_body")]

@@ -847,39 +847,57 @@ pub fn a_deadlock_the_body_returns_at_is_the_bodys_own_error() {
 pub fn a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole<B: Backend>() {
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    let (job, caller) =
-        B::careless_unit_in_callers_transaction(&mut conn, "1", "SELECT * FROM no_such_table");
-    let caller_rows = B::count_topic(&mut conn, "caller");
-    let effects = B::count_topic(&mut conn, "careless");
-    let claims = B::count_done(&mut conn);
-    assert!(
-        caller.is_ok(),
-        "the caller's transaction commits: {caller:?} (the job said {job:?})"
-    );
-    assert_eq!(caller_rows, 2, "the caller's rows before and after the job");
-    match job {
-        Ok(()) => assert_eq!(
-            (effects, claims),
-            (1, 1),
-            "a job that ran is committed with the caller"
-        ),
-        Err(_) => {
-            let error = runtime_error(job);
-            assert!(
-                matches!(
-                    error,
-                    Error::TransactionRolledBackInBody { outside: false, .. }
-                ),
-                "{error:?}"
-            );
-            assert!(error.is_retryable(), "{error}");
-            assert_eq!((effects, claims), (0, 0), "nothing of the job is committed");
+    // A job whose claim is its whole record, and one that stores its result after its body
+    // (whose record is the statement the aborted savepoint refuses).
+    for (value, ids) in [(false, ["1", "2"]), (true, ["3", "4"])] {
+        let kind = if value { "value job" } else { "unit job" };
+        let callers = B::count_topic(&mut conn, "caller");
+        let effects = B::count_topic(&mut conn, "careless");
+        let claims = B::count_done(&mut conn);
+        let (job, caller) = B::careless_in_callers_transaction(
+            &mut conn,
+            ids[0],
+            "SELECT * FROM no_such_table",
+            value,
+        );
+        let added = (
+            B::count_topic(&mut conn, "careless") - effects,
+            B::count_done(&mut conn) - claims,
+        );
+        assert!(
+            caller.is_ok(),
+            "{kind}: the caller's transaction commits: {caller:?} (the job said {job:?})"
+        );
+        assert_eq!(
+            B::count_topic(&mut conn, "caller") - callers,
+            2,
+            "{kind}: the caller's rows before and after the job"
+        );
+        match job {
+            Ok(()) => assert_eq!(
+                added,
+                (1, 1),
+                "{kind}: a job that ran is committed with the caller"
+            ),
+            Err(_) => {
+                let error = runtime_error(job);
+                assert!(
+                    matches!(
+                        error,
+                        Error::TransactionRolledBackInBody { outside: false, .. }
+                    ),
+                    "{kind}: {error:?}"
+                );
+                assert!(error.is_retryable(), "{kind}: {error}");
+                assert_eq!(added, (0, 0), "{kind}: nothing of the job is committed");
+            }
         }
+        // The connection is back where the caller left it: the next job runs at the top level.
+        let effects = B::count_topic(&mut conn, "careless");
+        let (job, caller) = B::careless_in_callers_transaction(&mut conn, ids[1], "", value);
+        assert!(job.is_ok() && caller.is_ok(), "{kind}: {job:?} {caller:?}");
+        assert_eq!(B::count_topic(&mut conn, "careless"), effects + 1, "{kind}");
     }
-    // The connection is back where the caller left it: the next job runs at the top level.
-    let (job, caller) = B::careless_unit_in_callers_transaction(&mut conn, "2", "");
-    assert!(job.is_ok() && caller.is_ok(), "{job:?} {caller:?}");
-    assert_eq!(B::count_topic(&mut conn, "careless"), effects + 1);
 }
 
 /// SQLite in its default rollback-journal mode: a `COMMIT` needs every reader gone, and a reader

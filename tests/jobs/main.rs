@@ -679,6 +679,13 @@ macro_rules! postgres_tests {
             }
 
             #[test]
+            fn a_probe_that_fails_on_its_own_is_not_read_as_an_aborted_transaction() {
+                crate::truth::a_probe_that_fails_on_its_own_is_not_read_as_an_aborted_transaction::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn serialization_failures_at_commit_are_retryable() {
                 crate::holes::serialization_failures_at_commit_are_retryable::<$backend>();
             }

@@ -262,6 +262,45 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
     );
 }
 
+/// Deallocates the session's prepared statements that ask whether a transaction is still open
+/// (`idempotent.open`), as a pooler in transaction mode loses a session's prepared statements.
+const LOSE_THE_PROBE: &str = "DO $$ DECLARE n text; BEGIN \
+     FOR n IN SELECT name FROM pg_prepared_statements WHERE statement LIKE '%idempotent.open%' \
+     LOOP EXECUTE format('DEALLOCATE %I', n); END LOOP; END $$";
+
+/// PostgreSQL: once a job's transaction turned out not to be its own, the runtime asks whether
+/// one is still open with a prepared statement, which only an aborted transaction refuses. A
+/// prepared statement can fail on its own (behind a pooler in transaction mode, which runs it on
+/// another server connection; here the body deallocated the runtime's): that must not read as an
+/// aborted transaction, whose rollback takes what the body wrote, when the body's later
+/// statements ran outside any transaction and were committed.
+pub fn a_probe_that_fails_on_its_own_is_not_read_as_an_aborted_transaction<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    // The first call prepares the probe on this connection (Diesel keeps it).
+    let warm = harness::unique_name("probe");
+    let result = deliver::<B>(&mut conn, Kind::Unit, &warm, "ROLLBACK", false);
+    if let Err(why) = check(&db, Kind::Unit, &warm, "ROLLBACK", &result) {
+        panic!("{}: ROLLBACK: {why}", B::NAME);
+    }
+    assert!(
+        B::query_i64(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%idempotent.open%'"
+        ) > 0,
+        "{}: the probe is a prepared statement of the session's",
+        B::NAME
+    );
+    for kind in [Kind::Unit, Kind::Value] {
+        let id = harness::unique_name("probe");
+        let statements = format!("ROLLBACK;;{LOSE_THE_PROBE}");
+        let result = deliver::<B>(&mut conn, kind, &id, &statements, false);
+        if let Err(why) = check(&db, kind, &id, &statements, &result) {
+            panic!("{} {kind:?} job: {why}", B::NAME);
+        }
+    }
+}
+
 /// A job that returns `()` whose body rolls back to the runtime's savepoint by name
 /// (`ROLLBACK TO SAVEPOINT idempotent_job`) and then writes: where the claim came after the
 /// savepoint, the claim is gone and the write after the rollback is committed without it, yet the
@@ -862,7 +901,8 @@ pub fn a_rollback_that_cannot_undo_the_body_is_reported_truly<B: Backend>() {
                 let message = error.to_string();
                 message.contains(why) && !error.is_retryable()
             }
-            (Err(TestError::Declined), None) => rows == 0,
+            // The body's own error: the statement it returned at.
+            (Err(TestError::Declined | TestError::Database(_)), None) => rows == 0,
             _ => false,
         };
         if !reported {

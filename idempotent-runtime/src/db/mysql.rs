@@ -130,9 +130,6 @@ sql! {
     // Right after a `ROLLBACK` that followed `ClearWarnings`: its only warning is 1196, "Some
     // non-transactional changed tables couldn't be rolled back".
     RollbackWarnings = concat!("SELECT CAST(@@warning_count AS SIGNED) AS n", every_row!());
-    // The errors of the session's last statement that had any (a `SELECT` of a variable keeps
-    // them).
-    LastErrors = concat!("SELECT CAST(@@error_count AS SIGNED) AS n", every_row!());
     ClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) VALUES (?, ?, ?, ?, ?, ?, ",
         now!(),
@@ -506,6 +503,34 @@ fn read_error_number_sql() -> String {
     format!("SELECT JSON_ARRAY({}) AS `row`", columns.join(", "))
 }
 
+/// `ER_LOCK_DEADLOCK`: the server rolled the whole transaction back.
+const DEADLOCK: u32 = 1213;
+/// `ER_LOCK_WAIT_TIMEOUT`: the statement rolled back, and the whole transaction with it where
+/// `innodb_rollback_on_timeout` is on ([`ROLLS_BACK_ON_TIMEOUT`]).
+const LOCK_WAIT_TIMEOUT: u32 = 1205;
+/// Whether a lock wait timeout rolls back the whole transaction (`1`), as one text row.
+const ROLLS_BACK_ON_TIMEOUT: &str =
+    "SELECT CAST(CAST(@@innodb_rollback_on_timeout AS SIGNED) AS CHAR) AS `row`";
+
+/// The number of the error that ended the session's last failed statement, where the server
+/// still holds it.
+///
+/// The diagnostics area still holds the failed statement's conditions: statements sent as text
+/// read them (a prepared one would start a new diagnostics area). The error ends the statement:
+/// it is the last condition but for the notes MariaDB adds after an error in a procedure ("At
+/// line 1 in ..."), and after any warning raised before it. Conditions past the number kept
+/// (none at `max_error_count = 0`) are not read: their variables hold whatever they held before.
+/// `None` where none is kept, or the read failed.
+async fn last_error_number<C: Store<Db = MysqlDb>>(conn: &mut C) -> Option<u32> {
+    let read = match conn.batch(&error_number_sql()).await {
+        Ok(()) => conn.text_rows(&read_error_number_sql()).await,
+        Err(asked) => Err(asked),
+    };
+    read.ok()
+        .and_then(|rows| rows.into_iter().next())
+        .and_then(|row| error_number_of(&row))
+}
+
 /// The error's number from what [`read_error_number_sql`] read: the last condition the
 /// statement kept that is not a [`PROCEDURE_NOTE`].
 fn error_number_of(row: &str) -> Option<u32> {
@@ -729,23 +754,9 @@ impl Database for MysqlDb {
         if !unknown {
             return error;
         }
-        // The diagnostics area still holds the failed statement's conditions: statements sent as
-        // text read them (a prepared one would start a new diagnostics area). The error ends the
-        // statement: it is the last condition but for the notes MariaDB adds after an error in a
-        // procedure ("At line 1 in ..."), and after any warning raised before it. Conditions
-        // past the number kept (none at `max_error_count = 0`) are not read: their variables
-        // hold whatever they held before.
-        let read = match conn.batch(&error_number_sql()).await {
-            Ok(()) => conn.text_rows(&read_error_number_sql()).await,
-            Err(asked) => Err(asked),
-        };
-        let number = read
-            .ok()
-            .and_then(|rows| rows.into_iter().next())
-            .and_then(|row| error_number_of(&row));
         // The read failing (the connection failed after the server answered) leaves the error
         // as the server gave it.
-        match number {
+        match last_error_number(conn).await {
             Some(number) => in_english(error, number),
             None => error,
         }
@@ -775,9 +786,18 @@ impl Database for MysqlDb {
     }
 
     async fn body_stopped_at_a_failure<C: Store<Db = Self>>(conn: &mut C) -> bool {
-        let errors: QueryResult<Vec<TableCount>> =
-            conn.load(Statement::<LastErrors, _>::new(())).await;
-        errors.is_ok_and(|rows| rows.first().is_some_and(|row| row.n > 0))
+        // Only an error that rolled the whole transaction back: a deadlock (1213), or a lock wait
+        // timeout (1205) where `innodb_rollback_on_timeout` makes it roll back more than the
+        // statement. Any other failure (a duplicate key after the body caught a deadlock and
+        // wrote on, each statement committed on its own) says nothing of what ran before it.
+        match last_error_number(conn).await {
+            Some(DEADLOCK) => true,
+            Some(LOCK_WAIT_TIMEOUT) => conn
+                .text_rows(ROLLS_BACK_ON_TIMEOUT)
+                .await
+                .is_ok_and(|rows| rows.first().is_some_and(|row| row == "1")),
+            _ => false,
+        }
     }
 
     async fn transaction_still_open<C: Store<Db = Self>>(conn: &mut C) -> Option<bool> {

@@ -277,6 +277,8 @@ async fn search_path<C: Store<Db = PostgresDb>>(conn: &mut C) -> QueryResult<Str
 }
 
 impl Database for PostgresDb {
+    const A_FAILED_STATEMENT_ABORTS: bool = true;
+
     shared_methods!();
     migration_steps!("postgres");
 
@@ -315,9 +317,18 @@ impl Database for PostgresDb {
             conn.load(Statement::<MarkStillOpen, _>::new(())).await;
         match marked {
             Ok(_) => {}
-            // Only an aborted transaction refuses a `SELECT` of a setting.
-            Err(error) if !Self::connection_lost(&error) => return Some(true),
-            Err(_) => return None,
+            Err(error) if Self::connection_lost(&error) => return None,
+            // An aborted transaction refuses every statement. A prepared statement can also fail
+            // on its own (behind a pooler that runs it on another server connection, or at a
+            // `statement_timeout`): only a plain `SELECT 1` sent as text that fails too says the
+            // transaction is aborted; one that runs says nothing (no answer).
+            Err(_) => {
+                return match conn.batch("SELECT 1").await {
+                    Ok(()) => None,
+                    Err(error) if Self::connection_lost(&error) => None,
+                    Err(_) => Some(true),
+                };
+            }
         }
         let read: Vec<crate::store::SettingRow> = conn
             .load(Statement::<ReadStillOpen, _>::new(()))

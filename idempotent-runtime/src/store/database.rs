@@ -19,6 +19,11 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const DDL_IN_TRANSACTION: bool = true;
 
+    /// Whether any failed statement aborts the whole transaction, so that every later statement
+    /// is refused until it ends (PostgreSQL).
+    #[doc(hidden)]
+    const A_FAILED_STATEMENT_ABORTS: bool = false;
+
     /// Whether a transaction that writes takes the whole database's write lock at `BEGIN`
     /// (SQLite): then a claim waits there, not for the key's row.
     #[doc(hidden)]
@@ -112,11 +117,12 @@ pub trait Database: Sized + Send + Sync + 'static {
     const KNOWS_SESSION_TRANSACTION: bool = false;
 
     /// Asked when a job's body returned `Err`, before any statement of the runtime's: whether the
-    /// body's last statement failed. Where the database rolls back a whole transaction on its own
-    /// (MySQL and MariaDB, on a deadlock) and the session then runs each statement as one of its
-    /// own, a body that returned at that failure ran nothing outside the rolled-back transaction.
-    /// MySQL and MariaDB keep a statement's errors until a statement that uses a table
-    /// (`@@error_count`); by default `false`, with no round trip.
+    /// body's last statement failed with an error that rolled back the whole transaction. Where
+    /// the database does that on its own (MySQL and MariaDB, on a deadlock, and on a lock wait
+    /// timeout with `innodb_rollback_on_timeout`) and the session then runs each statement as one
+    /// of its own, a body that returned at that failure ran nothing outside the rolled-back
+    /// transaction. MySQL and MariaDB keep a statement's conditions until a statement that uses
+    /// a table (`GET DIAGNOSTICS`); by default `false`, with no round trip.
     #[doc(hidden)]
     fn body_stopped_at_a_failure<C: Store<Db = Self>>(
         conn: &mut C,
