@@ -423,12 +423,18 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             // deferred trigger's): it, not the body, says what happened.
             Ok(false) if commit_failed => self.call.database::<S::Db>(Step::Commit, source),
             Ok(false) => rolled_back_in_body(self.call, outside),
-            // The result was recorded after the body's statement: a committed row of it reads as
-            // finished, whatever the job returns.
+            // The result was recorded after the body's statement. Where no transaction was open
+            // any more (the body's `COMMIT` alone, or no answer), the record ran outside any, and
+            // a committed row of it reads as finished, whatever the job returns. Where one was (the
+            // body's `COMMIT; BEGIN`), the record ran in it and was rolled back with it: the claim
+            // of a job that records a result reads as unfinished, and the next delivery runs it.
             Err(error) => match Ownership::from_failure::<S::Db>(&source) {
-                Ownership::NotOwn => {
-                    claim_kept(self.call, ENDED_BEFORE_COMMIT.to_owned(), error, true)
-                }
+                Ownership::NotOwn => claim_kept(
+                    self.call,
+                    ENDED_BEFORE_COMMIT.to_owned(),
+                    error,
+                    outside || !self.stores_result,
+                ),
                 // The connection failed at the commit (inside a caller's transaction, releasing
                 // Diesel's savepoint): the transaction ended with it, uncommitted.
                 _ => self.call.database::<S::Db>(Step::Commit, source),
