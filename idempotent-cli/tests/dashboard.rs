@@ -671,6 +671,52 @@ fn paging_through_keys_done_in_one_millisecond_shows_each_once() {
     assert_eq!(seen, names, "each key on exactly one page");
 }
 
+/// A filter of `/keys` that cannot be read (a time that is not one) lists no key: the page said
+/// so and listed every key anyway, as if they matched the filter. Now 400, the notice, no key.
+#[test]
+fn a_filter_that_cannot_be_read_lists_no_keys() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:listed"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("welcome");
+    let server = Server::start(&db.url, false);
+    let bearer = format!("Bearer {TOKEN}");
+    let get = |page: &str| {
+        http(
+            "GET",
+            &server.addr,
+            page,
+            &[("Authorization", bearer.as_str())],
+            "",
+        )
+    };
+    let listed = get("/keys?since=2026-01-01");
+    assert_eq!(listed.status, 200, "{listed:?}");
+    assert!(listed.body.contains(">welcome:listed<"), "{}", listed.body);
+    for page in [
+        "/keys?since=not-a-time",
+        "/keys?before=yesterday%3F",
+        "/keys?since=2026-01-01&after=garbage",
+    ] {
+        let response = get(page);
+        assert_eq!(response.status, 400, "{page}: {response:?}");
+        assert!(
+            !response.body.contains(">welcome:listed<"),
+            "{page}: a key listed under a filter that was not applied: {}",
+            response.body
+        );
+        assert!(
+            response.body.contains("No keys are listed"),
+            "{page}: {}",
+            response.body
+        );
+    }
+}
+
 /// A key given to `JobKey::new` with a control character is listed escaped (`%09`); the look-up
 /// by that text (the page's own link to it, a nearest key's link) finds it. Before: "not found",
 /// with the key itself as the nearest.

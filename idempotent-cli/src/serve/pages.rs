@@ -244,11 +244,17 @@ pub async fn keys(
             Err(why) => problems.push(why),
         }
     }
+    // A filter that could not be read lists nothing: the keys of the filters that could would
+    // read as the answer to the whole form.
+    let list = problems.is_empty();
     let loaded = app
         .db(move |conn, target| {
             on_conn!(conn, c => {
                 let jobs = keys::job_counts(c).map_err(|e| db_failure(c, target, e))?;
-                let records = keys::list(c, &query).map_err(|e| db_failure(c, target, e))?;
+                let records = match list {
+                    true => keys::list(c, &query).map_err(|e| db_failure(c, target, e))?,
+                    false => Vec::new(),
+                };
                 Ok::<_, Failure>((jobs, records))
             })
         })
@@ -262,6 +268,17 @@ pub async fn keys(
     let mut body = key_filters_form(&filters, &jobs);
     for problem in &problems {
         body.push_str(&notice(problem, true));
+    }
+    if !list {
+        body.push_str(&notice(
+            "No keys are listed: correct the filter above and look again.",
+            true,
+        ));
+        return respond(
+            StatusCode::BAD_REQUEST,
+            &frame(&app, Some(&auth), "Keys", Section::Keys),
+            &body,
+        );
     }
     body.push_str(&keys_table(&records));
     if more && let Some(last) = records.last() {
