@@ -305,7 +305,8 @@ pub(crate) async fn not_migrated<S: Store>(conn: &mut S, table: &'static str) ->
 }
 
 /// A database's migration steps and version table, from `idempotent-runtime/sql/<$db>/`, with
-/// the steps that database alone has after the shared three.
+/// the steps that database alone has after the shared three (its procedures on MySQL, and the
+/// index on leased messages, whose version differs by one there).
 macro_rules! migration_steps {
     ($db:literal $(, $own:expr)*) => {
         const STEPS: &'static [$crate::store::Step] = &[
@@ -314,6 +315,7 @@ macro_rules! migration_steps {
                 table: "done_jobs",
                 column: None,
                 routines: &[],
+                indexes: &[],
                 sql: include_str!(concat!("../../sql/", $db, "/001_done_jobs.sql")),
             },
             $crate::store::Step {
@@ -321,6 +323,7 @@ macro_rules! migration_steps {
                 table: "outbox",
                 column: None,
                 routines: &[],
+                indexes: &[],
                 sql: include_str!(concat!("../../sql/", $db, "/002_outbox.sql")),
             },
             $crate::store::Step {
@@ -328,6 +331,7 @@ macro_rules! migration_steps {
                 table: "done_jobs",
                 column: Some("claim_token"),
                 routines: &[],
+                indexes: &[],
                 sql: include_str!(concat!("../../sql/", $db, "/003_claim_token.sql")),
             },
             $($own,)*
@@ -384,13 +388,18 @@ pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> R
     Ok(())
 }
 
-/// Whether `step`'s table (or column, or routines) is there.
+/// Whether `step`'s table (or column, or routines, or indexes) is there.
 async fn step_made<S: Store>(conn: &mut S, step: &Step) -> diesel::QueryResult<bool> {
     if !step.routines.is_empty() {
         return S::Db::routines_exist(conn, step.routines).await;
     }
     if !S::Db::table_exists(conn, step.table).await? {
         return Ok(false);
+    }
+    for index in step.indexes {
+        if !S::Db::index_exists(conn, step.table, index).await? {
+            return Ok(false);
+        }
     }
     Ok(match step.column {
         None => true,

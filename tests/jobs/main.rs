@@ -183,6 +183,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn an_index_step_is_made_on_upgrade_and_found_when_made_already() {
+                schema::an_index_step_is_made_on_upgrade_and_found_when_made_already::<$backend>();
+            }
+
+            #[test]
             fn second_run_changes_nothing() {
                 behaviour::second_run_changes_nothing::<$backend>();
             }
@@ -676,6 +681,16 @@ macro_rules! postgres_tests {
                     "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('idempotent_jobs:' || current_schema(), 0))",
                     "COMMIT",
                 );
+            }
+
+            #[test]
+            fn an_invalid_index_is_not_the_step_made() {
+                crate::schema::an_invalid_index_is_not_the_step_made::<$backend>();
+            }
+
+            #[test]
+            fn time_conditions_search_their_indexes() {
+                crate::schema::time_conditions_search_their_indexes::<$backend>();
             }
 
             #[test]

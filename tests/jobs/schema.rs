@@ -47,7 +47,7 @@ pub fn concurrent_first_migrations_all_succeed<B: Backend>() {
 }
 
 /// How many steps the runtime's schema has on `server`: its shipped SQL files, less the version
-/// table's own (SQLite and PostgreSQL 3; MySQL 4, with the job procedures).
+/// table's own (SQLite and PostgreSQL 4; MySQL 5, with the job procedures).
 fn steps(server: Server) -> usize {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("idempotent-runtime/sql")
@@ -299,6 +299,135 @@ pub fn an_interrupted_step_resumes<B: Backend>() {
     B::verify(&mut conn).expect("ready");
 }
 
+/// The indexes of the last step (on the leased messages) on `server`, and how to drop them.
+fn leased_indexes(server: Server) -> (&'static [&'static str], String) {
+    match server {
+        Server::Sqlite => (
+            &["outbox_leased", "outbox_lease_owner"],
+            "DROP INDEX outbox_leased; DROP INDEX outbox_lease_owner".to_owned(),
+        ),
+        Server::Postgres => (&["outbox_leased"], "DROP INDEX outbox_leased".to_owned()),
+        Server::Mysql => (
+            &["outbox_leased"],
+            "DROP INDEX outbox_leased ON outbox".to_owned(),
+        ),
+    }
+}
+
+/// How many of `indexes` the outbox has, as the connection finds it.
+fn outbox_indexes<B: Backend>(conn: &mut B::Conn, indexes: &[&str]) -> i64 {
+    let list = indexes
+        .iter()
+        .map(|index| format!("'{index}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = match B::SERVER {
+        Server::Sqlite => format!(
+            "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'index' AND tbl_name = 'outbox' AND name IN ({list})"
+        ),
+        Server::Postgres => format!(
+            "SELECT COUNT(*) AS n FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+             WHERE i.indrelid = 'outbox'::regclass AND c.relname IN ({list})"
+        ),
+        Server::Mysql => format!(
+            "SELECT COUNT(DISTINCT index_name) AS n FROM information_schema.statistics \
+             WHERE table_schema = DATABASE() AND table_name = 'outbox' AND index_name IN ({list})"
+        ),
+    };
+    B::query_i64(conn, &sql)
+}
+
+/// The last step only adds indexes to a table that exists: on a database of the release before
+/// it (the step's version not recorded, its indexes not there), `migrate` makes them, and does
+/// not take the table for the step's whole work. Where the indexes were made and the version not
+/// recorded (an operator built them first, `CONCURRENTLY` on PostgreSQL; MySQL's DDL commits by
+/// itself and the process died before the record), `migrate` records the step and succeeds.
+pub fn an_index_step_is_made_on_upgrade_and_found_when_made_already<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let (indexes, drop) = leased_indexes(B::SERVER);
+    let latest = i64::try_from(steps(B::SERVER)).expect("a few steps");
+    let forget_the_step = format!("DELETE FROM idempotent_schema WHERE version = {latest}");
+    let expected = i64::try_from(indexes.len()).expect("a few indexes");
+    assert_eq!(
+        outbox_indexes::<B>(&mut conn, indexes),
+        expected,
+        "made by migrate"
+    );
+    // The release before: neither the indexes nor the step's version.
+    B::execute(&mut conn, &drop);
+    B::execute(&mut conn, &forget_the_step);
+    assert_eq!(outbox_indexes::<B>(&mut conn, indexes), 0);
+    B::migrate(&mut conn).expect("the upgrade");
+    assert_eq!(
+        outbox_indexes::<B>(&mut conn, indexes),
+        expected,
+        "the upgrade made the indexes"
+    );
+    // Made, not recorded.
+    B::execute(&mut conn, &forget_the_step);
+    B::migrate(&mut conn).expect("the step found made");
+    assert_eq!(
+        B::query_i64(
+            &mut conn,
+            &format!("SELECT COUNT(*) AS n FROM idempotent_schema WHERE version = {latest}")
+        ),
+        1,
+        "the step recorded"
+    );
+    B::verify(&mut conn).expect("ready");
+}
+
+/// PostgreSQL: a `CREATE INDEX CONCURRENTLY` of the last step's index that failed half-way (here a
+/// unique index over duplicates, under the step's name) leaves an index that is not valid. It is
+/// not taken for the step made: `migrate` fails, naming the outbox, records nothing, and succeeds
+/// once the index is dropped.
+pub fn an_invalid_index_is_not_the_step_made<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let latest = i64::try_from(steps(B::SERVER)).expect("a few steps");
+    B::execute(&mut conn, "DROP INDEX outbox_leased");
+    B::execute(
+        &mut conn,
+        &format!("DELETE FROM idempotent_schema WHERE version = {latest}"),
+    );
+    B::execute(
+        &mut conn,
+        "INSERT INTO outbox (message_id, topic, payload, created_at, available_at) \
+         VALUES ('a', 'same', '{}', now(), now()), ('b', 'same', '{}', now(), now())",
+    );
+    let failed = B::try_execute(
+        &mut conn,
+        "CREATE UNIQUE INDEX CONCURRENTLY outbox_leased ON outbox (topic)",
+    );
+    assert!(
+        failed.is_err(),
+        "the concurrent build fails on the duplicates"
+    );
+    let error = B::migrate(&mut conn).expect_err("an invalid index is not the step made");
+    assert!(
+        matches!(
+            error,
+            idempotent_jobs::Error::Migration {
+                table: "outbox",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        B::query_i64(
+            &mut conn,
+            &format!("SELECT COUNT(*) AS n FROM idempotent_schema WHERE version = {latest}")
+        ),
+        0,
+        "the step is not recorded"
+    );
+    B::execute(&mut conn, "DROP INDEX outbox_leased");
+    B::migrate(&mut conn).expect("the step made");
+    B::verify(&mut conn).expect("ready");
+}
+
 /// A step that fails names its table.
 pub fn a_failed_step_names_its_table<B: Backend>() {
     let db = Db::<B>::empty();
@@ -387,4 +516,63 @@ fn the_readme_print_schema_filter_names_every_table() {
     for table in ["idempotent_schema", "done_jobs", "outbox"] {
         assert!(filter.contains(&format!("\"{table}\"")), "{filter}");
     }
+}
+
+/// The index entries of `indexes` the server counts as read so far on this connection's tables,
+/// after this connection's own counts are flushed (PostgreSQL).
+fn index_entries_read<B: Backend>(conn: &mut B::Conn, indexes: &str) -> i64 {
+    B::execute(conn, "SELECT pg_stat_force_next_flush()");
+    B::query_i64(
+        conn,
+        &format!(
+            "SELECT COALESCE(SUM(idx_tup_read), 0)::bigint AS n FROM pg_stat_user_indexes \
+             WHERE schemaname = current_schema() AND indexrelname IN ({indexes})"
+        ),
+    )
+}
+
+/// A relay round with nothing due reads no message backing off, and a prune with nothing lapsed
+/// reads no key that expires later: each searches its index up to the database's clock, never
+/// walks it. On PostgreSQL the clock (`clock_timestamp()`, volatile) in those conditions was
+/// checked entry by entry, so every idle round walked every message backing off (0.3 s a round
+/// with 995,000 of them), and every prune's last batch every key with a later expiry.
+pub fn time_conditions_search_their_indexes<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "INSERT INTO outbox (message_id, topic, payload, created_at, available_at) \
+         SELECT 'later-' || g, 't', '{}', now(), now() + interval '1 day' FROM generate_series(1, 2000) g; \
+         INSERT INTO done_jobs (key_digest, job_key, job_name, done_at, expires_at) \
+         SELECT sha256(('later-' || g)::bytea), 'later-' || g, 'later', now(), now() + interval '1 day' \
+         FROM generate_series(1, 2000) g; \
+         ANALYZE outbox; ANALYZE done_jobs",
+    );
+    let pending = index_entries_read::<B>(&mut conn, "'outbox_pending'");
+    assert!(B::drain_outbox(&mut conn).is_empty(), "nothing is due");
+    let after = index_entries_read::<B>(&mut conn, "'outbox_pending'");
+    assert_eq!(
+        after - pending,
+        0,
+        "an idle round read {} entries of messages backing off",
+        after - pending
+    );
+    let expiring = index_entries_read::<B>(&mut conn, "'done_jobs_expires_at'");
+    let report = B::prune(&mut conn, &idempotent_jobs::Prune::default());
+    assert_eq!(report.removed, 0, "nothing lapsed");
+    let after = index_entries_read::<B>(&mut conn, "'done_jobs_expires_at'");
+    assert_eq!(
+        after - expiring,
+        0,
+        "a prune with nothing lapsed read {} entries of keys that expire later",
+        after - expiring
+    );
+    assert_eq!(
+        B::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM outbox"),
+        2000
+    );
+    assert_eq!(
+        B::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM done_jobs"),
+        2000
+    );
 }

@@ -1048,8 +1048,7 @@ pub fn a_claim_that_cannot_be_taken_back_is_reported_truly<B: Backend>() {
             // value job's claim otherwise reads as unfinished, and the next delivery runs it; so
             // too where the body began a transaction after its COMMIT, in which the result was
             // recorded and then rolled back.
-            let should_replay =
-                kind == Kind::Unit || (!fail && !statements.ends_with("BEGIN"));
+            let should_replay = kind == Kind::Unit || (!fail && !statements.ends_with("BEGIN"));
             let named = session.is_none_or(|_| {
                 matches!(error, Error::ClaimNotTakenBack { ended, .. } if ended.contains("journal_mode = OFF"))
             });

@@ -569,12 +569,12 @@ pub(crate) fn mark_broken<C: diesel_async::AsyncConnection>(conn: &mut C) {
 }
 
 /// The pending messages a relay may lease: not delivered, not parked, not leased, due (by the
-/// database's clock, `now!()`, each database module's own).
+/// database's clock, `now_bound!()`, each database module's own: a value an index searches by).
 macro_rules! pending {
     () => {
         concat!(
             "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NULL AND available_at <= ",
-            now!()
+            now_bound!()
         )
     };
 }
@@ -592,7 +592,7 @@ macro_rules! abandoned {
     () => {
         concat!(
             "delivered_at IS NULL AND parked_at IS NULL AND lease_owner IS NOT NULL AND lease_until <= ",
-            now!()
+            now_bound!()
         )
     };
 }
@@ -719,6 +719,20 @@ macro_rules! shared_methods {
         async fn table_exists<C: Store<Db = Self>>(conn: &mut C, table: &str) -> QueryResult<bool> {
             let rows: Vec<crate::migrations::TableCount> = conn
                 .load(Statement::<TableExists, _>::new((bind::<Text, _>(table),)))
+                .await?;
+            Ok(rows.first().is_some_and(|r| r.n > 0))
+        }
+
+        async fn index_exists<C: Store<Db = Self>>(
+            conn: &mut C,
+            table: &str,
+            index: &str,
+        ) -> QueryResult<bool> {
+            let rows: Vec<crate::migrations::TableCount> = conn
+                .load(Statement::<IndexExists, _>::new((
+                    bind::<Text, _>(table),
+                    bind::<Text, _>(index),
+                )))
                 .await?;
             Ok(rows.first().is_some_and(|r| r.n > 0))
         }

@@ -600,6 +600,14 @@ pub trait Database: Sized + Send + Sync + 'static {
         conn: &mut C,
     ) -> impl Future<Output = QueryResult<String>> + Send;
 
+    /// Whether `table`, as the connection finds it, has an index named `index`.
+    #[doc(hidden)]
+    fn index_exists<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+        index: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
     /// The columns of `table`, as the connection finds it.
     #[doc(hidden)]
     fn table_columns<C: Store<Db = Self>>(

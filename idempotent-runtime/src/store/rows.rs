@@ -233,6 +233,8 @@ pub struct Step {
     pub column: Option<&'static str>,
     /// The stored procedures it creates, if that is all it does (MySQL).
     pub routines: &'static [&'static str],
+    /// The indexes it creates on `table`, if that is all it does.
+    pub indexes: &'static [&'static str],
     /// Its DDL.
     pub sql: &'static str,
 }
@@ -243,6 +245,7 @@ impl Step {
     pub(crate) fn description(&self) -> String {
         match self.column {
             _ if !self.routines.is_empty() => self.routines.join(", "),
+            _ if !self.indexes.is_empty() => self.indexes.join(", "),
             Some(column) => format!("{}.{column}", self.table),
             None => self.table.to_owned(),
         }
