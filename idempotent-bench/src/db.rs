@@ -482,7 +482,12 @@ impl BenchDb for MysqlConnection {
     const ADD_INDEXES: &'static str = "ALTER TABLE done_jobs ADD UNIQUE KEY done_jobs_key_digest (key_digest), \
         ADD INDEX done_jobs_expires_at (expires_at)";
     const SETTLE: &'static str = "ANALYZE TABLE done_jobs";
-    const SETTLE_OUTBOX: &'static str = "ANALYZE TABLE outbox";
+    // As PostgreSQL's `VACUUM`: the index entries a bulk fill or backoff left delete-marked are
+    // purged before the rounds are timed (`innodb_max_purge_lag_wait = 0` waits for the purge of
+    // every committed change), so the rows show the steady state of an outbox that changed
+    // message by message, not a purge lag of 1,000,000 rows the bench made in one statement.
+    const SETTLE_OUTBOX: &'static str =
+        "SET GLOBAL innodb_max_purge_lag_wait = 0; ANALYZE TABLE outbox";
     const SETTINGS: &'static str = "SELECT CAST(CONCAT('innodb_flush_log_at_trx_commit=', @@innodb_flush_log_at_trx_commit, \
         ', sync_binlog=', @@sync_binlog, ', log_bin=', @@log_bin, ', binlog_format=', @@binlog_format, \
         ', innodb_buffer_pool_size=', @@innodb_buffer_pool_size DIV 1048576, 'M, innodb_flush_method=', @@innodb_flush_method, \
