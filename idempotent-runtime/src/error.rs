@@ -188,6 +188,37 @@ pub enum Error {
         outside: bool,
     },
 
+    /// A job called inside a caller's transaction (a savepoint of it) failed at a step where the
+    /// database rolled back the caller's whole transaction, not only the job's savepoint: a
+    /// deadlock or, on Galera, a certification conflict on MySQL/MariaDB; a lock wait timeout
+    /// with `innodb_rollback_on_timeout`; a busy SQLite database. Nothing of the job was
+    /// committed, nor anything the caller's transaction wrote before the call, and the session
+    /// is no longer in a transaction: statements the caller runs after this each commit on
+    /// their own.
+    ///
+    /// What to do: return the error from the caller's transaction (with `?`) and retry that
+    /// transaction from its start when [`is_retryable`](Error::is_retryable); calling the job
+    /// again alone would run it, and the rest of the caller's work, outside any transaction.
+    #[error(
+        "job `{job}` (key `{key}`): the database rolled back the whole enclosing transaction the job was called in while {step}{hint}: nothing of the job was committed, nor anything that transaction wrote before the call, and the connection is no longer in a transaction; return this error from the enclosing transaction{retry}",
+        hint = hint(source),
+        retry = if *retryable { " and retry that from its start: retrying is safe and can succeed" } else { "" }
+    )]
+    CallersTransactionRolledBack {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key (redacted when the job asks for it).
+        key: String,
+        /// What the runtime was doing.
+        step: Step,
+        /// Whether the failure passes (a deadlock, a busy database), so that running the
+        /// caller's transaction again can succeed.
+        retryable: bool,
+        /// Diesel's error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
     /// The handler's result is too large for the database to take in one statement; nothing was
     /// committed, and the same result will not fit next time either.
     ///
@@ -682,7 +713,8 @@ impl Error {
     /// result that no longer decodes, a result that cannot be stored, a misused API.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Database { retryable, .. } => *retryable,
+            Error::Database { retryable, .. }
+            | Error::CallersTransactionRolledBack { retryable, .. } => *retryable,
             Error::CommitOutcomeUnknown { .. }
             | Error::OutcomeUnknown { .. }
             | Error::ClaimRetriesExhausted { .. }
@@ -705,6 +737,7 @@ impl Error {
     pub fn is_connection_lost(&self) -> bool {
         let source = match self {
             Error::Database { source, .. }
+            | Error::CallersTransactionRolledBack { source, .. }
             | Error::CommitOutcomeUnknown { source, .. }
             | Error::ClaimNotTakenBack { source, .. }
             | Error::ClaimRetriesExhausted { source, .. }

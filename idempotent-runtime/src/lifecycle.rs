@@ -307,7 +307,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         // Before any statement of the runtime's: a body that returned at the failure that ended
         // its transaction (a MySQL deadlock) ran nothing after it.
         let stopped_at_failure =
-            body_failed && S::Db::body_stopped_at_a_failure(self.transaction.store()).await;
+            body_failed && S::Db::last_failure_rolled_back_all(self.transaction.store()).await;
         // Where the database answered that the transaction is not the job's, a statement of the
         // body may have committed the claim: a failed take-back leaves it. Where the connection
         // failed, the transaction ended with it, uncommitted.
@@ -952,7 +952,19 @@ async fn attempt_claim<S: Store>(
         }
         Err(failed) => failed,
     };
-    transaction.rollback().await;
+    // Inside a caller's transaction: whether the database rolled back the caller's whole
+    // transaction under the claim. MySQL says so in the failure's own diagnostics (Diesel then
+    // skips the rollback to its savepoint); elsewhere the savepoint is gone (SQLite's busy).
+    let callers_gone = match nesting {
+        Nesting::Savepoint => {
+            let all = S::Db::last_failure_rolled_back_all(transaction.store()).await;
+            transaction.rollback_to_savepoint().await == Ownership::NotOwn || all
+        }
+        Nesting::Outermost | Nesting::Unmarked => {
+            transaction.rollback().await;
+            false
+        }
+    };
     if let Some(previous) = previous {
         // MySQL's setting is the session's: put it back after the rollback.
         if let Err(error) = S::Db::restore_lock_wait(transaction.store(), &previous).await {
@@ -962,9 +974,17 @@ async fn attempt_claim<S: Store>(
     if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::LockTimeout {
         return Err(Attempt::Over(in_progress(call, retry.elapsed())));
     }
+    if callers_gone {
+        return Err(Attempt::Over(Error::CallersTransactionRolledBack {
+            job: call.job.name(),
+            key: call.key_text.clone(),
+            step: Step::Claim,
+            retryable: S::Db::passes(&error),
+            source: error,
+        }));
+    }
     if nesting == Nesting::Savepoint {
-        // A deadlock or a busy database aborts the caller's whole transaction on some databases;
-        // only the caller can retry that.
+        // Only the caller can retry a failure inside its transaction.
         return Err(Attempt::Over(call.database::<S::Db>(Step::Claim, error)));
     }
     Err(Attempt::Failed(Step::Claim, error))

@@ -960,3 +960,77 @@ pub fn a_commit_that_finds_the_database_busy_says_so() {
         1
     );
 }
+
+/// MySQL/MariaDB: a job called inside a caller's transaction whose claim is the victim of a
+/// deadlock. The server rolls back the caller's whole transaction, not the job's savepoint, and
+/// the session then runs each statement as one of its own. The call must say so: what the caller
+/// wrote before the call is gone with the job, and retrying the call alone would run the job
+/// outside any transaction. Before, it said "nothing of the job was committed; retrying is safe",
+/// as for a failure that leaves the caller whole.
+pub fn a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_rolled_back() {
+    use crate::backends::Mysql;
+    use diesel::{Connection as _, RunQueryDsl as _};
+    static HOLDER: idempotent_jobs::Job = idempotent_jobs::Job::new("holder", "holder:<n>");
+
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    Mysql::execute(
+        &mut conn,
+        "CREATE TABLE caller_rows (id INT PRIMARY KEY, v INT) ENGINE = InnoDB",
+    );
+    Mysql::execute(&mut conn, "CREATE TABLE heavy (id INT) ENGINE = InnoDB");
+    Mysql::execute(&mut conn, "INSERT INTO caller_rows VALUES (1, 0)");
+    let id = harness::unique_name("claim-deadlock");
+    signals::barrier(&id, 2);
+    let key = JobKey::new("holder:1");
+    let (caller, other) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            let mut other = db.connect();
+            // The heavier transaction, holding the key: the caller's is the deadlock's victim.
+            idempotent_jobs::run(&mut other, &HOLDER, &key, |conn| {
+                for _ in 0..50 {
+                    diesel::sql_query("INSERT INTO heavy VALUES (1)")
+                        .execute(conn)
+                        .map_err(TestError::from)?;
+                }
+                signals::meet(&id);
+                std::thread::sleep(Duration::from_millis(300)); // the caller waits for the key
+                diesel::sql_query("UPDATE caller_rows SET v = v + 10 WHERE id = 1")
+                    .execute(conn)
+                    .map_err(TestError::from)?;
+                Ok::<_, TestError>(())
+            })
+        });
+        let caller = conn.transaction::<(), TestError, _>(|conn| {
+            diesel::sql_query("UPDATE caller_rows SET v = v + 1 WHERE id = 1").execute(conn)?;
+            signals::meet(&id);
+            idempotent_jobs::run(conn, &HOLDER, &key, |_| Ok::<_, TestError>(()))?;
+            Ok(())
+        });
+        (caller, other.join().expect("the other run"))
+    });
+    assert!(
+        matches!(other, Ok(idempotent_jobs::Outcome::Ran(()))),
+        "the other run was not the victim: {other:?}"
+    );
+    let error = match caller {
+        Err(TestError::Idempotent(error)) => error,
+        other => panic!("expected the call's error: {other:?}"),
+    };
+    let text = error.to_string();
+    assert!(
+        text.contains("enclosing transaction") && text.contains("rolled back"),
+        "the error says the caller's transaction was rolled back: {text}"
+    );
+    assert!(
+        !text.contains("failed while claiming the key; nothing of the job was committed"),
+        "not the error of a failure that leaves the caller whole: {text}"
+    );
+    assert!(error.is_retryable(), "the caller's retry can succeed: {error}");
+    assert_eq!(
+        Mysql::query_i64(&mut conn, "SELECT CAST(SUM(v) AS SIGNED) AS n FROM caller_rows"),
+        10,
+        "the caller's write is gone, the other run's committed"
+    );
+    assert_eq!(Mysql::count_done(&mut conn), 1, "the other run's claim only");
+}

@@ -806,6 +806,12 @@ fn a_deadlock_the_body_returns_at_is_the_bodys_own_error() {
     holes::a_deadlock_the_body_returns_at_is_the_bodys_own_error();
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_rolled_back() {
+    holes::a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_rolled_back();
+}
+
 #[cfg(feature = "sqlite")]
 #[test]
 fn a_result_that_would_replay_as_another_value_is_refused() {
