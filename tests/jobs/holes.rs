@@ -1004,7 +1004,11 @@ pub fn a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_
         let caller = conn.transaction::<(), TestError, _>(|conn| {
             diesel::sql_query("UPDATE caller_rows SET v = v + 1 WHERE id = 1").execute(conn)?;
             signals::meet(&id);
-            idempotent_jobs::run(conn, &HOLDER, &key, |_| Ok::<_, TestError>(()))?;
+            let outcome = idempotent_jobs::run(conn, &HOLDER, &key, |_| Ok::<_, TestError>(()))?;
+            assert!(
+                matches!(outcome, idempotent_jobs::Outcome::Ran(())),
+                "{outcome:?}"
+            );
             Ok(())
         });
         (caller, other.join().expect("the other run"))
@@ -1026,11 +1030,45 @@ pub fn a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_
         !text.contains("failed while claiming the key; nothing of the job was committed"),
         "not the error of a failure that leaves the caller whole: {text}"
     );
-    assert!(error.is_retryable(), "the caller's retry can succeed: {error}");
+    assert!(
+        error.is_retryable(),
+        "the caller's retry can succeed: {error}"
+    );
     assert_eq!(
-        Mysql::query_i64(&mut conn, "SELECT CAST(SUM(v) AS SIGNED) AS n FROM caller_rows"),
+        Mysql::query_i64(
+            &mut conn,
+            "SELECT CAST(SUM(v) AS SIGNED) AS n FROM caller_rows"
+        ),
         10,
         "the caller's write is gone, the other run's committed"
     );
-    assert_eq!(Mysql::count_done(&mut conn), 1, "the other run's claim only");
+    assert_eq!(
+        Mysql::count_done(&mut conn),
+        1,
+        "the other run's claim only"
+    );
+}
+
+/// A PostgreSQL server answers in its `lc_messages` (a server set up in a German or Japanese
+/// locale does by default): a lock or statement timeout that ends the claim's wait for another
+/// run of its key is still a wait that passes, retried and then retryable. Before, the English
+/// texts alone were known: the German timeout was "another failure", not retried, and said that
+/// retrying could not help.
+pub fn waits_that_pass_are_known_in_the_servers_language<B: Backend>() {
+    for (wait, language) in [
+        ("SET statement_timeout = '500ms'", "de_DE.UTF-8"),
+        ("SET lock_timeout = '500ms'", "ja_JP.UTF-8"),
+    ] {
+        let db = Db::<B>::fresh();
+        let mut conn = db.connect();
+        let set = format!("SET lc_messages = '{language}'");
+        if let Err(error) = B::try_execute(&mut conn, &set) {
+            panic!(
+                "PostgreSQL cannot switch its messages to {language} ({error}): build the locale with `localedef --no-archive -i {} -f UTF-8 {language}` (scripts/test does)",
+                &language[..5]
+            );
+        }
+        drop(conn);
+        exhausted_retries_name_their_cause::<B>(&format!("{wait}; {set}"));
+    }
 }

@@ -671,6 +671,11 @@ macro_rules! postgres_tests {
             }
 
             #[test]
+            fn waits_that_pass_are_known_in_every_message_language() {
+                crate::holes::waits_that_pass_are_known_in_the_servers_language::<$backend>();
+            }
+
+            #[test]
             fn a_failed_take_back_with_nothing_to_take_is_no_alarm() {
                 crate::truth::a_failed_take_back_with_nothing_to_take_is_no_alarm::<$backend>();
             }

@@ -58,6 +58,55 @@ macro_rules! own_claim_token {
     };
 }
 
+/// PostgreSQL's "deadlock detected" (SQLSTATE 40P01) in English and in each language of its
+/// message catalogs (PostgreSQL 15's; a server answers in its `lc_messages`, which `initdb` takes
+/// from the locale it was set up in). Test `server_messages_are_known_in_every_language` checks
+/// these against the catalogs installed beside the server.
+pub(crate) const DEADLOCK_DETECTED: &[&str] = &[
+    "deadlock detected",
+    "Verklemmung (Deadlock) entdeckt",
+    "se ha detectado un deadlock",
+    "interblocage (deadlock) détecté",
+    "rilevato deadlock",
+    "デッドロックを検出しました",
+    "ნაპოვნია ურთიერთბლოკირება",
+    "deadlock 발생했음",
+    "обнаружена взаимоблокировка",
+    "deadlock upptäckt",
+    "виявлено взаємне блокування",
+    "检测到死锁",
+    "發現死結",
+];
+/// PostgreSQL's "canceling statement due to lock timeout" and "... statement timeout" (SQLSTATE
+/// 55P03, 57014), as [`DEADLOCK_DETECTED`].
+pub(crate) const WAIT_CANCELED: &[&str] = &[
+    "canceling statement due to lock timeout",
+    "canceling statement due to statement timeout",
+    "storniere Anfrage wegen Zeitüberschreitung einer Sperre",
+    "storniere Anfrage wegen Zeitüberschreitung der Anfrage",
+    "cancelando la sentencia debido a que se agotó el tiempo de espera de candados (locks)",
+    "cancelando la sentencia debido a que se agotó el tiempo de espera de sentencias",
+    "annulation de la requête à cause du délai écoulé pour l'obtention des verrous",
+    "annulation de la requête à cause du délai écoulé pour l'exécution de l'instruction",
+    "annullamento dell'istruzione a causa di timeout di lock",
+    "annullamento dell'istruzione a causa di timeout",
+    "ロックのタイムアウトのためステートメントをキャンセルしています",
+    "ステートメントのタイムアウトのためステートメントをキャンセルしています",
+    "გამოსახულება გაუქმდება ბლოკის მოლოდინის ვადის ამოწურვის გამო",
+    "잠금 대기 시간 초과로 작업을 취소합니다.",
+    "명령실행시간 초과로 작업을 취소합니다.",
+    "выполнение оператора отменено из-за тайм-аута блокировки",
+    "выполнение оператора отменено из-за тайм-аута",
+    "avbryter sats på grund av lås-timeout",
+    "avbryter sats på grund av sats-timeout",
+    "виконання оператора скасовано через тайм-аут блокування",
+    "виконання оператора скасовано через тайм-аут",
+    "由于锁超时，正在取消语句",
+    "由于语句执行超时，正在取消语句",
+    "由於鎖定逾時，正在取消敘述",
+    "因為陳述式逾時，正在取消陳述式",
+];
+
 /// What the error [`own_claim_token`] raises says.
 const INSIDE_CALLERS: &str = "idempotent-jobs: the session holds a transaction of its own";
 
@@ -403,14 +452,15 @@ impl Database for PostgresDb {
             DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => {
                 Fault::Serialization
             }
+            // Neither Diesel nor diesel-async passes on the SQLSTATE of these: their messages,
+            // in the language of the server's `lc_messages`, tell them.
             _ => match super::message(error) {
-                Some(m) if m.contains("deadlock detected") => Fault::Deadlock,
+                Some(m) if DEADLOCK_DETECTED.iter().any(|known| m.contains(known)) => {
+                    Fault::Deadlock
+                }
                 // A session's `statement_timeout` that ends a wait (the claim's for another run of
                 // its key) passes as `lock_timeout` does.
-                Some(m)
-                    if m.contains("canceling statement due to lock timeout")
-                        || m.contains("canceling statement due to statement timeout") =>
-                {
+                Some(m) if WAIT_CANCELED.iter().any(|known| m.contains(known)) => {
                     Fault::LockTimeout
                 }
                 _ => Fault::Other,
@@ -684,4 +734,75 @@ where
             Err(error)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DEADLOCK_DETECTED, WAIT_CANCELED};
+
+    /// The translations of `msgid` in a GNU message catalog (`.mo`): its header, then two tables
+    /// of (length, offset) pairs, the originals' and the translations', in the file's byte order.
+    fn translation(catalog: &[u8], msgid: &str) -> Option<String> {
+        let word = |at: usize, little: bool| -> usize {
+            let bytes: [u8; 4] = catalog[at..at + 4].try_into().expect("4 bytes");
+            let n = if little {
+                u32::from_le_bytes(bytes)
+            } else {
+                u32::from_be_bytes(bytes)
+            };
+            n as usize
+        };
+        let little = catalog[..4] == [0xde, 0x12, 0x04, 0x95];
+        let (count, originals, translations) =
+            (word(8, little), word(12, little), word(16, little));
+        let text = |table: usize, index: usize| {
+            let (length, offset) = (
+                word(table + 8 * index, little),
+                word(table + 8 * index + 4, little),
+            );
+            &catalog[offset..offset + length]
+        };
+        (0..count)
+            .find(|&index| text(originals, index) == msgid.as_bytes())
+            .map(|index| String::from_utf8_lossy(text(translations, index)).into_owned())
+    }
+
+    /// Every language PostgreSQL's installed message catalogs translate the messages
+    /// `classify` reads into is known to it: a server set up in that language (its
+    /// `lc_messages`) says "Verklemmung (Deadlock) entdeckt", and a deadlock read as another
+    /// failure would not be retried, and would say that retrying cannot help.
+    #[test]
+    fn server_messages_are_known_in_every_language() {
+        let catalogs: Vec<_> = std::fs::read_dir("/usr/share/locale")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path().join("LC_MESSAGES/postgres-15.mo"))
+            .filter(|path| path.exists())
+            .collect();
+        assert!(
+            catalogs.len() >= 10,
+            "PostgreSQL 15's message catalogs are not under /usr/share/locale/*/LC_MESSAGES/postgres-15.mo: install the package postgresql-15 (scripts/test does)"
+        );
+        for path in catalogs {
+            let catalog = std::fs::read(&path).expect("the catalog reads");
+            for (msgid, known) in [
+                ("deadlock detected", DEADLOCK_DETECTED),
+                ("canceling statement due to lock timeout", WAIT_CANCELED),
+                (
+                    "canceling statement due to statement timeout",
+                    WAIT_CANCELED,
+                ),
+            ] {
+                assert!(known.contains(&msgid), "{msgid} itself");
+                if let Some(translated) = translation(&catalog, msgid) {
+                    assert!(
+                        known.iter().any(|k| translated.contains(k)),
+                        "{}: {msgid:?} reads {translated:?}, which classify does not know",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
 }
