@@ -604,6 +604,11 @@ macro_rules! mysql_tests {
             }
 
             #[test]
+            fn a_relay_before_the_leased_index_reads_no_delivered_message() {
+                crate::schema::a_relay_before_the_leased_index_reads_no_delivered_message::<$backend>();
+            }
+
+            #[test]
             fn implicit_commits_are_detected() {
                 crate::holes::implicit_commits_are_detected::<$backend>();
             }

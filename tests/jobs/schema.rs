@@ -576,3 +576,50 @@ pub fn time_conditions_search_their_indexes<B: Backend>() {
         2000
     );
 }
+
+/// MySQL/MariaDB: a relay on a database not migrated to `outbox_leased` yet (schema version 4)
+/// reads leases as it did before that index: through `outbox_delivered`, over the undelivered
+/// messages, never by a scan of the whole table with every delivered message kept until
+/// `prune_delivered`. Before, the lease reads' hint ruled out `outbox_delivered` too and left
+/// them a scan: each round read every delivered message, twice.
+pub fn a_relay_before_the_leased_index_reads_no_delivered_message<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "DROP INDEX outbox_leased ON outbox; \
+         INSERT INTO outbox (message_id, topic, payload, created_at, available_at, delivered_at) \
+         WITH RECURSIVE a (n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM a WHERE n < 49), \
+         b (m) AS (SELECT 0 UNION ALL SELECT m + 1 FROM b WHERE m < 39) \
+         SELECT CONCAT('sent-', n * 40 + m), 't', '{}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+         UTC_TIMESTAMP(6) FROM a, b; \
+         INSERT INTO outbox (message_id, topic, payload, created_at, available_at) \
+         VALUES ('due-1', 't', '{}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)), \
+                ('due-2', 't', '{}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)); \
+         ANALYZE TABLE outbox",
+    );
+    let rows_scanned = |conn: &mut B::Conn| {
+        B::query_i64(
+            conn,
+            "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS n FROM information_schema.SESSION_STATUS \
+             WHERE VARIABLE_NAME = 'HANDLER_READ_RND_NEXT'",
+        )
+    };
+    let before = rows_scanned(&mut conn);
+    let delivered = B::drain_outbox(&mut conn);
+    let scanned = rows_scanned(&mut conn) - before;
+    assert_eq!(delivered.len(), 2, "the due messages: {delivered:?}");
+    // Reading the session's status scans a temporary table of it (a few hundred rows); a scan of
+    // `outbox` reads its 2,002 rows in each lease read.
+    assert!(
+        scanned < 2_000,
+        "a relay round scanned {scanned} rows: the delivered messages"
+    );
+    assert_eq!(
+        B::query_i64(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NOT NULL"
+        ),
+        2_002
+    );
+}

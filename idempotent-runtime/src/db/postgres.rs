@@ -110,7 +110,6 @@ pub(crate) const WAIT_CANCELED: &[&str] = &[
 /// What the error [`own_claim_token`] raises says.
 const INSIDE_CALLERS: &str = "idempotent-jobs: the session holds a transaction of its own";
 
-/// The database's clock plus the microseconds bound at `?`; NULL when it is NULL.
 /// The server's clock as a bound an index can search by, in the conditions that choose rows by a
 /// time (due, lapsed, old enough to prune). `clock_timestamp()` is volatile: a condition on it is
 /// checked row by row and never bounds an index scan, so a lease with nothing due walked
@@ -123,6 +122,7 @@ macro_rules! now_bound {
     };
 }
 
+/// The database's clock plus the microseconds bound at `?`; NULL when it is NULL.
 macro_rules! now_plus {
     () => {
         "((clock_timestamp() AT TIME ZONE 'UTC') + ? * INTERVAL '1 microsecond')"

@@ -31,8 +31,6 @@ macro_rules! now {
     };
 }
 
-/// The database's clock plus the microseconds bound at `?` (the value is bound twice: once to
-/// test for NULL, which gives NULL).
 /// The clock in a condition that chooses rows by a time: `now!()`, which the planner searches an
 /// index by (one value for the whole statement).
 macro_rules! now_bound {
@@ -41,6 +39,8 @@ macro_rules! now_bound {
     };
 }
 
+/// The database's clock plus the microseconds bound at `?` (the value is bound twice: once to
+/// test for NULL, which gives NULL).
 macro_rules! now_plus {
     () => {
         "CASE WHEN ? IS NULL THEN NULL ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ? / 1000000.0)) END"
