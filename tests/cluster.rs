@@ -1256,3 +1256,74 @@ fn a_prune_under_statement_based_binary_logging_removes_every_lapsed_key() {
         .expect("counting");
     assert_eq!(left.n, 10, "the live keys stay");
 }
+
+// ---- a lock wait timeout that rolls back the caller's whole transaction ----------------------------
+
+/// With `innodb_rollback_on_timeout` a lock wait timeout rolls back the whole transaction, not
+/// the statement. A job called inside a caller's transaction, whose in-progress policy bounds the
+/// claim's wait for another run of its key, times out there: the caller's transaction is gone
+/// with the job. The call must say so (`CallersTransactionRolledBack`), not `InProgress` ("nothing
+/// ran; retrying later is safe"), as it did before: the caller's earlier write was gone, and a
+/// retry of the call alone would run outside any transaction.
+#[test]
+fn a_lock_wait_timeout_that_rolls_back_the_callers_transaction_says_so() {
+    let _serial = serial();
+    static BOUNDED: idempotent_jobs::Job = idempotent_jobs::Job::new("bounded", "bounded:<n>");
+    let server = mariadb::MariaDb::start("rollback-on-timeout", &["--innodb-rollback-on-timeout"]);
+    let mut admin = MysqlConnection::establish(&server.url("mysql")).expect("the server");
+    admin
+        .batch_execute("CREATE DATABASE jobs")
+        .expect("a database");
+    let url = server.url("jobs");
+    let mut conn = MysqlConnection::establish(&url).expect("the database");
+    idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+    conn.batch_execute("CREATE TABLE caller_rows (id INT PRIMARY KEY) ENGINE = InnoDB")
+        .expect("the caller's table");
+    let key = idempotent_jobs::JobKey::new("bounded:1");
+    // Another run holds the key: its claim is uncommitted while the caller's call waits for it.
+    let mut holder = MysqlConnection::establish(&url).expect("the holder");
+    holder
+        .batch_execute("START TRANSACTION")
+        .expect("the holder's transaction");
+    holder
+        .batch_execute(
+            "INSERT INTO done_jobs (key_digest, job_key, job_name, done_at) \
+             VALUES (UNHEX(SHA2('bounded:1', 256)), 'bounded:1', 'bounded', UTC_TIMESTAMP(6))",
+        )
+        .expect("the holder's claim");
+    let called = conn.transaction::<_, diesel::result::Error, _>(|conn| {
+        conn.batch_execute("INSERT INTO caller_rows VALUES (1)")?;
+        Ok(idempotent_jobs::JobCall::new(&BOUNDED, &key)
+            .while_in_progress(idempotent_jobs::WhileInProgress::Fail)
+            .run(conn, |_| Ok::<_, idempotent_jobs::Error>(())))
+    });
+    holder.batch_execute("ROLLBACK").expect("the holder ends");
+    let error = match called {
+        Ok(Err(error)) => error,
+        other => panic!("expected the call's error: {other:?}"),
+    };
+    assert!(
+        matches!(
+            error,
+            idempotent_jobs::Error::CallersTransactionRolledBack { .. }
+        ),
+        "the caller's transaction was rolled back with the job: {error}"
+    );
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let count = |conn: &mut MysqlConnection, sql: &str| {
+        diesel::sql_query(sql)
+            .get_result::<N>(conn)
+            .expect("counting")
+            .n
+    };
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM caller_rows"),
+        0,
+        "the caller's write went with its transaction"
+    );
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM done_jobs"), 0);
+}

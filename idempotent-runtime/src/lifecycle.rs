@@ -971,10 +971,9 @@ async fn attempt_claim<S: Store>(
             tracing::warn!(%error, "restoring the lock wait timeout failed");
         }
     }
-    if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::LockTimeout {
-        return Err(Attempt::Over(in_progress(call, retry.elapsed())));
-    }
     if callers_gone {
+        // Before the in-progress bound's answer: a lock wait timeout that rolled back the whole
+        // transaction (`innodb_rollback_on_timeout`) took the caller's work with it.
         return Err(Attempt::Over(Error::CallersTransactionRolledBack {
             job: call.job.name(),
             key: call.key_text.clone(),
@@ -982,6 +981,9 @@ async fn attempt_claim<S: Store>(
             retryable: S::Db::passes(&error),
             source: error,
         }));
+    }
+    if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::LockTimeout {
+        return Err(Attempt::Over(in_progress(call, retry.elapsed())));
     }
     if nesting == Nesting::Savepoint {
         // Only the caller can retry a failure inside its transaction.
