@@ -1072,3 +1072,71 @@ pub fn waits_that_pass_are_known_in_the_servers_language<B: Backend>() {
         exhausted_retries_name_their_cause::<B>(&format!("{wait}; {set}"));
     }
 }
+
+/// PostgreSQL ends the job's connection while its `COMMIT` runs (an operator's
+/// `pg_terminate_backend`, a failover, an idle timeout), and the server answers in German: the
+/// call says the outcome is unknown (the server may have committed: a commit waiting for a
+/// synchronous standby is committed locally when it is cut), and a retry runs or replays. Before,
+/// diesel-async passed on the server's "Verbindung wird abgebrochen ...", which was not known as
+/// a lost connection: `Error::Database`, "nothing of the job was committed", not retryable.
+pub fn a_commit_cut_by_the_server_in_its_language_is_an_unknown_outcome<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "CREATE FUNCTION slow_after() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.topic LIKE 'after:slow-%' THEN PERFORM pg_sleep(5); END IF; \
+         RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON test_outbox \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_after()",
+    );
+    if let Err(error) = B::try_execute(&mut conn, "SET lc_messages = 'de_DE.UTF-8'") {
+        panic!(
+            "PostgreSQL cannot switch its messages to German ({error}): build the locale with `localedef --no-archive -i de_DE -f UTF-8 de_DE.UTF-8` (scripts/test does)"
+        );
+    }
+    let mut operator = db.connect();
+    let pid = B::query_i64(&mut conn, "SELECT CAST(pg_backend_pid() AS BIGINT) AS n");
+    let result = std::thread::scope(|scope| {
+        let cutter = scope.spawn(|| {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(20) {
+                let cut = B::query_i64(
+                    &mut operator,
+                    &format!(
+                        "SELECT COUNT(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
+                         WHERE pid = {pid} AND wait_event = 'PgSleep'"
+                    ),
+                );
+                if cut > 0 {
+                    return cut;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            0
+        });
+        let result = B::statements_in_body(&mut conn, "slow-1", "", false);
+        assert_eq!(
+            cutter.join().expect("the operator"),
+            1,
+            "one commit cut: {:?}",
+            result.as_ref().map(drop)
+        );
+        result
+    });
+    let error = runtime_error(result.map(drop));
+    assert!(
+        matches!(error, Error::CommitOutcomeUnknown { .. }),
+        "the server ended the connection during the COMMIT: {error}"
+    );
+    assert!(error.is_retryable(), "{error}");
+    let mut direct = db.connect();
+    B::execute(&mut direct, "DROP TRIGGER slow ON test_outbox");
+    assert_eq!(
+        B::count_topic(&mut direct, "before:slow-1"),
+        0,
+        "the server did not commit"
+    );
+    B::statements_in_body(&mut direct, "slow-1", "", false).expect("the retry runs");
+    assert_eq!(B::count_topic(&mut direct, "before:slow-1"), 1);
+}

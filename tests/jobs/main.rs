@@ -676,6 +676,13 @@ macro_rules! postgres_tests {
             }
 
             #[test]
+            fn a_commit_cut_by_the_server_in_its_language_is_an_unknown_outcome() {
+                crate::holes::a_commit_cut_by_the_server_in_its_language_is_an_unknown_outcome::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn waits_that_pass_are_known_in_every_message_language() {
                 crate::holes::waits_that_pass_are_known_in_the_servers_language::<$backend>();
             }

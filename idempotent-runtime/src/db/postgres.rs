@@ -803,6 +803,28 @@ mod tests {
                     );
                 }
             }
+            // The server's ways of saying it ends the connection.
+            for msgid in [
+                "terminating connection because of crash of another server process",
+                "terminating connection because of unexpected SIGQUIT signal",
+                "terminating connection because protocol synchronization was lost",
+                "terminating connection due to administrator command",
+                "terminating connection due to conflict with recovery",
+                "terminating connection due to idle-in-transaction timeout",
+                "terminating connection due to idle-session timeout",
+                "terminating connection due to immediate shutdown command",
+                "terminating connection due to unexpected postmaster exit",
+            ] {
+                let translated = translation(&catalog, msgid).unwrap_or_else(|| msgid.to_owned());
+                let lowered = translated.to_ascii_lowercase();
+                assert!(
+                    crate::lost::POSTGRES
+                        .iter()
+                        .any(|known| lowered.contains(&known.to_ascii_lowercase())),
+                    "{}: {msgid:?} reads {translated:?}, which is not known as a lost connection",
+                    path.display()
+                );
+            }
         }
     }
 }
