@@ -188,20 +188,23 @@ pub enum Error {
         outside: bool,
     },
 
-    /// A job called inside a caller's transaction (a savepoint of it) failed at a step where the
-    /// database rolled back the caller's whole transaction, not only the job's savepoint: a
-    /// deadlock or, on Galera, a certification conflict on MySQL/MariaDB; a lock wait timeout
-    /// with `innodb_rollback_on_timeout`; a busy SQLite database. Nothing of the job was
+    /// A job called inside a caller's transaction (a savepoint of it) ended where the database had
+    /// rolled back the caller's whole transaction, not only the job's savepoint: a deadlock or,
+    /// on Galera, a certification conflict on MySQL/MariaDB (at the claim, or caught by the
+    /// body); a lock wait timeout with `innodb_rollback_on_timeout`; or a statement of the body
+    /// that ended the caller's transaction (`ROLLBACK`). Nothing of the job's savepoint was
     /// committed, nor anything the caller's transaction wrote before the call, and the session
     /// is no longer in a transaction: statements the caller runs after this each commit on
-    /// their own.
+    /// their own. Where `outside`, the body went on after the rollback, and what it ran then ran
+    /// outside any transaction and may be committed.
     ///
     /// What to do: return the error from the caller's transaction (with `?`) and retry that
     /// transaction from its start when [`is_retryable`](Error::is_retryable); calling the job
     /// again alone would run it, and the rest of the caller's work, outside any transaction.
     #[error(
-        "job `{job}` (key `{key}`): the database rolled back the whole enclosing transaction the job was called in while {step}{hint}: nothing of the job was committed, nor anything that transaction wrote before the call, and the connection is no longer in a transaction; return this error from the enclosing transaction{retry}",
-        hint = hint(source),
+        "job `{job}` (key `{key}`): the whole enclosing transaction the job was called in was rolled back (by the database, or by a statement of the body) while {step}{hint}: nothing of the job was committed, nor anything that transaction wrote before the call, and the connection is no longer in a transaction{after}; return this error from the enclosing transaction{retry}",
+        hint = source.as_ref().map_or("", hint),
+        after = if *outside { ", but the statements the body ran after the rollback ran outside any transaction and may be committed" } else { "" },
         retry = if *retryable { " and retry that from its start: retrying is safe and can succeed" } else { "" }
     )]
     CallersTransactionRolledBack {
@@ -209,14 +212,16 @@ pub enum Error {
         job: &'static str,
         /// The job's key (redacted when the job asks for it).
         key: String,
-        /// What the runtime was doing.
+        /// What the runtime was doing when it found out: [`Step::Claim`] for a claim that met
+        /// the failure itself, [`Step::Body`] for a body that went on after it.
         step: Step,
-        /// Whether the failure passes (a deadlock, a busy database), so that running the
-        /// caller's transaction again can succeed.
+        /// The body ran statements after the rollback: they may be committed.
+        outside: bool,
+        /// Whether running the caller's transaction again can succeed.
         retryable: bool,
-        /// Diesel's error.
+        /// Diesel's error, where a statement of the runtime's met the failure (the claim).
         #[source]
-        source: diesel::result::Error,
+        source: Option<diesel::result::Error>,
     },
 
     /// The handler's result is too large for the database to take in one statement; nothing was
@@ -683,6 +688,8 @@ pub enum Step {
     Commit,
     /// Rolling the transaction back.
     Rollback,
+    /// Running the job's body (a failure the body caught, or a statement of it).
+    Body,
 }
 
 impl fmt::Display for Step {
@@ -693,6 +700,7 @@ impl fmt::Display for Step {
             Step::Record => "storing the result",
             Step::Commit => "committing",
             Step::Rollback => "rolling back",
+            Step::Body => "the body ran",
         })
     }
 }
@@ -737,7 +745,6 @@ impl Error {
     pub fn is_connection_lost(&self) -> bool {
         let source = match self {
             Error::Database { source, .. }
-            | Error::CallersTransactionRolledBack { source, .. }
             | Error::CommitOutcomeUnknown { source, .. }
             | Error::ClaimNotTakenBack { source, .. }
             | Error::ClaimRetriesExhausted { source, .. }

@@ -261,7 +261,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         json: Option<&str>,
         stores_result: bool,
     ) -> Result<(), Error> {
-        if let Err(error) = record(self.transaction.store(), self.call, json, stores_result).await {
+        // Inside a caller's transaction the claim comes after the job's savepoint (Diesel's), which
+        // a statement of the body can roll back to: every job there checks that its claim is
+        // still in the transaction, as one that records a result does.
+        let check = stores_result || self.nesting == Nesting::Savepoint;
+        if let Err(error) = record(self.transaction.store(), self.call, json, check).await {
             return Err(self.fail_after_body(error).await);
         }
         match self.transaction.finish_job(self.nesting).await {
@@ -332,11 +336,15 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 return self.after_rollback(false, false).await;
             }
             let outside = !stopped_at_failure && self.ended_outside(ownership).await;
-            return committed(
+            return match committed(
                 take_back_after_callers_end(self.transaction.store(), self.call).await,
                 ownership,
                 outside,
-            );
+            ) {
+                // With no transaction open, the caller's is gone: not the job's savepoint alone.
+                Ended::RolledBackByBody { outside: true } => Ended::CallersRolledBack,
+                ended => ended,
+            };
         }
         let ownership = self.transaction.ownership().await;
         if ownership == Ownership::Own {
@@ -422,6 +430,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             // Nothing of the run is committed, and the error may be the `COMMIT`'s own (a
             // deferred trigger's): it, not the body, says what happened.
             Ok(false) if commit_failed => self.call.database::<S::Db>(Step::Commit, source),
+            Ok(false) if outside && self.nesting == Nesting::Savepoint => {
+                callers_rolled_back(self.call)
+            }
             Ok(false) => rolled_back_in_body(self.call, outside),
             // The result was recorded after the body's statement. Where no transaction was open
             // any more (the body's `COMMIT` alone, or no answer), the record ran outside any, and
@@ -550,6 +561,10 @@ enum Ended {
         /// What the body ran after the end of its transaction may be committed.
         outside: bool,
     },
+    /// Inside a caller's transaction: the whole of it was rolled back (by the database, or a
+    /// statement of the body) and the body went on; nothing of it is in the database, and what
+    /// the body ran after the rollback ran outside any transaction.
+    CallersRolledBack,
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,
@@ -568,6 +583,7 @@ impl Ended {
             Ended::RolledBack | Ended::RolledBackByBody { outside: false } => None,
             // The body's own error would say nothing of what it ran after the end.
             Ended::RolledBackByBody { outside: true } => Some(rolled_back_in_body(call, true)),
+            Ended::CallersRolledBack => Some(callers_rolled_back(call)),
             Ended::CommittedInBody => Some(ended_in_body(call)),
             Ended::NoRollback(why) => Some(Error::CannotRollBack {
                 job: call.job.name(),
@@ -582,6 +598,19 @@ impl Ended {
 }
 
 /// [`Error::TransactionRolledBackInBody`] for `call`.
+/// [`Error::CallersTransactionRolledBack`] for `call`, found after its body: the body went on
+/// after the rollback.
+fn callers_rolled_back(call: &Call) -> Error {
+    Error::CallersTransactionRolledBack {
+        job: call.job.name(),
+        key: call.key_text.clone(),
+        step: Step::Body,
+        outside: true,
+        retryable: true,
+        source: None,
+    }
+}
+
 fn rolled_back_in_body(call: &Call, outside: bool) -> Error {
     Error::TransactionRolledBackInBody {
         job: call.job.name(),
@@ -978,8 +1007,9 @@ async fn attempt_claim<S: Store>(
             job: call.job.name(),
             key: call.key_text.clone(),
             step: Step::Claim,
+            outside: false,
             retryable: S::Db::passes(&error),
-            source: error,
+            source: Some(error),
         }));
     }
     if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::LockTimeout {

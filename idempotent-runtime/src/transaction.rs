@@ -137,10 +137,23 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// Rolls back to Diesel's savepoint inside a caller's transaction: [`Ownership::Own`] when
     /// it was there; else whether the database said it was not (a statement of the body that
     /// ended the caller's transaction took it) or could not be asked.
+    ///
+    /// Diesel's own rollback is not asked alone: after a statement failed with a deadlock or a
+    /// serialization failure, sync Diesel expects the whole transaction to be rolled back and
+    /// answers `Ok` for a savepoint that is gone (MySQL's deadlock rolls back the caller's whole
+    /// transaction). The savepoint is rolled back to by its name first, which the database
+    /// answers truly; Diesel's rollback then keeps its count of transactions.
     pub(crate) async fn rollback_to_savepoint(&mut self) -> Ownership {
+        let probed = match self.store().transaction_depth() {
+            Ok(depth) if depth > 1 => {
+                let back = format!("ROLLBACK TO SAVEPOINT diesel_savepoint_{}", depth - 1);
+                self.store().batch(&back).await
+            }
+            _ => Ok(()),
+        };
         let rolled_back = self.store().rollback().await;
         self.open = false;
-        match rolled_back {
+        match probed.and(rolled_back) {
             Ok(()) => Ownership::Own,
             Err(error) => {
                 tracing::warn!(%error, "the caller's transaction ended in the job's body");

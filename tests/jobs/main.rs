@@ -25,6 +25,8 @@ mod key_spaces;
 mod keys;
 #[path = "../support/names.rs"]
 mod names;
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod nested;
 mod operate;
 mod operator_truth;
 mod outbox_faults;
@@ -1059,4 +1061,29 @@ fn a_postgres_redelivery_replays_in_one_statement() {
         1,
         "{receipt:?}"
     );
+}
+
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod nested_jobs {
+    use crate::nested;
+
+    #[test]
+    fn a_unit_job_whose_body_takes_its_claim_never_says_ran_sqlite() {
+        nested::a_unit_job_whose_body_takes_its_claim_never_says_ran::<crate::backends::Sqlite>();
+    }
+
+    #[test]
+    fn a_unit_job_whose_body_takes_its_claim_never_says_ran_postgres() {
+        nested::a_unit_job_whose_body_takes_its_claim_never_says_ran::<crate::backends::Postgres>();
+    }
+
+    #[test]
+    fn a_unit_job_whose_body_takes_its_claim_never_says_ran_mysql() {
+        nested::a_unit_job_whose_body_takes_its_claim_never_says_ran::<crate::backends::Mysql>();
+    }
+
+    #[test]
+    fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
+        nested::a_deadlock_the_body_catches_says_the_callers_transaction_is_gone();
+    }
 }

@@ -1,0 +1,183 @@
+//! Jobs called inside a caller's transaction (the job runs in a savepoint of it), where the
+//! database or a statement of the body takes more than the job's savepoint: what the call says
+//! must be what the database holds, the caller's rows included.
+
+use std::sync::Barrier;
+use std::time::Duration;
+
+use diesel::{Connection as _, RunQueryDsl as _};
+use idempotent_jobs::{Error, Job, JobKey, JobStore, Outcome};
+
+use crate::backends::Backend;
+use crate::handlers::TestError;
+use crate::harness::{Db, Server};
+
+static UNIT: Job = Job::new("nested_unit", "nested-unit:<n>");
+static VALUE: Job = Job::new("nested_value", "nested-value:<n>");
+
+fn fresh<B: Backend>() -> Db<B> {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        match B::SERVER {
+            Server::Mysql => "CREATE TABLE rows_written (tag VARCHAR(40)) ENGINE = InnoDB",
+            _ => "CREATE TABLE rows_written (tag VARCHAR(40))",
+        },
+    );
+    db
+}
+
+fn write<C: diesel::Connection>(conn: &mut C, tag: &str) -> Result<(), TestError>
+where
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    diesel::sql_query(format!("INSERT INTO rows_written (tag) VALUES ('{tag}')")).execute(conn)?;
+    Ok(())
+}
+
+fn count<B: Backend>(conn: &mut B::Conn, tag: &str) -> i64 {
+    B::query_i64(
+        conn,
+        &format!("SELECT COUNT(*) AS n FROM rows_written WHERE tag = '{tag}'"),
+    )
+}
+
+/// A unit job inside a caller's transaction whose body rolls back to the job's savepoint there
+/// (Diesel's, `diesel_savepoint_1`), taking the claim made after it, and writes on. Before, the
+/// call said `Ran` with no claim committed: the next delivery ran the job again. Now the call
+/// finds its claim gone, as a job that records a result does: nothing of it is committed.
+pub fn a_unit_job_whose_body_takes_its_claim_never_says_ran<B>()
+where
+    B: Backend,
+    B::Conn: diesel::Connection + JobStore,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<B::Conn>,
+{
+    let db = fresh::<B>();
+    let mut conn = db.connect();
+    let key = JobKey::new("nested-unit:1");
+    let mut call = None;
+    conn.transaction::<(), TestError, _>(|conn| {
+        write(conn, "caller-before")?;
+        call = Some(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
+            diesel::sql_query("ROLLBACK TO SAVEPOINT diesel_savepoint_1").execute(conn)?;
+            write(conn, "job-after")
+        }));
+        write(conn, "caller-after")?;
+        Ok(())
+    })
+    .expect("the caller commits");
+    let call = call.expect("the call");
+    let claimed = B::count_done(&mut conn);
+    let job_rows = count::<B>(&mut conn, "job-after");
+    match &call {
+        Ok(Outcome::Ran(())) => assert!(
+            claimed == 1,
+            "Ran, but no claim is committed: the next delivery runs the job again ({job_rows} rows)"
+        ),
+        Err(TestError::Idempotent(Error::TransactionRolledBackInBody {
+            outside: false, ..
+        })) => {
+            assert_eq!((claimed, job_rows), (0, 0), "nothing of the job committed");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(count::<B>(&mut conn, "caller-before"), 1);
+    assert_eq!(count::<B>(&mut conn, "caller-after"), 1);
+}
+
+/// Makes the transaction on the calling connection the victim of a deadlock (MySQL/MariaDB): the
+/// other transaction, on its own connection, is the heavier, and asks for row 1 once `f` has
+/// locked it and waits at the barrier for row 2.
+fn with_deadlock_partner<R: Send>(
+    db: &Db<crate::backends::Mysql>,
+    f: impl FnOnce(&Barrier) -> R + Send,
+) -> R {
+    use crate::backends::Mysql;
+    let barrier = Barrier::new(2);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            let mut other = db.connect();
+            Mysql::execute(&mut other, "START TRANSACTION");
+            for _ in 0..100 {
+                Mysql::execute(&mut other, "INSERT INTO heavy VALUES (1)");
+            }
+            Mysql::execute(&mut other, "UPDATE locked SET v = v + 1 WHERE id = 2");
+            barrier.wait();
+            std::thread::sleep(Duration::from_millis(400));
+            Mysql::execute(&mut other, "UPDATE locked SET v = v + 1 WHERE id = 1");
+            Mysql::execute(&mut other, "COMMIT");
+        });
+        let result = f(&barrier);
+        other.join().expect("the other transaction commits");
+        result
+    })
+}
+
+/// MySQL/MariaDB: a job inside a caller's transaction whose body catches a deadlock (its
+/// transaction the victim) and goes on. The server rolled back the caller's whole transaction,
+/// and the session runs each later statement on its own. The call must say that the caller's
+/// transaction is gone (its rows before the call with it), and that what the body ran after may
+/// be committed: `CallersTransactionRolledBack { outside: true }`. Before: a unit job said
+/// `TransactionRolledBackInBody`, the job's rollback alone (a caller retrying the call as told ran
+/// the job outside any transaction); a value job said "nothing of it was committed" while the
+/// body's later row was.
+pub fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
+    use crate::backends::Mysql;
+    for value in [false, true] {
+        let db = fresh::<Mysql>();
+        let mut conn = db.connect();
+        Mysql::execute(
+            &mut conn,
+            "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
+             CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
+             INSERT INTO locked VALUES (1, 0), (2, 0)",
+        );
+        let caller = with_deadlock_partner(&db, |barrier| {
+            conn.transaction::<(), TestError, _>(|conn| {
+                write(conn, "caller-before")?;
+                let body = |conn: &mut diesel::MysqlConnection| {
+                    diesel::sql_query("UPDATE locked SET v = v + 10 WHERE id = 1").execute(conn)?;
+                    barrier.wait();
+                    // The deadlock, caught.
+                    let _ = diesel::sql_query("UPDATE locked SET v = v + 10 WHERE id = 2")
+                        .execute(conn);
+                    write(conn, "job-after")
+                };
+                if value {
+                    let key = JobKey::new("nested-value:1");
+                    let _ran = idempotent_jobs::run(conn, &VALUE, &key, |conn| {
+                        body(conn).map(|()| 7_u32)
+                    })?;
+                } else {
+                    let key = JobKey::new("nested-unit:1");
+                    let _ran = idempotent_jobs::run(conn, &UNIT, &key, body)?;
+                }
+                Ok(())
+            })
+        });
+        let kind = if value { "value job" } else { "unit job" };
+        let error = match caller {
+            Err(TestError::Idempotent(error)) => error,
+            other => panic!("{kind}: expected the call's error: {other:?}"),
+        };
+        assert!(
+            matches!(
+                error,
+                Error::CallersTransactionRolledBack { outside: true, .. }
+            ),
+            "{kind}: the caller's transaction is gone, and what the body ran after may be committed: {error:?}: {error}"
+        );
+        assert!(
+            error.to_string().contains("may be committed"),
+            "{kind}: {error}"
+        );
+        assert_eq!(count::<Mysql>(&mut conn, "caller-before"), 0, "{kind}");
+        assert_eq!(
+            count::<Mysql>(&mut conn, "job-after"),
+            1,
+            "{kind}: the body's row after the deadlock ran on its own"
+        );
+        assert_eq!(Mysql::count_done(&mut conn), 0, "{kind}: no claim");
+    }
+}
