@@ -377,6 +377,11 @@ async fn forget_on<S: Store>(
     // (the operation's own result is lost with the commit).
     let read = std::sync::Arc::new(std::sync::Mutex::new(None::<(String, String)>));
     let read_by_forget = std::sync::Arc::clone(&read);
+    // The row the first attempt read (its claim token; `None` inside: no row): an attempt after a
+    // failure that passes (SQLite's busy, a deadlock) deletes only that row. A row that changed
+    // since is another run's (one that renewed the lapsed key, or claimed it anew, while this
+    // forget waited), and stays.
+    let first_read = std::sync::Arc::new(std::sync::Mutex::new(None::<Option<Option<i64>>>));
     let (record, deleted) = keys_operation(
         conn,
         ("forget a key", "forgetting a key"),
@@ -387,8 +392,14 @@ async fn forget_on<S: Store>(
             if let (Some(row), Ok(mut read)) = (&record, read_by_forget.lock()) {
                 *read = Some((row.job_name.clone(), row.job_key.clone()));
             }
+            let now = record.as_ref().map(|row| row.claim_token);
+            let first = match first_read.lock() {
+                Ok(mut first) => *first.get_or_insert(now),
+                Err(_) => now,
+            };
             let deleted = match &record {
                 None => false,
+                Some(_) if first != now => false,
                 Some(row) if shown.is_some_and(|token| token != row.claim_token) => false,
                 Some(row) => match row.claim_token {
                     Some(token) => S::Db::take_back(conn, digest, token).await?,

@@ -978,3 +978,62 @@ fn a_migration_whose_commit_reply_is_lost_says_it_may_be_committed() {
     }
     idempotent_jobs::migrate(&mut direct).expect("a second migrate");
 }
+
+/// SQLite: `keys::forget` while a run renews the key's lapsed row. The forget's transaction read
+/// the lapsed row, then could not take the write lock the run holds (SQLite answers busy at once
+/// to a reader that would wait for a writer), and started over: the attempt after the run's
+/// commit read the renewed row and deleted it, and the next delivery ran the job again. Before:
+/// `Ok(true)` and no row. A forget acts on the row it read first; a row that changed since is
+/// another run's and stays (as on PostgreSQL and MySQL, whose delete waits and finds it replaced).
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_forget_beside_a_renewal_on_sqlite_keeps_the_renewed_claim() {
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (run, holds, finish) = renewing_sqlite(db.connect(), "brief:1");
+    holds
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the renewal holds its claim");
+    let forget = std::thread::scope(|scope| {
+        let forgetting = scope.spawn(|| keys::forget(&mut conn, &JobKey::new("brief:1"), "race"));
+        std::thread::sleep(Duration::from_millis(500));
+        finish.send(()).expect("finishing the run");
+        forgetting.join().expect("the forget's thread")
+    });
+    assert!(run.join().expect("the run's thread"), "the renewal ran");
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("brief:1"))
+            .expect("a look-up")
+            .is_some(),
+        "the renewed run's row stays; the forget said {forget:?}"
+    );
+    assert!(matches!(forget, Ok(false)), "{forget:?}");
+}
+
+#[cfg(feature = "sqlite")]
+fn renewing_sqlite(
+    mut conn: diesel::SqliteConnection,
+    key: &'static str,
+) -> (
+    std::thread::JoinHandle<bool>,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let (claimed, holds) = std::sync::mpsc::channel();
+    let (finish, finishing) = std::sync::mpsc::channel::<()>();
+    let run = std::thread::spawn(move || {
+        let outcome: Outcome<u32> =
+            idempotent_jobs::run(&mut conn, &BRIEF, &JobKey::new(key), |_conn| {
+                let _ = claimed.send(());
+                let _ = finishing.recv_timeout(Duration::from_secs(60));
+                Ok::<_, idempotent_jobs::Error>(2)
+            })
+            .expect("the renewing run");
+        outcome.is_ran()
+    });
+    (run, holds, finish)
+}
