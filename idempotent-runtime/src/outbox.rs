@@ -689,7 +689,7 @@ impl Relay {
         // The closures of the runtime's transactions own what they use (an async closure that
         // borrows makes a future rustc cannot prove `Send` for: tests/jobs/spawnable.rs).
         let leased_by = owner.clone();
-        let rows =
+        let leased =
             outside_transactions_as(conn, "outbox", Own::Committed, async move |conn: &mut S| {
                 let lease = Lease {
                     owner: &leased_by,
@@ -701,11 +701,19 @@ impl Relay {
             })
             .await
             .map_err(relay_error::<S::Db>)?;
+        if leased.parked > 0 {
+            tracing::warn!(
+                parked = leased.parked,
+                max_attempts = self.max_attempts,
+                "outbox messages parked: their relay stopped, or their lease lapsed, during their last allowed attempt (they may have been delivered)"
+            );
+        }
         let mut report = RelayReport {
-            leased: rows.len() as u64,
+            leased: leased.rows.len() as u64,
+            parked: leased.parked,
             ..RelayReport::default()
         };
-        let mut rows = rows.into_iter();
+        let mut rows = leased.rows.into_iter();
         while let Some(row) = rows.next() {
             let message = OutboxMessage::from_row(row);
             let started = Instant::now();

@@ -11,7 +11,9 @@ pub struct RelayReport {
     pub delivered: u64,
     /// Deliveries that failed (returned `Err` or panicked) and will be tried again.
     pub failed: u64,
-    /// Messages parked after their last allowed attempt.
+    /// Messages parked after their last allowed attempt: those whose delivery by this run failed
+    /// at it, and those this run found with their lease lapsed during it (their relay stopped,
+    /// or outlived its lease), which every lease parks first.
     pub parked: u64,
     /// Deliveries whose lease had lapsed before they were marked, and whose outcome this relay no
     /// longer records: a successful one whose message another relay holds now or delivered (it

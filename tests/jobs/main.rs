@@ -37,6 +37,7 @@ mod pools;
 mod proxy;
 mod prune;
 mod receiver;
+mod relay_truth;
 #[cfg(feature = "sqlite")]
 mod savepoint_after_claim;
 mod schema;
@@ -1085,5 +1086,29 @@ mod nested_jobs {
     #[test]
     fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
         nested::a_deadlock_the_body_catches_says_the_callers_transaction_is_gone();
+    }
+}
+
+mod relay_reports {
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_run_that_parks_lapsed_messages_reports_them_sqlite() {
+        crate::relay_truth::a_run_that_parks_lapsed_messages_reports_them::<crate::backends::Sqlite>(
+        );
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_run_that_parks_lapsed_messages_reports_them_postgres() {
+        crate::relay_truth::a_run_that_parks_lapsed_messages_reports_them::<
+            crate::backends::Postgres,
+        >();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_run_that_parks_lapsed_messages_reports_them_mysql() {
+        crate::relay_truth::a_run_that_parks_lapsed_messages_reports_them::<crate::backends::Mysql>(
+        );
     }
 }

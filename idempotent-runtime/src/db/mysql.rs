@@ -32,8 +32,8 @@ use crate::migrations::TableCount;
 use crate::schema_problem::SchemaProblem;
 use crate::sql::{Bind, IdList, Statement, bind};
 use crate::store::{
-    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, LeasedRow, Nesting, StatementLimit,
-    Store, Unfinished,
+    Claim, ClaimAttempt, Database, DoneRow, Fault, Lease, Nesting, StatementLimit, Store,
+    Unfinished,
 };
 
 /// MySQL and MariaDB (features `mysql`, `async-mysql`).
@@ -929,8 +929,9 @@ impl Database for MysqlDb {
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
-    ) -> QueryResult<Vec<LeasedRow>> {
+    ) -> QueryResult<crate::store::Leased> {
         // Messages abandoned at their last attempt: parked.
+        let mut parked = 0_u64;
         let parkable: Vec<Id> = conn
             .load(Statement::<ParkableCandidates, _>::new((
                 bind::<Integer, _>(lease.max_attempts),
@@ -944,8 +945,9 @@ impl Database for MysqlDb {
                 )))
                 .await?;
             if !locked.is_empty() {
-                conn.execute(Statement::<ParkMany, _>::new((ids(&locked),)))
-                    .await?;
+                parked += conn
+                    .execute(Statement::<ParkMany, _>::new((ids(&locked),)))
+                    .await? as u64;
             }
         }
         // One abandoned message, alone; else up to `limit` pending ones.
@@ -978,7 +980,10 @@ impl Database for MysqlDb {
             }
         }
         if taken.is_empty() {
-            return Ok(Vec::new());
+            return Ok(crate::store::Leased {
+                parked,
+                rows: Vec::new(),
+            });
         }
         for chunk in taken.chunks(ID_CHUNK) {
             conn.execute(Statement::<TakeMany, _>::new((
@@ -988,8 +993,10 @@ impl Database for MysqlDb {
             )))
             .await?;
         }
-        conn.load(Statement::<Leased, _>::new((bind::<Text, _>(lease.owner),)))
-            .await
+        let rows = conn
+            .load(Statement::<Leased, _>::new((bind::<Text, _>(lease.owner),)))
+            .await?;
+        Ok(crate::store::Leased { parked, rows })
     }
 
     async fn committed_reads_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {

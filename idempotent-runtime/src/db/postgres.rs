@@ -509,8 +509,8 @@ impl Database for PostgresDb {
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
-    ) -> QueryResult<Vec<LeasedRow>> {
-        super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
+    ) -> QueryResult<crate::store::Leased> {
+        let parked = super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
         let abandoned: Vec<LeasedRow> = conn
             .load(Statement::<TakeAbandoned, _>::new((
                 bind::<Text, _>(lease.owner),
@@ -518,7 +518,10 @@ impl Database for PostgresDb {
             )))
             .await?;
         if !abandoned.is_empty() {
-            return Ok(abandoned);
+            return Ok(crate::store::Leased {
+                parked,
+                rows: abandoned,
+            });
         }
         let mut leased: Vec<LeasedRow> = conn
             .load(Statement::<TakePending, _>::new((
@@ -528,7 +531,10 @@ impl Database for PostgresDb {
             )))
             .await?;
         leased.sort_by_key(|m| m.id);
-        Ok(leased)
+        Ok(crate::store::Leased {
+            parked,
+            rows: leased,
+        })
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {

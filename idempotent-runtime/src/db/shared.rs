@@ -63,13 +63,13 @@ where
 }
 
 /// A lease's first step on SQLite and PostgreSQL: `Park` (each database's own `ParkAbandoned`)
-/// parks the messages whose relay died during their last allowed attempt (`lease.max_attempts`).
-/// MySQL finds them with `SKIP LOCKED` and parks them one by one (`db::mysql`).
+/// parks the messages whose relay died during their last allowed attempt (`lease.max_attempts`),
+/// and says how many. MySQL finds them with `SKIP LOCKED` and parks them one by one (`db::mysql`).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "async-postgres"))]
 pub(crate) async fn park_abandoned<Park, C>(
     conn: &mut C,
     lease: &crate::store::Lease<'_>,
-) -> QueryResult<()>
+) -> QueryResult<u64>
 where
     Park: SqlText,
     C: Store,
@@ -80,7 +80,7 @@ where
         _,
     >(lease.max_attempts),)))
         .await
-        .map(drop)
+        .map(|parked| parked as u64)
 }
 
 /// The version `idempotent_schema` records (0 when it holds none); `None` when the table does not

@@ -277,8 +277,8 @@ impl Database for SqliteDb {
     async fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
-    ) -> QueryResult<Vec<LeasedRow>> {
-        super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
+    ) -> QueryResult<crate::store::Leased> {
+        let parked = super::shared::park_abandoned::<ParkAbandoned, _>(conn, lease).await?;
         let abandoned = conn
             .execute(Statement::<TakeAbandoned, _>::new((
                 bind::<Text, _>(lease.owner),
@@ -299,7 +299,10 @@ impl Database for SqliteDb {
             .load(Statement::<Leased, _>::new((bind::<Text, _>(lease.owner),)))
             .await?;
         leased.sort_by_key(|m| m.id);
-        Ok(leased)
+        Ok(crate::store::Leased {
+            parked,
+            rows: leased,
+        })
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {

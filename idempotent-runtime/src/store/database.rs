@@ -523,7 +523,7 @@ pub trait Database: Sized + Send + Sync + 'static {
     fn lease<C: Store<Db = Self>>(
         conn: &mut C,
         lease: &Lease<'_>,
-    ) -> impl Future<Output = QueryResult<Vec<LeasedRow>>> + Send;
+    ) -> impl Future<Output = QueryResult<crate::store::Leased>> + Send;
 
     /// Marks a message delivered if `owner` still holds its lease, or nobody does (it lapsed, and
     /// another relay parked the message or failed to deliver it).

@@ -116,6 +116,16 @@ pub struct Failure<'a> {
     pub retry_after_micros: Option<i64>,
 }
 
+/// What one lease took: the messages it leased, and how many it parked first (their relay died,
+/// or its lease lapsed, during their last allowed attempt).
+#[derive(Debug, Default)]
+pub struct Leased {
+    /// Messages parked before the lease, at their last allowed attempt.
+    pub parked: u64,
+    /// The messages leased, by id.
+    pub rows: Vec<LeasedRow>,
+}
+
 /// An outbox row as the relay reads it.
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
 pub struct LeasedRow {
