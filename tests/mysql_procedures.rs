@@ -1065,13 +1065,22 @@ fn nested_job(
 }
 
 /// 4, harder: a job inside the caller's transaction whose body rolls back (the caller's
-/// transaction with it): the call says nothing was committed, and nothing was; the key can be
-/// finished and replayed after.
+/// transaction with it): the call says the caller's whole transaction was rolled back
+/// (`CallersTransactionRolledBack`; it said `TransactionRolledBackInBody`, the job's rollback
+/// alone), and nothing was committed; the key can be finished and replayed after.
 #[test]
 fn nested_job_whose_body_rolls_back() {
     with_database("nested", |url, check| {
         let (outer, row, effects, outer_effects) = nested_job(url, check, "ROLLBACK", "nr");
-        assert!(is_rolled_back(&outer), "{outer:?}");
+        assert!(
+            matches!(
+                &outer,
+                Err(TestError::Idempotent(
+                    idempotent_jobs::Error::CallersTransactionRolledBack { .. }
+                ))
+            ),
+            "{outer:?}"
+        );
         assert_eq!(
             (row, effects, outer_effects),
             (None, 0, 0),
