@@ -311,7 +311,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         // Before any statement of the runtime's: a body that returned at the failure that ended
         // its transaction (a MySQL deadlock) ran nothing after it.
         let stopped_at_failure =
-            body_failed && S::Db::last_failure_rolled_back_all(self.transaction.store()).await;
+            body_failed && S::Db::body_stopped_at_a_failure(self.transaction.store()).await;
         // Where the database answered that the transaction is not the job's, a statement of the
         // body may have committed the claim: a failed take-back leaves it. Where the connection
         // failed, the transaction ended with it, uncommitted.
@@ -597,7 +597,6 @@ impl Ended {
     }
 }
 
-/// [`Error::TransactionRolledBackInBody`] for `call`.
 /// [`Error::CallersTransactionRolledBack`] for `call`, found after its body: the body went on
 /// after the rollback.
 fn callers_rolled_back(call: &Call) -> Error {
@@ -611,6 +610,7 @@ fn callers_rolled_back(call: &Call) -> Error {
     }
 }
 
+/// [`Error::TransactionRolledBackInBody`] for `call`.
 fn rolled_back_in_body(call: &Call, outside: bool) -> Error {
     Error::TransactionRolledBackInBody {
         job: call.job.name(),
@@ -981,19 +981,9 @@ async fn attempt_claim<S: Store>(
         }
         Err(failed) => failed,
     };
-    // Inside a caller's transaction: whether the database rolled back the caller's whole
-    // transaction under the claim. MySQL says so in the failure's own diagnostics (Diesel then
-    // skips the rollback to its savepoint); elsewhere the savepoint is gone (SQLite's busy).
-    let callers_gone = match nesting {
-        Nesting::Savepoint => {
-            let all = S::Db::last_failure_rolled_back_all(transaction.store()).await;
-            transaction.rollback_to_savepoint().await == Ownership::NotOwn || all
-        }
-        Nesting::Outermost | Nesting::Unmarked => {
-            transaction.rollback().await;
-            false
-        }
-    };
+    // Inside a caller's transaction, a savepoint gone with the claim's failure: the database
+    // rolled back the caller's whole transaction under it (a MySQL deadlock).
+    let callers_gone = transaction.roll_back_job(nesting).await == Ownership::NotOwn;
     if let Some(previous) = previous {
         // MySQL's setting is the session's: put it back after the rollback.
         if let Err(error) = S::Db::restore_lock_wait(transaction.store(), &previous).await {

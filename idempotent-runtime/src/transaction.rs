@@ -162,6 +162,19 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         }
     }
 
+    /// Rolls back a job's transaction that did not get its claim: to Diesel's savepoint inside a
+    /// caller's transaction ([`rollback_to_savepoint`](Self::rollback_to_savepoint), which says
+    /// whether it was still there), else the whole transaction ([`Ownership::Own`]).
+    pub(crate) async fn roll_back_job(&mut self, nesting: Nesting) -> Ownership {
+        match nesting {
+            Nesting::Savepoint => self.rollback_to_savepoint().await,
+            Nesting::Outermost | Nesting::Unmarked => {
+                self.rollback().await;
+                Ownership::Own
+            }
+        }
+    }
+
     /// Ends whatever transaction the connection is in, once the job's own turned out to be gone;
     /// see [`abort_job`].
     ///

@@ -709,7 +709,7 @@ fn a_prune_stopped_by_a_signal_leaves_whole_batches_and_the_next_prune_counts_th
 
 /// A run of `BRIEF` on `key` (a lapsed one: it renews the row), on a thread of its own: its body
 /// says when it holds the claim, then waits for the word to finish.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn renewing<C>(
     mut conn: C,
     key: &'static str,
@@ -994,7 +994,7 @@ fn a_forget_beside_a_renewal_on_sqlite_keeps_the_renewed_claim() {
     let mut conn = db.connect();
     assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
     std::thread::sleep(Duration::from_millis(1_500));
-    let (run, holds, finish) = renewing_sqlite(db.connect(), "brief:1");
+    let (run, holds, finish) = renewing(db.connect(), "brief:1");
     holds
         .recv_timeout(Duration::from_secs(60))
         .expect("the renewal holds its claim");
@@ -1012,28 +1012,4 @@ fn a_forget_beside_a_renewal_on_sqlite_keeps_the_renewed_claim() {
         "the renewed run's row stays; the forget said {forget:?}"
     );
     assert!(matches!(forget, Ok(false)), "{forget:?}");
-}
-
-#[cfg(feature = "sqlite")]
-fn renewing_sqlite(
-    mut conn: diesel::SqliteConnection,
-    key: &'static str,
-) -> (
-    std::thread::JoinHandle<bool>,
-    std::sync::mpsc::Receiver<()>,
-    std::sync::mpsc::Sender<()>,
-) {
-    let (claimed, holds) = std::sync::mpsc::channel();
-    let (finish, finishing) = std::sync::mpsc::channel::<()>();
-    let run = std::thread::spawn(move || {
-        let outcome: Outcome<u32> =
-            idempotent_jobs::run(&mut conn, &BRIEF, &JobKey::new(key), |_conn| {
-                let _ = claimed.send(());
-                let _ = finishing.recv_timeout(Duration::from_secs(60));
-                Ok::<_, idempotent_jobs::Error>(2)
-            })
-            .expect("the renewing run");
-        outcome.is_ran()
-    });
-    (run, holds, finish)
 }

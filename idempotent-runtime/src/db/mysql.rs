@@ -822,7 +822,7 @@ impl Database for MysqlDb {
         Ok(rows.first().is_some_and(|r| r.n > 0))
     }
 
-    async fn last_failure_rolled_back_all<C: Store<Db = Self>>(conn: &mut C) -> bool {
+    async fn body_stopped_at_a_failure<C: Store<Db = Self>>(conn: &mut C) -> bool {
         // Only an error that rolled the whole transaction back: a deadlock (1213), or a lock wait
         // timeout (1205) where `innodb_rollback_on_timeout` makes it roll back more than the
         // statement. Any other failure (a duplicate key after the body caught a deadlock and

@@ -116,16 +116,15 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const KNOWS_SESSION_TRANSACTION: bool = false;
 
-    /// Asked when a job's body returned `Err`, or its claim failed inside a caller's transaction,
-    /// before any other statement of the runtime's: whether the last statement failed with an
-    /// error that rolled back the whole transaction (the caller's too). Where
+    /// Asked when a job's body returned `Err`, before any statement of the runtime's: whether the
+    /// body's last statement failed with an error that rolled back the whole transaction. Where
     /// the database does that on its own (MySQL and MariaDB, on a deadlock, and on a lock wait
     /// timeout with `innodb_rollback_on_timeout`) and the session then runs each statement as one
     /// of its own, a body that returned at that failure ran nothing outside the rolled-back
     /// transaction. MySQL and MariaDB keep a statement's conditions until a statement that uses
     /// a table (`GET DIAGNOSTICS`); by default `false`, with no round trip.
     #[doc(hidden)]
-    fn last_failure_rolled_back_all<C: Store<Db = Self>>(
+    fn body_stopped_at_a_failure<C: Store<Db = Self>>(
         conn: &mut C,
     ) -> impl Future<Output = bool> + Send {
         let _ = conn;
