@@ -973,7 +973,9 @@ fn galera_three_nodes() {
 /// the queue's redeliveries finish. Then every job is delivered once more, as a producer that
 /// retries after an outage would: what the failover lost runs a second time.
 fn failover(replication: Replication) {
-    const JOBS: usize = 300;
+    // Enough that work is left when the primary dies: with 300, an asynchronous run on a quiet
+    // machine once acknowledged every delivery before the kill landed, and no worker reconnected.
+    const JOBS: usize = 600;
     const RACED: usize = 50;
     let _serial = serial();
     let started = Instant::now();
@@ -1009,16 +1011,17 @@ fn failover(replication: Replication) {
     // after those (short: without a synchronous standby the workers go on at a job a millisecond).
     std::thread::sleep(Duration::from_millis(20));
     let behind_from = broker.acked();
-    // Up to 40 acknowledgements: an asynchronous standby does not hold the primary back, so they
-    // come (a minute is a deadline, not a measurement); a synchronous standby holds every commit
-    // back while it is cut off, and two seconds without one is the window that shows it.
+    // Up to 10 acknowledgements, looked for every 2 ms (the workers go on at several a
+    // millisecond): an asynchronous standby does not hold the primary back, so they come (a
+    // minute is a deadline, not a measurement); a synchronous standby holds every commit back
+    // while it is cut off, and two seconds without one is the window that shows it.
     let window = match replication {
         Replication::Synchronous => Duration::from_secs(2),
         Replication::Asynchronous => Duration::from_secs(60),
     };
     let deadline = Instant::now() + window;
-    while Instant::now() < deadline && broker.acked() < behind_from + 40 {
-        std::thread::sleep(Duration::from_millis(20));
+    while Instant::now() < deadline && broker.acked() < behind_from + 10 {
+        std::thread::sleep(Duration::from_millis(2));
     }
     let acked_while_behind = broker.acked() - behind_from;
     broker.event(Event::Fault("the primary SIGKILLed".to_owned()));
