@@ -185,6 +185,9 @@ pub(crate) struct Call {
     pub(crate) context: Arc<JobContext>,
     /// Read the key before claiming it: a redelivery, or a job whose calls mostly replay.
     pub(crate) read_first: bool,
+    /// The job runs inside a transaction of the caller's (in a savepoint of it): a failure's
+    /// retry is that transaction's, from its start. Set once the claim's transaction is open.
+    pub(crate) enclosing: std::sync::atomic::AtomicBool,
 }
 
 impl Call {
@@ -233,7 +236,13 @@ impl Call {
                 && redelivered
                     .or_else(crate::redelivery::current)
                     .unwrap_or_else(|| job.counters.mostly_replays()),
+            enclosing: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether the job runs inside a transaction of the caller's.
+    pub(crate) fn enclosing(&self) -> bool {
+        self.enclosing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn span(&self) -> tracing::Span {
@@ -268,6 +277,7 @@ impl Call {
             job: self.job.name(),
             key: self.key_text.clone(),
             step,
+            enclosing: self.enclosing(),
             retryable: D::passes(&source),
             source,
         }

@@ -15,14 +15,22 @@ use std::fmt;
 #[non_exhaustive]
 pub enum Error {
     /// The database refused a statement of the claim, the record or the commit; the transaction was
-    /// rolled back.
+    /// rolled back (for a job called inside a caller's transaction, `enclosing`: the job's
+    /// savepoint).
     ///
     /// What to do: requeue the job when [`is_retryable`](Error::is_retryable) (a deadlock, a
     /// busy database, a lost connection), else look at the source (the database's own error).
+    /// Where `enclosing`, the retry is the enclosing transaction's, from its start: a retry of the
+    /// call alone, inside it, can meet the same failure (on SQLite it always does where the
+    /// transaction's snapshot is older than another connection's commit).
     #[error(
         "job `{job}` (key `{key}`): the database failed while {step}{hint}; nothing of the job was committed{retry}",
         hint = hint(source),
-        retry = if *retryable { "; retrying is safe and can succeed" } else { "" }
+        retry = match (*retryable, *enclosing) {
+            (true, false) => "; retrying is safe and can succeed",
+            (true, true) => "; the job was called inside an enclosing transaction: return this error from it and retry that transaction from its start (a retry of the call alone, inside it, can meet the same failure): retrying is safe and can succeed",
+            (false, _) => "",
+        }
     )]
     Database {
         /// The job's name.
@@ -31,6 +39,9 @@ pub enum Error {
         key: String,
         /// What the runtime was doing.
         step: Step,
+        /// The job was called inside a transaction of the caller's (it ran in a savepoint of
+        /// it): a retry is that transaction's, from its start.
+        enclosing: bool,
         /// Whether the failure passes (a deadlock, a serialization failure, a busy database, a
         /// lost connection), so that running the job again can succeed.
         retryable: bool,
@@ -560,7 +571,12 @@ pub enum Error {
         report.lease_lost,
         report.leased,
         what = stopped_at(message_id.as_deref(), *delivered, *last_attempt, source),
-        retry = if source.is_retryable() { "; running the relay again is safe and can succeed" } else { "" }
+        retry = match (source.is_retryable(), source.is_connection_lost()) {
+            (true, false) => "; running the relay again is safe and can succeed",
+            (true, true) => "; the connection is closed: running the relay again on a new connection is safe and can succeed",
+            (false, true) => "; the connection is closed: reconnect",
+            (false, false) => "",
+        }
     )]
     RelayStopped {
         /// What the run did and recorded before it stopped.
@@ -866,7 +882,16 @@ mod tests {
                 job: "invoice",
                 key: "invoice:1".into(),
                 step: Step::Claim,
+                enclosing: false,
                 retryable: false,
+                source: closed(),
+            },
+            Error::Database {
+                job: "invoice",
+                key: "invoice:1".into(),
+                step: Step::Claim,
+                enclosing: true,
+                retryable: true,
                 source: closed(),
             },
             Error::Keys {
@@ -878,6 +903,8 @@ mod tests {
                 source: closed(),
                 retryable: false,
             },
+            relay_stopped(true),
+            relay_stopped(false),
         ];
         for error in cases {
             let text = error.to_string();
@@ -912,11 +939,30 @@ mod tests {
         }
     }
 
+    /// A relay run stopped by a lost connection, after it had recorded one delivery.
+    fn relay_stopped(retryable: bool) -> Error {
+        Error::RelayStopped {
+            report: crate::relay_report::RelayReport {
+                leased: 2,
+                delivered: 1,
+                ..Default::default()
+            },
+            message_id: Some("m-2".into()),
+            delivered: true,
+            last_attempt: false,
+            source: Box::new(Error::Outbox {
+                source: closed(),
+                retryable,
+            }),
+        }
+    }
+
     /// Whether a message reads as advice to retry.
     fn says_to_retry(text: &str) -> bool {
         [
             "retried",
             "retrying is safe",
+            "is safe and can succeed",
             "a retry runs",
             "delivery runs the job again",
         ]

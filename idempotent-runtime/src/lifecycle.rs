@@ -650,6 +650,7 @@ fn finish_failed<S: Store>(call: &Call, finish: Finish) -> Error {
             job: call.job.name(),
             key: call.key_text.clone(),
             step: Step::Commit,
+            enclosing: call.enclosing(),
             retryable: true,
             source,
         },
@@ -934,6 +935,10 @@ async fn open_job<'a, S: Store>(
         }
     })?;
     let transaction = refuse_inside_callers(transaction, nesting, first.as_ref()).await?;
+    if nesting == Nesting::Savepoint {
+        call.enclosing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     Ok((transaction, nesting, first))
 }
 

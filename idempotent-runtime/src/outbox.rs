@@ -532,12 +532,28 @@ async fn attempt<E: fmt::Display>(
 ) -> Delivery {
     match catch_panic(deliver(message)).await {
         Ok(Ok(())) => Delivery::Delivered,
-        Ok(Err(error)) => Delivery::Failed(error_text(&error.to_string())),
+        Ok(Err(error)) => Delivery::Failed(error_text(&shown(error))),
         Err(panic) => Delivery::Failed(error_text(&format!(
             "the delivery panicked: {}",
             panic_message(&*panic)
         ))),
     }
+}
+
+/// A delivery's error as text, and the error dropped: both are the delivery's own code, and a
+/// panic in either is that delivery's failure, not the round's.
+fn shown<E: fmt::Display>(error: E) -> String {
+    let shown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let text = error.to_string();
+        drop(error);
+        text
+    }));
+    shown.unwrap_or_else(|panic| {
+        format!(
+            "the delivery failed, and showing or dropping its error panicked: {}",
+            panic_message(&*panic)
+        )
+    })
 }
 
 impl Relay {

@@ -1087,6 +1087,11 @@ mod nested_jobs {
     fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
         nested::a_deadlock_the_body_catches_says_the_callers_transaction_is_gone();
     }
+
+    #[test]
+    fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction() {
+        nested::a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction();
+    }
 }
 
 mod relay_reports {
@@ -1110,5 +1115,21 @@ mod relay_reports {
     fn a_run_that_parks_lapsed_messages_reports_them_mysql() {
         crate::relay_truth::a_run_that_parks_lapsed_messages_reports_them::<crate::backends::Mysql>(
         );
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_delivery_error_that_panics_when_shown_is_a_failed_delivery_sqlite() {
+        crate::relay_truth::a_delivery_error_that_panics_when_shown_is_a_failed_delivery::<
+            crate::backends::Sqlite,
+        >();
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_delivery_error_that_panics_when_shown_is_a_failed_delivery_postgres() {
+        crate::relay_truth::a_delivery_error_that_panics_when_shown_is_a_failed_delivery::<
+            crate::backends::Postgres,
+        >();
     }
 }

@@ -181,3 +181,69 @@ pub fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
         assert_eq!(Mysql::count_done(&mut conn), 0, "{kind}: no claim");
     }
 }
+
+/// SQLite in WAL mode: a job called inside a caller's transaction that read before another
+/// connection committed cannot claim: the transaction's snapshot is older than the database
+/// (`SQLITE_BUSY_SNAPSHOT`), and no retry of the call inside that transaction can write. Before,
+/// the call said "retrying is safe and can succeed" as for any busy claim, and a caller that
+/// retried the call (inside) met the same failure. The call now says what the database holds (the
+/// enclosing transaction still open, with what it wrote) and which retry can succeed: that
+/// transaction's, from its start, which runs the job once.
+pub fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction() {
+    use crate::backends::Sqlite;
+    let db = fresh::<Sqlite>();
+    let (mut conn, mut other) = (db.connect(), db.connect());
+    Sqlite::execute(&mut conn, "PRAGMA journal_mode = WAL");
+    let key = JobKey::new("nested-unit:1");
+    let mut calls = Vec::new();
+    let caller = conn.transaction::<(), TestError, _>(|conn| {
+        // The caller reads (its snapshot starts) ...
+        assert_eq!(count::<Sqlite>(conn, "job"), 0);
+        // ... and another worker's job commits after it.
+        idempotent_jobs::run(&mut other, &UNIT, &JobKey::new("nested-unit:2"), |conn| {
+            write(conn, "other-job")
+        })?;
+        for _ in 0..2 {
+            calls.push(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
+                write(conn, "job")
+            }));
+        }
+        Err(TestError::Service("the caller gives up".into()))
+    });
+    assert!(caller.is_err());
+    let first = match &calls[0] {
+        Err(TestError::Idempotent(error)) => error,
+        other => panic!("the claim behind a stale snapshot: {other:?}"),
+    };
+    let text = first.to_string();
+    assert!(
+        matches!(
+            first,
+            Error::Database {
+                retryable: true,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    assert!(
+        text.contains("enclosing transaction") && text.contains("from its start"),
+        "the message says which retry can succeed: {text}"
+    );
+    assert!(
+        calls[1].is_err(),
+        "a retry of the call inside the same transaction fails the same way: {:?}",
+        calls[1]
+    );
+    // The retry the message asks for: the enclosing transaction, from its start.
+    let retried = conn.transaction::<_, TestError, _>(|conn| {
+        write(conn, "caller-before")?;
+        Ok(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
+            write(conn, "job")
+        })?)
+    });
+    assert!(matches!(retried, Ok(Outcome::Ran(()))), "{retried:?}");
+    assert_eq!(count::<Sqlite>(&mut conn, "job"), 1);
+    assert_eq!(count::<Sqlite>(&mut conn, "caller-before"), 1);
+    assert_eq!(Sqlite::count_done(&mut conn), 2, "both jobs' claims");
+}

@@ -53,3 +53,68 @@ where
     );
     assert_eq!((a_report.lease_lost, b_report.leased), (1, 0));
 }
+
+/// A delivery error whose `Display` panics.
+struct Unprintable;
+
+impl std::fmt::Display for Unprintable {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        panic!("this error cannot be shown")
+    }
+}
+
+/// A delivery error whose `Display` (or `Drop`) panics is the delivery's own code panicking: the
+/// round goes on as for any failed delivery, the message backed off with its attempt counted and
+/// the panic in its `last_error`, and the next message delivered. Before, the panic escaped
+/// `run_once` from outside the delivery's `catch_unwind`: no report, and the batch stayed leased,
+/// neither failed nor delivered, until its lease lapsed.
+pub fn a_delivery_error_that_panics_when_shown_is_a_failed_delivery<B>()
+where
+    B: Backend,
+    B::Conn: TestConn,
+{
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for n in 1..=2 {
+        let _pushed = idempotent_jobs::run(
+            &mut conn,
+            &PUSHER,
+            &JobKey::new(format!("relay-truth:{n}")),
+            |conn| {
+                outbox::push(conn, "relay-truth", &serde_json::json!({ "n": n }))?;
+                Ok::<_, TestError>(())
+            },
+        )
+        .expect("the pushing job");
+    }
+    let mut calls = 0;
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Relay::new()
+            .backoff(Duration::from_secs(3600), Duration::from_secs(3600))
+            .run_once(&mut conn, |_| {
+                calls += 1;
+                match calls {
+                    1 => Err(Unprintable),
+                    _ => Ok(()),
+                }
+            })
+    }));
+    let report = run
+        .expect("the error's panic stays inside the relay run")
+        .expect("the relay run");
+    assert_eq!(
+        (report.leased, report.failed, report.delivered),
+        (2, 1, 1),
+        "{report:?}"
+    );
+    let unsent = outbox::unsent(&mut conn, 10).expect("the unsent messages");
+    assert_eq!(unsent.len(), 1, "one message backs off: {unsent:?}");
+    assert_eq!(unsent[0].attempts(), 1);
+    let last_error = unsent[0].last_error().unwrap_or_default();
+    assert!(
+        last_error.contains("this error cannot be shown"),
+        "the stored error names the panic: {last_error:?}"
+    );
+    let counts = outbox::counts(&mut conn).expect("the outbox's counts");
+    assert_eq!((counts.delivered, counts.leased), (1, 0), "{counts:?}");
+}
