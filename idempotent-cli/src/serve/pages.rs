@@ -205,45 +205,72 @@ struct KeyFilters {
     limit: u32,
 }
 
+impl KeyFilters {
+    /// The filters of a `/keys` query string, trimmed; the limit 50 unless given, within 1..=500.
+    fn parse(query: &[u8]) -> Self {
+        let form = Form::parse(query);
+        let field = |name: &str| form.get(name).unwrap_or_default().trim().to_owned();
+        KeyFilters {
+            job: field("job"),
+            since: field("since"),
+            before: field("before"),
+            after: field("after"),
+            limit: form
+                .get("limit")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(50u32)
+                .clamp(1, 500),
+        }
+    }
+
+    /// The query these filters ask for (one key more than the page, to tell whether there are
+    /// more), and what could not be read of them.
+    fn query(&self) -> (KeyQuery, Vec<String>) {
+        let mut query = KeyQuery::default().limit(self.limit + 1);
+        let mut problems = Vec::new();
+        if !self.job.is_empty() {
+            query = query.job(self.job.as_str());
+        }
+        for (text, since) in [(&self.since, true), (&self.before, false)] {
+            if text.is_empty() {
+                continue;
+            }
+            match parse_time_arg(text) {
+                Ok(time) if since => query = query.done_from(time),
+                Ok(time) => query = query.done_before(time),
+                Err(why) => problems.push(why),
+            }
+        }
+        if !self.after.is_empty() {
+            match crate::page::After::parse(&self.after) {
+                Ok(after) => query = after.apply(query),
+                Err(why) => problems.push(why),
+            }
+        }
+        (query, problems)
+    }
+
+    /// The link to the page after `last`, with the same filters.
+    fn next_page(&self, last: &KeyRecord) -> String {
+        format!(
+            "<p><a rel=\"next\" href=\"/keys?job={}&amp;since={}&amp;before={}&amp;after={}&amp;limit={}\">Older keys →</a></p>",
+            url_value(&self.job),
+            url_value(&self.since),
+            url_value(&self.before),
+            url_value(&crate::page::After::of(last).to_string()),
+            self.limit
+        )
+    }
+}
+
 /// `/keys`: keys newest first, with filters and an "older" link.
 pub async fn keys(
     State(app): State<Arc<App>>,
     Extension(auth): Extension<Auth>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let form = Form::parse(query.unwrap_or_default().as_bytes());
-    let filters = KeyFilters {
-        job: form.get("job").unwrap_or_default().trim().to_owned(),
-        since: form.get("since").unwrap_or_default().trim().to_owned(),
-        before: form.get("before").unwrap_or_default().trim().to_owned(),
-        after: form.get("after").unwrap_or_default().trim().to_owned(),
-        limit: form
-            .get("limit")
-            .and_then(|l| l.parse().ok())
-            .unwrap_or(50u32)
-            .clamp(1, 500),
-    };
-    let mut query = KeyQuery::default().limit(filters.limit + 1);
-    let mut problems = Vec::new();
-    if !filters.job.is_empty() {
-        query = query.job(filters.job.as_str());
-    }
-    for (text, since) in [(&filters.since, true), (&filters.before, false)] {
-        if text.is_empty() {
-            continue;
-        }
-        match parse_time_arg(text) {
-            Ok(time) if since => query = query.done_from(time),
-            Ok(time) => query = query.done_before(time),
-            Err(why) => problems.push(why),
-        }
-    }
-    if !filters.after.is_empty() {
-        match crate::page::After::parse(&filters.after) {
-            Ok(after) => query = after.apply(query),
-            Err(why) => problems.push(why),
-        }
-    }
+    let filters = KeyFilters::parse(query.unwrap_or_default().as_bytes());
+    let (query, problems) = filters.query();
     // A filter that could not be read lists nothing: the keys of the filters that could would
     // read as the answer to the whole form.
     let list = problems.is_empty();
@@ -269,34 +296,19 @@ pub async fn keys(
     for problem in &problems {
         body.push_str(&notice(problem, true));
     }
+    let frame = frame(&app, Some(&auth), "Keys", Section::Keys);
     if !list {
         body.push_str(&notice(
             "No keys are listed: correct the filter above and look again.",
             true,
         ));
-        return respond(
-            StatusCode::BAD_REQUEST,
-            &frame(&app, Some(&auth), "Keys", Section::Keys),
-            &body,
-        );
+        return respond(StatusCode::BAD_REQUEST, &frame, &body);
     }
     body.push_str(&keys_table(&records));
     if more && let Some(last) = records.last() {
-        let _ = write!(
-            body,
-            "<p><a rel=\"next\" href=\"/keys?job={}&amp;since={}&amp;before={}&amp;after={}&amp;limit={}\">Older keys →</a></p>",
-            url_value(&filters.job),
-            url_value(&filters.since),
-            url_value(&filters.before),
-            url_value(&crate::page::After::of(last).to_string()),
-            filters.limit
-        );
+        body.push_str(&filters.next_page(last));
     }
-    respond(
-        StatusCode::OK,
-        &frame(&app, Some(&auth), "Keys", Section::Keys),
-        &body,
-    )
+    respond(StatusCode::OK, &frame, &body)
 }
 
 /// The filter form of `/keys`.
