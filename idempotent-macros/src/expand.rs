@@ -237,14 +237,48 @@ impl Expansion<'_> {
             }
         };
         let job_call = self.job_call(&krate, job, key_var);
+        let (compared, equality) = self.equality(&ret);
         quote! {
+            #compared
             #runner(
                 #conn,
                 #reach,
                 #job_call,
+                #equality,
                 #closure,
             )#awaited
         }
+    }
+
+    /// The result type's `PartialEq`, where it has one (`None` otherwise), found where the return
+    /// type `ret` is known: `Compared<Result<T, E>>` has it by value when `T: PartialEq`, and
+    /// `&Compared<R>` always answers `None` (one autoref later), for `Compared::<Ret>::NEW.equality()`. A replay must return what the
+    /// first run returned, and values serde writes alike are told apart only by `==`.
+    ///
+    /// The `use` of the two traits, a statement before the call, and the expression: spanned from
+    /// the return type's first token to its last, as the runner's path is, so that a return type
+    /// that is not a `Result` is reported once (the argument's type names `<Ret as JobResult>::Ok`).
+    fn equality(&self, ret: &TokenStream) -> (TokenStream, TokenStream) {
+        let private = private_module();
+        let krate = self.krate();
+        let compared = quote! {
+            #[allow(unused_imports)]
+            use #krate::#private::{ComparedByEq as _, ComparedByShape as _};
+        };
+        let (first, last) = first_and_last(&self.handler.output.ty.to_token_stream());
+        let (krate, private) = (
+            self.krate_at(first),
+            Ident::new(&private.to_string(), first),
+        );
+        let compared_type = quote_spanned!(first=> #krate::#private::Compared::<#ret>::);
+        let (new, method) = (Ident::new("NEW", last), Ident::new("equality", last));
+        let mut arguments = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!());
+        arguments.set_span(last);
+        let dot = quote_spanned!(last=> .);
+        (
+            compared,
+            quote!(#compared_type #new #dot #method #arguments),
+        )
     }
 
     /// `<Ret as JobResult>::item`, its first token placed at the return type's first and its last

@@ -342,12 +342,29 @@ impl Call {
     /// `Some(())` and `Some(None)`, read back as `None`; an untagged enum's other variant): the
     /// [`Shape`](crate::shape::Shape)s of the value and of what its JSON reads back as must be
     /// equal. Such a value fails this run instead, rolled back, while its cause is at hand.
-    pub(crate) fn encode<T: JobOutput>(&self, value: &T) -> Result<Option<String>, Error> {
+    ///
+    /// `equal`: the result type's `PartialEq`, where the attribute's wrapper found one. Values
+    /// serde writes alike (an untagged enum's variants of the same content, a field serde skips)
+    /// have equal shapes; `==` tells them apart.
+    ///
+    /// `ran` is the body's `Ok` (an `Err` stores nothing).
+    pub(crate) fn encode<T: JobOutput, E>(
+        &self,
+        ran: &Result<T, E>,
+        equal: Equality<Result<T, E>>,
+    ) -> Result<Option<String>, Error> {
+        let Ok(value) = ran else {
+            return Ok(None);
+        };
         let stored = crate::fingerprint::refuse_non_finite(value)
             .and_then(|()| serde_json::to_string(value))
             .and_then(|json| {
-                let back = serde_json::from_str::<T>(&json)?;
-                same_value(value, &back).map(|()| json)
+                let back = Ok(serde_json::from_str::<T>(&json)?);
+                let equal = equal.equal(ran, &back);
+                match &back {
+                    Ok(back) => same_value(value, back, equal).map(|()| json),
+                    Err(_) => Ok(json),
+                }
             });
         match stored {
             Ok(json) if json == "null" => Ok(None),
@@ -389,18 +406,74 @@ impl Call {
     }
 }
 
+/// The `PartialEq` of the `Ok` type of a handler's return type `R` (a `Result`), where the
+/// attribute's wrapper found one; [`none`](Equality::none) elsewhere. Values serde writes alike
+/// (an untagged enum's variants of the same content, a field serde skips) are told apart only by
+/// `==`. Named by `R` rather than by its `Ok` type, so that a return type that is no `Result`
+/// is reported once, where the wrapper calls the runner.
+pub struct Equality<R> {
+    /// Whether two `Ok`s are equal (`true` for anything else).
+    equal: Option<fn(&R, &R) -> bool>,
+}
+
+impl<R> Clone for Equality<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for Equality<R> {}
+
+impl<R> Equality<R> {
+    /// No `PartialEq`: values are compared as serde shows them.
+    pub const fn none() -> Self {
+        Self { equal: None }
+    }
+}
+
+impl<T, E> Equality<Result<T, E>> {
+    /// `T`'s `==`.
+    pub fn partial_eq() -> Self
+    where
+        T: PartialEq,
+    {
+        Self {
+            equal: Some(|a, b| match (a, b) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => true,
+            }),
+        }
+    }
+
+    /// Whether `a == b`, where `T`'s `==` is known.
+    fn equal(self, a: &Result<T, E>, b: &Result<T, E>) -> Option<bool> {
+        self.equal.map(|equal| equal(a, b))
+    }
+}
+
 /// Whether `back`, read from the JSON of `value`, is the same value: their
-/// [`Shape`](crate::shape::Shape)s are equal.
-fn same_value<T: serde::Serialize>(value: &T, back: &T) -> Result<(), serde_json::Error> {
+/// [`Shape`](crate::shape::Shape)s are equal, and `equal` (the type's `PartialEq`, where there is
+/// one) does not say otherwise.
+fn same_value<T: serde::Serialize>(
+    value: &T,
+    back: &T,
+    equal: Option<bool>,
+) -> Result<(), serde_json::Error> {
     use serde::ser::Error as _;
     let shape = |value: &T| crate::shape::Shape::of(value).map_err(serde_json::Error::custom);
-    if shape(value)? == shape(back)? {
-        Ok(())
-    } else {
-        Err(serde_json::Error::custom(
+    if shape(value)? != shape(back)? {
+        return Err(serde_json::Error::custom(
             "it reads back from its JSON as another value (`Some(())` or `Some(None)` as `None`, \
              an untagged enum as another of its variants): a replay would return another answer",
-        ))
+        ));
+    }
+    match equal {
+        Some(false) => Err(serde_json::Error::custom(
+            "it reads back from its JSON as another value, by its type's `PartialEq` (an \
+             untagged enum's variant of the same content as another's, a field serde skips or \
+             fills with a default, a flattened `Option`): a replay would return another answer",
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -283,7 +283,9 @@ pub enum Error {
     /// would read back as another value: it holds a NaN or infinite float anywhere, or a `Some`
     /// of a value JSON writes as `null` (`Some(())`, `Some(None)`: JSON stores these as `null`,
     /// which an `Option` reads back as `None`), or an untagged enum's variant that reads back as
-    /// another.
+    /// another. Under `#[idempotent_job]`, a result type with `PartialEq` is also compared with
+    /// `==`: a field serde skips, or an untagged variant of the same content as another's, fails
+    /// here too.
     ///
     /// What to do: make the value round-trip through serde_json (maps need string keys; no NaN
     /// or infinite float; an enum instead of `Option<Option<T>>`). Retrying does not help.

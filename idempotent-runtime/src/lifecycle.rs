@@ -25,7 +25,7 @@ use std::pin::pin;
 
 use tracing::Instrument as _;
 
-use crate::call::{Call, JobCall, JobError, JobOutput};
+use crate::call::{Call, Equality, JobCall, JobError, JobOutput};
 use crate::context;
 use crate::drive::catch_panic;
 use crate::error::{Error, Step};
@@ -44,7 +44,7 @@ impl JobCall<'_> {
         E: JobError,
         F: FnOnce(&mut C) -> Result<T, E>,
     {
-        run_sync(conn, C::idempotent_store, self, body)
+        run_sync(conn, C::idempotent_store, self, Equality::none(), body)
     }
 
     /// Runs the call on an async connection; see [`run_async`](crate::run_async).
@@ -57,7 +57,7 @@ impl JobCall<'_> {
         E: JobError,
         F: AsyncFnOnce(&mut C) -> Result<T, E>,
     {
-        run(conn, C::idempotent_store, self, body).await
+        run(conn, C::idempotent_store, self, Equality::none(), body).await
     }
 }
 
@@ -66,6 +66,7 @@ pub(crate) fn run_sync<Conn, S, R, T, E, F>(
     conn: &mut Conn,
     reach: R,
     job_call: JobCall<'_>,
+    equal: Equality<Result<T, E>>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -76,17 +77,23 @@ where
     E: JobError,
     F: FnOnce(&mut Conn) -> Result<T, E>,
 {
-    crate::drive::block_on(run(conn, reach, job_call, async move |conn: &mut Conn| {
-        body(conn)
-    }))
+    crate::drive::block_on(run(
+        conn,
+        reach,
+        job_call,
+        equal,
+        async move |conn: &mut Conn| body(conn),
+    ))
 }
 
 /// One job call: see the [module docs](self). `reach` finds the runtime's connection inside the
-/// caller's (a pooled connection derefs to it); the body gets the caller's own.
+/// caller's (a pooled connection derefs to it); the body gets the caller's own. `equal`: the
+/// result type's `PartialEq`, where the attribute's wrapper found one (see [`Call::encode`]).
 pub(crate) async fn run<Conn, S, R, T, E, F>(
     conn: &mut Conn,
     reach: R,
     job_call: JobCall<'_>,
+    equal: Equality<Result<T, E>>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -104,7 +111,9 @@ where
         return body(conn).await.map(Outcome::Ran);
     }
     let span = call.span();
-    steps(conn, reach, &call, body).instrument(span).await
+    steps(conn, reach, &call, equal, body)
+        .instrument(span)
+        .await
 }
 
 /// What the steps between the claim and the commit produced.
@@ -118,6 +127,7 @@ async fn steps<Conn, S, R, T, E, F>(
     conn: &mut Conn,
     reach: R,
     call: &Call,
+    equal: Equality<Result<T, E>>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -147,7 +157,7 @@ where
     let mut transaction = Transaction::opened(conn, reach);
     tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
     let first_done_micros = claimed.as_ref().map(|row| row.done_at_micros);
-    let produced = produce(&mut transaction, call, claimed, body).await;
+    let produced = produce(&mut transaction, call, claimed, equal, body).await;
     let mut job = JobEnd {
         transaction,
         call,
@@ -218,6 +228,7 @@ async fn produce<Conn, S, R, T, E, F>(
     transaction: &mut Transaction<'_, Conn, S, R>,
     call: &Call,
     claimed: Option<DoneRow>,
+    equal: Equality<Result<T, E>>,
     body: F,
 ) -> Result<Produced<T, E>, Box<dyn std::any::Any + Send>>
 where
@@ -234,8 +245,12 @@ where
                 let running = body(transaction.conn());
                 match with_context(call, running).await {
                     Ok(value) => {
-                        let json = call.encode(&value);
-                        Produced::Ran(value, json)
+                        let ran = Ok(value);
+                        let json = call.encode(&ran, equal);
+                        match ran {
+                            Ok(value) => Produced::Ran(value, json),
+                            Err(error) => Produced::Failed(error),
+                        }
                     }
                     Err(error) => Produced::Failed(error),
                 }

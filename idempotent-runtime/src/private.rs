@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-pub use crate::call::JobCall;
+pub use crate::call::{Equality, JobCall};
 pub use crate::fingerprint::FingerprintBuilder;
 pub use crate::job::{Job, WhileInProgress};
 pub use crate::key::{JobKey, KeyWriter};
@@ -51,24 +51,21 @@ pub trait JobResult: Sized {
     /// Runs a sync handler's body once per key: what the attribute's wrapper calls. The
     /// connection the body gets is the caller's own; `reach` finds the Diesel connection behind
     /// it. A companion's `outcome` learns from here whether the body ran or was replayed.
+    ///
+    /// `equal`: the `Ok` type's `PartialEq`, where the wrapper found one ([`Compared`]): a result
+    /// that reads back from its JSON as a value unequal to it fails its run.
     #[doc(hidden)]
     fn run_sync<Conn, C, F>(
         conn: &mut Conn,
         reach: impl Fn(&mut Conn) -> &mut C,
         job_call: JobCall<'_>,
+        equal: Equality<Self>,
         body: F,
     ) -> Self
     where
         Conn: ?Sized,
         C: crate::connection::JobStore,
-        F: FnOnce(&mut Conn) -> Self,
-    {
-        let recorder = Recorder::take();
-        let result = crate::lifecycle::run_sync(conn, then_store(reach), job_call, move |conn| {
-            body(conn).into_result()
-        });
-        Self::from_result(recorder.record(result))
-    }
+        F: FnOnce(&mut Conn) -> Self;
 
     /// [`run_sync`](JobResult::run_sync) for an async handler.
     #[cfg(feature = "async")]
@@ -77,12 +74,51 @@ pub trait JobResult: Sized {
         conn: &mut Conn,
         reach: impl Fn(&mut Conn) -> &mut C,
         job_call: JobCall<'_>,
+        equal: Equality<Self>,
         body: F,
     ) -> impl Future<Output = Self>
     where
         Conn: ?Sized,
         C: AsyncJobRuntime,
         F: AsyncFnOnce(&mut Conn) -> Self;
+}
+
+/// The `PartialEq` of a handler's result type, where it has one, found by the attribute's
+/// wrapper where the handler's return type `R` is known: `Compared::<R>::NEW.equality()` picks
+/// [`ComparedByEq`] (the receiver by value) when `R` is `Result<T, E>` with `T: PartialEq`,
+/// else [`ComparedByShape`] (one autoref), which has none. A replay must return what the first
+/// run returned, and values serde writes alike (an untagged enum's variants of the same content,
+/// a field serde skips) are told apart only by `==`. No bound on `R`: a return type that is no
+/// `Result` is the runner's error alone.
+pub struct Compared<R>(std::marker::PhantomData<fn() -> R>);
+
+impl<R> Compared<R> {
+    /// The probe.
+    pub const NEW: Self = Compared(std::marker::PhantomData);
+}
+
+/// [`Compared`] for a result type with `PartialEq`.
+pub trait ComparedByEq<R> {
+    /// `==`.
+    fn equality(self) -> Equality<R>;
+}
+
+impl<T: PartialEq, E> ComparedByEq<Result<T, E>> for Compared<Result<T, E>> {
+    fn equality(self) -> Equality<Result<T, E>> {
+        Equality::partial_eq()
+    }
+}
+
+/// [`Compared`] for any other result type: compared as serde shows it.
+pub trait ComparedByShape<R> {
+    /// None.
+    fn equality(self) -> Equality<R>;
+}
+
+impl<R> ComparedByShape<R> for &Compared<R> {
+    fn equality(self) -> Equality<R> {
+        Equality::none()
+    }
 }
 
 impl<T: JobOutput, E: JobError> JobResult for Result<T, E> {
@@ -97,11 +133,29 @@ impl<T: JobOutput, E: JobError> JobResult for Result<T, E> {
         result
     }
 
+    fn run_sync<Conn, C, F>(
+        conn: &mut Conn,
+        reach: impl Fn(&mut Conn) -> &mut C,
+        job_call: JobCall<'_>,
+        equal: Equality<Self>,
+        body: F,
+    ) -> Self
+    where
+        Conn: ?Sized,
+        C: crate::connection::JobStore,
+        F: FnOnce(&mut Conn) -> Self,
+    {
+        let recorder = Recorder::take();
+        let result = crate::lifecycle::run_sync(conn, then_store(reach), job_call, equal, body);
+        recorder.record(result)
+    }
+
     #[cfg(feature = "async")]
     fn run_async<Conn, C, F>(
         conn: &mut Conn,
         reach: impl Fn(&mut Conn) -> &mut C,
         job_call: JobCall<'_>,
+        equal: Equality<Self>,
         body: F,
     ) -> impl Future<Output = Self>
     where
@@ -112,7 +166,8 @@ impl<T: JobOutput, E: JobError> JobResult for Result<T, E> {
         // Taken when the wrapper's future first runs: a companion's `outcome` has armed it then.
         let recorder = Recorder::take();
         async move {
-            let result = crate::lifecycle::run(conn, then_async_store(reach), job_call, body).await;
+            let result =
+                crate::lifecycle::run(conn, then_async_store(reach), job_call, equal, body).await;
             recorder.record(result)
         }
     }

@@ -38,6 +38,8 @@ mod proxy;
 mod prune;
 mod receiver;
 mod relay_truth;
+#[cfg(all(feature = "sqlite", feature = "async-sqlite"))]
+mod replay_equality;
 #[cfg(feature = "sqlite")]
 mod savepoint_after_claim;
 mod schema;
@@ -830,6 +832,18 @@ fn a_deadlock_the_body_returns_at_is_the_bodys_own_error() {
 #[test]
 fn a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_rolled_back() {
     holes::a_deadlock_at_the_claim_inside_a_callers_transaction_says_the_caller_was_rolled_back();
+}
+
+#[cfg(all(feature = "sqlite", feature = "async-sqlite"))]
+#[test]
+fn results_that_replay_as_other_values_are_refused() {
+    replay_equality::results_that_replay_as_other_values_are_refused();
+}
+
+#[cfg(all(feature = "sqlite", feature = "async-sqlite"))]
+#[test]
+fn results_without_partial_eq_are_compared_as_serde_shows_them() {
+    replay_equality::results_without_partial_eq_are_compared_as_serde_shows_them();
 }
 
 #[cfg(feature = "sqlite")]

@@ -200,9 +200,10 @@ pub fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction()
         // The caller reads (its snapshot starts) ...
         assert_eq!(count::<Sqlite>(conn, "job"), 0);
         // ... and another worker's job commits after it.
-        idempotent_jobs::run(&mut other, &UNIT, &JobKey::new("nested-unit:2"), |conn| {
-            write(conn, "other-job")
-        })?;
+        let _other =
+            idempotent_jobs::run(&mut other, &UNIT, &JobKey::new("nested-unit:2"), |conn| {
+                write(conn, "other-job")
+            })?;
         for _ in 0..2 {
             calls.push(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
                 write(conn, "job")
@@ -238,9 +239,7 @@ pub fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction()
     // The retry the message asks for: the enclosing transaction, from its start.
     let retried = conn.transaction::<_, TestError, _>(|conn| {
         write(conn, "caller-before")?;
-        Ok(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
-            write(conn, "job")
-        })?)
+        idempotent_jobs::run(conn, &UNIT, &key, |conn| write(conn, "job"))
     });
     assert!(matches!(retried, Ok(Outcome::Ran(()))), "{retried:?}");
     assert_eq!(count::<Sqlite>(&mut conn, "job"), 1);

@@ -267,21 +267,18 @@ impl Expansion<'_> {
     /// `outcome`, tied to the return type by `Result<T, E>: From<Ret>`, which only the identity
     /// impl satisfies. A where-clause with parameters is not checked where it is written, so a
     /// return type that is not a `Result` is reported once, at the handler.
+    ///
+    /// Their names are `T` and `E` unless the signature names anything so (a type parameter, or
+    /// a type of the user's own that a parameter or the return type uses: `outcome`'s `T` would
+    /// shadow it), then the first of `__T`, `___T`, ... it does not.
     fn alias_parts(&self) -> AliasParts {
-        let generics = &self.handler.item.sig.generics;
-        let taken = |name: &str| {
-            generics.params.iter().any(|param| match param {
-                syn::GenericParam::Type(t) => t.ident == name,
-                syn::GenericParam::Const(c) => c.ident == name,
-                syn::GenericParam::Lifetime(_) => false,
-            })
-        };
+        let mut used = std::collections::HashSet::new();
+        idents_in(self.handler.item.sig.to_token_stream(), &mut used);
         let pick = |name: &str| {
-            let name = if taken(name) {
-                format!("__{name}")
-            } else {
-                name.to_owned()
-            };
+            let mut name = name.to_owned();
+            while used.contains(&name) {
+                name.insert_str(0, "__");
+            }
             Ident::new(&name, Span::call_site())
         };
         let (ok, err) = (pick("T"), pick("E"));
@@ -291,6 +288,19 @@ impl Expansion<'_> {
             convert: quote!(<::core::result::Result<#ok, #err> as ::core::convert::From<#ret>>::from),
             ok: quote!(#ok),
             err: quote!(#err),
+        }
+    }
+}
+
+/// Every identifier in `tokens`, groups included.
+fn idents_in(tokens: TokenStream, into: &mut std::collections::HashSet<String>) {
+    for token in tokens {
+        match token {
+            proc_macro2::TokenTree::Ident(ident) => {
+                into.insert(ident.to_string());
+            }
+            proc_macro2::TokenTree::Group(group) => idents_in(group.stream(), into),
+            _ => {}
         }
     }
 }
