@@ -4,8 +4,10 @@
 //! <a href="https://agentwranglers.se/playbook/scaling/background-jobs-and-queues/idempotent-jobs">Agent Wranglers scaling playbook</a>
 //! says how to test a job: run it twice with the same input; the second run changes 0 rows and sends
 //! nothing. [`assert_idempotent`] does exactly that, comparing the full contents of every table before
-//! and after the second run, so a handler that writes anything outside its claim fails the test with
-//! the rows it changed.
+//! and after the second run. Since a second run replays without running the body, it first runs the
+//! job inside a transaction of its own that it rolls back (a first delivery that failed before its
+//! commit), which must change nothing either. So a handler that writes anything outside its claim
+//! (on a connection of its own, too) fails the test with the rows it changed.
 //!
 //! ```
 //! use diesel::prelude::*;
@@ -32,8 +34,9 @@
 //! testing::assert_idempotent(&mut conn, |conn| greet(conn, "ada"));
 //! ```
 //!
-//! What "every table" means per backend: SQLite, every table of the main database; PostgreSQL, every
-//! table in the schemas on the connection's `search_path`; MySQL, every table of the current database.
+//! What "every table" means per backend: SQLite, every table of the main database but SQLite's own
+//! (named `sqlite_...`); PostgreSQL, every table in the schemas on the connection's `search_path`;
+//! MySQL, every table of the current database.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +44,7 @@ use std::fmt;
 use diesel::result::QueryResult;
 
 use crate::store::{Database, Store};
+use crate::transaction::Transaction;
 
 /// The full contents of every table, as text, rows sorted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -194,15 +198,28 @@ fn shorten(row: &str) -> String {
 /// Runs `job` twice through `conn` and asserts the rule's check: the first run succeeds, and the
 /// second run succeeds and changes no row in any table. Returns the first run's value.
 ///
+/// Before them it runs `job` once inside a transaction it then rolls back, as a first delivery
+/// that failed before its commit, and asserts that this left every table as it was, whatever the
+/// job returned: the second run replays without running the body, so only this run shows a write
+/// a rollback cannot undo (on another connection, say), which a redelivery would repeat. The body
+/// thus runs twice, and on PostgreSQL and MySQL the rolled-back run uses up sequence and
+/// `AUTO_INCREMENT` numbers.
+///
 /// # Panics
 ///
-/// When either run returns `Err`, or the second run changed rows (the message lists them).
+/// When either run returns `Err`, the rolled-back run changed rows, or the second run changed rows
+/// (the message names the run, and lists the rows by table).
 #[track_caller]
 pub fn assert_idempotent<C, T, E>(conn: &mut C, mut job: impl FnMut(&mut C) -> Result<T, E>) -> T
 where
     C: crate::connection::JobStore,
     E: fmt::Debug,
 {
+    crate::drive::block_on(rolled_back_run_changes_nothing(
+        conn,
+        C::idempotent_store,
+        async |conn| job(conn),
+    ));
     let first = first_run(job(conn));
     crate::drive::block_on(rerun_changes_nothing(
         conn,
@@ -216,6 +233,8 @@ where
 /// The crash variant of [`assert_idempotent`]: runs `job` on a connection from `connect`, drops that
 /// connection as a killed worker would (the queue never got its acknowledgement), then reruns the
 /// job on a new connection and asserts the rerun changed nothing. Returns the first run's value.
+/// On the first connection, before the first run, it runs `job` in a transaction it rolls back, as
+/// [`assert_idempotent`] does.
 ///
 /// # Panics
 ///
@@ -231,6 +250,11 @@ where
 {
     let first = {
         let mut worker = connect();
+        crate::drive::block_on(rolled_back_run_changes_nothing(
+            &mut worker,
+            C::idempotent_store,
+            async |conn| job(conn),
+        ));
         first_run(job(&mut worker))
         // The worker dies here: its connection closes, the acknowledgement is never sent.
     };
@@ -244,11 +268,12 @@ where
     first
 }
 
-/// [`assert_idempotent`] for async jobs.
+/// [`assert_idempotent`] for async jobs, with its rolled-back run first.
 ///
 /// # Panics
 ///
-/// When either run returns `Err`, or the second run changed rows (the message lists them).
+/// When either run returns `Err`, the rolled-back run changed rows, or the second run changed rows
+/// (the message names the run, and lists the rows by table).
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub async fn assert_idempotent_async<C, T, E>(
@@ -259,16 +284,18 @@ where
     C: crate::connection::AsyncJobStore,
     E: fmt::Debug,
 {
+    rolled_back_run_changes_nothing(conn, C::idempotent_store, &mut job).await;
     let first = first_run(job(conn).await);
     rerun_changes_nothing(conn, C::idempotent_store, job, "second run").await;
     first
 }
 
-/// [`assert_rerun_after_crash`] for async jobs.
+/// [`assert_rerun_after_crash`] for async jobs, with its rolled-back run first.
 ///
 /// # Panics
 ///
-/// When either run returns `Err`, or the rerun changed rows (the message lists them).
+/// When either run returns `Err`, the rolled-back run changed rows, or the rerun changed rows (the
+/// message names the run, and lists the rows by table).
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub async fn assert_rerun_after_crash_async<C, T, E>(
@@ -281,6 +308,7 @@ where
 {
     let first = {
         let mut worker = connect().await;
+        rolled_back_run_changes_nothing(&mut worker, C::idempotent_store, &mut job).await;
         first_run(job(&mut worker).await)
     };
     let mut retry = connect().await;
@@ -302,23 +330,64 @@ fn first_run<T, E: fmt::Debug>(result: Result<T, E>) -> T {
     }
 }
 
+/// Runs `job` once inside a transaction of the kit's, then rolls that transaction back: a first
+/// delivery that failed before its commit (a crash, a failed `COMMIT`). Whatever the run returned,
+/// it must leave every table as it was: a row it wrote where the rollback cannot reach (on a
+/// connection of its own, say) would be written again by the redelivery, which a replay, skipping
+/// the body, never shows.
+async fn rolled_back_run_changes_nothing<C, S: Store, T, E: fmt::Debug>(
+    conn: &mut C,
+    store: impl Fn(&mut C) -> &mut S,
+    mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
+) {
+    let which = "run rolled back before its commit";
+    let before = read_tables(store(conn), "before the", which).await;
+    let returned = {
+        let (mut transaction, _) = match Transaction::begin(conn, &store).await {
+            Ok(begun) => begun,
+            Err(error) => panic!("opening the transaction of the {which} failed: {error}"),
+        };
+        let returned = match job(transaction.conn()).await {
+            Ok(_) => "Ok".to_owned(),
+            Err(error) => format!("Err({error:?})"),
+        };
+        // A body that ended the kit's transaction itself left nothing to roll back.
+        if transaction.store().transaction_depth().unwrap_or(1) > 0 {
+            transaction.rollback().await;
+        } else {
+            transaction.hand_over();
+        }
+        returned
+    };
+    let after = read_tables(store(conn), "after the", which).await;
+    let changes = after.changes_since(&before);
+    assert!(
+        changes.is_empty(),
+        "the job is not idempotent: a run rolled back before its commit (a first delivery that \
+         failed; it returned {returned}) changed rows, which its redelivery will change again\n\
+         {changes}"
+    );
+}
+
+/// Reads every table, or panics saying when.
+async fn read_tables<S: Store>(conn: &mut S, when: &str, which: &str) -> Snapshot {
+    match snapshot(conn).await {
+        Ok(snapshot) => snapshot,
+        Err(error) => panic!("reading the tables {when} {which} failed: {error}"),
+    }
+}
+
 async fn rerun_changes_nothing<C, S: Store, T, E: fmt::Debug>(
     conn: &mut C,
     store: impl Fn(&mut C) -> &mut S,
     mut job: impl AsyncFnMut(&mut C) -> Result<T, E>,
     which: &str,
 ) {
-    let before = match snapshot(store(conn)).await {
-        Ok(snapshot) => snapshot,
-        Err(error) => panic!("reading the tables before the {which} failed: {error}"),
-    };
+    let before = read_tables(store(conn), "before the", which).await;
     if let Err(error) = job(conn).await {
         panic!("the job's {which} failed: {error:?}");
     }
-    let after = match snapshot(store(conn)).await {
-        Ok(snapshot) => snapshot,
-        Err(error) => panic!("reading the tables after the {which} failed: {error}"),
-    };
+    let after = read_tables(store(conn), "after the", which).await;
     let changes = after.changes_since(&before);
     assert!(
         changes.is_empty(),

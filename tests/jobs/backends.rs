@@ -102,6 +102,9 @@ pub trait Backend: Sized + 'static {
     fn assert_charge_survives_crash(url: &str, order_id: &str) -> Receipt;
     /// The test kit's rule check on a handler that is not idempotent: the panic's message.
     fn test_kit_on_sloppy_handler(conn: &mut Self::Conn, order_id: &str) -> String;
+    /// The test kit's messages on [`handlers::charge_audited_elsewhere`], whose side connection
+    /// opens `url`: `assert_idempotent` on `order-1`, then `assert_rerun_after_crash` on `order-2`.
+    fn test_kit_on_audit_elsewhere(conn: &mut Self::Conn, url: &str) -> [String; 2];
     fn charge_checked(
         conn: &mut Self::Conn,
         order_id: &str,
@@ -380,6 +383,23 @@ macro_rules! sync_backend {
                         })
                     },
                 )))
+            }
+
+            fn test_kit_on_audit_elsewhere(conn: &mut Self::Conn, url: &str) -> [String; 2] {
+                let kit = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || {
+                        idempotent_jobs::testing::assert_idempotent(conn, |conn| {
+                            handlers::charge_audited_elsewhere(conn, url, "order-1")
+                        })
+                    },
+                )));
+                let crash = panic_message(std::panic::catch_unwind(|| {
+                    idempotent_jobs::testing::assert_rerun_after_crash(
+                        || Self::connect(url),
+                        |conn| handlers::charge_audited_elsewhere(conn, url, "order-2"),
+                    )
+                }));
+                [kit, crash]
             }
 
             fn charge_checked(
@@ -818,6 +838,35 @@ macro_rules! async_backend {
                         ))
                     },
                 )))
+            }
+
+            fn test_kit_on_audit_elsewhere(c: &mut Self::Conn, url: &str) -> [String; 2] {
+                let AsyncConn { runtime, conn } = c;
+                let kit = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || {
+                        runtime.block_on(idempotent_jobs::testing::assert_idempotent_async(
+                            conn,
+                            async |conn| {
+                                handlers::charge_audited_elsewhere_async(conn, url, "order-1").await
+                            },
+                        ))
+                    },
+                )));
+                let crash = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || {
+                        runtime.block_on(idempotent_jobs::testing::assert_rerun_after_crash_async(
+                            async || {
+                                <$conn as diesel_async::AsyncConnection>::establish(url)
+                                    .await
+                                    .unwrap_or_else(|e| panic!("{}", $server.unreachable(url, &e)))
+                            },
+                            async |conn| {
+                                handlers::charge_audited_elsewhere_async(conn, url, "order-2").await
+                            },
+                        ))
+                    },
+                )));
+                [kit, crash]
             }
 
             fn charge_checked(

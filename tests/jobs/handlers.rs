@@ -512,6 +512,23 @@ pub fn sloppy_audit_then_charge<C: TestConn>(
     charge(conn, order_id, 4200, Mode::Succeed)
 }
 
+/// Not idempotent: writes an audit row on a connection of its own, opened at `url`, before its
+/// work on `conn`. A replay skips the body, so only a first delivery that failed before its
+/// commit, then its redelivery, write that row twice.
+#[idempotent_job(
+    key = "audited-elsewhere:<order_id>",
+    name = "charge_audited_elsewhere"
+)]
+pub fn charge_audited_elsewhere<C: TestConn>(
+    conn: &mut C,
+    url: &str,
+    order_id: &str,
+) -> Result<Receipt, TestError> {
+    let mut side = C::establish(url).map_err(|e| TestError::Service(e.to_string()))?;
+    side.insert_message("audit", order_id)?;
+    charge_body(conn, order_id, 4200, Mode::Succeed)
+}
+
 #[cfg(feature = "async")]
 pub use asynchronous::*;
 
@@ -879,6 +896,23 @@ mod asynchronous {
     ) -> Result<Receipt, TestError> {
         conn.insert_message("audit", order_id).await?;
         charge_async(conn, order_id, 4200, Mode::Succeed).await
+    }
+
+    /// `charge_audited_elsewhere`, as an async handler.
+    #[idempotent_job(
+        key = "audited-elsewhere:<order_id>",
+        name = "charge_audited_elsewhere"
+    )]
+    pub async fn charge_audited_elsewhere_async<C: AsyncTestConn>(
+        conn: &mut C,
+        url: &str,
+        order_id: &str,
+    ) -> Result<Receipt, TestError> {
+        let mut side = C::establish(url)
+            .await
+            .map_err(|e| TestError::Service(e.to_string()))?;
+        side.insert_message("audit", order_id).await?;
+        charge_body_async(conn, order_id, 4200, Mode::Succeed).await
     }
 
     /// Charges, tells the test it is inside its transaction, then never finishes: the test drops

@@ -309,6 +309,21 @@ macro_rules! backend_tests {
             fn test_kit_catches_a_handler_that_is_not_idempotent() {
                 second_run::test_kit_catches_a_handler_that_is_not_idempotent::<$backend>();
             }
+
+            #[test]
+            fn test_kit_catches_a_write_on_another_connection() {
+                second_run::test_kit_catches_a_write_on_another_connection::<$backend>();
+            }
+
+            #[test]
+            fn snapshots_see_small_changes_to_floats() {
+                second_run::snapshots_see_small_changes_to_floats::<$backend>();
+            }
+
+            #[test]
+            fn snapshots_cover_tables_named_like_sqlites_own() {
+                second_run::snapshots_cover_tables_named_like_sqlites_own::<$backend>();
+            }
         }
     };
 }

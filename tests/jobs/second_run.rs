@@ -257,3 +257,104 @@ pub fn test_kit_catches_a_handler_that_is_not_idempotent<B: Backend>() {
         "the claim itself did not change: {message}"
     );
 }
+
+/// The test kit fails a handler that writes on a connection of its own before its work. Its
+/// replays skip the body, so running it twice with a commit in between shows nothing; a first
+/// delivery that failed before its commit wrote the audit row, though, and the redelivery writes
+/// it again. The kit runs the job once in a transaction it rolls back, and finds the row there,
+/// in both variants, before committing any run. (Before the kit did, both variants passed, with
+/// one charge committed per order.) SQLite has one writer: the other connection cannot write
+/// while the job's transaction is open, and the kit fails the handler with that error.
+pub fn test_kit_catches_a_write_on_another_connection<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let messages = B::test_kit_on_audit_elsewhere(&mut conn, db.locator());
+    for message in &messages {
+        if B::SERVER == Server::Sqlite {
+            assert!(message.contains("locked"), "{message}");
+            continue;
+        }
+        assert!(message.contains("is not idempotent"), "{message}");
+        assert!(message.contains("rolled back"), "says which run: {message}");
+        assert!(
+            message.contains("test_outbox"),
+            "names the table: {message}"
+        );
+        assert!(message.contains("audit"), "shows the row: {message}");
+        assert!(
+            !message.contains("charges"),
+            "the job's own work was rolled back: {message}"
+        );
+    }
+    let audit_rows = if B::SERVER == Server::Sqlite { 0 } else { 2 };
+    assert_eq!(
+        B::count_topic(&mut conn, "audit"),
+        audit_rows,
+        "the kit stopped after the rolled-back run, in each variant: {messages:?}"
+    );
+    for order in ["order-1", "order-2"] {
+        assert_eq!(B::count_charges(&mut conn, order), 0, "{messages:?}");
+    }
+    assert_eq!(B::count_done(&mut conn), 0, "{messages:?}");
+}
+
+/// The test kit's snapshot sees a change of 0.01 to a single-precision float: MariaDB's
+/// `QUOTE(col)` shows a `FLOAT` with 6 significant digits, `'12345.7'` before and after.
+pub fn snapshots_see_small_changes_to_floats<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    // Single precision on MySQL and PostgreSQL; SQLite's REAL is a double.
+    let float = match B::SERVER {
+        Server::Mysql => "FLOAT",
+        Server::Postgres | Server::Sqlite => "REAL",
+    };
+    B::execute(
+        &mut conn,
+        &format!("CREATE TABLE wallet (user_id INTEGER PRIMARY KEY, balance {float} NOT NULL)"),
+    );
+    B::execute(&mut conn, "INSERT INTO wallet VALUES (1, 12345.67)");
+    let before = B::snapshot(&mut conn);
+    B::execute(
+        &mut conn,
+        "UPDATE wallet SET balance = balance + 0.01 WHERE user_id = 1",
+    );
+    let changes = B::snapshot(&mut conn).changes_since(&before);
+    let changed: Vec<(&str, usize, usize)> = changes
+        .tables()
+        .map(|(name, change)| (name, change.removed.len(), change.added.len()))
+        .collect();
+    assert_eq!(changed.len(), 1, "only the wallet changed:\n{changes}");
+    assert!(changed[0].0.ends_with("wallet"), "{changes}");
+    assert_eq!(
+        (changed[0].1, changed[0].2),
+        (1, 1),
+        "one row removed, one added:\n{changes}"
+    );
+}
+
+/// Tables whose names begin like SQLite's own are in the snapshot: only SQLite's own tables,
+/// whose names begin with exactly `sqlite_`, are left out (`NOT LIKE 'sqlite_%'` also left out
+/// `SqliteAudit` and `sqlite1audit`: `LIKE` ignores case, and `_` matches any character).
+pub fn snapshots_cover_tables_named_like_sqlites_own<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let tables = ["SqliteAudit", "sqlite1audit"];
+    for table in tables {
+        B::execute(&mut conn, &format!("CREATE TABLE {table} (n INTEGER)"));
+    }
+    let before = B::snapshot(&mut conn);
+    for table in tables {
+        B::execute(&mut conn, &format!("INSERT INTO {table} VALUES (1)"));
+    }
+    let changes = B::snapshot(&mut conn).changes_since(&before);
+    let mut added: Vec<(String, usize)> = changes
+        .tables()
+        .map(|(name, change)| (name.to_lowercase(), change.added.len()))
+        .collect();
+    added.sort();
+    assert_eq!(added.len(), 2, "both tables changed:\n{changes}");
+    for ((name, rows), table) in added.iter().zip(["sqlite1audit", "sqliteaudit"]) {
+        assert!(name.ends_with(table), "{changes}");
+        assert_eq!(*rows, 1, "{changes}");
+    }
+}

@@ -1082,6 +1082,11 @@ impl Database for MysqlDb {
                 let column = super::backticked(&c.name);
                 if c.data_type.contains("binary") || c.data_type.contains("blob") {
                     format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
+                } else if c.data_type.eq_ignore_ascii_case("float") {
+                    // `QUOTE` shows a FLOAT with 6 significant digits (12345.67 and 12345.68 are
+                    // both '12345.7'); as a DOUBLE it is shown exactly. `+ 0e0` rather than
+                    // `CAST(.. AS DOUBLE)`, which MySQL before 8.0.17 does not know.
+                    format!("QUOTE({column} + 0e0)")
                 } else {
                     format!("QUOTE({column})")
                 }

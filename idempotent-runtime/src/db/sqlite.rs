@@ -127,7 +127,9 @@ sql! {
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
     JournalMode = "SELECT journal_mode AS name FROM pragma_journal_mode";
-    TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name";
+    // SQLite's own tables begin with exactly `sqlite_` (it refuses that prefix, in any case, to
+    // others); `LIKE` would ignore case and read `_` as any character.
+    TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, 7) <> 'sqlite_' ORDER BY name";
     TableColumns = "SELECT name AS name FROM pragma_table_info(?) ORDER BY cid";
     IndexExists =
         "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name = ?";
