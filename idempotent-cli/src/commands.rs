@@ -911,11 +911,14 @@ fn changed_something(error: &Error) -> bool {
 
 /// An error and its causes, each once: the runtime's messages say what happened to the job, and
 /// the database's own error is their source.
+///
+/// Each text loses its trailing whitespace: a driver's message that ends in a newline would
+/// otherwise show as a literal `\n` once made printable.
 pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
+    let mut text = error.to_string().trim_end().to_owned();
     let mut cause = error.source();
     while let Some(source) = cause {
-        let line = source.to_string();
+        let line = source.to_string().trim_end().to_owned();
         if !text.contains(&line) {
             text.push_str(": ");
             text.push_str(&line);
@@ -1004,5 +1007,39 @@ fn emit_json<T: Serialize>(value: &T) {
             emit(&text);
         }
         Err(error) => eprintln!("error: could not write JSON: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error text that ends in a newline, caused by one that does too (libpq's messages do).
+    #[derive(Debug)]
+    struct Ends(&'static str, Option<Box<Ends>>);
+
+    impl std::fmt::Display for Ends {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Ends {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn error_texts_lose_their_trailing_whitespace() {
+        let error = Ends(
+            "forgetting a key failed\n",
+            Some(Box::new(Ends("server closed the connection\n\t", None))),
+        );
+        let text = printable(&with_causes(&error));
+        assert_eq!(
+            text,
+            "forgetting a key failed: server closed the connection"
+        );
     }
 }

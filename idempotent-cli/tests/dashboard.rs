@@ -747,3 +747,246 @@ fn a_key_listed_escaped_is_found_by_its_listed_text() {
         response.body
     );
 }
+
+/// `GET` `page` with the bearer token.
+fn get(server: &Server, page: &str) -> webdriver::HttpResponse {
+    let bearer = format!("Bearer {TOKEN}");
+    http(
+        "GET",
+        &server.addr,
+        page,
+        &[("Authorization", bearer.as_str())],
+        "",
+    )
+}
+
+/// The connections PostgreSQL has open for `application_name`.
+fn connections_named(admin: &mut PgConnection, name: &str) -> i64 {
+    use diesel::RunQueryDsl;
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+        "(SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}')"
+    )))
+    .get_result(admin)
+    .expect("counting connections")
+}
+
+/// With `done_jobs` locked by another session, ten concurrent requests hold at most four server
+/// connections (the pool of four) and each answers 503 within the dashboard's wait, saying the
+/// database is busy and nothing was changed. Before: a connection per request, each waiting for
+/// the lock as long as it was held.
+#[test]
+fn a_locked_table_holds_four_connections_at_most_and_each_request_answers_503_in_time() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut conn: PgConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let name = unique_name();
+    let server = Server::start(&format!("{}&application_name={name}", db.url), false);
+    let server = Arc::new(server);
+    conn.batch_execute("BEGIN; LOCK TABLE done_jobs IN ACCESS EXCLUSIVE MODE")
+        .expect("locking done_jobs");
+    let started = Instant::now();
+    let requests: Vec<_> = (0..10)
+        .map(|_| {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || (get(&server, "/"), started.elapsed()))
+        })
+        .collect();
+    let mut admin = PgConnection::open(&Server_::Postgres.base_url());
+    let mut most = 0;
+    while !requests.iter().all(|r| r.is_finished()) && started.elapsed() < Duration::from_secs(25) {
+        most = most.max(connections_named(&mut admin, &name));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    conn.batch_execute("ROLLBACK").expect("unlocking");
+    let answers: Vec<_> = requests
+        .into_iter()
+        .map(|r| r.join().expect("a request"))
+        .collect();
+    assert!(
+        most <= 4,
+        "the dashboard held {most} connections at once (a pool of four)"
+    );
+    for (response, took) in &answers {
+        assert!(*took < Duration::from_secs(14), "answered after {took:?}");
+        assert_eq!(response.status, 503, "{response:?}");
+        assert!(
+            response.body.contains("The database is busy")
+                && response
+                    .body
+                    .contains("Nothing was changed; reload to retry"),
+            "{}",
+            response.body
+        );
+    }
+}
+
+/// Unicode direction controls in a key, a topic, a payload and a delivery error are shown as the
+/// CLI shows them (`\u{202e}`), never raw: `invoice:\u{202E}184_tsuc` read as
+/// `invoice:cust_481`.
+#[test]
+fn direction_controls_in_what_the_database_holds_are_shown_escaped() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let key = JobKey::new("invoice:\u{202E}184_tsuc");
+    let _: Outcome<()> = idempotent_runtime::run(&mut conn, &INVOICE, &key, |conn| {
+        outbox::push(
+            conn,
+            "mail\u{2066}er",
+            &serde_json::json!({ "to": "\u{202B}x" }),
+        )?;
+        Ok::<_, Error>(())
+    })
+    .expect("invoice");
+    Relay::new()
+        .max_attempts(1)
+        .run_once(&mut conn, |_message| Err::<(), _>("refused \u{2067}y"))
+        .expect("a failing relay round");
+    let server = Server::start(&db.url, false);
+    let lookup = format!("/lookup?digest={}", hex(&key.digest()));
+    for page in ["/", "/keys", "/outbox", lookup.as_str()] {
+        let response = get(&server, page);
+        assert_eq!(response.status, 200, "{page}: {response:?}");
+        let raw: Vec<char> = response
+            .body
+            .chars()
+            .filter(|c| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+            .collect();
+        assert!(
+            raw.is_empty(),
+            "{page} shows {raw:?} raw: {}",
+            response.body
+        );
+    }
+    assert!(
+        get(&server, "/keys")
+            .body
+            .contains("invoice:\\u{202e}184_tsuc")
+    );
+    let outbox = get(&server, "/outbox").body;
+    for shown in ["mail\\u{2066}er", "\\u{202b}x", "refused \\u{2067}y"] {
+        assert!(outbox.contains(shown), "{shown} in {outbox}");
+    }
+}
+
+/// A connection lost under the overview's chart statements is the 503 of every other lost
+/// connection (it was a 500), and the driver's message shows without its trailing newline (it
+/// ended in a literal `\n`).
+#[test]
+fn a_connection_lost_under_the_charts_is_503_without_a_trailing_newline() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut conn: PgConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:ada"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("welcome");
+    let schema = db.url.rsplit("search_path%3D").next().expect("a schema");
+    // The chart statements call floor(): this one, first on the server's search path, ends the
+    // session that calls it.
+    for argument in ["numeric", "double precision"] {
+        conn.batch_execute(&format!(
+            "CREATE FUNCTION {schema}.floor(x {argument}) RETURNS {argument} LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5); RETURN x; END $$"
+        ))
+        .expect("a floor() that ends the session");
+    }
+    let server = Server::start(&format!("{}%2Cpg_catalog", db.url), false);
+    let response = get(&server, "/");
+    assert_eq!(response.status, 503, "{response:?}");
+    assert!(
+        response
+            .body
+            .contains("lost the connection to the database"),
+        "{}",
+        response.body
+    );
+    assert!(
+        !response.body.contains("\\n</div>") && !response.body.contains("\\u{a}</div>"),
+        "a trailing newline shown: {}",
+        response.body
+    );
+}
+
+/// `POST` `form` to `page` with the bearer token, and how long the answer took.
+fn post(server: &Server, page: &str, form: &str) -> (webdriver::HttpResponse, Duration) {
+    let bearer = format!("Bearer {TOKEN}");
+    let started = Instant::now();
+    let response = http(
+        "POST",
+        &server.addr,
+        page,
+        &[
+            ("Authorization", bearer.as_str()),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        form,
+    );
+    (response, started.elapsed())
+}
+
+/// A forget whose look-up waits past the page's wait is answered 503, nothing changed, and is
+/// not done once the lock goes; a retry whose write has begun is waited for, and the page says
+/// what it did.
+#[test]
+fn writes_that_wait_for_a_lock_say_what_they_did() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut conn: PgConnection = db.connect();
+    fill(&mut conn);
+    let key = JobKey::new("hook:order-77");
+    let record = keys::lookup_digest(&mut conn, &key.digest())
+        .expect("a look-up")
+        .expect("the hook's key");
+    let server = Server::start(&db.url, true);
+    let mut locker: PgConnection = db.connect();
+
+    locker
+        .batch_execute("BEGIN; LOCK TABLE done_jobs IN ACCESS EXCLUSIVE MODE")
+        .expect("locking done_jobs");
+    let form = format!(
+        "digest={}&revision={}&reason=test&confirm=yes",
+        hex(&key.digest()),
+        record.revision()
+    );
+    let (response, took) = post(&server, "/forget", &form);
+    assert!(took < Duration::from_secs(13), "answered after {took:?}");
+    assert_eq!(response.status, 503, "{response:?}");
+    assert!(
+        response.body.contains("Nothing was changed"),
+        "{response:?}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    locker.batch_execute("ROLLBACK").expect("unlocking");
+    // The look-up the page stopped waiting for ends now; its forget must not follow.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        keys::lookup_digest(&mut conn, &key.digest())
+            .expect("a look-up")
+            .is_some(),
+        "the forget the page said was not done was done"
+    );
+    assert!(!server.log().contains("forgot key"), "{}", server.log());
+
+    locker
+        .batch_execute("BEGIN; LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .expect("locking the outbox");
+    let unlock = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(12));
+        locker.batch_execute("ROLLBACK").expect("unlocking");
+    });
+    let (response, took) = post(&server, "/outbox/retry", "all=yes");
+    unlock.join().expect("the unlocking thread");
+    assert!(took > Duration::from_secs(11), "answered after {took:?}");
+    assert_eq!(response.status, 303, "{response:?}");
+    assert_eq!(
+        response.header("location"),
+        Some("/outbox?notice=retried&retried=1"),
+        "{response:?}"
+    );
+    assert!(
+        server.log().contains("un-parked 1 message"),
+        "{}",
+        server.log()
+    );
+}

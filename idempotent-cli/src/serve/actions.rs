@@ -17,8 +17,7 @@ use idempotent_runtime::outbox;
 use super::auth::{COOKIE, cookie};
 use super::html::{Frame, Section, esc, notice};
 use super::pages::{csrf_of, failed, refused, respond};
-use super::{App, Auth, audit, on_conn};
-use crate::commands::db_failure;
+use super::{App, Auth, audit, busy, db_failure, on_conn};
 use crate::failure::{Code, Failure};
 
 /// A form (or query string): its fields in order, repeated names kept.
@@ -181,7 +180,7 @@ pub async fn forget(
         auth.who()
     );
     let done = app
-        .db(move |conn, target| {
+        .db_write(move |conn, target, progress| {
             on_conn!(conn, c => {
                 let record = keys::lookup_digest(c, &digest).map_err(|e| db_failure(c, target, e))?;
                 let Some(record) = record else {
@@ -190,6 +189,9 @@ pub async fn forget(
                 if record.revision() != revision {
                     // Another run renewed the key after the page showed it.
                     return Ok((record, false, recorded, Ok(true)));
+                }
+                if !progress.begin_write() {
+                    return Err(too_late());
                 }
                 let forgotten = keys::forget_record(c, &record, &recorded).map_err(|e| db_failure(c, target, e))?;
                 // Why nothing was forgotten: renewed, or gone; unknown when the look-up fails.
@@ -244,6 +246,12 @@ fn forget_answer(app: &App, auth: &Auth, done: Result<Forgetting, Failure>) -> R
         ),
         Err(failure) => failed(app, auth, &failure),
     }
+}
+
+/// The failure of a write whose page has already answered that the database was busy: it is not
+/// begun, as that page said.
+fn too_late() -> Failure {
+    busy("the page stopped waiting before the write began")
 }
 
 // --- retry ---------------------------------------------------------------------------------------
@@ -322,7 +330,10 @@ pub async fn retry(
     }
     let which = id.clone();
     let done = app
-        .db(move |conn, target| {
+        .db_write(move |conn, target, progress| {
+            if !progress.begin_write() {
+                return Err(too_late());
+            }
             on_conn!(conn, c => outbox::retry_parked(c, which.as_deref()).map_err(|e| db_failure(c, target, e)))
         })
         .await;

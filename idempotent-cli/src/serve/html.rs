@@ -5,7 +5,8 @@
 
 use std::fmt::Write as _;
 
-/// Text made safe inside HTML elements and quoted attributes.
+/// Text made safe inside HTML elements and quoted attributes; control characters and the
+/// Unicode direction controls shown as escapes (`\u{202e}`).
 pub fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -15,7 +16,11 @@ pub fn esc(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
-            c if c.is_control() => {
+            // Direction overrides and isolates too, as the CLI's `printable`: a key that reads
+            // `invoice:cust_481` must not be `invoice:\u{202e}184_tsuc`.
+            c if c.is_control()
+                || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
                 let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
             }
             c => out.push(c),
@@ -218,5 +223,14 @@ mod tests {
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;\\u{a}"
         );
         assert_eq!(url_value("invoice:a b/c"), "invoice%3Aa+b%2Fc");
+    }
+
+    #[test]
+    fn direction_controls_are_shown_as_the_cli_shows_them() {
+        assert_eq!(
+            esc("invoice:\u{202E}184_tsuc \u{202a}\u{2066}\u{2069}"),
+            "invoice:\\u{202e}184_tsuc \\u{202a}\\u{2066}\\u{2069}"
+        );
+        assert_eq!(esc("\u{202E}x"), crate::table::printable("\u{202E}x"));
     }
 }

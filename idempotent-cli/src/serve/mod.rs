@@ -13,7 +13,9 @@ mod pages;
 mod sql;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
@@ -32,8 +34,13 @@ pub use auth::Auth;
 
 /// The environment variable that holds the token.
 pub const TOKEN_VAR: &str = "IDEMPOTENT_DASHBOARD_TOKEN";
-/// Connections kept open between requests.
+/// Connections open at once: requests beyond these wait for one (see [`REQUEST_WAIT`]).
 const POOL_SIZE: usize = 4;
+/// How long a request waits for a connection and for its statements before the page says the
+/// database is busy.
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
+/// How long a statement of the dashboard waits for another transaction's lock.
+const LOCK_WAIT_SECONDS: u64 = 5;
 /// The largest form body read.
 const MAX_FORM_BYTES: usize = 64 * 1024;
 
@@ -65,39 +72,90 @@ pub struct App {
     hosts: Vec<String>,
     /// Idle connections.
     pool: Mutex<Vec<Conn>>,
+    /// One per connection that may be open: [`POOL_SIZE`].
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {
-    /// Runs `work` with a connection on the blocking pool.
+    /// Runs `work`, which only reads, with a connection on the blocking pool: see
+    /// [`db_write`](Self::db_write), whose wait it shares.
     pub async fn db<T, F>(self: &Arc<Self>, work: F) -> Result<T, Failure>
     where
         T: Send + 'static,
         F: FnOnce(&mut Conn, &Target) -> Result<T, Failure> + Send + 'static,
     {
-        let app = Arc::clone(self);
-        let joined = tokio::task::spawn_blocking(move || {
-            let idle = app.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let mut conn = match idle {
-                Some(conn) => conn,
-                None => app.target.connect()?,
-            };
-            let result = work(&mut conn, &app.target);
-            // A connection that failed a request is dropped: it may be broken.
-            if result.is_ok() || result.as_ref().is_err_and(|f| f.code == Code::NotFound) {
-                let mut pool = app.pool.lock().unwrap_or_else(|e| e.into_inner());
-                if pool.len() < POOL_SIZE {
-                    pool.push(conn);
-                }
+        self.db_write(move |conn, target, _| work(conn, target))
+            .await
+    }
+
+    /// Runs `work` with one of the pool's connections on the blocking pool.
+    ///
+    /// At most [`POOL_SIZE`] requests hold a connection at once, and the page waits at most
+    /// [`REQUEST_WAIT`] for one and for its statements: then it answers that the database is busy
+    /// and nothing was changed (the work, still waiting in the database, keeps its connection until
+    /// the session's timeouts end it). A write that `work` began ([`Progress::begin_write`]) before
+    /// then is waited for to its end, so that the page can say what it did.
+    pub async fn db_write<T, F>(self: &Arc<Self>, work: F) -> Result<T, Failure>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Conn, &Target, &Progress) -> Result<T, Failure> + Send + 'static,
+    {
+        let deadline = tokio::time::Instant::now() + REQUEST_WAIT;
+        let permits = Arc::clone(&self.permits);
+        let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, permits.acquire_owned()).await
+        else {
+            return Err(busy(&format!(
+                "all {POOL_SIZE} of the dashboard's connections are in use (another transaction may hold a lock on its tables) and none came free within {} seconds",
+                REQUEST_WAIT.as_secs()
+            )));
+        };
+        let progress = Arc::new(Progress(AtomicU8::new(READING)));
+        let (app, shared) = (Arc::clone(self), Arc::clone(&progress));
+        let mut handle = tokio::task::spawn_blocking(move || {
+            // The permit goes with the connection: a request the page stopped waiting for still
+            // counts against the pool until its statements end.
+            let _permit = permit;
+            app.with_connection(|conn, target| work(conn, target, &shared))
+        });
+        let joined = match tokio::time::timeout_at(deadline, &mut handle).await {
+            Ok(joined) => joined,
+            Err(_) if progress.give_up() => {
+                return Err(busy(&format!(
+                    "the request's statements waited more than {} seconds (another transaction may hold a lock on the tables)",
+                    REQUEST_WAIT.as_secs()
+                )));
             }
-            result
-        })
-        .await;
+            // A write has begun: what it did is told, however long it takes to end.
+            Err(_) => handle.await,
+        };
         joined.unwrap_or_else(|_| {
             Err(Failure::new(
                 Code::Database,
                 "the request's database work stopped unexpectedly",
             ))
         })
+    }
+
+    /// Runs `work` with an idle connection, or a new one with the dashboard's session limits;
+    /// keeps it for the next request unless the work failed.
+    fn with_connection<T>(
+        &self,
+        work: impl FnOnce(&mut Conn, &Target) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let idle = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut conn = match idle {
+            Some(conn) => conn,
+            None => limit_waits(self.target.connect()?),
+        };
+        let result = work(&mut conn, &self.target);
+        // A connection that failed a request is dropped: it may be broken.
+        if result.is_ok() || result.as_ref().is_err_and(|f| f.code == Code::NotFound) {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < POOL_SIZE {
+                pool.push(conn);
+            }
+        }
+        result
     }
 
     /// Whether the request's `Host` is one this server answers to.
@@ -111,6 +169,100 @@ impl App {
             .unwrap_or_default();
         self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
     }
+}
+
+/// The work of a request is still reading.
+const READING: u8 = 0;
+/// The work of a request has begun to write.
+const WRITING: u8 = 1;
+/// The page stopped waiting for the work of a request.
+const GAVE_UP: u8 = 2;
+
+/// Where a request's database work is: reading, writing, or given up on by the page.
+pub struct Progress(AtomicU8);
+
+impl Progress {
+    /// Marks the work's write as begun: `false` when the page has already answered that nothing
+    /// was changed, and the write must not begin.
+    pub fn begin_write(&self) -> bool {
+        self.0
+            .compare_exchange(READING, WRITING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Marks the work as given up on: `false` when its write has begun.
+    fn give_up(&self) -> bool {
+        self.0
+            .compare_exchange(READING, GAVE_UP, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+}
+
+/// The failure of a request that found the database busy, before it changed anything (a 503).
+pub fn busy(why: &str) -> Failure {
+    Failure::new(
+        Code::Connect,
+        format!("The database is busy or locked: {why}. Nothing was changed; reload to retry."),
+    )
+}
+
+/// The failure for a runtime error in the dashboard: a database that stayed busy or locked
+/// through the runtime's retries is a 503 that says so; anything else is as the CLI says it.
+pub fn db_failure<C: idempotent_runtime::JobStore>(
+    conn: &mut C,
+    target: &Target,
+    error: idempotent_runtime::Error,
+) -> Failure {
+    let unknown = matches!(
+        error,
+        idempotent_runtime::Error::OutcomeUnknown { .. }
+            | idempotent_runtime::Error::CommitOutcomeUnknown { .. }
+    );
+    if error.is_retryable() && !error.is_connection_lost() && !unknown {
+        // The runtime's own text says what was and was not changed.
+        let text = printable(&target.scrub(&crate::commands::with_causes(&error)));
+        return Failure::new(
+            Code::Connect,
+            format!("The database is busy or locked: {text}. Reload to retry."),
+        );
+    }
+    crate::commands::db_failure(conn, target, error)
+}
+
+/// `conn` with the dashboard's session limits: a statement waits at most [`LOCK_WAIT_SECONDS`]
+/// for a lock and runs at most [`REQUEST_WAIT`]. Best effort: a server that refuses a setting
+/// keeps its own (the page's wait still holds).
+fn limit_waits(mut conn: Conn) -> Conn {
+    use diesel::connection::SimpleConnection;
+    let (lock, statement) = (LOCK_WAIT_SECONDS, REQUEST_WAIT.as_secs());
+    match &mut conn {
+        #[cfg(feature = "postgres")]
+        Conn::Postgres(c) => {
+            let _ = c.batch_execute(&format!(
+                "SET lock_timeout = '{lock}s'; SET statement_timeout = '{statement}s'"
+            ));
+        }
+        #[cfg(feature = "mysql")]
+        Conn::Mysql(c) => {
+            let _ = c.batch_execute(&format!(
+                "SET SESSION lock_wait_timeout = {lock}, innodb_lock_wait_timeout = {lock}"
+            ));
+            // MariaDB's limit in seconds, else MySQL's (reads only) in milliseconds.
+            if c.batch_execute(&format!("SET SESSION max_statement_time = {statement}"))
+                .is_err()
+            {
+                let _ = c.batch_execute(&format!(
+                    "SET SESSION max_execution_time = {}",
+                    statement * 1000
+                ));
+            }
+        }
+        #[cfg(feature = "sqlite")]
+        Conn::Sqlite(c) => {
+            let _ = c.batch_execute(&format!("PRAGMA busy_timeout = {}", lock * 1000));
+        }
+    }
+    conn
 }
 
 /// Writes one line to the audit log (stderr), with secrets hidden and control characters escaped.
@@ -155,7 +307,8 @@ async fn listen(
         gate: auth::Gate::new(&token),
         writes: args.allow_writes,
         hosts,
-        pool: Mutex::new(vec![first]),
+        pool: Mutex::new(vec![limit_waits(first)]),
+        permits: Arc::new(tokio::sync::Semaphore::new(POOL_SIZE)),
         target,
     });
     let mode = if app.writes {

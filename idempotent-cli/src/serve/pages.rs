@@ -15,12 +15,12 @@ use super::actions::Form;
 use super::chart::{Series, chart};
 use super::html::{Frame, Section, csrf_field, esc, notice, page, table, url_value};
 use super::sql::{HOURS, HourRow, Hourly};
-use super::{App, Auth, on_conn};
-use crate::commands::db_failure;
+use super::{App, Auth, busy, db_failure, on_conn};
 use crate::connect::Target;
 use crate::failure::{Code, Failure};
 use crate::keyform::{key_from_template, placeholders};
 use crate::nearest::{self, Nearest};
+use crate::table::printable;
 use crate::time::{format_age, format_seconds, parse_time_arg};
 
 /// The page around a view.
@@ -100,16 +100,59 @@ struct Overview {
 fn load_overview<C: JobStore + Hourly>(conn: &mut C, target: &Target) -> Result<Overview, Failure> {
     let jobs = keys::job_counts(conn).map_err(|e| db_failure(conn, target, e))?;
     let counts = outbox::counts(conn).map_err(|e| db_failure(conn, target, e))?;
-    let sql_failure =
-        |e: diesel::result::Error| Failure::new(Code::Database, target.scrub(&e.to_string()));
-    let keys_hourly = conn.keys_per_hour().map_err(sql_failure)?;
-    let delivered_hourly = conn.delivered_per_hour().map_err(sql_failure)?;
+    let keys_hourly = match conn.keys_per_hour() {
+        Ok(rows) => rows,
+        Err(e) => return Err(chart_failure(conn, target, &e)),
+    };
+    let delivered_hourly = match conn.delivered_per_hour() {
+        Ok(rows) => rows,
+        Err(e) => return Err(chart_failure(conn, target, &e)),
+    };
     Ok(Overview {
         jobs,
         keys_hourly,
         counts,
         delivered_hourly,
     })
+}
+
+/// How the databases say a statement waited too long for a lock or ran too long (English
+/// messages: PostgreSQL, MySQL/MariaDB, SQLite).
+const WAITED: &[&str] = &[
+    "due to lock timeout",
+    "due to statement timeout",
+    "Lock wait timeout exceeded",
+    "max_statement_time exceeded",
+    "maximum statement execution time exceeded",
+    "database is locked",
+    "database table is locked",
+];
+
+/// The failure of a chart's statement: a lost connection (the connection answers nothing more)
+/// and a busy database are 503s, as the runtime's own reads are; anything else is the database's
+/// error.
+fn chart_failure<C: Hourly>(
+    conn: &mut C,
+    target: &Target,
+    error: &diesel::result::Error,
+) -> Failure {
+    let text = printable(&target.scrub(error.to_string().trim_end()));
+    if !conn.alive() {
+        return Failure::new(
+            Code::Connect,
+            format!(
+                "lost the connection to the database at {}: {text}",
+                target.shown
+            ),
+        );
+    }
+    if WAITED.iter().any(|w| text.contains(w)) {
+        return busy(&format!("a chart's statement waited too long ({text})"));
+    }
+    Failure::new(
+        Code::Database,
+        format!("{text} (database: {})", target.shown),
+    )
 }
 
 /// `/`: keys per job, keys done per hour, the outbox; refreshes every 30 seconds.

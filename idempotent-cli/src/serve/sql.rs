@@ -30,6 +30,8 @@ pub trait Hourly {
     fn keys_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>>;
     /// Outbox messages delivered per topic and hour, over the last week.
     fn delivered_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>>;
+    /// Whether the connection still answers (after a failed statement: lost, or not).
+    fn alive(&mut self) -> bool;
 }
 
 /// Implements [`Hourly`] for a connection type with its two statements.
@@ -49,6 +51,10 @@ macro_rules! hourly {
                 diesel::Connection::transaction(self, |conn| {
                     diesel::sql_query($delivered).load(conn)
                 })
+            }
+
+            fn alive(&mut self) -> bool {
+                diesel::connection::SimpleConnection::batch_execute(self, "SELECT 1").is_ok()
             }
         }
     };
