@@ -676,10 +676,18 @@ pub enum Error {
 
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
     /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
-    /// resumes. Where the connection failed while the migration was committing, the error is
-    /// [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step may be committed.
+    /// resumes. Where the source is a [`SchemaProblem`](crate::SchemaProblem) (a schema made by a
+    /// newer release; on PostgreSQL, a schema holding the tables that the role may not use),
+    /// `migrate` refused before it changed anything, and calling it again meets the same until
+    /// that is dealt with. Where the connection failed while the migration was committing, the
+    /// error is [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step may be committed.
     #[error(
-        "creating or upgrading the runtime's table `{table}` failed; calling migrate again resumes where this stopped"
+        "creating or upgrading the runtime's table `{table}` failed; {advice}",
+        advice = if source.is::<crate::schema_problem::SchemaProblem>() {
+            "nothing was changed, and calling migrate again fails the same way until what follows is done"
+        } else {
+            "calling migrate again resumes where this stopped"
+        }
     )]
     Migration {
         /// The table the failed step was about.

@@ -165,12 +165,13 @@ pub(crate) async fn run<S: Store>(
         return Ok(());
     }
     if let Some(newer) = current.filter(|version| *version > latest) {
+        // Nothing is changed, and calling again meets the same: the source says so.
         return Err(Error::Migration {
             table: "idempotent_schema",
-            source: format!(
-                "the schema is at version {newer}, made by a newer release of idempotent-jobs than this one (which knows versions up to {latest}); upgrade this worker"
-            )
-            .into(),
+            source: Box::new(SchemaProblem::Newer {
+                found: newer,
+                known: latest,
+            }),
         });
     }
     S::Db::migrate(conn, lock_timeout).await

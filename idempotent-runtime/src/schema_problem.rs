@@ -55,7 +55,6 @@ pub enum SchemaProblem {
 }
 
 impl SchemaProblem {
-    /// Whether the problem keeps `idempotent_schema` from being read.
     /// The missing table this problem is about, if it is one.
     pub fn missing_table(&self) -> Option<&'static str> {
         match self {
@@ -64,6 +63,7 @@ impl SchemaProblem {
         }
     }
 
+    /// Whether the problem keeps `idempotent_schema` from being read.
     pub(crate) fn hides_the_version(&self) -> bool {
         match self {
             SchemaProblem::MissingTable { table, .. } => *table == "idempotent_schema",
@@ -101,8 +101,13 @@ impl std::fmt::Display for SchemaProblem {
             ),
             SchemaProblem::Newer { found, known } => write!(
                 f,
-                "the schema is at version {found}, made by a newer release than this one (which knows up to {known}): upgrade this worker"
+                "the schema is at version {found}, made by a newer release of idempotent-jobs than this one (which knows versions up to {known}): upgrade this worker (or this CLI) to that release or later; migrate cannot take a schema back"
             ),
         }
     }
 }
+
+/// A problem is also the reason [`migrate`](crate::migrate) refuses to start, as the source of
+/// [`Error::Migration`](crate::Error::Migration) (a schema made by a newer release): nothing was
+/// changed, and calling it again meets the same until the problem is dealt with.
+impl std::error::Error for SchemaProblem {}
