@@ -4,7 +4,8 @@
 
 mod common;
 
-use diesel::{MysqlConnection, PgConnection, SqliteConnection};
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, MysqlConnection, PgConnection, RunQueryDsl, SqliteConnection};
 use idempotent_runtime::outbox::{self, Relay};
 use idempotent_runtime::{Error, JobKey, Outcome};
 
@@ -115,4 +116,105 @@ fn postgres_newer_schema() {
 #[test]
 fn mysql_newer_schema() {
     newer_schema::<MysqlConnection>();
+}
+
+/// A PostgreSQL role of a test's own, dropped (with its grants) at the end.
+struct Role {
+    name: String,
+    admin_url: String,
+}
+
+impl Role {
+    fn create(name: &str) -> Self {
+        let admin_url = Server::Postgres.base_url();
+        let mut admin = PgConnection::open(&admin_url);
+        admin
+            .batch_execute(&format!(
+                "DROP ROLE IF EXISTS {name}; CREATE ROLE {name} LOGIN PASSWORD 'x3-secret-pw'"
+            ))
+            .expect("creating a role");
+        Self {
+            name: name.to_owned(),
+            admin_url,
+        }
+    }
+
+    /// `db`'s URL, logging in as this role.
+    fn url(&self, db: &TestDb) -> String {
+        db.url.replacen(
+            "://postgres@",
+            &format!("://{}:x3-secret-pw@", self.name),
+            1,
+        )
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = PgConnection::establish(&self.admin_url) {
+            let _ = admin.batch_execute(&format!(
+                "DROP OWNED BY {0}; DROP ROLE IF EXISTS {0}",
+                self.name
+            ));
+        }
+    }
+}
+
+/// The schema holding the tables on the search_path, but a role without USAGE on it: `verify` and
+/// the role's own `migrate` name the missing grant (not "no tables", not "no schema"), `migrate`
+/// changes nothing and does not say a retry resumes; once granted, `verify` is satisfied.
+#[test]
+fn postgres_schema_without_usage_names_the_grant() {
+    let db = TestDb::empty::<PgConnection>();
+    db.cli(&["migrate"]).ok();
+    let mut owner: PgConnection = db.connect();
+    let _ = charge(&mut owner, 1);
+    let schema = db.url.rsplit("%3D").next().expect("the schema").to_owned();
+    let role = Role::create(&format!("x3_nousage_{}", std::process::id()));
+    owner
+        .batch_execute(&format!(
+            "GRANT SELECT ON {schema}.idempotent_schema TO {r}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.done_jobs, {schema}.outbox TO {r}; \
+             GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {r}",
+            r = role.name
+        ))
+        .expect("granting all but USAGE on the schema");
+    let url = role.url(&db);
+    let grant = format!("GRANT USAGE ON SCHEMA {schema}");
+
+    let run = run_cli(&url, &["verify"]).exit(4);
+    assert!(
+        run.stderr.contains(&grant)
+            && !run.stderr.contains("has no idempotent-jobs tables")
+            && !run.stderr.contains("is missing from"),
+        "{run:#?}"
+    );
+    let run = run_cli(&url, &["migrate"]).exit(4);
+    assert!(
+        run.stderr.contains(&grant)
+            && !run.stderr.contains("create one")
+            && !run.stderr.contains("resumes")
+            && run.stderr.contains("nothing was changed"),
+        "{run:#?}"
+    );
+    // Nothing was created or recorded anywhere.
+    let tables: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "(SELECT COUNT(*) FROM pg_class WHERE relname = 'done_jobs')::bigint",
+    ))
+    .get_result(&mut owner)
+    .expect("counting done_jobs tables");
+    let before = tables;
+    assert_eq!(key_count(&mut owner), 1);
+
+    owner
+        .batch_execute(&format!("GRANT USAGE ON SCHEMA {schema} TO {}", role.name))
+        .expect("granting USAGE");
+    run_cli(&url, &["verify"]).ok();
+    run_cli(&url, &["migrate"]).ok();
+    let after: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "(SELECT COUNT(*) FROM pg_class WHERE relname = 'done_jobs')::bigint",
+    ))
+    .get_result(&mut owner)
+    .expect("counting done_jobs tables");
+    assert_eq!(before, after, "no second copy of the tables");
 }

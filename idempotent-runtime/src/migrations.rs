@@ -174,6 +174,16 @@ pub(crate) async fn run<S: Store>(
             }),
         });
     }
+    if current.is_none() {
+        // Tables this role cannot see are not tables to create (a second copy elsewhere on the
+        // search_path, or "no schema exists"): the missing grant is named, nothing is changed.
+        if let Some(problem) = hidden_outside_migration(conn).await?.into_iter().next() {
+            return Err(Error::Migration {
+                table: "idempotent_schema",
+                source: Box::new(problem),
+            });
+        }
+    }
     S::Db::migrate(conn, lock_timeout).await
 }
 
@@ -204,14 +214,19 @@ pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
 
 /// What is wrong with the tables as this connection sees them, each problem once.
 async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
-    let mut problems = Vec::new();
+    // A schema of the search_path that holds the tables but that this role may not use hides
+    // them (PostgreSQL): the grant is the problem, not tables to create.
+    let mut problems = hidden_by(conn).await?;
+    let hidden = !problems.is_empty();
     let mut present = Vec::new();
     for (table, expected) in TABLES {
         if !S::Db::table_exists(conn, table).await? {
-            problems.push(SchemaProblem::MissingTable {
-                table,
-                searched: S::Db::where_tables_are(conn).await?,
-            });
+            if !hidden {
+                problems.push(SchemaProblem::MissingTable {
+                    table,
+                    searched: S::Db::where_tables_are(conn).await?,
+                });
+            }
             continue;
         }
         present.push(*table);
@@ -222,7 +237,11 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
             }
         }
     }
-    problems.extend(S::Db::missing_privileges(conn, &present).await?);
+    for problem in S::Db::missing_privileges(conn, &present).await? {
+        if !problems.contains(&problem) {
+            problems.push(problem);
+        }
+    }
     if present.contains(&"idempotent_schema")
         && !problems.iter().any(SchemaProblem::hides_the_version)
     {
@@ -245,6 +264,37 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
         }
     }
     Ok(problems)
+}
+
+/// The grants missing on schemas of the search_path that hold the runtime's tables but that this
+/// role may not use (PostgreSQL's `USAGE`; none elsewhere): asked of the database's privilege
+/// check with no table present, which then reports only those.
+async fn hidden_by<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
+    S::Db::missing_privileges(conn, &[]).await
+}
+
+/// [`hidden_by`], before `migrate` takes its lock: in a transaction (a statement's prepare and its
+/// execution stay on one server connection behind PgBouncer) that takes no lock (SQLite's
+/// `BEGIN DEFERRED`: a migration holding the write lock is waited for by `migrate`'s own, bounded
+/// wait, not here).
+async fn hidden_outside_migration<S: Store>(conn: &mut S) -> Result<Vec<SchemaProblem>, Error> {
+    use crate::transaction::{Transaction, itself};
+    let (mut transaction, _) = Transaction::begin_deferred(&mut *conn, itself::<S>)
+        .await
+        .map_err(failed("idempotent_schema"))?;
+    match hidden_by(transaction.store()).await {
+        Ok(hidden) => {
+            transaction
+                .commit()
+                .await
+                .map_err(failed("idempotent_schema"))?;
+            Ok(hidden)
+        }
+        Err(error) => {
+            transaction.rollback().await;
+            Err(failed("idempotent_schema")(error))
+        }
+    }
 }
 
 /// Runs `steps` in one transaction, all or nothing (SQLite and PostgreSQL, whose DDL is
