@@ -1054,6 +1054,14 @@ fn headline(target: &Target, problems: &[SchemaProblem], missing: &[&str]) -> St
     }
     if problems
         .iter()
+        .all(|p| matches!(p, SchemaProblem::ReadOnly { .. }))
+    {
+        return format!(
+            "the idempotent-jobs tables at {shown} are there, but this connection cannot write to them: every job's claim would fail"
+        );
+    }
+    if problems
+        .iter()
         .all(|p| matches!(p, SchemaProblem::MissingPrivilege { .. }))
     {
         return format!(

@@ -218,3 +218,61 @@ fn postgres_schema_without_usage_names_the_grant() {
     .expect("counting done_jobs tables");
     assert_eq!(before, after, "no second copy of the tables");
 }
+
+/// Sessions that cannot write (every transaction read-only, by the URL's options or by the role's
+/// own setting): `verify` says so and exits 4 instead of "ready"; nothing is changed.
+#[test]
+fn postgres_read_only_session_is_not_ready() {
+    let db = TestDb::empty::<PgConnection>();
+    db.cli(&["migrate"]).ok();
+    let mut owner: PgConnection = db.connect();
+    let _ = charge(&mut owner, 1);
+    run_cli(&db.url, &["verify"]).ok();
+
+    let read_only = format!("{}%20-cdefault_transaction_read_only%3Don", db.url);
+    let role = Role::create(&format!("x3_readonly_{}", std::process::id()));
+    let schema = db.url.rsplit("%3D").next().expect("the schema").to_owned();
+    owner
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {r}; \
+             GRANT SELECT ON {schema}.idempotent_schema TO {r}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.done_jobs, {schema}.outbox TO {r}; \
+             GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {r}; \
+             ALTER ROLE {r} SET default_transaction_read_only = on",
+            r = role.name
+        ))
+        .expect("a role whose sessions are read-only");
+    for url in [read_only, role.url(&db)] {
+        let run = run_cli(&url, &["verify"]).exit(4);
+        assert!(
+            run.stdout.is_empty()
+                && run.stderr.contains("cannot write")
+                && run.stderr.contains("read-only transaction"),
+            "{run:#?}"
+        );
+        let run = run_cli(&url, &["--json", "verify"]).exit(4);
+        assert_eq!(run.json()["ok"], false, "{run:#?}");
+    }
+    assert_eq!(key_count(&mut owner), 1, "verify changed nothing");
+    // Once the role may write, it is ready.
+    owner
+        .batch_execute(&format!(
+            "ALTER ROLE {} RESET default_transaction_read_only",
+            role.name
+        ))
+        .expect("resetting the role");
+    run_cli(&role.url(&db), &["verify"]).ok();
+}
+
+/// A SQLite file opened read-only: `verify` says the connection cannot write, and exits 4.
+#[test]
+fn sqlite_read_only_file_is_not_ready() {
+    let db = TestDb::empty::<SqliteConnection>();
+    db.cli(&["migrate"]).ok();
+    let run = run_cli(&format!("file:{}?mode=ro", db.url), &["verify"]).exit(4);
+    assert!(
+        run.stderr.contains("cannot write") && run.stderr.contains("readonly database"),
+        "{run:#?}"
+    );
+    run_cli(&db.url, &["verify"]).ok();
+}

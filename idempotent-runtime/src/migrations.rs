@@ -187,9 +187,10 @@ pub(crate) async fn run<S: Store>(
     S::Db::migrate(conn, lock_timeout).await
 }
 
-/// Checks, reading only, that the tables are there at this release's version, with their columns,
-/// unique indexes and the privileges a worker needs; see [`verify`](crate::verify). One pass for
-/// every database, in a transaction of its own; each database says only how to look.
+/// Checks, changing nothing, that the tables are there at this release's version, with their
+/// columns, unique indexes and the privileges a worker needs, and that the session can write; see
+/// [`verify`](crate::verify). One pass for every database, in a transaction of its own; each
+/// database says only how to look.
 pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
     let problems = crate::transaction::outside_transactions(
         conn,
@@ -263,7 +264,35 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
             problems.push(SchemaProblem::NoUniqueIndex { table, column });
         }
     }
+    if present.contains(&"done_jobs") {
+        problems.extend(cannot_write(conn).await?);
+    }
     Ok(problems)
+}
+
+/// Whether the session refuses writes as read-only, told by a write that matches no row, under a
+/// savepoint rolled back at once (a refused statement aborts a PostgreSQL transaction; the
+/// savepoint keeps verify's usable). It asks what the settings would only hint at: a PostgreSQL
+/// session's `default_transaction_read_only` or a hot standby, MySQL's `read_only` (which a user
+/// with `SUPER` passes), a read-only SQLite file. Any other refusal (no `UPDATE` privilege, which
+/// the privilege check reports) is not this problem.
+async fn cannot_write<S: Store>(conn: &mut S) -> diesel::QueryResult<Option<SchemaProblem>> {
+    conn.batch("SAVEPOINT idempotent_verify_write").await?;
+    let probe = conn
+        .batch("UPDATE done_jobs SET job_name = job_name WHERE 1 = 0")
+        .await;
+    conn.batch("ROLLBACK TO SAVEPOINT idempotent_verify_write")
+        .await?;
+    conn.batch("RELEASE SAVEPOINT idempotent_verify_write")
+        .await?;
+    Ok(probe.err().and_then(|error| {
+        let text = error.to_string();
+        let lower = text.to_lowercase();
+        ["read-only", "read only", "readonly"]
+            .iter()
+            .any(|said| lower.contains(said))
+            .then_some(SchemaProblem::ReadOnly { why: text })
+    }))
 }
 
 /// The grants missing on schemas of the search_path that hold the runtime's tables but that this

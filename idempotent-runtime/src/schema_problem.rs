@@ -45,6 +45,14 @@ pub enum SchemaProblem {
         /// The version this release needs.
         needed: i32,
     },
+    /// The connection's sessions cannot write: a write that changes nothing was refused as
+    /// read-only (PostgreSQL's `default_transaction_read_only`, or a hot standby; MySQL's
+    /// `read_only` or `transaction_read_only`; a SQLite file opened read-only). Every claim would
+    /// fail the same way.
+    ReadOnly {
+        /// The database's refusal.
+        why: String,
+    },
     /// The schema was made by a newer release.
     Newer {
         /// The version recorded.
@@ -98,6 +106,10 @@ impl std::fmt::Display for SchemaProblem {
             SchemaProblem::Older { found, needed } => write!(
                 f,
                 "the schema is at version {found}, this release needs {needed}: run migrate as the schema's owner"
+            ),
+            SchemaProblem::ReadOnly { why } => write!(
+                f,
+                "this connection cannot write ({why}): every job's claim would fail; connect where writes are accepted (the primary; a SQLite file opened for writing), or turn off the read-only setting of this session, role or user (PostgreSQL: default_transaction_read_only; MySQL: read_only, transaction_read_only)"
             ),
             SchemaProblem::Newer { found, known } => write!(
                 f,
