@@ -892,27 +892,62 @@ fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     }
 }
 
-/// `migrate`: creates or upgrades the runtime's tables, then checks them as `verify` does (the
-/// role that migrates may not be the one that runs jobs, but what it created must be usable by it).
+/// `migrate`: creates or upgrades the runtime's tables, then checks them as `verify` does, as this
+/// connection sees them: "ok" means this connection's role could run jobs on them (the role that
+/// migrates is often not the workers': `verify` with the workers' URL checks theirs).
 fn migrate<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     #[derive(Serialize)]
     struct Migrated {
         ok: bool,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        problems: Vec<String>,
+        /// An in-memory SQLite database: gone when the command exits.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        in_memory: bool,
     }
-    match idempotent_runtime::migrate(conn) {
-        Ok(()) => {
+    idempotent_runtime::migrate(conn).map_err(|error| db_failure(conn, cx.target, error))?;
+    match idempotent_runtime::verify(conn) {
+        Ok(()) => {}
+        Err(Error::SchemaNotReady { problems }) => {
             if cx.json {
-                emit_json(&Migrated { ok: true });
-            } else {
-                emit(&format!(
-                    "ok: the idempotent-jobs tables at {} are created and current\n",
-                    cx.target.shown
-                ));
+                emit_json(&Migrated {
+                    ok: false,
+                    problems: problems
+                        .iter()
+                        .map(|p| printable(&cx.target.scrub(&p.to_string())))
+                        .collect(),
+                    in_memory: false,
+                });
             }
-            Ok(())
+            let schema = schema_failure(cx.target, &problems);
+            return Err(Failure::new(
+                schema.code,
+                format!(
+                    "migrate found the tables at {} current, or made them so (what it did is committed), but verify finds them not ready for this connection: {}",
+                    cx.target.shown, schema.message
+                ),
+            ));
         }
-        Err(error) => Err(db_failure(conn, cx.target, error)),
+        Err(error) => return Err(db_failure(conn, cx.target, error)),
     }
+    if cx.json {
+        emit_json(&Migrated {
+            ok: true,
+            problems: Vec::new(),
+            in_memory: cx.target.in_memory(),
+        });
+    } else if cx.target.in_memory() {
+        emit(&format!(
+            "the idempotent-jobs tables at {} were created, in an in-memory SQLite database that is gone when this command exits: nothing is kept; give a file path to keep them\n",
+            cx.target.shown
+        ));
+    } else {
+        emit(&format!(
+            "ok: the idempotent-jobs tables at {} are created and current\n",
+            cx.target.shown
+        ));
+    }
+    Ok(())
 }
 
 // --- errors and output -----------------------------------------------------------------------

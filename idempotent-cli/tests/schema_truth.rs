@@ -276,3 +276,54 @@ fn sqlite_read_only_file_is_not_ready() {
     );
     run_cli(&db.url, &["verify"]).ok();
 }
+
+/// A MariaDB user that may only read: its `migrate` finds the tables current, then checks them as
+/// `verify` does, and says what this user lacks (exit 4) instead of "ok".
+#[test]
+fn mysql_migrate_checks_as_verify_does() {
+    let db = TestDb::empty::<MysqlConnection>();
+    db.cli(&["migrate"]).ok();
+    let database = db.url.rsplit('/').next().expect("the database").to_owned();
+    let user = format!("x3_select_{}", std::process::id());
+    let mut root = MysqlConnection::open(&Server::Mysql.base_url());
+    root.batch_execute(&format!(
+        "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%' IDENTIFIED BY 'x3-secret-pw'; \
+         GRANT SELECT ON {database}.* TO '{user}'@'%'"
+    ))
+    .expect("a user that may only read");
+    let url = db
+        .url
+        .replacen("://root@", &format!("://{user}:x3-secret-pw@"), 1);
+    let verify = run_cli(&url, &["verify"]);
+    let run = run_cli(&url, &["migrate"]);
+    let _ = root.batch_execute(&format!("DROP USER IF EXISTS '{user}'@'%'"));
+    let verify = verify.exit(4);
+    let run = run.exit(4);
+    assert!(
+        !run.stdout.contains("ok")
+            && run.stderr.contains("current")
+            && run.stderr.contains("GRANT INSERT ON done_jobs"),
+        "{run:#?}\nverify: {verify:#?}"
+    );
+    let mut conn: MysqlConnection = db.connect();
+    idempotent_runtime::verify(&mut conn).expect("the tables as root made them");
+}
+
+/// A missing table is named without PostgreSQL's search_path on SQLite, and `migrate` into an
+/// in-memory database says the tables are gone when the command exits.
+#[test]
+fn sqlite_messages_say_what_sqlite_does() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let run = db.cli(&["keys", "list"]).exit(4);
+    assert!(
+        !run.stderr.contains("PostgreSQL") && !run.stderr.contains("search_path"),
+        "{run:#?}"
+    );
+    for memory in [":memory:", "file::memory:", "file:x3?mode=memory"] {
+        let run = run_cli(memory, &["migrate"]).ok();
+        assert!(
+            run.stdout.contains("in-memory") && run.stdout.contains("gone when this command exits"),
+            "{memory}: {run:#?}"
+        );
+    }
+}

@@ -649,9 +649,11 @@ pub enum Error {
 
     /// A table of the runtime's is missing where the connection finds its tables: `migrate` has
     /// not run on this database (or, on PostgreSQL, not into a schema on this connection's
-    /// `search_path`). Nothing was changed; a retry meets the same until the tables are there.
+    /// `search_path`, or into one this role may not use). Nothing was changed; a retry meets the
+    /// same until the tables are there. The message is the same on every database (it cannot
+    /// tell which one): [`verify`](crate::verify) names where this connection looked.
     #[error(
-        "the runtime's table `{table}` does not exist on this connection (PostgreSQL: in no schema of its search_path): run `idempotent_jobs::migrate(&mut conn)` once before the first job (or `idempotent-jobs migrate` with the CLI); nothing was changed"
+        "the runtime's table `{table}` does not exist where this connection finds its tables: run `idempotent_jobs::migrate(&mut conn)` once before the first job (or `idempotent-jobs migrate` with the CLI), and `verify` says where it looked; nothing was changed"
     )]
     NotMigrated {
         /// The missing table.
