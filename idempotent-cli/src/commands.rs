@@ -976,9 +976,14 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         // What verify found may be why the operation failed, or beside it (a table this
         // operation does not use, a grant it does not need): the error's own account of what
         // was and was not changed comes first, and where it changed something, its exit code.
+        // A session that cannot write is not a problem of the tables: the write it refused is a
+        // database error (5), as it was before verify could tell.
         let schema = schema_failure(target, &problems);
         let message = format!("{failed}\nand verify finds: {}", schema.message);
-        return match changed_something(&error) {
+        let of_the_tables = problems
+            .iter()
+            .any(|p| !matches!(p, SchemaProblem::ReadOnly { .. }));
+        return match changed_something(&error) || !of_the_tables {
             true => Failure::new(Code::Database, message),
             false => Failure::new(schema.code, message),
         };

@@ -324,14 +324,13 @@ fn postgres_prints_no_password() {
     assert!(run.stdout.contains("charge:order-1"), "{run:#?}");
     every_command(&conninfo);
 
-    // A database error: a forget in a read-only session (4: verify, run after the failure, finds
-    // that the session cannot write).
+    // A database error (5): a forget in a read-only session.
     fill(&mut conn);
     let read_only = format!("{url}%20-cdefault_transaction_read_only%3Don");
     let run = each_way_exits(
         &read_only,
         &["keys", "forget", "charge:order-1", "--yes"],
-        4,
+        5,
     );
     assert!(run.stderr.contains("read-only"), "{run:#?}");
 }
