@@ -23,7 +23,9 @@ Exit codes:
   2  bad usage, or a confirmation that was refused or could not be asked (nothing was changed)
   3  cannot connect (bad URL, server down, SQLite file missing), or the connection was lost
      before the command changed anything
-  4  the database lacks the runtime's tables, or they are incomplete: run idempotent-jobs migrate
+  4  the database lacks the runtime's tables, or they are incomplete: run idempotent-jobs migrate;
+     or this connection may not use them (a grant; verify: a read-only session), or a newer release made
+     them (upgrade this CLI; prune, keys forget and outbox retry then change nothing)
   5  any other database error, or a failed operation that changed something (a prune's batches)
   6  the key changed since it was read (another run renewed it): nothing was changed, look again";
 

@@ -28,6 +28,7 @@ pub struct Context<'a> {
 /// Runs `command` on `conn`, printing its output; `Err` says what to print on stderr and how to
 /// exit.
 pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Result<(), Failure> {
+    newer_schema_guard(conn, cx, command)?;
     match command {
         Command::Keys(KeysCommand::Show { key }) => keys_show(conn, cx, key),
         Command::Keys(KeysCommand::List {
@@ -57,6 +58,61 @@ pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Re
         #[cfg(feature = "serve")]
         Command::Serve(_) => Ok(()),
     }
+}
+
+/// Whether `command` writes to the runtime's tables; `None` for those that check the schema
+/// themselves (`verify`, `migrate`) or do not touch it.
+fn writes(command: &Command) -> Option<bool> {
+    match command {
+        Command::Keys(KeysCommand::Forget { .. })
+        | Command::Outbox(OutboxCommand::Retry { .. }) => Some(true),
+        Command::Prune { dry_run, .. } => Some(!dry_run),
+        Command::Keys(_) | Command::Jobs | Command::Outbox(_) => Some(false),
+        Command::Verify | Command::Migrate | Command::Completions { .. } => None,
+        #[cfg(feature = "serve")]
+        Command::Serve(_) => None,
+    }
+}
+
+/// Tables a newer release made (a schema version above this build's): a command that writes is
+/// refused before it changes anything (exit 4), as the newer release may keep rules this CLI does
+/// not know (a column its claims or its relay rely on, a state of a message); one that reads runs,
+/// with a warning that what it shows may leave out what that release records. Reads stay
+/// available because in an incident an old CLI's look is better than none; a write is not undone
+/// by an upgrade. Found by `verify`; a schema whose version cannot be read is left to the command.
+fn newer_schema_guard<C: JobStore>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    command: &Command,
+) -> Result<(), Failure> {
+    let Some(writes) = writes(command) else {
+        return Ok(());
+    };
+    let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) else {
+        return Ok(());
+    };
+    let Some((found, known)) = problems.iter().find_map(|problem| match problem {
+        SchemaProblem::Newer { found, known } => Some((*found, *known)),
+        _ => None,
+    }) else {
+        return Ok(());
+    };
+    let made = format!(
+        "the idempotent-jobs tables at {} were made by a newer release of idempotent-jobs (schema version {found}; this CLI knows versions up to {known})",
+        cx.target.shown
+    );
+    if writes {
+        return Err(Failure::new(
+            Code::Schema,
+            format!(
+                "refusing to write: {made}, which may keep rules this CLI does not know; nothing was changed: upgrade idempotent-jobs-cli to that release or later"
+            ),
+        ));
+    }
+    eprintln!(
+        "warning: {made}: what this CLI shows may leave out what that release records; upgrade idempotent-jobs-cli to that release or later"
+    );
+    Ok(())
 }
 
 // --- keys ------------------------------------------------------------------------------------
@@ -836,27 +892,62 @@ fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     }
 }
 
-/// `migrate`: creates or upgrades the runtime's tables, then checks them as `verify` does (the
-/// role that migrates may not be the one that runs jobs, but what it created must be usable by it).
+/// `migrate`: creates or upgrades the runtime's tables, then checks them as `verify` does, as this
+/// connection sees them: "ok" means this connection's role could run jobs on them (the role that
+/// migrates is often not the workers': `verify` with the workers' URL checks theirs).
 fn migrate<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     #[derive(Serialize)]
     struct Migrated {
         ok: bool,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        problems: Vec<String>,
+        /// An in-memory SQLite database: gone when the command exits.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        in_memory: bool,
     }
-    match idempotent_runtime::migrate(conn) {
-        Ok(()) => {
+    idempotent_runtime::migrate(conn).map_err(|error| db_failure(conn, cx.target, error))?;
+    match idempotent_runtime::verify(conn) {
+        Ok(()) => {}
+        Err(Error::SchemaNotReady { problems }) => {
             if cx.json {
-                emit_json(&Migrated { ok: true });
-            } else {
-                emit(&format!(
-                    "ok: the idempotent-jobs tables at {} are created and current\n",
-                    cx.target.shown
-                ));
+                emit_json(&Migrated {
+                    ok: false,
+                    problems: problems
+                        .iter()
+                        .map(|p| printable(&cx.target.scrub(&p.to_string())))
+                        .collect(),
+                    in_memory: false,
+                });
             }
-            Ok(())
+            let schema = schema_failure(cx.target, &problems);
+            return Err(Failure::new(
+                schema.code,
+                format!(
+                    "migrate found the tables at {} current, or made them so (what it did is committed), but verify finds them not ready for this connection: {}",
+                    cx.target.shown, schema.message
+                ),
+            ));
         }
-        Err(error) => Err(db_failure(conn, cx.target, error)),
+        Err(error) => return Err(db_failure(conn, cx.target, error)),
     }
+    if cx.json {
+        emit_json(&Migrated {
+            ok: true,
+            problems: Vec::new(),
+            in_memory: cx.target.in_memory(),
+        });
+    } else if cx.target.in_memory() {
+        emit(&format!(
+            "the idempotent-jobs tables at {} were created, in an in-memory SQLite database that is gone when this command exits: nothing is kept; give a file path to keep them\n",
+            cx.target.shown
+        ));
+    } else {
+        emit(&format!(
+            "ok: the idempotent-jobs tables at {} are created and current\n",
+            cx.target.shown
+        ));
+    }
+    Ok(())
 }
 
 // --- errors and output -----------------------------------------------------------------------
@@ -885,9 +976,14 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         // What verify found may be why the operation failed, or beside it (a table this
         // operation does not use, a grant it does not need): the error's own account of what
         // was and was not changed comes first, and where it changed something, its exit code.
+        // A session that cannot write is not a problem of the tables: the write it refused is a
+        // database error (5), as it was before verify could tell.
         let schema = schema_failure(target, &problems);
         let message = format!("{failed}\nand verify finds: {}", schema.message);
-        return match changed_something(&error) {
+        let of_the_tables = problems
+            .iter()
+            .any(|p| !matches!(p, SchemaProblem::ReadOnly { .. }));
+        return match changed_something(&error) || !of_the_tables {
             true => Failure::new(Code::Database, message),
             false => Failure::new(schema.code, message),
         };
@@ -952,7 +1048,8 @@ pub fn changed_meanwhile<C: JobStore>(conn: &mut C, digest: &[u8; 32], named: &s
     }
 }
 
-/// The failure for tables that `verify` found missing, out of date or not usable.
+/// The failure for tables that `verify` found missing, out of date or not usable: one line that
+/// says what to do, then each problem.
 pub fn schema_failure(target: &Target, problems: &[SchemaProblem]) -> Failure {
     let mut missing: Vec<&str> = Vec::new();
     for table in problems.iter().filter_map(SchemaProblem::missing_table) {
@@ -963,7 +1060,7 @@ pub fn schema_failure(target: &Target, problems: &[SchemaProblem]) -> Failure {
     let all_missing = ["done_jobs", "outbox", "idempotent_schema"]
         .iter()
         .all(|t| missing.contains(t));
-    if all_missing {
+    if all_missing && problems.iter().all(|p| p.missing_table().is_some()) {
         // Every other problem follows from that: one line says it all.
         return Failure::new(
             Code::Schema,
@@ -973,23 +1070,50 @@ pub fn schema_failure(target: &Target, problems: &[SchemaProblem]) -> Failure {
             ),
         );
     }
-    let mut message = if missing.is_empty() {
-        format!(
-            "the idempotent-jobs tables at {} are incomplete or not usable by this connection: run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner, or grant what is missing",
-            target.shown
-        )
-    } else {
-        format!(
-            "the database at {} lacks idempotent-jobs tables ({}): run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner",
-            target.shown,
-            missing.join(", ")
-        )
-    };
+    let mut message = headline(target, problems, &missing);
     for problem in problems {
         message.push_str("\n  - ");
         message.push_str(&printable(&target.scrub(&problem.to_string())));
     }
     Failure::new(Code::Schema, message)
+}
+
+/// What [`schema_failure`] says first: what to do, agreeing with the problems listed under it.
+fn headline(target: &Target, problems: &[SchemaProblem], missing: &[&str]) -> String {
+    let shown = &target.shown;
+    if let Some((found, known)) = problems.iter().find_map(|problem| match problem {
+        SchemaProblem::Newer { found, known } => Some((found, known)),
+        _ => None,
+    }) {
+        return format!(
+            "the idempotent-jobs tables at {shown} were made by a newer release of idempotent-jobs (schema version {found}; this build knows versions up to {known}): upgrade this CLI, and every worker that uses them, to that release or later (migrate cannot take a schema back)"
+        );
+    }
+    if !missing.is_empty() {
+        return format!(
+            "the database at {shown} lacks idempotent-jobs tables ({}): run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner",
+            missing.join(", ")
+        );
+    }
+    if problems
+        .iter()
+        .all(|p| matches!(p, SchemaProblem::ReadOnly { .. }))
+    {
+        return format!(
+            "the idempotent-jobs tables at {shown} are there, but this connection cannot write to them: every job's claim would fail"
+        );
+    }
+    if problems
+        .iter()
+        .all(|p| matches!(p, SchemaProblem::MissingPrivilege { .. }))
+    {
+        return format!(
+            "the idempotent-jobs tables at {shown} are there, but this connection's role may not use them: as the schema's owner, grant what is missing"
+        );
+    }
+    format!(
+        "the idempotent-jobs tables at {shown} are incomplete or not usable by this connection: run `idempotent-jobs migrate` (or idempotent_jobs::migrate) as the schema's owner, or grant what is missing"
+    )
 }
 
 /// Writes `text` to stdout. A closed stdout (`| head`) is not an error worth a panic.

@@ -130,6 +130,16 @@ impl Target {
         })
     }
 
+    /// Whether the URL names an in-memory SQLite database (`:memory:`, `file::memory:`,
+    /// `mode=memory`): one that is gone when the command's connection closes.
+    pub fn in_memory(&self) -> bool {
+        #[cfg(feature = "sqlite")]
+        if self.kind == Kind::Sqlite {
+            return sqlite_file(&self.url) == SqliteFile::Memory;
+        }
+        false
+    }
+
     /// `text` with every secret of the URL replaced by `***`: for database errors, which may
     /// quote parts of the URL.
     pub fn scrub(&self, text: &str) -> String {

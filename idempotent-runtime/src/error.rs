@@ -651,9 +651,11 @@ pub enum Error {
 
     /// A table of the runtime's is missing where the connection finds its tables: `migrate` has
     /// not run on this database (or, on PostgreSQL, not into a schema on this connection's
-    /// `search_path`). Nothing was changed; a retry meets the same until the tables are there.
+    /// `search_path`, or into one this role may not use). Nothing was changed; a retry meets the
+    /// same until the tables are there. The message is the same on every database (it cannot
+    /// tell which one): [`verify`](crate::verify) names where this connection looked.
     #[error(
-        "the runtime's table `{table}` does not exist on this connection (PostgreSQL: in no schema of its search_path): run `idempotent_jobs::migrate(&mut conn)` once before the first job (or `idempotent-jobs migrate` with the CLI); nothing was changed"
+        "the runtime's table `{table}` does not exist where this connection finds its tables: run `idempotent_jobs::migrate(&mut conn)` once before the first job (or `idempotent-jobs migrate` with the CLI), and `verify` says where it looked; nothing was changed"
     )]
     NotMigrated {
         /// The missing table.
@@ -678,10 +680,18 @@ pub enum Error {
 
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
     /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
-    /// resumes. Where the connection failed while the migration was committing, the error is
-    /// [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step may be committed.
+    /// resumes. Where the source is a [`SchemaProblem`](crate::SchemaProblem) (a schema made by a
+    /// newer release; on PostgreSQL, a schema holding the tables that the role may not use),
+    /// `migrate` refused before it changed anything, and calling it again meets the same until
+    /// that is dealt with. Where the connection failed while the migration was committing, the
+    /// error is [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step may be committed.
     #[error(
-        "creating or upgrading the runtime's table `{table}` failed; calling migrate again resumes where this stopped"
+        "creating or upgrading the runtime's table `{table}` failed; {advice}",
+        advice = if source.is::<crate::schema_problem::SchemaProblem>() {
+            "nothing was changed, and calling migrate again fails the same way until what follows is done"
+        } else {
+            "calling migrate again resumes where this stopped"
+        }
     )]
     Migration {
         /// The table the failed step was about.

@@ -165,20 +165,32 @@ pub(crate) async fn run<S: Store>(
         return Ok(());
     }
     if let Some(newer) = current.filter(|version| *version > latest) {
+        // Nothing is changed, and calling again meets the same: the source says so.
         return Err(Error::Migration {
             table: "idempotent_schema",
-            source: format!(
-                "the schema is at version {newer}, made by a newer release of idempotent-jobs than this one (which knows versions up to {latest}); upgrade this worker"
-            )
-            .into(),
+            source: Box::new(SchemaProblem::Newer {
+                found: newer,
+                known: latest,
+            }),
         });
+    }
+    if current.is_none() {
+        // Tables this role cannot see are not tables to create (a second copy elsewhere on the
+        // search_path, or "no schema exists"): the missing grant is named, nothing is changed.
+        if let Some(problem) = hidden_outside_migration(conn).await?.into_iter().next() {
+            return Err(Error::Migration {
+                table: "idempotent_schema",
+                source: Box::new(problem),
+            });
+        }
     }
     S::Db::migrate(conn, lock_timeout).await
 }
 
-/// Checks, reading only, that the tables are there at this release's version, with their columns,
-/// unique indexes and the privileges a worker needs; see [`verify`](crate::verify). One pass for
-/// every database, in a transaction of its own; each database says only how to look.
+/// Checks, changing nothing, that the tables are there at this release's version, with their
+/// columns, unique indexes and the privileges a worker needs, and that the session can write; see
+/// [`verify`](crate::verify). One pass for every database, in a transaction of its own; each
+/// database says only how to look.
 pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
     let problems = crate::transaction::outside_transactions(
         conn,
@@ -203,14 +215,19 @@ pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
 
 /// What is wrong with the tables as this connection sees them, each problem once.
 async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
-    let mut problems = Vec::new();
+    // A schema of the search_path that holds the tables but that this role may not use hides
+    // them (PostgreSQL): the grant is the problem, not tables to create.
+    let mut problems = hidden_by(conn).await?;
+    let hidden = !problems.is_empty();
     let mut present = Vec::new();
     for (table, expected) in TABLES {
         if !S::Db::table_exists(conn, table).await? {
-            problems.push(SchemaProblem::MissingTable {
-                table,
-                searched: S::Db::where_tables_are(conn).await?,
-            });
+            if !hidden {
+                problems.push(SchemaProblem::MissingTable {
+                    table,
+                    searched: S::Db::where_tables_are(conn).await?,
+                });
+            }
             continue;
         }
         present.push(*table);
@@ -221,7 +238,11 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
             }
         }
     }
-    problems.extend(S::Db::missing_privileges(conn, &present).await?);
+    for problem in S::Db::missing_privileges(conn, &present).await? {
+        if !problems.contains(&problem) {
+            problems.push(problem);
+        }
+    }
     if present.contains(&"idempotent_schema")
         && !problems.iter().any(SchemaProblem::hides_the_version)
     {
@@ -243,7 +264,66 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
             problems.push(SchemaProblem::NoUniqueIndex { table, column });
         }
     }
+    if present.contains(&"done_jobs") {
+        problems.extend(cannot_write(conn).await?);
+    }
     Ok(problems)
+}
+
+/// Whether the session refuses writes as read-only, told by a write that matches no row, under a
+/// savepoint rolled back at once (a refused statement aborts a PostgreSQL transaction; the
+/// savepoint keeps verify's usable). It asks what the settings would only hint at: a PostgreSQL
+/// session's `default_transaction_read_only` or a hot standby, MySQL's `read_only` (which a user
+/// with `SUPER` passes), a read-only SQLite file. Any other refusal (no `UPDATE` privilege, which
+/// the privilege check reports) is not this problem.
+async fn cannot_write<S: Store>(conn: &mut S) -> diesel::QueryResult<Option<SchemaProblem>> {
+    conn.batch("SAVEPOINT idempotent_verify_write").await?;
+    let probe = conn
+        .batch("UPDATE done_jobs SET job_name = job_name WHERE 1 = 0")
+        .await;
+    conn.batch("ROLLBACK TO SAVEPOINT idempotent_verify_write")
+        .await?;
+    conn.batch("RELEASE SAVEPOINT idempotent_verify_write")
+        .await?;
+    Ok(probe.err().and_then(|error| {
+        let text = error.to_string();
+        let lower = text.to_lowercase();
+        ["read-only", "read only", "readonly"]
+            .iter()
+            .any(|said| lower.contains(said))
+            .then_some(SchemaProblem::ReadOnly { why: text })
+    }))
+}
+
+/// The grants missing on schemas of the search_path that hold the runtime's tables but that this
+/// role may not use (PostgreSQL's `USAGE`; none elsewhere): asked of the database's privilege
+/// check with no table present, which then reports only those.
+async fn hidden_by<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
+    S::Db::missing_privileges(conn, &[]).await
+}
+
+/// [`hidden_by`], before `migrate` takes its lock: in a transaction (a statement's prepare and its
+/// execution stay on one server connection behind PgBouncer) that takes no lock (SQLite's
+/// `BEGIN DEFERRED`: a migration holding the write lock is waited for by `migrate`'s own, bounded
+/// wait, not here).
+async fn hidden_outside_migration<S: Store>(conn: &mut S) -> Result<Vec<SchemaProblem>, Error> {
+    use crate::transaction::{Transaction, itself};
+    let (mut transaction, _) = Transaction::begin_deferred(&mut *conn, itself::<S>)
+        .await
+        .map_err(failed("idempotent_schema"))?;
+    match hidden_by(transaction.store()).await {
+        Ok(hidden) => {
+            transaction
+                .commit()
+                .await
+                .map_err(failed("idempotent_schema"))?;
+            Ok(hidden)
+        }
+        Err(error) => {
+            transaction.rollback().await;
+            Err(failed("idempotent_schema")(error))
+        }
+    }
 }
 
 /// Runs `steps` in one transaction, all or nothing (SQLite and PostgreSQL, whose DDL is

@@ -45,6 +45,14 @@ pub enum SchemaProblem {
         /// The version this release needs.
         needed: i32,
     },
+    /// The connection's sessions cannot write: a write that changes nothing was refused as
+    /// read-only (PostgreSQL's `default_transaction_read_only`, or a hot standby; MySQL's
+    /// `read_only` or `transaction_read_only`; a SQLite file opened read-only). Every claim would
+    /// fail the same way.
+    ReadOnly {
+        /// The database's refusal.
+        why: String,
+    },
     /// The schema was made by a newer release.
     Newer {
         /// The version recorded.
@@ -55,7 +63,6 @@ pub enum SchemaProblem {
 }
 
 impl SchemaProblem {
-    /// Whether the problem keeps `idempotent_schema` from being read.
     /// The missing table this problem is about, if it is one.
     pub fn missing_table(&self) -> Option<&'static str> {
         match self {
@@ -64,6 +71,7 @@ impl SchemaProblem {
         }
     }
 
+    /// Whether the problem keeps `idempotent_schema` from being read.
     pub(crate) fn hides_the_version(&self) -> bool {
         match self {
             SchemaProblem::MissingTable { table, .. } => *table == "idempotent_schema",
@@ -99,10 +107,19 @@ impl std::fmt::Display for SchemaProblem {
                 f,
                 "the schema is at version {found}, this release needs {needed}: run migrate as the schema's owner"
             ),
+            SchemaProblem::ReadOnly { why } => write!(
+                f,
+                "this connection cannot write ({why}): every job's claim would fail; connect where writes are accepted (the primary; a SQLite file opened for writing), or turn off the read-only setting of this session, role or user (PostgreSQL: default_transaction_read_only; MySQL: read_only, transaction_read_only)"
+            ),
             SchemaProblem::Newer { found, known } => write!(
                 f,
-                "the schema is at version {found}, made by a newer release than this one (which knows up to {known}): upgrade this worker"
+                "the schema is at version {found}, made by a newer release of idempotent-jobs than this one (which knows versions up to {known}): upgrade this worker (or this CLI) to that release or later; migrate cannot take a schema back"
             ),
         }
     }
 }
+
+/// A problem is also the reason [`migrate`](crate::migrate) refuses to start, as the source of
+/// [`Error::Migration`](crate::Error::Migration) (a schema made by a newer release): nothing was
+/// changed, and calling it again meets the same until the problem is dealt with.
+impl std::error::Error for SchemaProblem {}
