@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use diesel::{MysqlConnection, PgConnection, SqliteConnection};
 use idempotent_runtime::keys;
-use idempotent_runtime::outbox::{self, Relay};
+use idempotent_runtime::outbox;
 use idempotent_runtime::{Error, JobKey, Outcome};
 use serde_json::Value;
 
@@ -63,19 +63,7 @@ fn operate<C: Backend>() {
     assert!(run.stdout.starts_with("ok"), "{run:#?}");
 
     // A message that fails its one allowed delivery, and is parked.
-    let _: Outcome<()> =
-        idempotent_runtime::run(&mut conn, &HOOK, &JobKey::new("hook:order-77"), |conn| {
-            outbox::push(conn, "webhook", &serde_json::json!({ "order": 77 }))?;
-            Ok::<_, Error>(())
-        })
-        .expect("running the hook job");
-    Relay::new()
-        .batch_size(1)
-        .max_attempts(1)
-        .run_once(&mut conn, |_message| {
-            Err::<(), _>("HTTP 503 from the partner")
-        })
-        .expect("a relay round");
+    park_hook(&mut conn);
     let parked = outbox::parked(&mut conn).expect("parked messages");
     assert_eq!(parked.len(), 1, "the failed message is parked");
     let parked_id = parked[0].message_id().to_owned();

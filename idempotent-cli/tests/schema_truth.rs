@@ -6,7 +6,7 @@ mod common;
 
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, MysqlConnection, PgConnection, RunQueryDsl, SqliteConnection};
-use idempotent_runtime::outbox::{self, Relay};
+use idempotent_runtime::outbox;
 use idempotent_runtime::{Error, JobKey, Outcome};
 
 use common::*;
@@ -20,17 +20,7 @@ fn fill<C: Backend>(conn: &mut C) {
             Ok::<_, Error>(1)
         })
         .expect("running the digest job");
-    let _: Outcome<()> =
-        idempotent_runtime::run(conn, &HOOK, &JobKey::new("hook:order-77"), |conn| {
-            outbox::push(conn, "webhook", &serde_json::json!({ "order": 77 }))?;
-            Ok::<_, Error>(())
-        })
-        .expect("running the hook job");
-    Relay::new()
-        .batch_size(10)
-        .max_attempts(1)
-        .run_once(conn, |_message| Err::<(), _>("receiver down"))
-        .expect("a relay round");
+    park_hook(conn);
 }
 
 /// The number of keys and parked messages the tables hold.

@@ -10,8 +10,7 @@ mod common;
 
 use diesel::connection::SimpleConnection;
 use diesel::{MysqlConnection, PgConnection, SqliteConnection};
-use idempotent_runtime::outbox::{self, Relay};
-use idempotent_runtime::{Error, JobKey, Outcome};
+use idempotent_runtime::JobKey;
 
 use common::*;
 
@@ -115,16 +114,7 @@ fn every_command(url: &str) {
 /// to print.
 fn fill<C: Backend>(conn: &mut C) {
     idempotent_runtime::migrate(conn).expect("migrating");
-    let _: Outcome<()> =
-        idempotent_runtime::run(conn, &HOOK, &JobKey::new("hook:order-77"), |conn| {
-            outbox::push(conn, "webhook", &serde_json::json!({ "order": 77 }))?;
-            Ok::<_, Error>(())
-        })
-        .expect("running the hook job");
-    Relay::new()
-        .max_attempts(1)
-        .run_once(conn, |_message| Err::<(), _>("HTTP 503 from the partner"))
-        .expect("a relay round");
+    park_hook(conn);
     let _ = charge(conn, 1);
     let _ = charge(conn, 2);
 }

@@ -347,7 +347,7 @@ impl Call {
     /// serde writes alike (an untagged enum's variants of the same content, a field serde skips)
     /// have equal shapes; `==` tells them apart.
     ///
-    /// `ran` is the body's `Ok` (an `Err` stores nothing).
+    /// `ran` is the body's result (an `Err` stores nothing).
     pub(crate) fn encode<T: JobOutput, E>(
         &self,
         ran: &Result<T, E>,
@@ -359,11 +359,11 @@ impl Call {
         let stored = crate::fingerprint::refuse_non_finite(value)
             .and_then(|()| serde_json::to_string(value))
             .and_then(|json| {
-                let back = Ok(serde_json::from_str::<T>(&json)?);
-                let equal = equal.equal(ran, &back);
-                match &back {
-                    Ok(back) => same_value(value, back, equal).map(|()| json),
-                    Err(_) => Ok(json),
+                let back = serde_json::from_str::<T>(&json)?;
+                same_shape(value, &back)?;
+                match equal.equal(ran, &Ok(back)) {
+                    Some(false) => Err(unequal()),
+                    _ => Ok(json),
                 }
             });
         match stored {
@@ -451,30 +451,29 @@ impl<T, E> Equality<Result<T, E>> {
     }
 }
 
-/// Whether `back`, read from the JSON of `value`, is the same value: their
-/// [`Shape`](crate::shape::Shape)s are equal, and `equal` (the type's `PartialEq`, where there is
-/// one) does not say otherwise.
-fn same_value<T: serde::Serialize>(
-    value: &T,
-    back: &T,
-    equal: Option<bool>,
-) -> Result<(), serde_json::Error> {
+/// Whether `back`, read from the JSON of `value`, is the same value as serde shows it: their
+/// [`Shape`](crate::shape::Shape)s are equal.
+fn same_shape<T: serde::Serialize>(value: &T, back: &T) -> Result<(), serde_json::Error> {
     use serde::ser::Error as _;
     let shape = |value: &T| crate::shape::Shape::of(value).map_err(serde_json::Error::custom);
-    if shape(value)? != shape(back)? {
-        return Err(serde_json::Error::custom(
+    if shape(value)? == shape(back)? {
+        Ok(())
+    } else {
+        Err(serde_json::Error::custom(
             "it reads back from its JSON as another value (`Some(())` or `Some(None)` as `None`, \
              an untagged enum as another of its variants): a replay would return another answer",
-        ));
+        ))
     }
-    match equal {
-        Some(false) => Err(serde_json::Error::custom(
-            "it reads back from its JSON as another value, by its type's `PartialEq` (an \
-             untagged enum's variant of the same content as another's, a field serde skips or \
-             fills with a default, a flattened `Option`): a replay would return another answer",
-        )),
-        _ => Ok(()),
-    }
+}
+
+/// A value that reads back from its JSON as one its type's `PartialEq` calls unequal.
+fn unequal() -> serde_json::Error {
+    use serde::ser::Error as _;
+    serde_json::Error::custom(
+        "it reads back from its JSON as another value, by its type's `PartialEq` (an untagged \
+         enum's variant of the same content as another's, a field serde skips or fills with a \
+         default, a flattened `Option`): a replay would return another answer",
+    )
 }
 
 #[cfg(test)]

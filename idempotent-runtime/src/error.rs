@@ -28,7 +28,7 @@ pub enum Error {
         hint = hint(source),
         retry = match (*retryable, *enclosing) {
             (true, false) => "; retrying is safe and can succeed",
-            (true, true) => "; the job was called inside an enclosing transaction: return this error from it and retry that transaction from its start (a retry of the call alone, inside it, can meet the same failure): retrying is safe and can succeed",
+            (true, true) => "; the job was called inside an enclosing transaction: return this error from it and retry that transaction from its start, which is safe and can succeed (a retry of the call alone, inside it, can meet the same failure)",
             (false, _) => "",
         }
     )]
@@ -688,7 +688,7 @@ pub enum Error {
     #[error(
         "creating or upgrading the runtime's table `{table}` failed; {advice}",
         advice = if source.is::<crate::schema_problem::SchemaProblem>() {
-            "nothing was changed, and calling migrate again fails the same way until what follows is done"
+            "nothing was changed, and calling migrate again fails the same way until its cause (this error's source) is dealt with"
         } else {
             "calling migrate again resumes where this stopped"
         }

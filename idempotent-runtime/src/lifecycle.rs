@@ -185,14 +185,7 @@ where
             Err(call.failed(error).into())
         }
         Ok(Produced::Replayed(Ok(value))) => {
-            job.transaction
-                .finish_job(nesting)
-                .await
-                .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
-            match first_done_micros {
-                Some(micros) => crate::stats::replayed(call.job, call.started, micros),
-                None => call.finished(Ending::Replayed),
-            }
+            job.finish_replay(first_done_micros).await?;
             Ok(Outcome::Replayed(value))
         }
         Ok(Produced::Ran(value, Ok(json))) => {
@@ -243,15 +236,10 @@ where
             Some(row) => Produced::Replayed(call.replay::<T>(row)),
             None => {
                 let running = body(transaction.conn());
-                match with_context(call, running).await {
-                    Ok(value) => {
-                        let ran = Ok(value);
-                        let json = call.encode(&ran, equal);
-                        match ran {
-                            Ok(value) => Produced::Ran(value, json),
-                            Err(error) => Produced::Failed(error),
-                        }
-                    }
+                let result = with_context(call, running).await;
+                let json = call.encode(&result, equal);
+                match result {
+                    Ok(value) => Produced::Ran(value, json),
                     Err(error) => Produced::Failed(error),
                 }
             }
@@ -270,6 +258,21 @@ struct JobEnd<'t, 'c, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> {
 }
 
 impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S, R> {
+    /// Ends a replay's transaction (it wrote nothing) and counts the replay; `first_done_micros`:
+    /// when the replayed run committed.
+    async fn finish_replay(&mut self, first_done_micros: Option<i64>) -> Result<(), Error> {
+        let call = self.call;
+        self.transaction
+            .finish_job(self.nesting)
+            .await
+            .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
+        match first_done_micros {
+            Some(micros) => crate::stats::replayed(call.job, call.started, micros),
+            None => call.finished(Ending::Replayed),
+        }
+        Ok(())
+    }
+
     /// Records the result and commits, when the transaction is still the job's own.
     async fn record_and_commit(
         &mut self,

@@ -335,3 +335,19 @@ pub fn charge<C: Backend>(conn: &mut C, order: u32) -> (Outcome<u32>, bool) {
     .expect("running the charge job");
     (outcome, ran)
 }
+
+/// Runs the hook job (one `webhook` message, order 77), then a relay round whose every delivery
+/// fails its one allowed attempt ("HTTP 503 from the partner"): every message pending then is
+/// parked.
+pub fn park_hook<C: Backend>(conn: &mut C) {
+    let _: Outcome<()> =
+        idempotent_runtime::run(conn, &HOOK, &JobKey::new("hook:order-77"), |conn| {
+            outbox::push(conn, "webhook", &serde_json::json!({ "order": 77 }))?;
+            Ok::<_, Error>(())
+        })
+        .expect("running the hook job");
+    idempotent_runtime::outbox::Relay::new()
+        .max_attempts(1)
+        .run_once(conn, |_message| Err::<(), _>("HTTP 503 from the partner"))
+        .expect("a relay round");
+}
