@@ -206,19 +206,23 @@ fn redeliver<B: Backend>(db: &Db<B>, kind: Kind, id: &str) -> Result<(), String>
     Ok(())
 }
 
-/// Whether a first delivery's claim on this connection type comes before the job's savepoint, so
-/// that a body that rolls back to the savepoint by name cannot take the claim with it: SQLite (in
-/// process, the savepoint after the claim costs nothing) and sync MySQL (inside the job procedure,
-/// or as a prepared statement of its own after the claim without the procedures; a job with an
-/// `in_progress` policy still opens with `idempotent_begin_job`, savepoint first).
-/// Elsewhere the savepoint rides with `BEGIN` (after the claim it would cost a round trip; on
-/// diesel-async's PostgreSQL connection, whose first claim is pipelined with `BEGIN`, a savepoint
-/// sent behind a claim the connection has not prepared yet reaches the server first): a job that
+/// Whether a body that rolls back to the job's savepoint by name cannot take the claim with it
+/// unnoticed on this connection type: where the first delivery's claim comes before the savepoint
+/// (SQLite, in process, where the savepoint after the claim costs nothing; sync MySQL, inside the
+/// job procedure, or as a prepared statement of its own after the claim without the procedures),
+/// and on PostgreSQL, where the savepoint rides with `BEGIN` but a transaction-local mark set after
+/// it goes with such a rollback and the job's last batch refuses to commit without it. On
+/// diesel-async's MySQL connection, and for a sync MySQL job with an `in_progress` policy (which
+/// still opens with `idempotent_begin_job`, savepoint first), the savepoint rides with `BEGIN`
+/// before the claim with no such mark (after the claim it would cost a round trip): a job that
 /// stores a result finds its claim gone when it records it, one that returns `()` does not, which
 /// is
 /// [`a_unit_job_whose_body_undoes_its_claim_by_the_savepoints_name_is_not_reported_as_ran`].
 fn claim_precedes_savepoint<B: Backend>() -> bool {
-    matches!(B::NAME, "Sqlite" | "AsyncSqlite" | "Mysql")
+    matches!(
+        B::NAME,
+        "Sqlite" | "AsyncSqlite" | "Mysql" | "Postgres" | "AsyncPostgres"
+    )
 }
 
 pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {

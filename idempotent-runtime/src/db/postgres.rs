@@ -348,6 +348,7 @@ async fn search_path<C: Store<Db = PostgresDb>>(conn: &mut C) -> QueryResult<Str
 
 impl Database for PostgresDb {
     const A_FAILED_STATEMENT_ABORTS: bool = true;
+    const RELEASE_AND_COMMIT: &'static str = RELEASE_AND_COMMIT;
 
     shared_methods!();
     migration_steps!(
@@ -680,15 +681,55 @@ impl Database for PostgresDb {
     }
 }
 
-/// A job's own transaction: `BEGIN` and the job's savepoint, one round trip.
-const BEGIN_JOB: &str = "BEGIN; SAVEPOINT idempotent_job";
+/// The transaction-local setting [`BEGIN_JOB`] sets right after the job's savepoint: a body that
+/// rolls back to that savepoint by name (`ROLLBACK TO SAVEPOINT idempotent_job`) takes it back with
+/// the claim, which comes after the savepoint here, and [`RELEASE_AND_COMMIT`] refuses to commit
+/// then. Without it such a job committed what its body wrote after the rollback without its claim,
+/// said it ran, and ran again at the next delivery.
+macro_rules! savepoint_mark {
+    () => {
+        "idempotent.savepoint"
+    };
+}
+
+/// The text of the error [`RELEASE_AND_COMMIT`] raises when the job's savepoint was rolled back to
+/// (`savepoint_mark!`): PostgreSQL quotes it in the cast's error in every language. It names the
+/// savepoint, as the release's own failures do, so the error is taken for the release's
+/// (`Database::commit_failed_instead`).
+macro_rules! rolled_back_to_savepoint {
+    () => {
+        "idempotent-jobs: the body rolled back to the savepoint idempotent_job, and the claim with it"
+    };
+}
+
+/// A job's own transaction: `BEGIN`, the job's savepoint and `savepoint_mark!` set after it, one
+/// round trip.
+const BEGIN_JOB: &str = concat!(
+    "BEGIN; SAVEPOINT idempotent_job; SET LOCAL ",
+    savepoint_mark!(),
+    " = 'on'"
+);
+
+/// The job's savepoint released and the transaction committed in one text batch, after checking
+/// that the body did not roll back to the savepoint (`savepoint_mark!`): a simple query stops at
+/// its first error, so the `COMMIT` runs only when both succeeded.
+const RELEASE_AND_COMMIT: &str = concat!(
+    "SELECT CAST(COALESCE(NULLIF(current_setting('",
+    savepoint_mark!(),
+    "', true), ''), '",
+    rolled_back_to_savepoint!(),
+    "') AS boolean); RELEASE SAVEPOINT idempotent_job; COMMIT"
+);
 
 /// [`BEGIN_JOB`] with its first claim ([`FirstClaimInsert`]) behind it in the same flight: with
 /// the mark that claim checks, set only if `BEGIN` opened the transaction (a simple query stops at
 /// its first error), and gone with the transaction.
 #[cfg(feature = "async-postgres")]
-const PIPELINED_BEGIN_JOB: &str =
-    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job";
+const PIPELINED_BEGIN_JOB: &str = concat!(
+    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SET LOCAL ",
+    savepoint_mark!(),
+    " = 'on'"
+);
 
 #[cfg(feature = "postgres")]
 sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
