@@ -235,6 +235,25 @@ pub enum Error {
         source: Option<diesel::result::Error>,
     },
 
+    /// PostgreSQL: a job called inside a caller's transaction whose body released the job's
+    /// savepoint there (Diesel's, `diesel_savepoint_N`, or a savepoint of the caller's set before
+    /// it): releasing it at the job's end failed, and a failed statement aborts the whole
+    /// transaction. Nothing of the job was committed, and nothing the enclosing transaction wrote
+    /// will be: the database refuses its later statements, and its `COMMIT` rolls it back.
+    ///
+    /// What to do: return the error from the enclosing transaction (with `?`), which rolls it
+    /// back, and take the statement that ends the job's savepoint out of the body. Retrying does
+    /// not help while the body runs it.
+    #[error(
+        "job `{job}` (key `{key}`): a statement of its body released the job's savepoint in the enclosing transaction (Diesel's diesel_savepoint_N), and releasing it at the job's end aborted that whole transaction: nothing of the job was committed, and nothing that transaction wrote will be (its COMMIT rolls it back); return this error from the enclosing transaction and take that statement out of the body: retrying does not help while it runs"
+    )]
+    CallersTransactionAborted {
+        /// The job's name.
+        job: &'static str,
+        /// The job's key (redacted when the job asks for it).
+        key: String,
+    },
+
     /// The handler's result is too large for the database to take in one statement; nothing was
     /// committed, and the same result will not fit next time either.
     ///
@@ -949,6 +968,12 @@ mod tests {
                 "{text}"
             );
         }
+        let aborted = Error::CallersTransactionAborted {
+            job: "invoice",
+            key: "invoice:1".into(),
+        };
+        let text = aborted.to_string();
+        assert!(!aborted.is_retryable() && !says_to_retry(&text), "{text}");
     }
 
     /// A relay run stopped by a lost connection, after it had recorded one delivery.

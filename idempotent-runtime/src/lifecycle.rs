@@ -435,6 +435,15 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             && S::Db::commit_failed_instead(self.transaction.store(), &source).await;
         let outside = self.ended_outside(Ownership::NotOwn).await;
         self.transaction.abort_job(self.nesting).await;
+        if self.nesting == Nesting::Savepoint && S::Db::A_FAILED_STATEMENT_ABORTS && !outside {
+            // The release of Diesel's savepoint failed with the caller's transaction still open:
+            // the body had released it (the claim, checked by the record, was still there), and
+            // the failed release aborted the whole transaction, which nothing can commit now.
+            return Error::CallersTransactionAborted {
+                job: self.call.job.name(),
+                key: self.call.key_text.clone(),
+            };
+        }
         let taken = match self.nesting {
             Nesting::Savepoint => {
                 take_back_after_callers_end(self.transaction.store(), self.call).await

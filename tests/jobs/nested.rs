@@ -246,3 +246,66 @@ pub fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction()
     assert_eq!(count::<Sqlite>(&mut conn, "caller-before"), 1);
     assert_eq!(Sqlite::count_done(&mut conn), 2, "both jobs' claims");
 }
+
+/// A job inside a caller's transaction whose body releases the job's savepoint (Diesel's,
+/// `diesel_savepoint_1`): what the call says must be what the database holds once the caller's
+/// transaction has ended. On PostgreSQL the release at the job's end then fails and aborts the
+/// caller's whole transaction, whose `COMMIT` rolls back: before, the call said
+/// `ClaimNotTakenBack` ("the claim may be committed", "forget the key") with nothing committable.
+/// On SQLite and MySQL/MariaDB the transaction stays usable: the body ended the job's own
+/// transaction, its work commits with the caller's, and the claim is taken back, as the call says.
+pub fn a_body_that_releases_the_jobs_savepoint_is_told_truly<B>()
+where
+    B: Backend,
+    B::Conn: diesel::Connection + JobStore,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<B::Conn>,
+{
+    for value in [false, true] {
+        let db = fresh::<B>();
+        let mut conn = db.connect();
+        let key = JobKey::new("nested-unit:1");
+        let mut call = None;
+        let mut caller_after = None;
+        conn.transaction::<(), TestError, _>(|conn| {
+            write(conn, "caller-before")?;
+            let body = |conn: &mut B::Conn| {
+                write(conn, "job-before")?;
+                diesel::sql_query("RELEASE SAVEPOINT diesel_savepoint_1").execute(conn)?;
+                write(conn, "job-after")
+            };
+            call = Some(match value {
+                false => idempotent_jobs::run(conn, &UNIT, &key, body).map(drop),
+                true => idempotent_jobs::run(conn, &VALUE, &key, |c| body(c).map(|()| 7u32))
+                    .map(drop),
+            });
+            caller_after = Some(write(conn, "caller-after").is_ok());
+            Ok(())
+        })
+        .expect("the caller's transaction ends without an error of Diesel's");
+        let call = call.expect("the call");
+        let claimed = B::count_done(&mut conn);
+        let rows: Vec<i64> = ["caller-before", "job-before", "job-after", "caller-after"]
+            .iter()
+            .map(|tag| count::<B>(&mut conn, tag))
+            .collect();
+        let case = format!("value job {value}: {call:?}, claims {claimed}, rows {rows:?}");
+        match (B::SERVER, &call) {
+            (
+                Server::Postgres,
+                Err(TestError::Idempotent(error @ Error::CallersTransactionAborted { .. })),
+            ) => {
+                assert!(!error.is_retryable(), "{case}");
+                assert_eq!(caller_after, Some(false), "the transaction is aborted: {case}");
+                assert_eq!((claimed, rows), (0, vec![0, 0, 0, 0]), "{case}");
+            }
+            (
+                Server::Sqlite | Server::Mysql,
+                Err(TestError::Idempotent(error @ Error::TransactionEndedInBody { .. })),
+            ) => {
+                assert!(!error.is_retryable(), "{case}");
+                assert_eq!((claimed, rows), (0, vec![1, 1, 1, 1]), "{case}");
+            }
+            _ => panic!("the call did not say what the database holds: {case}"),
+        }
+    }
+}
