@@ -11,6 +11,7 @@ mod behaviour;
 mod cancellation;
 mod capture;
 mod effects;
+mod explore_settings;
 #[path = "../support/figures.rs"]
 mod figures;
 mod handlers;
