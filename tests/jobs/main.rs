@@ -11,7 +11,6 @@ mod behaviour;
 mod cancellation;
 mod capture;
 mod effects;
-mod explore_settings;
 #[path = "../support/figures.rs"]
 mod figures;
 mod handlers;
