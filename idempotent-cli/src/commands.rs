@@ -88,13 +88,7 @@ fn newer_schema_guard<C: JobStore>(
     let Some(writes) = writes(command) else {
         return Ok(());
     };
-    let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) else {
-        return Ok(());
-    };
-    let Some((found, known)) = problems.iter().find_map(|problem| match problem {
-        SchemaProblem::Newer { found, known } => Some((*found, *known)),
-        _ => None,
-    }) else {
+    let Some((found, known)) = newer_schema(conn) else {
         return Ok(());
     };
     let made = format!(
@@ -113,6 +107,19 @@ fn newer_schema_guard<C: JobStore>(
         "warning: {made}: what this CLI shows may leave out what that release records; upgrade idempotent-jobs-cli to that release or later"
     );
     Ok(())
+}
+
+/// The schema version a newer release recorded and the newest this build knows, when `verify`
+/// finds the tables made by a newer release; `None` otherwise (ready, or any other problem, or a
+/// version that cannot be read: those are left to the command).
+pub fn newer_schema<C: JobStore>(conn: &mut C) -> Option<(i32, i32)> {
+    let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) else {
+        return None;
+    };
+    problems.iter().find_map(|problem| match problem {
+        SchemaProblem::Newer { found, known } => Some((*found, *known)),
+        _ => None,
+    })
 }
 
 // --- keys ------------------------------------------------------------------------------------

@@ -990,3 +990,77 @@ fn writes_that_wait_for_a_lock_say_what_they_did() {
         server.log()
     );
 }
+
+/// Tables a newer release made (a schema version above this build's): the dashboard's forget
+/// and retries are refused as the CLI's writing commands are, saying so and that nothing was
+/// changed, and change nothing; its pages still read.
+fn writes_on_a_newer_schema<C: Backend>() {
+    let db = TestDb::empty::<C>();
+    let mut conn: C = db.connect();
+    fill(&mut conn);
+    let key = JobKey::new("hook:order-77");
+    let record = keys::lookup_digest(&mut conn, &key.digest())
+        .expect("a look-up")
+        .expect("the hook's key");
+    let parked = outbox::parked(&mut conn).expect("the parked messages");
+    assert_eq!(parked.len(), 1, "the hook's message is parked");
+    let keys_before = key_count(&mut conn);
+    conn.batch_execute(
+        "INSERT INTO idempotent_schema (version, description, applied_at) \
+         VALUES (99, 'a future release', CURRENT_TIMESTAMP)",
+    )
+    .expect("recording a future version");
+    let server = Server::start(&db.url, true);
+
+    let forget = format!(
+        "digest={}&revision={}&reason=test&confirm=yes",
+        hex(&key.digest()),
+        record.revision()
+    );
+    let one = format!("message_id={}", parked[0].message_id());
+    for (page, form) in [
+        ("/forget", forget.as_str()),
+        ("/outbox/retry", one.as_str()),
+        ("/outbox/retry", "all=yes"),
+    ] {
+        let (response, _) = post(&server, page, form);
+        assert_eq!(response.status, 503, "{page} {form}: {response:?}");
+        assert!(
+            response.body.contains("made by a newer release")
+                && response.body.contains("version 99")
+                && response.body.contains("Nothing was changed")
+                && response.body.contains("Upgrade idempotent-jobs-cli"),
+            "{page} {form}: {}",
+            response.body
+        );
+    }
+    assert_eq!(key_count(&mut conn), keys_before, "a key was forgotten");
+    assert_eq!(
+        outbox::parked(&mut conn)
+            .expect("the parked messages")
+            .len(),
+        1,
+        "a message was un-parked"
+    );
+    assert!(
+        !server.log().contains("forgot key") && !server.log().contains("un-parked"),
+        "{}",
+        server.log()
+    );
+    assert_eq!(get(&server, "/outbox").status, 200, "the pages still read");
+}
+
+#[test]
+fn sqlite_writes_on_a_newer_schema_are_refused() {
+    writes_on_a_newer_schema::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_writes_on_a_newer_schema_are_refused() {
+    writes_on_a_newer_schema::<PgConnection>();
+}
+
+#[test]
+fn mysql_writes_on_a_newer_schema_are_refused() {
+    writes_on_a_newer_schema::<MysqlConnection>();
+}
