@@ -209,6 +209,62 @@ fn postgres_schema_without_usage_names_the_grant() {
     assert_eq!(before, after, "no second copy of the tables");
 }
 
+/// An empty schema named by the search_path, and a role that may not use it or not create in it:
+/// the role's `migrate` names the missing grant, as it does for a schema that holds the tables
+/// (not "no schema exists", which sent the operator to create a schema that is there), says that
+/// nothing was changed and that calling it again does not help, and creates nothing; once
+/// granted, it migrates.
+#[test]
+fn postgres_empty_schema_without_grants_names_them() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut owner: PgConnection = db.connect();
+    let schema = db.url.rsplit("%3D").next().expect("the schema").to_owned();
+    let role = Role::create(&format!("x3_emptyschema_{}", std::process::id()));
+    let url = role.url(&db);
+    let tables = |owner: &mut PgConnection| -> i64 {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+            "(SELECT COUNT(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = '{schema}')::bigint"
+        )))
+        .get_result(owner)
+        .expect("counting what the schema holds")
+    };
+
+    for (granted, missing) in [
+        (None, format!("GRANT USAGE, CREATE ON SCHEMA {schema}")),
+        (Some("USAGE"), format!("GRANT CREATE ON SCHEMA {schema}")),
+    ] {
+        if let Some(privilege) = granted {
+            owner
+                .batch_execute(&format!(
+                    "GRANT {privilege} ON SCHEMA {schema} TO {}",
+                    role.name
+                ))
+                .expect("granting");
+        }
+        let run = run_cli(&url, &["migrate"]).exit(4);
+        assert!(
+            run.stderr.contains(&missing)
+                && !run
+                    .stderr
+                    .contains("no schema on the connection's search_path exists")
+                && !run.stderr.contains("resumes")
+                && run.stderr.contains("nothing was changed"),
+            "granted {granted:?}: {run:#?}"
+        );
+        assert_eq!(
+            tables(&mut owner),
+            0,
+            "granted {granted:?}: migrate created something"
+        );
+    }
+    owner
+        .batch_execute(&format!("GRANT CREATE ON SCHEMA {schema} TO {}", role.name))
+        .expect("granting CREATE");
+    run_cli(&url, &["migrate"]).ok();
+    run_cli(&url, &["verify"]).ok();
+}
+
 /// Sessions that cannot write (every transaction read-only, by the URL's options or by the role's
 /// own setting): `verify` says so and exits 4 instead of "ready"; nothing is changed.
 #[test]
