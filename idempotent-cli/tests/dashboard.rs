@@ -1064,3 +1064,51 @@ fn postgres_writes_on_a_newer_schema_are_refused() {
 fn mysql_writes_on_a_newer_schema_are_refused() {
     writes_on_a_newer_schema::<MysqlConnection>();
 }
+
+/// A chart statement that waits past the dashboard's lock wait on a server whose messages are in
+/// German (`lc_messages`, as a superuser may set it) is the 503 of a busy database, as it is in
+/// English: known by what the error is (SQLSTATE 55P03), not by its English words. Before: a 500,
+/// "any other database error".
+#[test]
+fn a_chart_statement_that_waits_for_a_lock_is_busy_in_german() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut conn: PgConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:ada"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("welcome");
+    let schema = db.url.rsplit("search_path%3D").next().expect("a schema");
+    // The chart statements call floor(): this one, first on the server's search path, waits for
+    // a lock on `blocker` before it answers.
+    conn.batch_execute(&format!("CREATE TABLE {schema}.blocker (x int)"))
+        .expect("a table to lock");
+    for argument in ["numeric", "double precision"] {
+        conn.batch_execute(&format!(
+            "CREATE FUNCTION {schema}.floor(x {argument}) RETURNS {argument} LANGUAGE plpgsql AS \
+             $$ BEGIN LOCK TABLE {schema}.blocker IN ACCESS SHARE MODE; RETURN pg_catalog.floor(x); END $$"
+        ))
+        .expect("a floor() that waits for a lock");
+    }
+    let server = Server::start(
+        &format!("{}%2Cpg_catalog%20-clc_messages%3Dde_DE.UTF-8", db.url),
+        false,
+    );
+    let mut locker: PgConnection = db.connect();
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {schema}.blocker IN ACCESS EXCLUSIVE MODE"
+        ))
+        .expect("locking the blocker");
+    let response = get(&server, "/");
+    locker.batch_execute("ROLLBACK").expect("unlocking");
+    assert_eq!(response.status, 503, "{response:?}");
+    assert!(
+        response.body.contains("The database is busy")
+            && response.body.contains("Nothing was changed")
+            && response.body.contains("Sperre"),
+        "{}",
+        response.body
+    );
+}
