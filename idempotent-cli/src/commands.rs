@@ -14,6 +14,7 @@ use crate::failure::{Code, Failure};
 use crate::keyform::key_from_template;
 use crate::nearest;
 use crate::page::After;
+use crate::session::SessionLimits;
 use crate::table::{Align, Table, printable, truncate};
 use crate::time::{format_age, format_micros, format_seconds};
 
@@ -27,7 +28,11 @@ pub struct Context<'a> {
 
 /// Runs `command` on `conn`, printing its output; `Err` says what to print on stderr and how to
 /// exit.
-pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Result<(), Failure> {
+pub fn run<C: JobStore + SessionLimits>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    command: &Command,
+) -> Result<(), Failure> {
     newer_schema_guard(conn, cx, command)?;
     match command {
         Command::Keys(KeysCommand::Show { key }) => keys_show(conn, cx, key),
@@ -861,12 +866,16 @@ fn prune<C: JobStore>(
     Ok(())
 }
 
-/// `verify`: the runtime's read-only schema check.
-fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+/// `verify`: the runtime's read-only schema check; first, a warning of a session statement time
+/// limit under a second (jobs' statements that take longer are cancelled), whatever it finds.
+fn verify<C: JobStore + SessionLimits>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     #[derive(Serialize)]
     struct Verified {
         ok: bool,
         problems: Vec<String>,
+    }
+    if let Some(warning) = conn.statement_limit().and_then(|limit| limit.warning()) {
+        eprintln!("{warning}");
     }
     match idempotent_runtime::verify(conn) {
         Ok(()) => {

@@ -373,3 +373,73 @@ fn sqlite_messages_say_what_sqlite_does() {
         );
     }
 }
+
+/// A session whose statement time limit is under a second (PostgreSQL `statement_timeout`, here
+/// from the URL's options; MariaDB `max_statement_time`, here the user's own): `verify` still
+/// says the tables are ready (they are), with a warning naming the setting and its value, as a
+/// job's statements that take longer are cancelled. Without such a limit, no warning.
+#[test]
+fn postgres_verify_warns_of_a_short_statement_timeout() {
+    let db = TestDb::empty::<PgConnection>();
+    db.cli(&["migrate"]).ok();
+    let run = db.cli(&["verify"]).ok();
+    assert!(!run.stderr.contains("warning"), "{run:#?}");
+    let run = run_cli(
+        &format!("{}%20-cstatement_timeout%3D200ms", db.url),
+        &["verify"],
+    )
+    .ok();
+    assert!(
+        run.stdout.starts_with("ok: ")
+            && run.stderr.starts_with("warning: ")
+            && run.stderr.contains("statement_timeout is 200ms"),
+        "{run:#?}"
+    );
+    // The role's own 1ms, which cancels a read of `pg_settings`: still read, and named. Whether
+    // verify's own statements finish in 1ms is the machine's affair: its exit code is not checked.
+    let role = Role::create(&format!("x3_timeout_{}", std::process::id()));
+    let schema = db.url.rsplit("%3D").next().expect("the schema").to_owned();
+    let mut owner: PgConnection = db.connect();
+    owner
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {r}; \
+             GRANT SELECT ON {schema}.idempotent_schema TO {r}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.done_jobs, {schema}.outbox TO {r}; \
+             GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {r}; \
+             ALTER ROLE {r} SET statement_timeout = '1ms'",
+            r = role.name
+        ))
+        .expect("a role whose statements may take 1ms");
+    let run = run_cli(&role.url(&db), &["verify"]);
+    assert!(
+        run.stderr.starts_with("warning: ") && run.stderr.contains("statement_timeout is 1ms"),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn mysql_verify_warns_of_a_short_max_statement_time() {
+    let db = TestDb::empty::<MysqlConnection>();
+    db.cli(&["migrate"]).ok();
+    let run = db.cli(&["verify"]).ok();
+    assert!(!run.stderr.contains("warning"), "{run:#?}");
+    let database = db.url.rsplit('/').next().expect("the database").to_owned();
+    let user = format!("x3_mst_{}", std::process::id());
+    let mut root = MysqlConnection::open(&Server::Mysql.base_url());
+    root.batch_execute(&format!(
+        "DROP USER IF EXISTS '{user}'@'%'; \
+         CREATE USER '{user}'@'%' IDENTIFIED BY 'x3-secret-pw' WITH MAX_STATEMENT_TIME 0.25; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON {database}.* TO '{user}'@'%'"
+    ))
+    .expect("a user with a short statement time");
+    let url = db
+        .url
+        .replacen("://root@", &format!("://{user}:x3-secret-pw@"), 1);
+    let run = run_cli(&url, &["verify"]);
+    let _ = root.batch_execute(&format!("DROP USER IF EXISTS '{user}'@'%'"));
+    let run = run.ok();
+    assert!(
+        run.stderr.starts_with("warning: ") && run.stderr.contains("max_statement_time is 0.25"),
+        "{run:#?}"
+    );
+}
