@@ -18,7 +18,7 @@ file must exist). Another scheme is refused. Prefer DATABASE_URL or .env: argume
 other users in the process list. Passwords are never printed.
 
 Exit codes:
-  0  success
+  0  success (reading commands on tables a newer release made also warn on stderr)
   1  not found: the key or outbox message does not exist (nothing was changed)
   2  bad usage, or a confirmation that was refused or could not be asked (nothing was changed)
   3  cannot connect (bad URL, server down, SQLite file missing), or the connection was lost
@@ -26,7 +26,8 @@ Exit codes:
   4  the database lacks the runtime's tables, or they are incomplete: run idempotent-jobs migrate;
      or this connection may not use them (a grant; verify: a read-only session), or a newer release made
      them (upgrade this CLI; prune, keys forget and outbox retry then change nothing)
-  5  any other database error, or a failed operation that changed something (a prune's batches)
+  5  any other database error (a write a read-only session refused), or a failed operation that
+     changed something (a prune's batches)
   6  the key changed since it was read (another run renewed it): nothing was changed, look again";
 
 /// The `idempotent-jobs` command line.

@@ -14,6 +14,7 @@ use crate::failure::{Code, Failure};
 use crate::keyform::key_from_template;
 use crate::nearest;
 use crate::page::After;
+use crate::session::SessionLimits;
 use crate::table::{Align, Table, printable, truncate};
 use crate::time::{format_age, format_micros, format_seconds};
 
@@ -27,7 +28,11 @@ pub struct Context<'a> {
 
 /// Runs `command` on `conn`, printing its output; `Err` says what to print on stderr and how to
 /// exit.
-pub fn run<C: JobStore>(conn: &mut C, cx: &Context<'_>, command: &Command) -> Result<(), Failure> {
+pub fn run<C: JobStore + SessionLimits>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    command: &Command,
+) -> Result<(), Failure> {
     newer_schema_guard(conn, cx, command)?;
     match command {
         Command::Keys(KeysCommand::Show { key }) => keys_show(conn, cx, key),
@@ -88,13 +93,7 @@ fn newer_schema_guard<C: JobStore>(
     let Some(writes) = writes(command) else {
         return Ok(());
     };
-    let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) else {
-        return Ok(());
-    };
-    let Some((found, known)) = problems.iter().find_map(|problem| match problem {
-        SchemaProblem::Newer { found, known } => Some((*found, *known)),
-        _ => None,
-    }) else {
+    let Some((found, known)) = newer_schema(conn) else {
         return Ok(());
     };
     let made = format!(
@@ -113,6 +112,19 @@ fn newer_schema_guard<C: JobStore>(
         "warning: {made}: what this CLI shows may leave out what that release records; upgrade idempotent-jobs-cli to that release or later"
     );
     Ok(())
+}
+
+/// The schema version a newer release recorded and the newest this build knows, when `verify`
+/// finds the tables made by a newer release; `None` otherwise (ready, or any other problem, or a
+/// version that cannot be read: those are left to the command).
+pub fn newer_schema<C: JobStore>(conn: &mut C) -> Option<(i32, i32)> {
+    let Err(Error::SchemaNotReady { problems }) = idempotent_runtime::verify(conn) else {
+        return None;
+    };
+    problems.iter().find_map(|problem| match problem {
+        SchemaProblem::Newer { found, known } => Some((*found, *known)),
+        _ => None,
+    })
 }
 
 // --- keys ------------------------------------------------------------------------------------
@@ -854,12 +866,16 @@ fn prune<C: JobStore>(
     Ok(())
 }
 
-/// `verify`: the runtime's read-only schema check.
-fn verify<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+/// `verify`: the runtime's read-only schema check; first, a warning of a session statement time
+/// limit under a second (jobs' statements that take longer are cancelled), whatever it finds.
+fn verify<C: JobStore + SessionLimits>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
     #[derive(Serialize)]
     struct Verified {
         ok: bool,
         problems: Vec<String>,
+    }
+    if let Some(warning) = conn.statement_limit().and_then(|limit| limit.warning()) {
+        eprintln!("{warning}");
     }
     match idempotent_runtime::verify(conn) {
         Ok(()) => {

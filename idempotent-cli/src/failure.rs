@@ -11,7 +11,8 @@ pub enum Code {
     Usage = 2,
     /// 3: the database cannot be reached or opened.
     Connect = 3,
-    /// 4: the runtime's tables are missing or incomplete.
+    /// 4: the runtime's tables are missing or incomplete, not usable by this connection (a grant;
+    /// from `verify` and `migrate`, a session that cannot write), or made by a newer release.
     Schema = 4,
     /// 5: any other database error.
     Database = 5,

@@ -22,6 +22,7 @@ mod page;
 mod secret;
 #[cfg(feature = "serve")]
 mod serve;
+mod session;
 mod table;
 mod time;
 

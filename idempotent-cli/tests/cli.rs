@@ -751,3 +751,201 @@ fn help_documents_the_exit_codes_and_a_missing_url_is_bad_usage() {
     let run = Cli::new().run(&["keys", "list"]).exit(2);
     assert!(run.stderr.contains("DATABASE_URL"), "{run:#?}");
 }
+
+/// The rows of the README's exit-code table: code and meaning.
+fn readme_exit_codes() -> BTreeMap<i32, String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("reading idempotent-cli/README.md");
+    let section = readme
+        .split("\n## Exit codes\n")
+        .nth(1)
+        .expect("a section `## Exit codes` in the README");
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|line| {
+            let mut cells = line.strip_prefix('|')?.split('|');
+            let code = cells.next()?.trim().parse().ok()?;
+            Some((code, cells.next()?.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// `keys forget KEY` on a terminal, renewing the key (a run of its lapsed key) while the CLI asks,
+/// then answering yes.
+fn forget_renewed_while_asked(db: &TestDb, key: &str) -> Run {
+    use std::io::{Read, Write};
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &format!("{BIN} keys forget {key}"), "/dev/null"])
+        .env("DATABASE_URL", &db.url)
+        .current_dir(empty_dir())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running `script` (util-linux) to give the CLI a terminal");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut shown = Vec::new();
+    let mut chunk = [0_u8; 4096];
+    while !String::from_utf8_lossy(&shown).contains("[y/N]") {
+        let n = stdout.read(&mut chunk).expect("reading the CLI's terminal");
+        assert!(
+            n > 0,
+            "the CLI ended without asking: {}",
+            String::from_utf8_lossy(&shown)
+        );
+        shown.extend_from_slice(&chunk[..n]);
+    }
+    let mut conn: SqliteConnection = db.connect();
+    let _: Outcome<u32> = idempotent_runtime::run(&mut conn, &DIGEST, &JobKey::new(key), |_conn| {
+        Ok::<_, Error>(2)
+    })
+    .expect("renewing the lapsed key");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"y\n").expect("answering yes");
+    drop(stdin);
+    stdout.read_to_end(&mut shown).expect("reading the rest");
+    let status = child.wait().expect("waiting for `script`");
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&shown).into_owned(),
+        stderr: String::new(),
+    }
+}
+
+/// The README's table of exit codes is what the binary does: each code it lists is the code of a
+/// command run here, the row says what that command met, and no command run here exits with a
+/// code the table lacks. `--help` lists the same codes.
+#[test]
+fn the_readme_exit_code_table_is_what_commands_exit_with() {
+    use diesel::connection::SimpleConnection;
+
+    let table = readme_exit_codes();
+    let db = TestDb::empty::<SqliteConnection>();
+    let ro = format!("file:{}?mode=ro", db.url);
+    let missing = std::env::temp_dir().join(format!("{}-missing.db", unique_name()));
+    let missing = missing.to_string_lossy().into_owned();
+    // (code, words of its row, the run): the row must contain the words.
+    let mut seen: Vec<(i32, &str, Run)> = Vec::new();
+
+    seen.push((4, "missing", db.cli(&["keys", "list"])));
+    db.cli(&["migrate"]).ok();
+    let mut conn: SqliteConnection = db.connect();
+    let _ = charge(&mut conn, 1);
+    let _: Outcome<u32> =
+        idempotent_runtime::run(&mut conn, &DIGEST, &JobKey::new("digest:ada"), |_conn| {
+            Ok::<_, Error>(1)
+        })
+        .expect("a lapsed key");
+    park_hook(&mut conn);
+    let parked = outbox::counts(&mut conn).expect("counts").parked;
+    seen.push((0, "success", db.cli(&["verify"])));
+    seen.push((
+        1,
+        "does not exist",
+        db.cli(&["keys", "show", "charge:order-404"]),
+    ));
+    seen.push((
+        1,
+        "outbox message",
+        db.cli(&["outbox", "retry", "--message-id", "no-such-id"]),
+    ));
+    seen.push((
+        2,
+        "bad usage",
+        db.cli(&["keys", "list", "--since", "yesterday"]),
+    ));
+    seen.push((2, "no database given", Cli::new().run(&["jobs"])));
+    seen.push((
+        2,
+        "confirmation",
+        db.cli(&["keys", "forget", "charge:order-1"]),
+    ));
+    #[cfg(feature = "serve")]
+    seen.push((
+        2,
+        "`serve` without a token",
+        Cli::new()
+            .env("DATABASE_URL", &db.url)
+            .env("IDEMPOTENT_DASHBOARD_TOKEN", "short")
+            .run(&["serve"]),
+    ));
+    seen.push((3, "SQLite file missing", run_cli(&missing, &["jobs"])));
+    seen.push((3, "unknown scheme", run_cli("mongodb://db/x", &["jobs"])));
+    seen.push((4, "read-only", run_cli(&ro, &["verify"])));
+    seen.push((5, "read-only", run_cli(&ro, &["prune"])));
+    assert_eq!(key_count(&mut conn), 3, "the refused prune deleted nothing");
+    seen.push((6, "renewed", forget_renewed_while_asked(&db, "digest:ada")));
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("digest:ada"))
+            .expect("lookup")
+            .is_some(),
+        "the renewed key is left"
+    );
+
+    conn.batch_execute(
+        "INSERT INTO idempotent_schema (version, description, applied_at) \
+         VALUES (99, 'a future release', CURRENT_TIMESTAMP)",
+    )
+    .expect("recording a future version");
+    seen.push((4, "newer release", db.cli(&["prune"])));
+    seen.push((4, "newer release", db.cli(&["outbox", "retry", "--all"])));
+    seen.push((
+        4,
+        "newer release",
+        db.cli(&["keys", "forget", "charge:order-1", "--yes"]),
+    ));
+    assert_eq!(
+        key_count(&mut conn),
+        3,
+        "the refused writes changed nothing"
+    );
+    assert_eq!(outbox::counts(&mut conn).expect("counts").parked, parked);
+    seen.push((0, "warning", db.cli(&["jobs"])));
+
+    // Every mismatch at once: the table is fixed in one go.
+    let mut wrong = Vec::new();
+    for (code, words, run) in &seen {
+        match table.get(code) {
+            _ if run.code != *code => wrong.push(format!(
+                "expected exit code {code} ({words}), got {}: {run:#?}",
+                run.code
+            )),
+            None => wrong.push(format!("the table has no row for exit code {code}")),
+            Some(row) if !row.contains(words) => {
+                wrong.push(format!("the row of {code} does not say {words:?}: {row}"));
+            }
+            Some(_) => {}
+        }
+    }
+    for code in table.keys() {
+        if !seen.iter().any(|(c, _, _)| c == code) {
+            wrong.push(format!(
+                "the table lists exit code {code}, which no command here exits with"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the README's exit codes:\n{}",
+        wrong.join("\n")
+    );
+    let help = Cli::new().run(&["--help"]).ok().stdout;
+    let listed: Vec<i32> = help
+        .split("Exit codes:")
+        .nth(1)
+        .expect("--help lists the exit codes")
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("  ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        table.keys().copied().collect::<Vec<_>>(),
+        "--help and the README list the same codes"
+    );
+}

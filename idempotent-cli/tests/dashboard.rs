@@ -990,3 +990,125 @@ fn writes_that_wait_for_a_lock_say_what_they_did() {
         server.log()
     );
 }
+
+/// Tables a newer release made (a schema version above this build's): the dashboard's forget
+/// and retries are refused as the CLI's writing commands are, saying so and that nothing was
+/// changed, and change nothing; its pages still read.
+fn writes_on_a_newer_schema<C: Backend>() {
+    let db = TestDb::empty::<C>();
+    let mut conn: C = db.connect();
+    fill(&mut conn);
+    let key = JobKey::new("hook:order-77");
+    let record = keys::lookup_digest(&mut conn, &key.digest())
+        .expect("a look-up")
+        .expect("the hook's key");
+    let parked = outbox::parked(&mut conn).expect("the parked messages");
+    assert_eq!(parked.len(), 1, "the hook's message is parked");
+    let keys_before = key_count(&mut conn);
+    conn.batch_execute(
+        "INSERT INTO idempotent_schema (version, description, applied_at) \
+         VALUES (99, 'a future release', CURRENT_TIMESTAMP)",
+    )
+    .expect("recording a future version");
+    let server = Server::start(&db.url, true);
+
+    let forget = format!(
+        "digest={}&revision={}&reason=test&confirm=yes",
+        hex(&key.digest()),
+        record.revision()
+    );
+    let one = format!("message_id={}", parked[0].message_id());
+    for (page, form) in [
+        ("/forget", forget.as_str()),
+        ("/outbox/retry", one.as_str()),
+        ("/outbox/retry", "all=yes"),
+    ] {
+        let (response, _) = post(&server, page, form);
+        assert_eq!(response.status, 503, "{page} {form}: {response:?}");
+        assert!(
+            response.body.contains("made by a newer release")
+                && response.body.contains("version 99")
+                && response.body.contains("Nothing was changed")
+                && response.body.contains("Upgrade idempotent-jobs-cli"),
+            "{page} {form}: {}",
+            response.body
+        );
+    }
+    assert_eq!(key_count(&mut conn), keys_before, "a key was forgotten");
+    assert_eq!(
+        outbox::parked(&mut conn)
+            .expect("the parked messages")
+            .len(),
+        1,
+        "a message was un-parked"
+    );
+    assert!(
+        !server.log().contains("forgot key") && !server.log().contains("un-parked"),
+        "{}",
+        server.log()
+    );
+    assert_eq!(get(&server, "/outbox").status, 200, "the pages still read");
+}
+
+#[test]
+fn sqlite_writes_on_a_newer_schema_are_refused() {
+    writes_on_a_newer_schema::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_writes_on_a_newer_schema_are_refused() {
+    writes_on_a_newer_schema::<PgConnection>();
+}
+
+#[test]
+fn mysql_writes_on_a_newer_schema_are_refused() {
+    writes_on_a_newer_schema::<MysqlConnection>();
+}
+
+/// A chart statement that waits past the dashboard's lock wait on a server whose messages are in
+/// German (`lc_messages`, as a superuser may set it) is the 503 of a busy database, as it is in
+/// English: known by what the error is (SQLSTATE 55P03), not by its English words. Before: a 500,
+/// "any other database error".
+#[test]
+fn a_chart_statement_that_waits_for_a_lock_is_busy_in_german() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut conn: PgConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:ada"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("welcome");
+    let schema = db.url.rsplit("search_path%3D").next().expect("a schema");
+    // The chart statements call floor(): this one, first on the server's search path, waits for
+    // a lock on `blocker` before it answers.
+    conn.batch_execute(&format!("CREATE TABLE {schema}.blocker (x int)"))
+        .expect("a table to lock");
+    for argument in ["numeric", "double precision"] {
+        conn.batch_execute(&format!(
+            "CREATE FUNCTION {schema}.floor(x {argument}) RETURNS {argument} LANGUAGE plpgsql AS \
+             $$ BEGIN LOCK TABLE {schema}.blocker IN ACCESS SHARE MODE; RETURN pg_catalog.floor(x); END $$"
+        ))
+        .expect("a floor() that waits for a lock");
+    }
+    let server = Server::start(
+        &format!("{}%2Cpg_catalog%20-clc_messages%3Dde_DE.UTF-8", db.url),
+        false,
+    );
+    let mut locker: PgConnection = db.connect();
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {schema}.blocker IN ACCESS EXCLUSIVE MODE"
+        ))
+        .expect("locking the blocker");
+    let response = get(&server, "/");
+    locker.batch_execute("ROLLBACK").expect("unlocking");
+    assert_eq!(response.status, 503, "{response:?}");
+    assert!(
+        response.body.contains("The database is busy")
+            && response.body.contains("Nothing was changed")
+            && response.body.contains("Sperre"),
+        "{}",
+        response.body
+    );
+}

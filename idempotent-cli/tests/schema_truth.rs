@@ -209,6 +209,62 @@ fn postgres_schema_without_usage_names_the_grant() {
     assert_eq!(before, after, "no second copy of the tables");
 }
 
+/// An empty schema named by the search_path, and a role that may not use it or not create in it:
+/// the role's `migrate` names the missing grant, as it does for a schema that holds the tables
+/// (not "no schema exists", which sent the operator to create a schema that is there), says that
+/// nothing was changed and that calling it again does not help, and creates nothing; once
+/// granted, it migrates.
+#[test]
+fn postgres_empty_schema_without_grants_names_them() {
+    let db = TestDb::empty::<PgConnection>();
+    let mut owner: PgConnection = db.connect();
+    let schema = db.url.rsplit("%3D").next().expect("the schema").to_owned();
+    let role = Role::create(&format!("x3_emptyschema_{}", std::process::id()));
+    let url = role.url(&db);
+    let tables = |owner: &mut PgConnection| -> i64 {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+            "(SELECT COUNT(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = '{schema}')::bigint"
+        )))
+        .get_result(owner)
+        .expect("counting what the schema holds")
+    };
+
+    for (granted, missing) in [
+        (None, format!("GRANT USAGE, CREATE ON SCHEMA {schema}")),
+        (Some("USAGE"), format!("GRANT CREATE ON SCHEMA {schema}")),
+    ] {
+        if let Some(privilege) = granted {
+            owner
+                .batch_execute(&format!(
+                    "GRANT {privilege} ON SCHEMA {schema} TO {}",
+                    role.name
+                ))
+                .expect("granting");
+        }
+        let run = run_cli(&url, &["migrate"]).exit(4);
+        assert!(
+            run.stderr.contains(&missing)
+                && !run
+                    .stderr
+                    .contains("no schema on the connection's search_path exists")
+                && !run.stderr.contains("resumes")
+                && run.stderr.contains("nothing was changed"),
+            "granted {granted:?}: {run:#?}"
+        );
+        assert_eq!(
+            tables(&mut owner),
+            0,
+            "granted {granted:?}: migrate created something"
+        );
+    }
+    owner
+        .batch_execute(&format!("GRANT CREATE ON SCHEMA {schema} TO {}", role.name))
+        .expect("granting CREATE");
+    run_cli(&url, &["migrate"]).ok();
+    run_cli(&url, &["verify"]).ok();
+}
+
 /// Sessions that cannot write (every transaction read-only, by the URL's options or by the role's
 /// own setting): `verify` says so and exits 4 instead of "ready"; nothing is changed.
 #[test]
@@ -316,4 +372,74 @@ fn sqlite_messages_say_what_sqlite_does() {
             "{memory}: {run:#?}"
         );
     }
+}
+
+/// A session whose statement time limit is under a second (PostgreSQL `statement_timeout`, here
+/// from the URL's options; MariaDB `max_statement_time`, here the user's own): `verify` still
+/// says the tables are ready (they are), with a warning naming the setting and its value, as a
+/// job's statements that take longer are cancelled. Without such a limit, no warning.
+#[test]
+fn postgres_verify_warns_of_a_short_statement_timeout() {
+    let db = TestDb::empty::<PgConnection>();
+    db.cli(&["migrate"]).ok();
+    let run = db.cli(&["verify"]).ok();
+    assert!(!run.stderr.contains("warning"), "{run:#?}");
+    let run = run_cli(
+        &format!("{}%20-cstatement_timeout%3D200ms", db.url),
+        &["verify"],
+    )
+    .ok();
+    assert!(
+        run.stdout.starts_with("ok: ")
+            && run.stderr.starts_with("warning: ")
+            && run.stderr.contains("statement_timeout is 200ms"),
+        "{run:#?}"
+    );
+    // The role's own 1ms, which cancels a read of `pg_settings`: still read, and named. Whether
+    // verify's own statements finish in 1ms is the machine's affair: its exit code is not checked.
+    let role = Role::create(&format!("x3_timeout_{}", std::process::id()));
+    let schema = db.url.rsplit("%3D").next().expect("the schema").to_owned();
+    let mut owner: PgConnection = db.connect();
+    owner
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {r}; \
+             GRANT SELECT ON {schema}.idempotent_schema TO {r}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.done_jobs, {schema}.outbox TO {r}; \
+             GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {r}; \
+             ALTER ROLE {r} SET statement_timeout = '1ms'",
+            r = role.name
+        ))
+        .expect("a role whose statements may take 1ms");
+    let run = run_cli(&role.url(&db), &["verify"]);
+    assert!(
+        run.stderr.starts_with("warning: ") && run.stderr.contains("statement_timeout is 1ms"),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn mysql_verify_warns_of_a_short_max_statement_time() {
+    let db = TestDb::empty::<MysqlConnection>();
+    db.cli(&["migrate"]).ok();
+    let run = db.cli(&["verify"]).ok();
+    assert!(!run.stderr.contains("warning"), "{run:#?}");
+    let database = db.url.rsplit('/').next().expect("the database").to_owned();
+    let user = format!("x3_mst_{}", std::process::id());
+    let mut root = MysqlConnection::open(&Server::Mysql.base_url());
+    root.batch_execute(&format!(
+        "DROP USER IF EXISTS '{user}'@'%'; \
+         CREATE USER '{user}'@'%' IDENTIFIED BY 'x3-secret-pw' WITH MAX_STATEMENT_TIME 0.25; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON {database}.* TO '{user}'@'%'"
+    ))
+    .expect("a user with a short statement time");
+    let url = db
+        .url
+        .replacen("://root@", &format!("://{user}:x3-secret-pw@"), 1);
+    let run = run_cli(&url, &["verify"]);
+    let _ = root.batch_execute(&format!("DROP USER IF EXISTS '{user}'@'%'"));
+    let run = run.ok();
+    assert!(
+        run.stderr.starts_with("warning: ") && run.stderr.contains("max_statement_time is 0.25"),
+        "{run:#?}"
+    );
 }

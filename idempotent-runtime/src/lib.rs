@@ -214,6 +214,34 @@ pub fn verify<C: JobStore>(conn: &mut C) -> Result<()> {
     drive::block_on(migrations::verify(conn.idempotent_store()))
 }
 
+/// Reads `error`, which a statement of the caller's own on `conn` has just returned, as the
+/// runtime reads the errors of its own statements: the error in terms that say what it is, and
+/// whether it says the database was busy (a lock wait or a statement time limit that ran out, a
+/// deadlock, a serialization failure, SQLite's lock), whatever the language of the server's
+/// messages. Diesel passes on PostgreSQL's SQLSTATE only for serialization failures (40001) and
+/// MySQL's error number only for deadlocks (1213): PostgreSQL's lock and statement timeouts and
+/// deadlocks (55P03, 57014, 40P01) are known by their messages in each language of its catalogs,
+/// and MySQL's (1205, 1969, 3024) by the error number, read from the session's diagnostics area
+/// and appended to the message with its English words. Call it on the connection that failed,
+/// before any other statement on it (inside a transaction: before it rolls back). A lost
+/// connection is not "busy".
+///
+/// For the operator CLI's own statements (the dashboard's charts); not part of the public API.
+#[doc(hidden)]
+pub fn read_error<C: JobStore>(
+    conn: &mut C,
+    error: diesel::result::Error,
+) -> (diesel::result::Error, bool) {
+    use store::{Database, Store};
+    type Db<C> = <<C as JobStore>::Runtime as Store>::Db;
+    let error = drive::block_on(<Db<C> as Database>::in_known_terms(
+        conn.idempotent_store(),
+        error,
+    ));
+    let busy = <Db<C> as Database>::classify(&error).is_transient();
+    (error, busy)
+}
+
 /// [`verify`] through an async connection.
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]

@@ -177,6 +177,8 @@ pub(crate) async fn run<S: Store>(
     if current.is_none() {
         // Tables this role cannot see are not tables to create (a second copy elsewhere on the
         // search_path, or "no schema exists"): the missing grant is named, nothing is changed.
+        // (An empty schema of the search_path out of the role's reach is PostgreSQL's `migrate`'s
+        // to name: it holds no table to find here.)
         if let Some(problem) = hidden_outside_migration(conn).await?.into_iter().next() {
             return Err(Error::Migration {
                 table: "idempotent_schema",

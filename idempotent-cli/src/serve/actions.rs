@@ -18,6 +18,7 @@ use super::auth::{COOKIE, cookie};
 use super::html::{Frame, Section, esc, notice};
 use super::pages::{csrf_of, failed, refused, respond};
 use super::{App, Auth, audit, busy, db_failure, on_conn};
+use crate::connect::Target;
 use crate::failure::{Code, Failure};
 
 /// A form (or query string): its fields in order, repeated names kept.
@@ -182,6 +183,7 @@ pub async fn forget(
     let done = app
         .db_write(move |conn, target, progress| {
             on_conn!(conn, c => {
+                refuse_newer_schema(c, target)?;
                 let record = keys::lookup_digest(c, &digest).map_err(|e| db_failure(c, target, e))?;
                 let Some(record) = record else {
                     return Err(Failure::new(Code::NotFound, "No such key: it was forgotten or pruned meanwhile. Nothing was changed."));
@@ -246,6 +248,25 @@ fn forget_answer(app: &App, auth: &Auth, done: Result<Forgetting, Failure>) -> R
         ),
         Err(failure) => failed(app, auth, &failure),
     }
+}
+
+/// Refuses a write, before it begins, on tables a newer release made (a schema version above this
+/// build's), as the CLI's writing commands do: that release may keep rules this dashboard does not
+/// know. A 503 whose page says that nothing was changed and that an upgrade, not a reload, helps.
+fn refuse_newer_schema<C: idempotent_runtime::JobStore>(
+    conn: &mut C,
+    target: &Target,
+) -> Result<(), Failure> {
+    let Some((found, known)) = crate::commands::newer_schema(conn) else {
+        return Ok(());
+    };
+    Err(Failure::new(
+        Code::Schema,
+        format!(
+            "Refused: the idempotent-jobs tables at {} were made by a newer release of idempotent-jobs (schema version {found}; this dashboard knows versions up to {known}), which may keep rules this dashboard does not know. Nothing was changed. Upgrade idempotent-jobs-cli to that release or later and restart the dashboard: reloading does not help until then.",
+            target.shown
+        ),
+    ))
 }
 
 /// The failure of a write whose page has already answered that the database was busy: it is not
@@ -331,10 +352,13 @@ pub async fn retry(
     let which = id.clone();
     let done = app
         .db_write(move |conn, target, progress| {
-            if !progress.begin_write() {
-                return Err(too_late());
-            }
-            on_conn!(conn, c => outbox::retry_parked(c, which.as_deref()).map_err(|e| db_failure(c, target, e)))
+            on_conn!(conn, c => {
+                refuse_newer_schema(c, target)?;
+                if !progress.begin_write() {
+                    return Err(too_late());
+                }
+                outbox::retry_parked(c, which.as_deref()).map_err(|e| db_failure(c, target, e))
+            })
         })
         .await;
     match done {

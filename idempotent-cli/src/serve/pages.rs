@@ -14,7 +14,7 @@ use idempotent_runtime::outbox::{self, OutboxCounts, OutboxMessage};
 use super::actions::Form;
 use super::chart::{Series, chart};
 use super::html::{Frame, Section, csrf_field, esc, notice, page, table, url_value};
-use super::sql::{HOURS, HourRow, Hourly};
+use super::sql::{Failed, HOURS, HourRow, Hourly};
 use super::{App, Auth, busy, db_failure, on_conn};
 use crate::connect::Target;
 use crate::failure::{Code, Failure};
@@ -116,27 +116,13 @@ fn load_overview<C: JobStore + Hourly>(conn: &mut C, target: &Target) -> Result<
     })
 }
 
-/// How the databases say a statement waited too long for a lock or ran too long (English
-/// messages: PostgreSQL, MySQL/MariaDB, SQLite).
-const WAITED: &[&str] = &[
-    "due to lock timeout",
-    "due to statement timeout",
-    "Lock wait timeout exceeded",
-    "max_statement_time exceeded",
-    "maximum statement execution time exceeded",
-    "database is locked",
-    "database table is locked",
-];
-
 /// The failure of a chart's statement: a lost connection (the connection answers nothing more)
 /// and a busy database are 503s, as the runtime's own reads are; anything else is the database's
-/// error.
-fn chart_failure<C: Hourly>(
-    conn: &mut C,
-    target: &Target,
-    error: &diesel::result::Error,
-) -> Failure {
-    let text = printable(&target.scrub(error.to_string().trim_end()));
+/// error. Busy is what the error is (SQLSTATE, error number), read as the runtime reads its own
+/// errors: not its English words, which a server whose `lc_messages` is another language does not
+/// use.
+fn chart_failure<C: Hourly>(conn: &mut C, target: &Target, failed: &Failed) -> Failure {
+    let text = printable(&target.scrub(failed.error.to_string().trim_end()));
     if !conn.alive() {
         return Failure::new(
             Code::Connect,
@@ -146,7 +132,7 @@ fn chart_failure<C: Hourly>(
             ),
         );
     }
-    if WAITED.iter().any(|w| text.contains(w)) {
+    if failed.busy {
         return busy(&format!("a chart's statement waited too long ({text})"));
     }
     Failure::new(
@@ -785,4 +771,56 @@ fn messages_table(
 /// The CSRF field for a page's forms, empty for bearer requests.
 pub fn csrf_of(auth: &Auth) -> String {
     auth.csrf().map(csrf_field).unwrap_or_default()
+}
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, MysqlConnection};
+
+    use super::super::sql::Hourly;
+    use super::chart_failure;
+    use crate::connect::Target;
+    use crate::failure::Code;
+
+    /// A chart statement that waits past the session's lock wait (another session's `LOCK TABLES
+    /// ... WRITE`) on a MariaDB session whose messages are in German (`lc_messages = 'de_DE'`) is
+    /// the dashboard's "busy" (a 503), as it is in English: known by the error's number (1205),
+    /// not by its English words. Before: "any other database error" (a 500).
+    #[test]
+    fn a_chart_statement_that_waits_for_a_lock_is_busy_in_german_on_mariadb() {
+        let base = std::env::var("IDEMPOTENT_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let mut admin = MysqlConnection::establish(&base).unwrap_or_else(|e| {
+            panic!("MariaDB at {base}: {e}; scripts/test starts it (or set IDEMPOTENT_MYSQL_URL)")
+        });
+        let name = format!("chart_busy_{}", std::process::id());
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+            ))
+            .expect("a database of the test's own");
+        let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+        let url = format!("{server}/{name}");
+        let mut conn = MysqlConnection::establish(&url).expect("a connection");
+        idempotent_runtime::migrate(&mut conn).expect("the runtime's tables");
+        let mut locker = MysqlConnection::establish(&url).expect("a second connection");
+        locker
+            .batch_execute("LOCK TABLES done_jobs WRITE")
+            .expect("locking done_jobs");
+        conn.batch_execute("SET SESSION lc_messages = 'de_DE', lock_wait_timeout = 1")
+            .expect("German messages, a short wait");
+        let target = Target::parse(&url).expect("the URL");
+        let failure = match conn.keys_per_hour() {
+            Ok(rows) => panic!("the chart read through the lock: {rows:?}"),
+            Err(error) => chart_failure(&mut conn, &target, &error),
+        };
+        let _ = locker.batch_execute("UNLOCK TABLES");
+        drop((conn, locker));
+        let _ = admin.batch_execute(&format!("DROP DATABASE {name}"));
+        assert!(
+            failure.code == Code::Connect && failure.message.contains("The database is busy"),
+            "{failure:?}"
+        );
+    }
 }

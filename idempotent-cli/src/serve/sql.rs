@@ -24,12 +24,40 @@ pub struct HourRow {
     pub n: i64,
 }
 
+/// Why a chart's statement failed: its error, read as the runtime reads its own (in terms that say
+/// what it is, whatever the language of the server's messages), and whether it says the database
+/// was busy (a lock wait or statement time limit that ran out, a deadlock, a serialization
+/// failure).
+#[derive(Debug)]
+pub struct Failed {
+    /// The error.
+    pub error: diesel::result::Error,
+    /// Whether it says the database was busy.
+    pub busy: bool,
+}
+
+impl Failed {
+    /// `error`, which a statement on `conn` has just returned, read before anything else runs on
+    /// `conn` (MySQL's error number is read from the session's diagnostics area).
+    fn read<C: idempotent_runtime::JobStore>(conn: &mut C, error: diesel::result::Error) -> Self {
+        let (error, busy) = idempotent_runtime::read_error(conn, error);
+        Self { error, busy }
+    }
+}
+
+/// Beginning or ending the chart's transaction failed: not read as busy.
+impl From<diesel::result::Error> for Failed {
+    fn from(error: diesel::result::Error) -> Self {
+        Self { error, busy: false }
+    }
+}
+
 /// The hourly counts of a connection's backend.
 pub trait Hourly {
     /// Keys done per job and hour, over the last week.
-    fn keys_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>>;
+    fn keys_per_hour(&mut self) -> Result<Vec<HourRow>, Failed>;
     /// Outbox messages delivered per topic and hour, over the last week.
-    fn delivered_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>>;
+    fn delivered_per_hour(&mut self) -> Result<Vec<HourRow>, Failed>;
     /// Whether the connection still answers (after a failed statement: lost, or not).
     fn alive(&mut self) -> bool;
 }
@@ -40,16 +68,22 @@ macro_rules! hourly {
         impl Hourly for $conn {
             // Each in a transaction of its own, committed: in a session with `autocommit = 0`
             // a bare read opens one that stays open, and the pooled connection would go back
-            // holding it.
-            fn keys_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>> {
-                use diesel::RunQueryDsl;
-                diesel::Connection::transaction(self, |conn| diesel::sql_query($keys).load(conn))
-            }
-
-            fn delivered_per_hour(&mut self) -> diesel::QueryResult<Vec<HourRow>> {
+            // holding it. A failed statement is read before its transaction rolls back.
+            fn keys_per_hour(&mut self) -> Result<Vec<HourRow>, Failed> {
                 use diesel::RunQueryDsl;
                 diesel::Connection::transaction(self, |conn| {
-                    diesel::sql_query($delivered).load(conn)
+                    diesel::sql_query($keys)
+                        .load(conn)
+                        .map_err(|e| Failed::read(conn, e))
+                })
+            }
+
+            fn delivered_per_hour(&mut self) -> Result<Vec<HourRow>, Failed> {
+                use diesel::RunQueryDsl;
+                diesel::Connection::transaction(self, |conn| {
+                    diesel::sql_query($delivered)
+                        .load(conn)
+                        .map_err(|e| Failed::read(conn, e))
                 })
             }
 

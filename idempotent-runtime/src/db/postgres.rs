@@ -318,6 +318,19 @@ sql! {
     // A setting for this transaction only, read back by the next statement: there only when both
     // ran in one transaction (outside a transaction block, each statement is one of its own).
     MarkStillOpen = "SELECT set_config('idempotent.open', 'on', true) AS previous";
+    // The first schema the search_path names that exists but that this role may not use:
+    // `current_schemas` (and so `TargetSchema`) leaves it out, though the tables would go there.
+    UnusableOnPath = "SELECT quote_ident(n.nspname) AS name, has_schema_privilege(n.oid, 'CREATE') AS may_create, \
+         FALSE AS holds_tables FROM pg_namespace n \
+         JOIN unnest(string_to_array(replace(replace(current_setting('search_path'), '\"', ''), ' ', ''), ',')) \
+           WITH ORDINALITY AS p (name, position) ON p.name = n.nspname \
+         WHERE NOT has_schema_privilege(n.oid, 'USAGE') ORDER BY p.position LIMIT 1";
+    // Whether this role may create tables in the schema `?` (quoted, as `TargetSchema` gives it),
+    // and whether it already holds one of the runtime's tables.
+    CreateIn = "SELECT quote_ident(n.nspname) AS name, has_schema_privilege(n.oid, 'CREATE') AS may_create, \
+         EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid \
+           AND c.relname IN ('idempotent_schema', 'done_jobs', 'outbox')) AS holds_tables \
+         FROM pg_namespace n WHERE quote_ident(n.nspname) = ?";
     ReadStillOpen = "SELECT COALESCE(current_setting('idempotent.open', true), '') AS previous";
 }
 
@@ -333,6 +346,42 @@ struct Privileges {
     schema_usage: bool,
     #[diesel(sql_type = Text)]
     schema: String,
+}
+
+/// A schema where `migrate` puts the tables, and whether this role may do so.
+#[derive(diesel::QueryableByName)]
+struct SchemaGrants {
+    /// Quoted.
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Bool)]
+    may_create: bool,
+    #[diesel(sql_type = Bool)]
+    holds_tables: bool,
+}
+
+impl SchemaGrants {
+    /// What the role that migrates lacks on the schema, `usage` held or not, where it creates
+    /// tables (an empty schema); `None` when it lacks nothing `migrate` can tell beforehand.
+    fn missing(&self, usage: bool) -> Option<SchemaProblem> {
+        let (privilege, granted) = match (usage, self.may_create || self.holds_tables) {
+            (true, true) => return None,
+            (false, true) => ("USAGE", "USAGE"),
+            (true, false) => ("CREATE", "CREATE"),
+            (false, false) => ("USAGE and CREATE", "USAGE, CREATE"),
+        };
+        Some(SchemaProblem::MissingPrivilege {
+            privilege,
+            object: format!(
+                "the schema {} of the connection's search_path, where the tables go",
+                self.name
+            ),
+            grant: format!(
+                "GRANT {granted} ON SCHEMA {} TO <the role that migrates>, as the schema's owner (workers need USAGE only); or migrate as the schema's owner",
+                self.name
+            ),
+        })
+    }
 }
 
 #[derive(diesel::QueryableByName)]
@@ -566,11 +615,35 @@ impl Database for PostgresDb {
                 .await
                 .map_err(failed("done_jobs"))?;
             let Some(schema) = targets.into_iter().next() else {
+                // A schema the search_path names that is there, out of this role's reach: the
+                // grant is named (nothing was changed, and a retry meets the same).
+                let unusable: Vec<SchemaGrants> = conn
+                    .load(Statement::<UnusableOnPath, _>::new(()))
+                    .await
+                    .map_err(failed("done_jobs"))?;
+                if let Some(problem) = unusable.first().and_then(|s| s.missing(false)) {
+                    return Err(crate::error::Error::Migration {
+                        table: "done_jobs",
+                        source: Box::new(problem),
+                    });
+                }
                 return Err(crate::error::Error::Migration {
                     table: "done_jobs",
                     source: "no schema on the connection's search_path exists to create the tables in; create one, or set the search_path (`options=-csearch_path%3Djobs` in the URL)".into(),
                 });
             };
+            // An empty schema this role may use but not create in: the grant is named before
+            // the DDL is refused with "permission denied for schema".
+            let grants: Vec<SchemaGrants> = conn
+                .load(Statement::<CreateIn, _>::new((bind::<Text, _>(schema.name.clone()),)))
+                .await
+                .map_err(failed("done_jobs"))?;
+            if let Some(problem) = grants.first().and_then(|s| s.missing(true)) {
+                return Err(crate::error::Error::Migration {
+                    table: "done_jobs",
+                    source: Box::new(problem),
+                });
+            }
             if let Err(error) = conn
                 .execute(Statement::<MigrationLock, _>::new((bind::<Text, _>(schema.name.clone()),)))
                 .await
