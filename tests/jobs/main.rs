@@ -1119,7 +1119,8 @@ mod nested_jobs {
 
     #[test]
     fn a_body_that_releases_the_jobs_savepoint_is_told_truly_postgres() {
-        nested::a_body_that_releases_the_jobs_savepoint_is_told_truly::<crate::backends::Postgres>();
+        nested::a_body_that_releases_the_jobs_savepoint_is_told_truly::<crate::backends::Postgres>(
+        );
     }
 
     #[test]

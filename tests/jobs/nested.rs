@@ -275,8 +275,9 @@ where
             };
             call = Some(match value {
                 false => idempotent_jobs::run(conn, &UNIT, &key, body).map(drop),
-                true => idempotent_jobs::run(conn, &VALUE, &key, |c| body(c).map(|()| 7u32))
-                    .map(drop),
+                true => {
+                    idempotent_jobs::run(conn, &VALUE, &key, |c| body(c).map(|()| 7u32)).map(drop)
+                }
             });
             caller_after = Some(write(conn, "caller-after").is_ok());
             Ok(())
@@ -295,7 +296,11 @@ where
                 Err(TestError::Idempotent(error @ Error::CallersTransactionAborted { .. })),
             ) => {
                 assert!(!error.is_retryable(), "{case}");
-                assert_eq!(caller_after, Some(false), "the transaction is aborted: {case}");
+                assert_eq!(
+                    caller_after,
+                    Some(false),
+                    "the transaction is aborted: {case}"
+                );
                 assert_eq!((claimed, rows), (0, vec![0, 0, 0, 0]), "{case}");
             }
             (
