@@ -187,13 +187,20 @@ fn postgres_schema_without_usage_names_the_grant() {
             && run.stderr.contains("nothing was changed"),
         "{run:#?}"
     );
-    // Nothing was created or recorded anywhere.
+    // Nothing was created or recorded anywhere: no table of the role's own (other tests make
+    // their own copies in this database meanwhile, so a count of every `done_jobs` would race).
+    let owned_by_role = format!(
+        "(SELECT COUNT(*) FROM pg_class WHERE relname = 'done_jobs' \
+         AND relowner = (SELECT oid FROM pg_roles WHERE rolname = '{}'))::bigint",
+        role.name
+    );
     let tables: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-        "(SELECT COUNT(*) FROM pg_class WHERE relname = 'done_jobs')::bigint",
+        &owned_by_role,
     ))
     .get_result(&mut owner)
     .expect("counting done_jobs tables");
     let before = tables;
+    assert_eq!(before, 0, "the role made no tables");
     assert_eq!(key_count(&mut owner), 1);
 
     owner
@@ -202,7 +209,7 @@ fn postgres_schema_without_usage_names_the_grant() {
     run_cli(&url, &["verify"]).ok();
     run_cli(&url, &["migrate"]).ok();
     let after: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-        "(SELECT COUNT(*) FROM pg_class WHERE relname = 'done_jobs')::bigint",
+        &owned_by_role,
     ))
     .get_result(&mut owner)
     .expect("counting done_jobs tables");
