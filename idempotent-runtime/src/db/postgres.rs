@@ -614,6 +614,10 @@ impl Database for PostgresDb {
                 .load(Statement::<TargetSchema, _>::new(()))
                 .await
                 .map_err(failed("done_jobs"))?;
+            let refuse = |problem: SchemaProblem| crate::error::Error::Migration {
+                table: "done_jobs",
+                source: Box::new(problem),
+            };
             let Some(schema) = targets.into_iter().next() else {
                 // A schema the search_path names that is there, out of this role's reach: the
                 // grant is named (nothing was changed, and a retry meets the same).
@@ -622,10 +626,7 @@ impl Database for PostgresDb {
                     .await
                     .map_err(failed("done_jobs"))?;
                 if let Some(problem) = unusable.first().and_then(|s| s.missing(false)) {
-                    return Err(crate::error::Error::Migration {
-                        table: "done_jobs",
-                        source: Box::new(problem),
-                    });
+                    return Err(refuse(problem));
                 }
                 return Err(crate::error::Error::Migration {
                     table: "done_jobs",
@@ -639,10 +640,7 @@ impl Database for PostgresDb {
                 .await
                 .map_err(failed("done_jobs"))?;
             if let Some(problem) = grants.first().and_then(|s| s.missing(true)) {
-                return Err(crate::error::Error::Migration {
-                    table: "done_jobs",
-                    source: Box::new(problem),
-                });
+                return Err(refuse(problem));
             }
             if let Err(error) = conn
                 .execute(Statement::<MigrationLock, _>::new((bind::<Text, _>(schema.name.clone()),)))
@@ -783,15 +781,19 @@ const BEGIN_JOB: &str = concat!(
     " = 'on'"
 );
 
-/// The job's savepoint released and the transaction committed in one text batch, after checking
-/// that the body did not roll back to the savepoint (`savepoint_mark!`): a simple query stops at
-/// its first error, so the `COMMIT` runs only when both succeeded.
+/// The job's transaction committed in one text batch, after checking that it is still the job's
+/// own (`savepoint_mark!` is there): a simple query stops at its first error, so the `COMMIT` runs
+/// only when the check succeeded. The check stands where the savepoint's release stood, one
+/// statement for one: it fails for all the release failed for (a body that ended the transaction,
+/// outside any or in another it began; one that aborted it) and for a rollback to the savepoint,
+/// which the release let pass. A body that released the savepoint itself only merged the job's
+/// work into the transaction, claim and all: the job commits, as it did without its savepoint.
 const RELEASE_AND_COMMIT: &str = concat!(
     "SELECT CAST(COALESCE(NULLIF(current_setting('",
     savepoint_mark!(),
     "', true), ''), '",
     rolled_back_to_savepoint!(),
-    "') AS boolean); RELEASE SAVEPOINT idempotent_job; COMMIT"
+    "') AS boolean); COMMIT"
 );
 
 /// [`BEGIN_JOB`] with its first claim ([`FirstClaimInsert`]) behind it in the same flight: with
