@@ -210,8 +210,8 @@ fn redeliver<B: Backend>(db: &Db<B>, kind: Kind, id: &str) -> Result<(), String>
 /// unnoticed on this connection type: where the first delivery's claim comes before the savepoint
 /// (SQLite, in process, where the savepoint after the claim costs nothing; sync MySQL, inside the
 /// job procedure, or as a prepared statement of its own after the claim without the procedures),
-/// and on PostgreSQL, where the savepoint rides with `BEGIN` but a transaction-local mark set after
-/// it goes with such a rollback and the job's last batch refuses to commit without it. On
+/// and on PostgreSQL, where the savepoint rides with `BEGIN` but a second savepoint set after it
+/// goes with such a rollback and the job's last batch releases it before `COMMIT`. On
 /// diesel-async's MySQL connection, and for a sync MySQL job with an `in_progress` policy (which
 /// still opens with `idempotent_begin_job`, savepoint first), the savepoint rides with `BEGIN`
 /// before the claim with no such mark (after the claim it would cost a round trip): a job that

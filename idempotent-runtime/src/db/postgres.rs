@@ -752,58 +752,35 @@ impl Database for PostgresDb {
     }
 }
 
-/// The transaction-local setting [`BEGIN_JOB`] sets right after the job's savepoint: a body that
-/// rolls back to that savepoint by name (`ROLLBACK TO SAVEPOINT idempotent_job`) takes it back with
-/// the claim, which comes after the savepoint here, and [`RELEASE_AND_COMMIT`] refuses to commit
-/// then. Without it such a job committed what its body wrote after the rollback without its claim,
-/// said it ran, and ran again at the next delivery.
-macro_rules! savepoint_mark {
+/// A second savepoint, set right after the job's own in [`BEGIN_JOB`]: a body that rolls back to
+/// the job's savepoint by name (`ROLLBACK TO SAVEPOINT idempotent_job`) takes it with the claim,
+/// which comes after both here, and [`RELEASE_AND_COMMIT`], which releases it, fails then (its
+/// name holds `idempotent_job`, so the failure reads as the release's). Without it such a job
+/// committed what its body wrote after the rollback without its claim, said it ran, and ran again
+/// at the next delivery. A savepoint, not a setting checked by a query: both are statements in
+/// batches that were there already, and a savepoint's is the cheapest.
+macro_rules! job_mark {
     () => {
-        "idempotent.savepoint"
+        "idempotent_job_mark"
     };
 }
 
-/// The text of the error [`RELEASE_AND_COMMIT`] raises when the job's savepoint was rolled back to
-/// (`savepoint_mark!`): PostgreSQL quotes it in the cast's error in every language. It names the
-/// savepoint, as the release's own failures do, so the error is taken for the release's
-/// (`Database::commit_failed_instead`).
-macro_rules! rolled_back_to_savepoint {
-    () => {
-        "idempotent-jobs: the body rolled back to the savepoint idempotent_job, and the claim with it"
-    };
-}
+/// A job's own transaction: `BEGIN`, the job's savepoint and `job_mark!` after it, one round trip.
+const BEGIN_JOB: &str = concat!("BEGIN; SAVEPOINT idempotent_job; SAVEPOINT ", job_mark!());
 
-/// A job's own transaction: `BEGIN`, the job's savepoint and `savepoint_mark!` set after it, one
-/// round trip.
-const BEGIN_JOB: &str = concat!(
-    "BEGIN; SAVEPOINT idempotent_job; SET LOCAL ",
-    savepoint_mark!(),
-    " = 'on'"
-);
-
-/// The job's transaction committed in one text batch, after checking that it is still the job's
-/// own (`savepoint_mark!` is there): a simple query stops at its first error, so the `COMMIT` runs
-/// only when the check succeeded. The check stands where the savepoint's release stood, one
-/// statement for one: it fails for all the release failed for (a body that ended the transaction,
-/// outside any or in another it began; one that aborted it) and for a rollback to the savepoint,
-/// which the release let pass. A body that released the savepoint itself only merged the job's
-/// work into the transaction, claim and all: the job commits, as it did without its savepoint.
-const RELEASE_AND_COMMIT: &str = concat!(
-    "SELECT CAST(COALESCE(NULLIF(current_setting('",
-    savepoint_mark!(),
-    "', true), ''), '",
-    rolled_back_to_savepoint!(),
-    "') AS boolean); COMMIT"
-);
+/// The job's savepoints released (`job_mark!`, inside the job's own, fails for all the job's
+/// savepoint's release failed for, and for a rollback to the job's savepoint) and the transaction
+/// committed in one text batch: a simple query stops at its first error, so the `COMMIT` runs only
+/// when the release succeeded.
+const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", job_mark!(), "; COMMIT");
 
 /// [`BEGIN_JOB`] with its first claim ([`FirstClaimInsert`]) behind it in the same flight: with
 /// the mark that claim checks, set only if `BEGIN` opened the transaction (a simple query stops at
 /// its first error), and gone with the transaction.
 #[cfg(feature = "async-postgres")]
 const PIPELINED_BEGIN_JOB: &str = concat!(
-    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SET LOCAL ",
-    savepoint_mark!(),
-    " = 'on'"
+    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SAVEPOINT ",
+    job_mark!()
 );
 
 #[cfg(feature = "postgres")]
