@@ -330,6 +330,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         // its transaction (a MySQL deadlock) ran nothing after it.
         let stopped_at_failure =
             body_failed && S::Db::body_stopped_at_a_failure(self.transaction.store()).await;
+        if body_failed {
+            // A read of the body's that failed midway may have left its cached statement unable
+            // to run again (Diesel's sync MySQL connection): the next delivery would hang in it.
+            self.transaction.store().after_failed_read();
+        }
         // Where the database answered that the transaction is not the job's, a statement of the
         // body may have committed the claim: a failed take-back leaves it. Where the connection
         // failed, the transaction ended with it, uncommitted.

@@ -47,6 +47,8 @@ mod second_run;
 #[cfg(feature = "postgres")]
 mod security;
 mod signals;
+#[cfg(feature = "mysql")]
+mod snapshot_isolation;
 #[cfg(feature = "async")]
 mod spawnable;
 #[cfg(all(feature = "sqlite", feature = "metrics"))]
@@ -1176,5 +1178,26 @@ mod relay_reports {
         crate::relay_truth::a_delivery_error_that_panics_when_shown_is_a_failed_delivery::<
             crate::backends::Postgres,
         >();
+    }
+}
+
+/// MariaDB sessions with `innodb_snapshot_isolation = ON` (error 1020).
+#[cfg(feature = "mysql")]
+mod snapshot_isolation_tests {
+    use crate::snapshot_isolation;
+
+    #[test]
+    fn a_claim_behind_a_changed_row_says_to_retry_the_callers_transaction() {
+        snapshot_isolation::a_claim_behind_a_changed_row_says_to_retry_the_callers_transaction();
+    }
+
+    #[test]
+    fn a_job_whose_read_failed_midway_runs_at_its_next_delivery() {
+        snapshot_isolation::a_job_whose_read_failed_midway_runs_at_its_next_delivery();
+    }
+
+    #[test]
+    fn racing_relays_deliver_every_message_once() {
+        snapshot_isolation::racing_relays_deliver_every_message_once();
     }
 }

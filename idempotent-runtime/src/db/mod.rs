@@ -183,9 +183,10 @@ macro_rules! statement_methods {
                 + 'static,
         {
             match $dsl::RunQueryDsl::load(statement, self)$(.$await)? {
-                Err(error) => Err(
-                    <Self::Db as $crate::store::Database>::in_known_terms(self, error).await,
-                ),
+                Err(error) => {
+                    $crate::store::Store::after_failed_read(self);
+                    Err(<Self::Db as $crate::store::Database>::in_known_terms(self, error).await)
+                }
                 rows => rows,
             }
         }
@@ -195,9 +196,13 @@ macro_rules! statement_methods {
         }
 
         async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
-            let rows: Vec<$crate::db::TextRow> =
-                $dsl::RunQueryDsl::load(diesel::sql_query(sql), self)$(.$await)??;
-            Ok(rows.into_iter().map(|r| r.row).collect())
+            match $dsl::RunQueryDsl::load::<$crate::db::TextRow>(diesel::sql_query(sql), self)$(.$await)? {
+                Ok(rows) => Ok(rows.into_iter().map(|r| r.row).collect()),
+                Err(error) => {
+                    $crate::store::Store::after_failed_read(self);
+                    Err(error)
+                }
+            }
         }
     };
 }
@@ -209,9 +214,12 @@ macro_rules! sync_store {
     ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)?) => {
         sync_store!($conn, $db, begin: $begin, job: $job_begin, transactions: $crate::db::ansi_begin, $crate::db::ansi_begin, $crate::db::ansi_commit, $crate::db::ansi_rollback $(, deferred: $deferred)? $(, one_batch: $one_batch)?);
     };
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)? $(, finish: $finish:path)? $(, pipelined: $pipelined:path)?) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr, transactions: $open:path, $open_job:path, $close:path, $undo:path $(, deferred: $deferred:expr)? $(, one_batch: $one_batch:expr)? $(, finish: $finish:path)? $(, pipelined: $pipelined:path)? $(, failed_read: $failed_read:path)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
+            $(fn after_failed_read(&mut self) {
+                $failed_read(self)
+            })?
             $(fn finish_in_one_batch(&mut self) -> bool {
                 $one_batch
             })?

@@ -9,7 +9,10 @@
 //! * The claimed row is then read with `FOR UPDATE`: under REPEATABLE READ a plain `SELECT` may
 //!   read an older snapshot and miss the row whose duplicate was just hit.
 //! * Deadlocks (1213; a third waiter on a key whose first holder rolled back gets one) and lock
-//!   wait timeouts (1205) are retried from `BEGIN`: nothing has run yet.
+//!   wait timeouts (1205) are retried from `BEGIN`: nothing has run yet. So is MariaDB's 1020
+//!   ("Record has changed since last read"), a serialization failure under
+//!   `innodb_snapshot_isolation` (on by default from MariaDB 11.6), which rolls the whole
+//!   transaction back as a deadlock does.
 //! * Times are `DATETIME(6)` UTC from `UTC_TIMESTAMP(6)`, whatever the session's `time_zone`.
 //! * DDL commits by itself, so a migration cannot be one transaction. Each step creates one table
 //!   in one statement and then records its version; a step interrupted between the two is found
@@ -533,6 +536,11 @@ fn read_error_number_sql() -> String {
 
 /// `ER_LOCK_DEADLOCK`: the server rolled the whole transaction back.
 const DEADLOCK: u32 = 1213;
+/// `ER_CHECKREAD`, "Record has changed since last read in table ...; try restarting
+/// transaction": MariaDB's `innodb_snapshot_isolation` (on by default from MariaDB 11.6) found a
+/// row the transaction locks changed by another transaction after its snapshot. Like a deadlock,
+/// the server rolled the whole transaction back, and trying it again can succeed.
+const RECORD_CHANGED: u32 = 1020;
 /// `ER_LOCK_WAIT_TIMEOUT`: the statement rolled back, and the whole transaction with it where
 /// `innodb_rollback_on_timeout` is on ([`ROLLS_BACK_ON_TIMEOUT`]).
 const LOCK_WAIT_TIMEOUT: u32 = 1205;
@@ -588,6 +596,7 @@ fn in_english(error: DieselError, number: u32) -> DieselError {
     let words = match number {
         1205 => ": Lock wait timeout exceeded",
         1213 => ": Deadlock found",
+        RECORD_CHANGED => ": Record has changed since last read",
         1969 => ": max_statement_time exceeded",
         3024 => ": maximum statement execution time exceeded",
         1927 => ": Connection was killed",
@@ -763,6 +772,9 @@ impl Database for MysqlDb {
             // diesel-async's MySQL driver reports these by message only.
             _ => match super::message(error) {
                 Some(m) if m.contains("Deadlock found") => Fault::Deadlock,
+                // MariaDB's snapshot isolation (1020): the transaction read a snapshot older than
+                // a row it locks. Rolled back whole, as a deadlock is.
+                Some(m) if m.contains("Record has changed since last read") => Fault::Serialization,
                 Some(m) if m.contains("Lock wait timeout") => Fault::LockTimeout,
                 // A session's statement time limit that ends a wait (MariaDB 1969, MySQL 8 3024).
                 Some(m)
@@ -823,12 +835,12 @@ impl Database for MysqlDb {
     }
 
     async fn body_stopped_at_a_failure<C: Store<Db = Self>>(conn: &mut C) -> bool {
-        // Only an error that rolled the whole transaction back: a deadlock (1213), or a lock wait
-        // timeout (1205) where `innodb_rollback_on_timeout` makes it roll back more than the
+        // Only an error that rolled the whole transaction back: a deadlock (1213), a row changed
+        // since the transaction's snapshot (1020), or a lock wait timeout (1205) where `innodb_rollback_on_timeout` makes it roll back more than the
         // statement. Any other failure (a duplicate key after the body caught a deadlock and
         // wrote on, each statement committed on its own) says nothing of what ran before it.
         match last_error_number(conn).await {
-            Some(DEADLOCK) => true,
+            Some(DEADLOCK | RECORD_CHANGED) => true,
             Some(LOCK_WAIT_TIMEOUT) => conn
                 .text_rows(ROLLS_BACK_ON_TIMEOUT)
                 .await
@@ -1317,7 +1329,22 @@ fn refuses_prepared(error: &DieselError) -> bool {
 }
 
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit, pipelined: prepared::begin_job_claiming);
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit, pipelined: prepared::begin_job_claiming, failed_read: forget_prepared_statements);
+
+/// Empties the connection's prepared statement cache, closing each statement; the next run of
+/// each prepares it afresh (see `Store::after_failed_read`). libmariadb leaves a statement whose
+/// result failed after its header (the header is the column count; MariaDB sends rows, or with
+/// cached metadata nothing more, before an error found while reading them) waiting for that
+/// result: its next `mysql_stmt_execute` reads for a result that never comes and blocks with no
+/// timeout, while closing it sends nothing it waits for. Diesel's cache keeps the statement for
+/// its next run. The cache is left on (Diesel's default): a connection whose application turned
+/// it off gets it back, which changes nothing but speed.
+#[cfg(feature = "mysql")]
+fn forget_prepared_statements(conn: &mut diesel::MysqlConnection) {
+    use diesel::connection::{CacheSize, Connection as _};
+    conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+    conn.set_prepared_statement_cache_size(CacheSize::Unbounded);
+}
 
 /// `BEGIN`, `COMMIT` and `ROLLBACK` on the sync `MysqlConnection` as cached prepared statements:
 /// one round trip each. Diesel sends them as a text batch, which for MySQL is three (multi-statement

@@ -31,6 +31,16 @@ pub trait Store: Send + Sized {
         self.begin()
     }
 
+    /// After a statement that returns rows failed: makes sure no prepared statement of the
+    /// connection is left in a state its next run cannot recover from. Diesel's sync MySQL
+    /// connection (libmariadb): a cached statement whose result failed after its header (MariaDB's
+    /// 1020 under `innodb_snapshot_isolation`, a row lock's error behind rows already sent) stays
+    /// "waiting for its result", and its next run waits forever for packets the server never
+    /// sends. Its cache is emptied (each statement closed, which is safe), to be prepared afresh.
+    /// Elsewhere nothing.
+    #[doc(hidden)]
+    fn after_failed_read(&mut self) {}
+
     /// Whether releasing the job's savepoint goes out with the `COMMIT`, the `COMMIT` only when the
     /// release succeeded: one text batch that is one round trip (PostgreSQL; diesel-async's
     /// MySQL), one `sqlite3_exec` (SQLite), or one stored procedure (Diesel's sync MySQL with the
