@@ -836,9 +836,10 @@ impl Database for MysqlDb {
 
     async fn body_stopped_at_a_failure<C: Store<Db = Self>>(conn: &mut C) -> bool {
         // Only an error that rolled the whole transaction back: a deadlock (1213), a row changed
-        // since the transaction's snapshot (1020), or a lock wait timeout (1205) where `innodb_rollback_on_timeout` makes it roll back more than the
-        // statement. Any other failure (a duplicate key after the body caught a deadlock and
-        // wrote on, each statement committed on its own) says nothing of what ran before it.
+        // since the transaction's snapshot (1020), or a lock wait timeout (1205) where
+        // `innodb_rollback_on_timeout` makes it roll back more than the statement. Any other
+        // failure (a duplicate key after the body caught a deadlock and wrote on, each statement
+        // committed on its own) says nothing of what ran before it.
         match last_error_number(conn).await {
             Some(DEADLOCK | RECORD_CHANGED) => true,
             Some(LOCK_WAIT_TIMEOUT) => conn
