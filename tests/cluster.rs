@@ -130,6 +130,43 @@ fn pgbouncer_with_statement_cache(bouncer: &PgBouncer, runs: usize) -> Vec<Strin
 /// Terminates the server connection of a job held inside its transaction (idle in it for a
 /// second or more, where a running job's connection is idle in its transaction only between two
 /// statements): PgBouncer then closes the client's connection. Waits up to a minute for one.
+/// How a worker behind PgBouncer in transaction mode connects (docs/clusters.md): Diesel's
+/// statement cache off, async connections made by `pooler::establish_async_pg`.
+fn through_the_pooler() -> ConnOptions {
+    ConnOptions {
+        statement_cache: false,
+        session: None,
+        through_pooler: true,
+    }
+}
+
+/// Six workers through `bouncer`, sync and async PostgreSQL in turn.
+fn pooled_workers(bouncer: &PgBouncer, options: &ConnOptions) -> Vec<WorkerSpec> {
+    [Kind::SyncPostgres, Kind::AsyncPostgres]
+        .into_iter()
+        .cycle()
+        .take(6)
+        .map(|kind| WorkerSpec {
+            kind,
+            urls: vec![bouncer.url()],
+            options: options.clone(),
+        })
+        .collect()
+}
+
+/// Prints, under `heading`, the events of `broker`'s log that `keep` keeps, in order: for a
+/// failure message.
+fn print_trail(broker: &Broker, heading: &str, keep: impl Fn(&Event) -> bool) {
+    let trail: Vec<String> = broker
+        .state()
+        .events
+        .iter()
+        .filter(|e| keep(e))
+        .map(|e| format!("{e:?}"))
+        .collect();
+    eprintln!("{heading}:\n{}", trail.join("\n"));
+}
+
 fn terminate_held_transaction(server_port: u16) -> usize {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -394,20 +431,8 @@ fn pgbouncer_transaction_pooling() {
         .map(|k| format!("bouncer-{}", RACED + 40 + k * 40))
         .collect();
     let hook = cluster_workers::hold_once(&broker, &paused);
-    let options = ConnOptions {
-        statement_cache: false,
-        session: None,
-    };
-    let specs = [Kind::SyncPostgres, Kind::AsyncPostgres]
-        .into_iter()
-        .cycle()
-        .take(6)
-        .map(|kind| WorkerSpec {
-            kind,
-            urls: vec![bouncer.url()],
-            options: options.clone(),
-        })
-        .collect();
+    let options = through_the_pooler();
+    let specs = pooled_workers(&bouncer, &options);
     broker.publish(&jobs);
     let workers = cluster_workers::spawn(&broker, specs, &hook);
     let mut terminated = 0;
@@ -476,22 +501,16 @@ fn pgbouncer_transaction_pooling() {
         // What the workers saw of each failed delivery and of the faults, for a doubled effect
         // (seen once in CI: one effect more than the workers' reports of `Ran`, beside two
         // failed deliveries more than the terminations made).
-        let trail: Vec<String> = broker
-            .state()
-            .events
-            .iter()
-            .filter(|e| {
+        print_trail(
+            &broker,
+            "through PgBouncer, the failures and faults in order",
+            |e| {
                 matches!(
                     e,
                     Event::Failed { .. } | Event::Fault(_) | Event::Paused { .. }
                 ) || matches!(e, Event::Ran { job, .. } | Event::Replayed { job, .. }
                     if counts.effects.get(job).is_some_and(|n| *n != 1))
-            })
-            .map(|e| format!("{e:?}"))
-            .collect();
-        eprintln!(
-            "through PgBouncer, the failures and faults in order:\n{}",
-            trail.join("\n")
+            },
         );
     }
     assert_exactly_once("through PgBouncer", &counts, &jobs);
@@ -531,6 +550,133 @@ fn pgbouncer_transaction_pooling() {
     }
     let counts = cluster_workers::counts_postgres(&direct);
     assert_exactly_once("redelivered through PgBouncer", &counts, &jobs);
+}
+
+/// Through PgBouncer in transaction mode, with workers connected as docs/clusters.md says, two
+/// clients of the same pooler that connect with diesel-async's own `establish` (its session setup
+/// prepared and executed outside a transaction, in two exchanges PgBouncer 1.18 may send to two
+/// server connections), over and over, while the server connections are terminated at random
+/// under the jobs. PgBouncer then loses track of which client a server connection's answers are
+/// for, and a worker's statements reach the server outside the transaction it opened: before the
+/// runtime's claims checked the job's transaction mark, one worker's `BEGIN` went to one server
+/// connection and its claim and its body's insert to two others, each committed on its own, the
+/// failed release read as a body's `COMMIT` took the claim back, and the job ran twice (1 run in
+/// 2 of 1,500 jobs with the rogue clients alone; 2 in 13 with the terminations alone, when the
+/// workers themselves reconnected with `establish`). Now such a claim is refused, nothing of the
+/// job runs, and the next delivery runs it: every job's effect exists once.
+#[test]
+fn pgbouncer_clients_that_cross_the_pooler_never_make_a_job_run_twice() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const JOBS: usize = 1500;
+    const RACED: usize = 300;
+    let _serial = serial();
+    let mut pg = Postgres::single("pgbouncer-crossed");
+    let bouncer = PgBouncer::start(&mut pg, 3);
+    let direct = Postgres::url_of(pg.primary.port, "test");
+    postgres_cluster::execute(&direct, EFFECTS_POSTGRES);
+    let broker = Broker::new();
+    let jobs = jobs("crossed", JOBS, RACED);
+    let specs = pooled_workers(&bouncer, &through_the_pooler());
+    broker.publish(&jobs);
+    let workers = cluster_workers::spawn(&broker, specs, &cluster_workers::no_hook());
+    let admin = Postgres::url_of(pg.primary.port, "postgres");
+    let mut admin = PgConnection::establish(&admin).unwrap_or_else(|e| panic!("{admin}: {e}"));
+    let stop = AtomicBool::new(false);
+    let rogue_failed = AtomicUsize::new(0);
+    let rogue_connects = AtomicUsize::new(0);
+    let mut terminated = 0;
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                while !stop.load(Ordering::Relaxed) {
+                    let connected = runtime.block_on(
+                        <diesel_async::AsyncPgConnection as diesel_async::AsyncConnection>::establish(
+                            &bouncer.url(),
+                        ),
+                    );
+                    rogue_connects.fetch_add(1, Ordering::Relaxed);
+                    if connected.is_err() {
+                        rogue_failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        #[derive(QueryableByName)]
+        struct Terminated {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            terminated: bool,
+        }
+        let deadline = started + Duration::from_secs(240);
+        let mut n = 0u64;
+        let pending = || {
+            let state = broker.state();
+            state.acked < state.published
+        };
+        while pending() && Instant::now() < deadline {
+            n += 1;
+            std::thread::sleep(Duration::from_millis(7 + (n * 7919) % 23));
+            let rows: Vec<Terminated> = diesel::sql_query(
+                "SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity \
+                 WHERE datname = 'test' AND pid <> pg_backend_pid() ORDER BY random() LIMIT 1",
+            )
+            .load(&mut admin)
+            .expect("pg_terminate_backend");
+            terminated += rows.iter().filter(|r| r.terminated).count();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    broker.wait_all_acked(Duration::from_secs(120));
+    cluster_workers::stop(&broker, workers);
+    let tally = broker.tally();
+    let counts = cluster_workers::counts_postgres(&direct);
+    let refused = broker
+        .state()
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::Failed { error, .. } if error.contains("the claim did not run in the transaction the job opened")))
+        .count();
+    figures::report(&format!(
+        "pgbouncer crossed (transaction pooling, 3 server connections, 6 workers: 3 sync, 3 async, \
+         connected as docs/clusters.md says; 2 clients connecting with diesel-async's own establish, \
+         {} connects, {} of them failed; server connections terminated at random {terminated}): \
+         jobs {JOBS}, raced keys {RACED}, failed deliveries {}, claims refused outside their job's \
+         transaction {refused}, ran {}, replays {}, effects {}, claims {}, in {:.1?}",
+        rogue_connects.load(Ordering::Relaxed),
+        rogue_failed.load(Ordering::Relaxed),
+        tally.total_failures(),
+        tally.runs(),
+        tally.replays,
+        counts.total_effects(),
+        counts.claims,
+        started.elapsed(),
+    ));
+    if counts.effects.values().any(|n| *n != 1) {
+        print_trail(
+            &broker,
+            "the deliveries of the jobs whose effect is not there once",
+            |e| {
+                matches!(e, Event::Failed { job, .. } | Event::Ran { job, .. } | Event::Replayed { job, .. }
+                    if counts.effects.get(job).is_some_and(|n| *n != 1))
+            },
+        );
+    }
+    assert!(
+        rogue_failed.load(Ordering::Relaxed) > 0,
+        "diesel-async's own establish through PgBouncer 1.18 in transaction mode is expected to \
+         fail at times (its setup's two exchanges sent to two server connections); none did, so \
+         the pooler was not crossed and the test showed nothing"
+    );
+    assert!(terminated > 0, "no server connection was terminated");
+    assert_exactly_once("through a crossed PgBouncer", &counts, &jobs);
+    assert!(
+        tally.ran.values().all(|n| *n == 1),
+        "each job ran once, as the workers saw it"
+    );
 }
 
 // ---- MariaDB Galera --------------------------------------------------------------------------------
@@ -594,6 +740,7 @@ fn with_node_1_lagging<R>(
     let lagging = ConnOptions {
         statement_cache: true,
         session: Some(format!("SET SESSION wsrep_sync_wait = {sync_wait}")),
+        through_pooler: false,
     };
     let proxy = stall_proxy::StallProxy::start(galera.nodes[1].port, Duration::from_secs(20));
     let second_url = format!("mysql://root@127.0.0.1:{}/cluster", proxy.port());

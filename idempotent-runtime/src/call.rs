@@ -259,6 +259,7 @@ impl Call {
             job: self.job.name(),
             fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
             result: stores_result.then_some(crate::store::UNFINISHED),
+            own: false,
         }
     }
 

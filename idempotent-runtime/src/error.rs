@@ -871,6 +871,11 @@ fn hint(error: &diesel::result::Error) -> &'static str {
             // Whether to retry is each message's own advice (by `is_retryable`): a claim that replays
             // must not be retried before it is forgotten, whatever ended the connection.
         ) => " (the connection is closed: reconnect)",
+        diesel::result::Error::DatabaseError(_, info)
+            if info.message().contains(crate::store::OUTSIDE_JOB) =>
+        {
+            " (the claim did not run in the transaction the job opened: this connection's statements are not all reaching the database in one transaction, as through PgBouncer in transaction mode when another client of it sends statements outside a transaction, such as diesel-async's own `establish`; see docs/clusters.md)"
+        }
         _ => "",
     }
 }

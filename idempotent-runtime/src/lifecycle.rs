@@ -987,6 +987,10 @@ async fn attempt_claim<S: Store>(
 ) -> Result<(Nesting, Option<DoneRow>), Attempt> {
     let together = together && !read_inside && call.in_progress.is_none();
     let (mut transaction, nesting, first) = open_job(store, call, claim, together).await?;
+    let claim = &crate::store::Claim {
+        own: nesting != Nesting::Savepoint,
+        ..*claim
+    };
     let claimed = match (first, read_inside && nesting != Nesting::Savepoint) {
         (Some(Ok(first)), _) => claim_key(transaction.store(), claim, Some(first))
             .await

@@ -95,10 +95,17 @@ pub trait AsyncDb:
     idempotent_jobs::AsyncJobStore + diesel_async::AsyncConnection + Send + 'static
 {
     fn insert_effect(&mut self, job_id: &str) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Connects to `url` as a worker behind a transaction pooler should (docs/clusters.md):
+    /// `pooler::establish_async_pg` on PostgreSQL, whose own `establish` sends its session setup
+    /// outside a transaction; `establish` elsewhere.
+    fn establish_through_pooler(
+        url: &str,
+    ) -> impl Future<Output = diesel::ConnectionResult<Self>> + Send;
 }
 
 macro_rules! impl_async_db {
-    ($conn:ty) => {
+    ($conn:ty, |$url:ident| $pooled:expr) => {
         impl AsyncDb for $conn {
             async fn insert_effect(&mut self, job_id: &str) -> QueryResult<()> {
                 diesel_async::RunQueryDsl::execute(
@@ -108,12 +115,20 @@ macro_rules! impl_async_db {
                 .await
                 .map(drop)
             }
+
+            async fn establish_through_pooler($url: &str) -> diesel::ConnectionResult<Self> {
+                $pooled.await
+            }
         }
     };
 }
 
-impl_async_db!(diesel_async::AsyncPgConnection);
-impl_async_db!(diesel_async::AsyncMysqlConnection);
+impl_async_db!(diesel_async::AsyncPgConnection, |url| {
+    idempotent_jobs::pooler::establish_async_pg(url)
+});
+impl_async_db!(diesel_async::AsyncMysqlConnection, |url| {
+    <diesel_async::AsyncMysqlConnection as diesel_async::AsyncConnection>::establish(url)
+});
 
 /// The job: one effect row. Returns the attempt that ran, so a replay returns another's.
 #[idempotent_job(key = "job:<job_id>", name = "cluster_job")]
@@ -150,6 +165,9 @@ pub struct ConnOptions {
     pub statement_cache: bool,
     /// SQL run once on each new connection.
     pub session: Option<String>,
+    /// Whether the connections go through a transaction pooler (PgBouncer in transaction mode):
+    /// async PostgreSQL connections are then made as docs/clusters.md says.
+    pub through_pooler: bool,
 }
 
 impl Default for ConnOptions {
@@ -157,6 +175,7 @@ impl Default for ConnOptions {
         ConnOptions {
             statement_cache: true,
             session: None,
+            through_pooler: false,
         }
     }
 }
@@ -218,7 +237,12 @@ impl<C: AsyncDb + diesel_async::SimpleAsyncConnection> WorkerConn for Async<C> {
             .build()
             .expect("a runtime");
         let conn = runtime.block_on(async {
-            let mut conn = C::establish(url).await.map_err(|e| e.to_string())?;
+            let mut conn = if options.through_pooler {
+                C::establish_through_pooler(url).await
+            } else {
+                C::establish(url).await
+            }
+            .map_err(|e| e.to_string())?;
             if !options.statement_cache {
                 conn.set_prepared_statement_cache_size(CacheSize::Disabled);
             }
@@ -690,7 +714,12 @@ fn connect<W: WorkerConn>(id: usize, broker: &Broker, spec: &WorkerSpec) -> Opti
     let mut last = String::new();
     while Instant::now() < deadline {
         for url in &spec.urls {
-            match W::connect(url, &spec.options) {
+            // Diesel's `PgConnection::establish` panics ("Is never none") where libpq has no
+            // result right after its session setup was sent: through a PgBouncer that other
+            // clients crossed, which answered it with another client's messages. A failed connect.
+            let connected = std::panic::catch_unwind(|| W::connect(url, &spec.options))
+                .unwrap_or_else(|_| Err("the connect panicked".to_owned()));
+            match connected {
                 Ok(conn) => {
                     broker.event(Event::Connected {
                         worker: id,
@@ -746,9 +775,16 @@ fn work<W: WorkerConn>(id: usize, broker: &Broker, spec: &WorkerSpec, hook: &Hoo
     while let Some(delivery) = broker.take() {
         attempts += 1;
         let attempt = ((id as u64 + 1) << 32) | attempts;
-        match conn.apply(&delivery.job, attempt, &hook) {
-            Ok(ran_in) => broker.ack(id, &delivery, ran_in == attempt),
-            Err(error) => {
+        // A job that panics is a failed delivery, as a worker framework treats it: the delivery
+        // goes back to the queue and the worker goes on, on a new connection (Diesel's
+        // `PgConnection` panics, "Is never none", when libpq has no result right after it sent a
+        // statement, as through a PgBouncer that other clients crossed).
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            conn.apply(&delivery.job, attempt, &hook)
+        }));
+        match applied {
+            Ok(Ok(ran_in)) => broker.ack(id, &delivery, ran_in == attempt),
+            Ok(Err(error)) => {
                 broker.nack(id, delivery, classify(&error), with_causes(&error));
                 if !conn.alive() {
                     let Some(fresh) = connect::<W>(id, broker, spec) else {
@@ -756,6 +792,18 @@ fn work<W: WorkerConn>(id: usize, broker: &Broker, spec: &WorkerSpec, hook: &Hoo
                     };
                     conn = fresh;
                 }
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|m| (*m).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                broker.nack(id, delivery, Failure::Other, format!("panicked: {message}"));
+                let Some(fresh) = connect::<W>(id, broker, spec) else {
+                    return;
+                };
+                conn = fresh;
             }
         }
     }

@@ -46,15 +46,29 @@ macro_rules! now {
     };
 }
 
-/// The claim token bound at `?`, in the first claim of a job's own transaction: an error that
-/// names [`INSIDE_CALLERS`] when the transaction has written already, that is, when the job's
-/// `BEGIN` was only a warning inside a transaction of the caller's that Diesel does not know of
-/// (a `BEGIN` sent as text). The job's savepoint, set before the claim, lets the runtime undo the
-/// error and leave the caller's transaction as it was. Not folded at planning: it reads the
-/// transaction's id.
+/// The claim token bound at `?`, in a claim of a job's own transaction: an error that names
+/// [`OUTSIDE_JOB`](crate::store::OUTSIDE_JOB) when the claim does not run in a transaction that [`BEGIN_JOB`] opened (its
+/// transaction-local mark is not there), and one that names [`INSIDE_CALLERS`] when the
+/// transaction has written already, that is, when the job's `BEGIN` was only a warning inside a
+/// transaction of the caller's that Diesel does not know of (a `BEGIN` sent as text). The job's
+/// savepoint, set before the claim, lets the runtime undo the second error and leave the
+/// caller's transaction as it was.
+///
+/// The mark: a claim must never run outside the job's transaction, where it would commit on its
+/// own and the body after it too. A connection's statements can reach the server outside the
+/// transaction it opened when the transport between them loses track: PgBouncer 1.18 in
+/// transaction mode, with another client sending a prepared statement's two exchanges outside a
+/// transaction (diesel-async's own `establish`), sent one worker's `BEGIN` to one server
+/// connection and its claim and its body's insert to two others, outside any transaction; the
+/// release then failed, the claim was taken back as a body's `COMMIT`'s would be, and the job
+/// ran twice (test `pgbouncer_transaction_pooling`). Sent with `BEGIN` in the same flight
+/// (diesel-async), the claim is refused the same way when that `BEGIN` failed. Not folded at
+/// planning: it reads the session's settings and the transaction's id.
 macro_rules! own_claim_token {
     () => {
-        "CASE WHEN txid_current_if_assigned() IS NULL THEN ? ELSE CAST('idempotent-jobs: the session holds a transaction of its own, xid ' || CAST(txid_current_if_assigned() AS text) AS BIGINT) END"
+        "CASE WHEN current_setting('idempotent.job', true) IS DISTINCT FROM 'on' THEN CAST('idempotent-jobs: the claim did not run in the job''s transaction, mark ' || COALESCE(current_setting('idempotent.job', true), 'unset') AS BIGINT) \
+         WHEN txid_current_if_assigned() IS NULL THEN ? \
+         ELSE CAST('idempotent-jobs: the session holds a transaction of its own, xid ' || CAST(txid_current_if_assigned() AS text) AS BIGINT) END"
     };
 }
 
@@ -107,7 +121,7 @@ pub(crate) const WAIT_CANCELED: &[&str] = &[
     "因為陳述式逾時，正在取消陳述式",
 ];
 
-/// What the error [`own_claim_token`] raises says.
+/// What the error [`own_claim_token`] raises says of a transaction that has written already.
 const INSIDE_CALLERS: &str = "idempotent-jobs: the session holds a transaction of its own";
 
 /// The server's clock as a bound an index can search by, in the conditions that choose rows by a
@@ -160,19 +174,11 @@ sql! {
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
          VALUES (?, ?, ?, ?, ?, ?, ", now!(), ") ON CONFLICT DO NOTHING"
     );
-    // A job's first claim in its own transaction, sent in the same flight as its `BEGIN`
-    // (diesel-async pipelines): it inserts only inside a transaction that `PIPELINED_BEGIN_JOB`
-    // opened, marked with a transaction-local setting. Were that `BEGIN` to fail, this insert
-    // would run on its own and commit a claim for a job that never ran; it inserts nothing then.
-    // Like `FirstClaimChecked`, it refuses a transaction that has written already.
-    FirstClaimInsert = concat!(
-        "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
-         SELECT ?, ?, ?, ?, ", own_claim_token!(), ", ?, ", now!(), " \
-         WHERE current_setting('idempotent.job', true) = 'on' ON CONFLICT DO NOTHING"
-    );
-    // A job's first claim in its own transaction, after its `BEGIN` (sync): `ClaimInsert`, but
-    // refused with an error when the transaction has written already (`own_claim_token`).
-    FirstClaimChecked = concat!(
+    // A claim in a job's own transaction (the first, sent in the same flight as its `BEGIN` on
+    // diesel-async, and any after a redelivery's read or a bounded wait): `ClaimInsert`, refused
+    // with an error when it does not run in the transaction `BEGIN_JOB` opened or when that
+    // transaction has written already (`own_claim_token`).
+    OwnClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
          VALUES (?, ?, ?, ?, ", own_claim_token!(), ", ?, ", now!(), ") ON CONFLICT DO NOTHING"
     );
@@ -438,6 +444,15 @@ impl Database for PostgresDb {
         Ok(())
     }
 
+    /// As by default, and a claim that did not run in the job's transaction
+    /// ([`own_claim_token`]): nothing of the job ran, and the job's next attempt checks again.
+    fn passes(error: &DieselError) -> bool {
+        Self::classify(error).is_transient()
+            || Self::connection_lost(error)
+            || matches!(error, DieselError::BrokenTransactionManager)
+            || super::message(error).is_some_and(|m| m.contains(crate::store::OUTSIDE_JOB))
+    }
+
     fn inside_callers_transaction(error: &DieselError) -> bool {
         super::message(error).is_some_and(|m| m.contains(INSIDE_CALLERS))
     }
@@ -526,14 +541,18 @@ impl Database for PostgresDb {
         conn: &mut C,
         claim: &Claim<'_>,
     ) -> QueryResult<ClaimAttempt> {
-        super::shared::insert_or_read::<ClaimInsert, _>(conn, claim).await
+        if claim.own {
+            super::shared::insert_or_read::<OwnClaimInsert, _>(conn, claim).await
+        } else {
+            super::shared::insert_or_read::<ClaimInsert, _>(conn, claim).await
+        }
     }
 
     async fn begin_and_claim<C: Store<Db = Self>>(
         conn: &mut C,
         claim: &Claim<'_>,
     ) -> QueryResult<(Nesting, QueryResult<ClaimAttempt>)> {
-        let first = Statement::<FirstClaimInsert, _>::new(super::shared::claim_values(claim));
+        let first = Statement::<OwnClaimInsert, _>::new(super::shared::claim_values(claim));
         let Some(begun) = conn.begin_job_pipelined(first).await else {
             // One after the other (the claim sent once `BEGIN` has answered), checked in a
             // transaction of the job's own; inside a caller's transaction Diesel knows of: the
@@ -541,7 +560,7 @@ impl Database for PostgresDb {
             let nesting = conn.begin_job(None).await?;
             let attempt = match nesting {
                 Nesting::Savepoint => Self::claim(conn, claim).await,
-                _ => super::shared::insert_or_read::<FirstClaimChecked, _>(conn, claim).await,
+                _ => super::shared::insert_or_read::<OwnClaimInsert, _>(conn, claim).await,
             };
             return Ok((nesting, attempt));
         };
@@ -765,8 +784,14 @@ macro_rules! job_mark {
     };
 }
 
-/// A job's own transaction: `BEGIN`, the job's savepoint and `job_mark!` after it, one round trip.
-const BEGIN_JOB: &str = concat!("BEGIN; SAVEPOINT idempotent_job; SAVEPOINT ", job_mark!());
+/// A job's own transaction: `BEGIN`, the transaction-local mark its claims check
+/// ([`own_claim_token`]), the job's savepoint and `job_mark!` after it, one round trip. A simple
+/// query stops at its first error, so the mark is set only if `BEGIN` opened the transaction, and
+/// it goes with the transaction.
+const BEGIN_JOB: &str = concat!(
+    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SAVEPOINT ",
+    job_mark!()
+);
 
 /// The job's savepoints released (`job_mark!`, inside the job's own, fails for all the job's
 /// savepoint's release failed for, and for a rollback to the job's savepoint) and the transaction
@@ -774,22 +799,13 @@ const BEGIN_JOB: &str = concat!("BEGIN; SAVEPOINT idempotent_job; SAVEPOINT ", j
 /// when the release succeeded.
 const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", job_mark!(), "; COMMIT");
 
-/// [`BEGIN_JOB`] with its first claim ([`FirstClaimInsert`]) behind it in the same flight: with
-/// the mark that claim checks, set only if `BEGIN` opened the transaction (a simple query stops at
-/// its first error), and gone with the transaction.
-#[cfg(feature = "async-postgres")]
-const PIPELINED_BEGIN_JOB: &str = concat!(
-    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SAVEPOINT ",
-    job_mark!()
-);
-
 #[cfg(feature = "postgres")]
 sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
 
 #[cfg(feature = "async-postgres")]
 async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true, pipelined: pipeline_begin_job);
 
-/// [`Store::begin_job_pipelined`] on diesel-async's PostgreSQL connection: [`PIPELINED_BEGIN_JOB`]
+/// [`Store::begin_job_pipelined`] on diesel-async's PostgreSQL connection: [`BEGIN_JOB`]
 /// and `first` sent together, one round trip; `None` inside a caller's transaction.
 ///
 /// The transaction is counted open before anything is sent: a future dropped in flight leaves
@@ -821,7 +837,7 @@ where
     }
     let shared: &diesel_async::AsyncPgConnection = conn;
     let (begun, ran) = super::both(
-        async { (&mut &*shared).batch_execute(PIPELINED_BEGIN_JOB).await },
+        async { (&mut &*shared).batch_execute(BEGIN_JOB).await },
         diesel_async::RunQueryDsl::execute(first, &mut &*shared),
     )
     .await;
@@ -838,6 +854,18 @@ where
 #[cfg(test)]
 mod tests {
     use super::{DEADLOCK_DETECTED, WAIT_CANCELED};
+
+    /// The claim's refusal outside the job's transaction says what the runtime looks for
+    /// (`crate::store::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `BEGIN_JOB`
+    /// sets.
+    #[test]
+    fn the_own_claim_refuses_in_the_words_the_runtime_reads() {
+        use crate::sql::SqlText as _;
+        let sql = super::OwnClaimInsert::SQL;
+        assert!(sql.contains(&crate::store::OUTSIDE_JOB.replace('\'', "''")));
+        assert!(sql.contains("current_setting('idempotent.job', true)"));
+        assert!(super::BEGIN_JOB.contains("SET LOCAL idempotent.job = 'on'"));
+    }
 
     /// The translations of `msgid` in a GNU message catalog (`.mo`): its header, then two tables
     /// of (length, offset) pairs, the originals' and the translations', in the file's byte order.

@@ -18,6 +18,9 @@ pub struct Claim<'a> {
     /// transaction early, reads as a run that did not finish); `None` for a job whose result is
     /// zero-sized (`()`), which has nothing to store and whose claim is the whole record.
     pub result: Option<&'a str>,
+    /// Whether the claim goes in a transaction the job opened itself (not a savepoint in a
+    /// caller's): PostgreSQL then checks, in the claim, that it runs in that transaction.
+    pub own: bool,
 }
 
 /// `done_jobs.result` of a row whose run claimed the key and has not recorded its result: never
