@@ -5,7 +5,7 @@
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use diesel_async::{AsyncConnection as _, AsyncPgConnection};
 
@@ -14,14 +14,21 @@ use crate::handlers::{self, Mode};
 use crate::harness::Db;
 
 /// A proxy on loopback that counts the client's flights (what it sends between two answers of the
-/// server) and can spoil the next job's `BEGIN` so that the server refuses it.
+/// server) and can spoil the next job's `BEGIN` so that the server refuses it ([`SPOIL`]), or
+/// blank it so that the server runs something else and answers without error ([`BLANK`]).
 struct Watch {
     address: String,
     upstream: String,
     flights: Arc<AtomicUsize>,
-    spoil: Arc<AtomicBool>,
+    spoil: Arc<AtomicU8>,
     begins: Arc<AtomicUsize>,
 }
+
+/// What the proxy does to the next job's `BEGIN`: nothing, spoil it (`XEGIN`, refused), or blank it
+/// (the batch's text replaced by `SELECT 1`: the client hears success, and nothing was begun).
+const PASS: u8 = 0;
+const SPOIL: u8 = 1;
+const BLANK: u8 = 2;
 
 /// The start of the text batch that opens a job's transaction on PostgreSQL.
 const JOB_BEGIN: &[u8] = b"BEGIN; SET LOCAL idempotent.job";
@@ -33,7 +40,7 @@ impl Watch {
         let address = listener.local_addr().expect("its address").to_string();
         let (flights, spoil, begins) = (
             Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU8::new(PASS)),
             Arc::new(AtomicUsize::new(0)),
         );
         let (to, counted, spoiling, begun) = (
@@ -78,7 +85,7 @@ impl Watch {
 /// What one relayed connection reports to its [`Watch`].
 struct Watched {
     flights: Arc<AtomicUsize>,
-    spoil: Arc<AtomicBool>,
+    spoil: Arc<AtomicU8>,
     begins: Arc<AtomicUsize>,
 }
 
@@ -106,10 +113,22 @@ fn relay(client: TcpStream, server: TcpStream, watched: Watched) {
             let chunk = &mut buffer[..read];
             if let Some(at) = chunk.windows(JOB_BEGIN.len()).position(|w| w == JOB_BEGIN) {
                 begins.fetch_add(1, Ordering::SeqCst);
-                if spoil.swap(false, Ordering::SeqCst) {
+                match spoil.swap(PASS, Ordering::SeqCst) {
                     // Same length, so the message's framing holds: `XEGIN` is a syntax error,
                     // and PostgreSQL runs none of the batch.
-                    chunk[at] = b'X';
+                    SPOIL => chunk[at] = b'X',
+                    // The batch's text, up to the query's closing NUL, replaced by `SELECT 1`
+                    // and spaces: what reaches the server when the transport between the
+                    // client and it loses track of the client's transaction.
+                    BLANK => {
+                        let end = chunk[at..]
+                            .iter()
+                            .position(|b| *b == 0)
+                            .map_or(chunk.len(), |n| at + n);
+                        chunk[at..end].fill(b' ');
+                        chunk[at..at + 8].copy_from_slice(b"SELECT 1");
+                    }
+                    _ => {}
                 }
             }
             if answered.swap(false, Ordering::SeqCst) {
@@ -206,10 +225,10 @@ fn async_postgres_claim_behind_a_failed_begin_commits_nothing() {
     let mut c = connect(&db, &watch);
     charge(&mut c, "warm-up").expect("a first job");
 
-    watch.spoil.store(true, Ordering::SeqCst);
+    watch.spoil.store(SPOIL, Ordering::SeqCst);
     let error = charge(&mut c, "order-2").expect_err("a job whose BEGIN the server refused");
     assert!(
-        !watch.spoil.load(Ordering::SeqCst),
+        watch.spoil.load(Ordering::SeqCst) == PASS,
         "the proxy spoiled the BEGIN"
     );
     let shown = crate::names::with_causes(&error);
@@ -262,4 +281,89 @@ fn async_postgres_job_dropped_with_its_begin_in_flight_commits_nothing() {
     charge(&mut direct, "order-3").expect("the redelivery");
     assert_eq!(AsyncPostgres::count_charges(&mut direct, "order-3"), 1);
     assert_eq!(done_rows(&mut direct, "order-3"), 1);
+}
+
+/// A job whose `BEGIN` never took effect where its statements ran, while the client heard it
+/// succeed: what a transaction pooler that lost track of its clients does (PgBouncer 1.18 in
+/// transaction mode, crossed by another client's prepared statement sent outside a transaction,
+/// sent a worker's `BEGIN` to one server connection and its claim to another; test
+/// `pgbouncer_crossed_by_other_clients_tells_every_outcome_truly`). Here the proxy replaces
+/// the batch by `SELECT 1`. Before the claims checked that they run in their job's transaction,
+/// the claim and the body's writes each committed on their own, the release failed, the claim was
+/// taken back as if the body had committed, and the next delivery charged the order again. Now
+/// the claim is refused: nothing is committed, the error says why and that retrying is safe, and
+/// the retry charges once. Sync (`PgConnection`: `BEGIN`, then the claim) and async (the two in
+/// one flight).
+fn a_job_whose_begin_never_took_effect_commits_nothing(
+    watch: &Watch,
+    mut charge: impl FnMut(&str) -> Result<(), handlers::TestError>,
+    mut rows: impl FnMut(&str) -> (i64, i64),
+) {
+    charge("warm-up").expect("a first job");
+    watch.spoil.store(BLANK, Ordering::SeqCst);
+    let error = charge("order-5").expect_err("a job whose BEGIN never took effect");
+    assert_eq!(
+        watch.spoil.load(Ordering::SeqCst),
+        PASS,
+        "the proxy blanked the BEGIN"
+    );
+    let shown = crate::names::with_causes(&error);
+    assert!(
+        shown.contains("nothing of the job was committed")
+            && shown.contains("did not run in the transaction the job opened")
+            && shown.contains("retrying is safe"),
+        "{shown}"
+    );
+    assert_eq!(
+        rows("order-5"),
+        (0, 0),
+        "(claims, charges) after the refusal"
+    );
+    charge("order-5").expect("the retry");
+    assert_eq!(rows("order-5"), (1, 1), "(claims, charges) after the retry");
+}
+
+#[test]
+fn postgres_job_whose_begin_never_took_effect_commits_nothing() {
+    use crate::backends::Postgres;
+    use diesel::Connection as _;
+    let db = Db::<Postgres>::fresh();
+    let watch = Watch::start(db.locator());
+    let url = watch.url(db.locator());
+    let mut conn = diesel::PgConnection::establish(&url)
+        .unwrap_or_else(|e| panic!("PostgreSQL through the proxy at {url}: {e}"));
+    let mut direct = Postgres::connect(db.locator());
+    a_job_whose_begin_never_took_effect_commits_nothing(
+        &watch,
+        |order| handlers::charge(&mut conn, order, 100, Mode::Succeed).map(drop),
+        |order| {
+            (
+                Postgres::query_i64(
+                    &mut direct,
+                    &format!(
+                        "SELECT COUNT(*) AS n FROM done_jobs WHERE job_key = 'charge:{order}'"
+                    ),
+                ),
+                Postgres::count_charges(&mut direct, order),
+            )
+        },
+    );
+}
+
+#[test]
+fn async_postgres_job_whose_begin_never_took_effect_commits_nothing() {
+    let db = Db::<AsyncPostgres>::fresh();
+    let watch = Watch::start(db.locator());
+    let mut c = connect(&db, &watch);
+    let mut direct = AsyncPostgres::connect(db.locator());
+    a_job_whose_begin_never_took_effect_commits_nothing(
+        &watch,
+        |order| charge(&mut c, order),
+        |order| {
+            (
+                done_rows(&mut direct, order),
+                AsyncPostgres::count_charges(&mut direct, order),
+            )
+        },
+    );
 }
