@@ -30,6 +30,8 @@ mod galera;
 mod mariadb;
 #[path = "support/names.rs"]
 mod names;
+#[path = "support/operator_cli.rs"]
+mod operator_cli;
 #[path = "support/postgres_cluster.rs"]
 mod postgres_cluster;
 #[path = "support/processes.rs"]
@@ -692,6 +694,80 @@ fn pgbouncer_crossed_by_other_clients_tells_every_outcome_truly() {
         unannounced.is_empty(),
         "jobs whose effect is there twice while every failure of theirs said nothing was \
          committed: {unannounced:?}"
+    );
+}
+
+/// The operator CLI through PgBouncer in transaction mode, as an operator whose `DATABASE_URL`
+/// is the application's (the pooler's) runs it, while workers run jobs through the same pooler:
+/// a prune in batches of one, a listing and `verify` all succeed, and the prune removes every
+/// lapsed key. The CLI's `PgConnection` kept Diesel's statement cache on: each of its statements
+/// was prepared under a name once (inside a transaction, on whichever server connection the
+/// pooler lent it) and executed by that name in the transactions after, which the pooler may
+/// send to another server connection, where no statement has the name.
+#[test]
+fn the_operator_cli_works_through_pgbouncer() {
+    const LAPSED: usize = 40;
+    let _serial = serial();
+    let mut pg = Postgres::single("pgbouncer-cli");
+    let bouncer = PgBouncer::start(&mut pg, 3);
+    let direct = Postgres::url_of(pg.primary.port, "test");
+    postgres_cluster::execute(&direct, EFFECTS_POSTGRES);
+    let mut setup = PgConnection::establish(&direct).expect("the server");
+    idempotent_jobs::migrate(&mut setup).expect("the runtime's tables");
+    postgres_cluster::execute(
+        &direct,
+        &format!(
+            "INSERT INTO done_jobs (key_digest, job_key, job_name, claim_token, result, done_at, expires_at) \
+             SELECT sha256(convert_to('lapsed:' || i, 'UTF8')), 'lapsed:' || i, 'lapsed', i, '', \
+             now() - INTERVAL '2 days', now() - INTERVAL '1 day' FROM generate_series(1, {LAPSED}) i"
+        ),
+    );
+    // Workers keep the pooler's server connections busy, so that the CLI's transactions go to
+    // whichever is free.
+    let broker = Broker::new();
+    let jobs = jobs("cli", 3000, 0);
+    broker.publish(&jobs);
+    let workers = cluster_workers::spawn(
+        &broker,
+        pooled_workers(&bouncer, &through_the_pooler()),
+        &cluster_workers::no_hook(),
+    );
+    let dir = std::env::temp_dir().join(names::unique_name("pgbouncer_cli_cwd"));
+    std::fs::create_dir_all(&dir).expect("a working directory");
+    let run = |args: &[&str]| {
+        let output = operator_cli::run(&bouncer.url(), args, &dir);
+        let shown = format!(
+            "idempotent-jobs {}: exit {:?}\n{}{}",
+            args.join(" "),
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.code(), shown)
+    };
+    let pruned = run(&["prune", "--batch-size", "1", "--pace", "0"]);
+    let listed = run(&["keys", "list", "--limit", "5"]);
+    let verified = run(&["verify"]);
+    broker.wait_all_acked(Duration::from_secs(120));
+    cluster_workers::stop(&broker, workers);
+    let _ = std::fs::remove_dir_all(&dir);
+    for (code, shown) in [&pruned, &listed, &verified] {
+        assert_eq!(*code, Some(0), "{shown}");
+    }
+    #[derive(QueryableByName)]
+    struct Left {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let left: Vec<Left> =
+        diesel::sql_query("SELECT COUNT(*) AS n FROM done_jobs WHERE job_name = 'lapsed'")
+            .load(&mut setup)
+            .expect("counting the lapsed keys");
+    assert_eq!(left[0].n, 0, "every lapsed key pruned: {}", pruned.1);
+    assert_exactly_once(
+        "beside the CLI",
+        &cluster_workers::counts_postgres(&direct),
+        &jobs,
     );
 }
 

@@ -189,8 +189,19 @@ impl Target {
         }
         match self.kind {
             #[cfg(feature = "postgres")]
+            // Diesel's statement cache off: the URL may be a transaction pooler's (PgBouncer),
+            // which sends each transaction to whichever server connection is free, where a
+            // statement prepared by name in an earlier one does not exist ("prepared statement
+            // \"__diesel_stmt_1\" does not exist" from a prune's second batch). Uncached,
+            // each statement goes with its values in one unnamed message (docs/clusters.md).
             Kind::Postgres => diesel::PgConnection::establish(&self.driver)
-                .map(Conn::Postgres)
+                .map(|mut conn| {
+                    diesel::connection::Connection::set_prepared_statement_cache_size(
+                        &mut conn,
+                        diesel::connection::CacheSize::Disabled,
+                    );
+                    Conn::Postgres(conn)
+                })
                 .map_err(|e| self.cannot_connect(e)),
             #[cfg(feature = "mysql")]
             Kind::Mysql => diesel::MysqlConnection::establish(&self.driver)

@@ -28,6 +28,8 @@ mod names;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod nested;
 mod operate;
+#[path = "../support/operator_cli.rs"]
+mod operator_cli;
 mod operator_truth;
 mod outbox_faults;
 #[cfg(feature = "async-postgres")]

@@ -6,7 +6,6 @@
 //! The CLI tests run the binary of the workspace's `idempotent-jobs-cli` package from this test
 //! binary's target directory (`cargo build -p idempotent-jobs-cli` builds it; `scripts/test` does).
 
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -35,42 +34,19 @@ fn deliver<C: idempotent_jobs::JobStore>(
     outcome.is_ran()
 }
 
-/// The operator CLI's binary, beside this test binary's directory.
-fn cli_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the target directory");
-    let binary = dir.join("idempotent-jobs");
-    assert!(
-        binary.is_file(),
-        "the operator CLI is not built at {}: run `cargo build -p idempotent-jobs-cli` first",
-        binary.display()
-    );
-    binary
-}
-
 /// The CLI with `args`, against `url`, in a working directory of its own (no `.env` of the
 /// project's), with no inherited `DATABASE_URL`.
 fn cli(url: &str, args: &[&str]) -> Output {
     let dir = std::env::temp_dir().join(unique_name("operator_truth_cwd"));
     std::fs::create_dir_all(&dir).expect("a working directory");
-    let output = Command::new(cli_binary())
-        .args(args)
-        .env("DATABASE_URL", url)
-        .env("RUST_BACKTRACE", "0")
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running the CLI");
+    let output = crate::operator_cli::run(url, args, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     output
 }
 
 /// The CLI with `args` against `url`, running, its output piped.
 fn spawn_cli(url: &str, args: &[&str]) -> std::process::Child {
-    Command::new(cli_binary())
+    Command::new(crate::operator_cli::cli_binary())
         .args(args)
         .env("DATABASE_URL", url)
         .stdin(Stdio::null())
@@ -109,7 +85,7 @@ fn a_nul_byte_in_dot_env_never_prints_the_password() {
         format!("DATABASE_URL=postgres://ops:{PASSWORD}@127.0.0.1:5432/test\0\n"),
     )
     .expect("a .env");
-    let output = Command::new(cli_binary())
+    let output = Command::new(crate::operator_cli::cli_binary())
         .arg("jobs")
         .env_remove("DATABASE_URL")
         .env("RUST_BACKTRACE", "0")
@@ -410,7 +386,7 @@ fn a_forget_confirmed_at_the_prompt_never_deletes_a_run_committed_since() {
 
     let command = format!(
         "{} keys forget brief:1 --reason race",
-        cli_binary().display()
+        crate::operator_cli::cli_binary().display()
     );
     let mut child = Command::new("script")
         .args(["-qec", &command, "/dev/null"])
