@@ -859,6 +859,12 @@ fn stopped_at(
     }
 }
 
+/// What the error says of a claim that did not run in the transaction its job opened (PostgreSQL's
+/// claims check a transaction-local mark that the job's `BEGIN` sets): the connection's
+/// statements are not all reaching the server in one transaction. Nothing of the job ran.
+pub(crate) const OUTSIDE_JOB: &str =
+    "idempotent-jobs: the claim did not run in the job's transaction";
+
 /// What to do about a database error, where there is something to say.
 fn hint(error: &diesel::result::Error) -> &'static str {
     match error {
@@ -871,9 +877,7 @@ fn hint(error: &diesel::result::Error) -> &'static str {
             // Whether to retry is each message's own advice (by `is_retryable`): a claim that replays
             // must not be retried before it is forgotten, whatever ended the connection.
         ) => " (the connection is closed: reconnect)",
-        diesel::result::Error::DatabaseError(_, info)
-            if info.message().contains(crate::store::OUTSIDE_JOB) =>
-        {
+        diesel::result::Error::DatabaseError(_, info) if info.message().contains(OUTSIDE_JOB) => {
             " (the claim did not run in the transaction the job opened: this connection's statements are not all reaching the database in one transaction, as through PgBouncer in transaction mode when another client of it sends statements outside a transaction, such as diesel-async's own `establish`; see docs/clusters.md)"
         }
         _ => "",

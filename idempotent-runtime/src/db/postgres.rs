@@ -47,7 +47,7 @@ macro_rules! now {
 }
 
 /// The claim token bound at `?`, in a claim of a job's own transaction: an error that names
-/// [`OUTSIDE_JOB`](crate::store::OUTSIDE_JOB) when the claim does not run in a transaction that [`BEGIN_JOB`] opened (its
+/// [`OUTSIDE_JOB`](crate::error::OUTSIDE_JOB) when the claim does not run in a transaction that [`BEGIN_JOB`] opened (its
 /// transaction-local mark is not there), and one that names [`INSIDE_CALLERS`] when the
 /// transaction has written already, that is, when the job's `BEGIN` was only a warning inside a
 /// transaction of the caller's that Diesel does not know of (a `BEGIN` sent as text). The job's
@@ -75,7 +75,7 @@ macro_rules! now {
 /// has run a statement ("SET TRANSACTION [NOT] DEFERRABLE must be called before any query").
 macro_rules! own_claim_token {
     () => {
-        "CASE WHEN current_setting('idempotent.job', true) IS DISTINCT FROM 'on' THEN CAST('idempotent-jobs: the claim did not run in the job''s transaction, mark ' || COALESCE(current_setting('idempotent.job', true), 'unset') AS BIGINT) \
+        "CASE WHEN current_setting('idempotent.job', true) IS DISTINCT FROM 'on' THEN CAST('idempotent-jobs: the claim did not run in the job''s transaction (idempotent.job = ' || COALESCE(quote_literal(current_setting('idempotent.job', true)), 'unset') || ')' AS BIGINT) \
          WHEN txid_current_if_assigned() IS NULL THEN ? \
          ELSE CAST('idempotent-jobs: the session holds a transaction of its own, xid ' || CAST(txid_current_if_assigned() AS text) AS BIGINT) END"
     };
@@ -453,13 +453,8 @@ impl Database for PostgresDb {
         Ok(())
     }
 
-    /// As by default, and a claim that did not run in the job's transaction
-    /// ([`own_claim_token`]): nothing of the job ran, and the job's next attempt checks again.
-    fn passes(error: &DieselError) -> bool {
-        Self::classify(error).is_transient()
-            || Self::connection_lost(error)
-            || matches!(error, DieselError::BrokenTransactionManager)
-            || super::message(error).is_some_and(|m| m.contains(crate::store::OUTSIDE_JOB))
+    fn claim_outside_job(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| m.contains(crate::error::OUTSIDE_JOB))
     }
 
     fn inside_callers_transaction(error: &DieselError) -> bool {
@@ -567,11 +562,11 @@ impl Database for PostgresDb {
             // transaction of the job's own; inside a caller's transaction Diesel knows of: the
             // plain claim, no mark.
             let nesting = conn.begin_job(None).await?;
-            let attempt = match nesting {
-                Nesting::Savepoint => Self::claim(conn, claim).await,
-                _ => super::shared::insert_or_read::<OwnClaimInsert, _>(conn, claim).await,
+            let own = Claim {
+                own: nesting != Nesting::Savepoint,
+                ..*claim
             };
-            return Ok((nesting, attempt));
+            return Ok((nesting, Self::claim(conn, &own).await));
         };
         let (nesting, inserted) = begun?;
         let attempt = match inserted {
@@ -865,13 +860,13 @@ mod tests {
     use super::{DEADLOCK_DETECTED, WAIT_CANCELED};
 
     /// The claim's refusal outside the job's transaction says what the runtime looks for
-    /// (`crate::store::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `BEGIN_JOB`
+    /// (`crate::error::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `BEGIN_JOB`
     /// sets.
     #[test]
     fn the_own_claim_refuses_in_the_words_the_runtime_reads() {
         use crate::sql::SqlText as _;
         let sql = super::OwnClaimInsert::SQL;
-        assert!(sql.contains(&crate::store::OUTSIDE_JOB.replace('\'', "''")));
+        assert!(sql.contains(&crate::error::OUTSIDE_JOB.replace('\'', "''")));
         assert!(sql.contains("current_setting('idempotent.job', true)"));
         assert!(super::BEGIN_JOB.contains("SET LOCAL idempotent.job = 'on'"));
     }

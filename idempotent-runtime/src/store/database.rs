@@ -383,14 +383,26 @@ pub trait Database: Sized + Send + Sync + 'static {
     fn classify(error: &DieselError) -> Fault;
 
     /// Whether trying again can succeed after `error`, which rolled back what it was part of: a
-    /// transient fault ([`classify`](Self::classify)), a lost connection, or a transaction state
-    /// Diesel no longer trusts (a new connection, as a pool hands out, fixes both). The one rule
-    /// behind every database error's `Error::is_retryable`: jobs, keys, prune and the outbox.
+    /// transient fault ([`classify`](Self::classify)), a lost connection, a transaction state
+    /// Diesel no longer trusts (a new connection, as a pool hands out, fixes both), or a claim
+    /// refused outside its job's transaction ([`claim_outside_job`](Self::claim_outside_job)).
+    /// The one rule behind every database error's `Error::is_retryable`: jobs, keys, prune and
+    /// the outbox.
     #[doc(hidden)]
     fn passes(error: &DieselError) -> bool {
         Self::classify(error).is_transient()
             || Self::connection_lost(error)
             || matches!(error, DieselError::BrokenTransactionManager)
+            || Self::claim_outside_job(error)
+    }
+
+    /// Whether `error` is a claim's refusal to run outside the transaction its job opened
+    /// (PostgreSQL: `crate::error::OUTSIDE_JOB`): nothing of the job ran, and its next attempt
+    /// checks again. By default never.
+    #[doc(hidden)]
+    fn claim_outside_job(error: &DieselError) -> bool {
+        let _ = error;
+        false
     }
 
     /// Deletes the claim of the key with `digest` that has no claim token (a row of a schema

@@ -71,12 +71,6 @@ pub enum Fault {
     Other,
 }
 
-/// What the error says of a claim that did not run in the transaction its job opened (PostgreSQL's
-/// claims check a transaction-local mark that the job's `BEGIN` sets): the connection's
-/// statements are not all reaching the server in one transaction. Nothing of the job ran.
-pub(crate) const OUTSIDE_JOB: &str =
-    "idempotent-jobs: the claim did not run in the job's transaction";
-
 impl Fault {
     /// Whether trying the whole transaction again can succeed.
     pub fn is_transient(self) -> bool {
