@@ -1,5 +1,5 @@
 //! The done-jobs and outbox tables in a schema of their own, and a worker role holding only the
-//! grants the README lists: jobs run and replay; what the worker was not granted, it cannot do.
+//! grants docs/operating.md lists (its 'Security'): jobs run and replay; what the worker was not granted, it cannot do.
 
 use diesel::connection::SimpleConnection as _;
 use diesel::prelude::*;
@@ -26,7 +26,7 @@ fn a_worker_with_the_documented_grants_runs_jobs() {
     admin
         .batch_execute(&format!(
             "SET search_path TO {app}; {}; {};
-             -- The grants a worker needs (README, 'Security'):
+             -- The grants a worker needs (docs/operating.md, 'Security'):
              GRANT USAGE ON SCHEMA {jobs} TO {role};
              GRANT SELECT ON {jobs}.idempotent_schema TO {role};
              GRANT SELECT, INSERT, UPDATE ON {jobs}.done_jobs TO {role};
