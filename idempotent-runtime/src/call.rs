@@ -264,10 +264,14 @@ impl Call {
     }
 
     /// The error for a statement of `step` that `D` refused: a commit whose connection failed has
-    /// an unknown outcome; anything else rolled back, and may pass.
+    /// an unknown outcome; anything else rolled back, and may pass. Inside a caller's transaction
+    /// the job's "commit" is the release of its savepoint, which commits nothing: a connection
+    /// that failed there took the caller's whole transaction with it, uncommitted, and the retry is
+    /// that transaction's (a retry of the call alone, on another connection, would run the job
+    /// outside it).
     pub(crate) fn database<D: Database>(&self, step: Step, source: diesel::result::Error) -> Error {
         let lost = D::connection_lost(&source);
-        if step == Step::Commit && lost {
+        if step == Step::Commit && lost && !self.enclosing() {
             return Error::CommitOutcomeUnknown {
                 job: self.job.name(),
                 key: self.key_text.clone(),

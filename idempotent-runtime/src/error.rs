@@ -51,7 +51,9 @@ pub enum Error {
     },
 
     /// The connection failed while the transaction was committing: the database may have committed
-    /// the job or not, and there is no way to tell from here.
+    /// the job or not, and there is no way to tell from here. Not for a job called inside a
+    /// transaction of the caller's, whose end is the release of its savepoint: that commits
+    /// nothing, and a connection lost there is [`Database`](Error::Database) with `enclosing`.
     ///
     /// What to do: retry. The retry replays the run if it committed, and runs the job if not.
     #[error(
@@ -115,7 +117,8 @@ pub enum Error {
     /// wrote too. Where `replays` (a job returning `()` records nothing more than its claim; a
     /// result recorded after a statement that ended the transaction may have been committed
     /// outside it) every delivery of the key replays a run that did not finish, until the key is
-    /// forgotten; elsewhere the claim reads as unfinished, and the next delivery runs the job.
+    /// forgotten; elsewhere the claim reads as unfinished, and the next delivery runs the job
+    /// again, with it what the body had committed (so the message does not call that safe).
     /// A body that panicked is ended the same way, and the panic goes on (the failure is logged).
     /// Not reported where the connection failed under the job before the database could answer
     /// whether the transaction was still the job's: an open transaction ends with its connection,
@@ -134,7 +137,7 @@ pub enum Error {
         then = if *replays {
             "and while it is, every delivery of the key replays a run that did not finish: look the key up and forget it (keys::forget, or `idempotent-jobs keys forget`) before retrying"
         } else {
-            "but it reads as unfinished: the next delivery runs the job again; retrying is safe"
+            "but it reads as unfinished: the next delivery runs the job again, and what the body committed runs again with it"
         }
     )]
     ClaimNotTakenBack {
@@ -216,7 +219,11 @@ pub enum Error {
         "job `{job}` (key `{key}`): the whole enclosing transaction the job was called in was rolled back (by the database, or by a statement of the body) while {step}{hint}: nothing of the job was committed, nor anything that transaction wrote before the call, and the connection is no longer in a transaction{after}; return this error from the enclosing transaction{retry}",
         hint = source.as_ref().map_or("", hint),
         after = if *outside { ", but the statements the body ran after the rollback ran outside any transaction and may be committed" } else { "" },
-        retry = if *retryable { " and retry that from its start: retrying is safe and can succeed" } else { "" }
+        retry = match (*retryable, *outside) {
+            (true, false) => " and retry that from its start: retrying is safe and can succeed",
+            (true, true) => " and retry that from its start, which can succeed: a retry runs the job again, those statements with it",
+            (false, _) => "",
+        }
     )]
     CallersTransactionRolledBack {
         /// The job's name.
@@ -983,6 +990,61 @@ mod tests {
         };
         let text = aborted.to_string();
         assert!(!aborted.is_retryable() && !says_to_retry(&text), "{text}");
+    }
+
+    /// No message calls a retry safe while it says that work of the job's may be committed: a
+    /// retry runs the job again, and that work with it. Before, `ClaimNotTakenBack` (a job that
+    /// records a result) and `CallersTransactionRolledBack` (a body that went on after the
+    /// rollback) said both.
+    #[test]
+    fn no_message_calls_a_retry_safe_where_work_may_be_committed() {
+        let mut cases = vec![
+            Error::TransactionRolledBackInBody {
+                job: "invoice",
+                key: "invoice:1".into(),
+                outside: true,
+            },
+            Error::TransactionRolledBackInBody {
+                job: "invoice",
+                key: "invoice:1".into(),
+                outside: false,
+            },
+            Error::TransactionEndedInBody {
+                job: "invoice",
+                key: "invoice:1".into(),
+            },
+        ];
+        for replays in [true, false] {
+            cases.push(Error::ClaimNotTakenBack {
+                job: "invoice",
+                key: "invoice:1".into(),
+                ended: "a statement of its body ended or rolled back its transaction; what the body wrote before that statement may be committed".into(),
+                replays,
+                source: closed(),
+            });
+        }
+        for (outside, retryable) in [(true, true), (true, false), (false, true), (false, false)] {
+            cases.push(Error::CallersTransactionRolledBack {
+                job: "invoice",
+                key: "invoice:1".into(),
+                step: Step::Body,
+                outside,
+                retryable,
+                source: None,
+            });
+        }
+        for error in cases {
+            let text = error.to_string();
+            assert!(
+                !(text.contains("may be committed") && text.contains("safe")),
+                "a retry called safe beside work that may be committed: {text}"
+            );
+            assert_eq!(
+                says_to_retry(&text),
+                error.is_retryable(),
+                "the message and is_retryable disagree: {text}"
+            );
+        }
     }
 
     /// A relay run stopped by a lost connection, after it had recorded one delivery.

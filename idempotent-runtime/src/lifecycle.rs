@@ -304,12 +304,14 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// Inside a caller's transaction the job's savepoint is Diesel's, and the rollback to it
     /// succeeds whether a statement of the body had aborted it or not. Where any failed statement
     /// aborts the transaction (PostgreSQL), a statement of the runtime's that the database refused
-    /// after a body that returned `Ok` is read as the job's own transaction reads it (its
-    /// savepoint's release is refused): the body left it aborted, and it was rolled back.
+    /// because the transaction was aborted already, after a body that returned `Ok`, is read as
+    /// the job's own transaction reads it (its savepoint's release is refused): the body left it
+    /// aborted, and it was rolled back. A refusal of the statement's own (a trigger, a grant) is
+    /// the database's error; before, any refusal there was read as the body's doing.
     async fn fail_after_body(&mut self, error: Error) -> Error {
         let refused = S::Db::A_FAILED_STATEMENT_ABORTS
             && self.nesting == Nesting::Savepoint
-            && matches!(&error, Error::Database { source, .. } if !S::Db::connection_lost(source));
+            && matches!(&error, Error::Database { source, .. } if S::Db::refused_as_aborted(source));
         let error = match self.end_unfinished(false).await {
             Ended::RolledBackByBody { outside } => rolled_back_in_body(self.call, outside),
             Ended::RolledBack if refused => rolled_back_in_body(self.call, false),

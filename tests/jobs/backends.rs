@@ -160,6 +160,13 @@ pub trait Backend: Sized + 'static {
         side: &str,
         other: &str,
     ) -> Result<(), TestError>;
+    /// Job [`PLAIN`] with `key` inside a transaction of the caller's (`conn.transaction(..)`),
+    /// its body inserting a message of `topic` into `test_outbox`.
+    fn plain_in_callers_transaction(
+        conn: &mut Self::Conn,
+        key: &JobKey,
+        topic: &str,
+    ) -> Result<Outcome<u32>, TestError>;
     /// Job [`PLAIN`] with `key`, whose body calls the same job with the same key on `other`.
     fn plain_nested_elsewhere(
         conn: &mut Self::Conn,
@@ -193,6 +200,20 @@ pub trait Backend: Sized + 'static {
     fn count_done(conn: &mut Self::Conn) -> i64;
     /// `(job_key, job_name, result)` of every done job, by key.
     fn done_rows(conn: &mut Self::Conn) -> Vec<(String, String, Option<String>)>;
+}
+
+/// What a job called inside a caller's transaction returned: its own error where it failed (the
+/// caller's `ROLLBACK` on a lost connection would put its own error in its place), else the
+/// caller's error, else its outcome.
+fn the_jobs_result(
+    job: Option<Result<Outcome<u32>, TestError>>,
+    caller: Result<(), TestError>,
+) -> Result<Outcome<u32>, TestError> {
+    match (job, caller) {
+        (Some(Err(error)), _) | (_, Err(error)) => Err(error),
+        (Some(Ok(outcome)), Ok(())) => Ok(outcome),
+        (None, Ok(())) => unreachable!("the caller's transaction ran the job"),
+    }
 }
 
 /// A one-number row.
@@ -519,6 +540,27 @@ macro_rules! sync_backend {
                 other: &str,
             ) -> Result<(), TestError> {
                 handlers::write_skew(conn, barrier, side, other)
+            }
+
+            fn plain_in_callers_transaction(
+                conn: &mut Self::Conn,
+                key: &JobKey,
+                topic: &str,
+            ) -> Result<Outcome<u32>, TestError> {
+                let mut job = None;
+                let caller = diesel::Connection::transaction::<_, TestError, _>(conn, |conn| {
+                    let ran = idempotent_jobs::run(conn, &PLAIN, key, |conn| {
+                        handlers::TestConn::insert_message(conn, topic, "x")?;
+                        Ok::<_, TestError>(1)
+                    });
+                    let failed = ran.is_err();
+                    job = Some(ran);
+                    match failed {
+                        true => Err(TestError::Service("the job failed".into())),
+                        false => Ok(()),
+                    }
+                });
+                the_jobs_result(job, caller)
             }
 
             fn plain_nested_elsewhere(
@@ -1025,6 +1067,36 @@ macro_rules! async_backend {
                     side,
                     other,
                 ))
+            }
+
+            fn plain_in_callers_transaction(
+                c: &mut Self::Conn,
+                key: &JobKey,
+                topic: &str,
+            ) -> Result<Outcome<u32>, TestError> {
+                let job = std::sync::Mutex::new(None);
+                let caller =
+                    c.runtime.block_on(
+                        diesel_async::AsyncConnection::transaction::<_, TestError, _>(
+                            &mut c.conn,
+                            async |conn| {
+                                let ran =
+                                    idempotent_jobs::run_async(conn, &PLAIN, key, async |conn| {
+                                        handlers::AsyncTestConn::insert_message(conn, topic, "x")
+                                            .await?;
+                                        Ok::<_, TestError>(1)
+                                    })
+                                    .await;
+                                let failed = ran.is_err();
+                                *job.lock().expect("the job's result") = Some(ran);
+                                match failed {
+                                    true => Err(TestError::Service("the job failed".into())),
+                                    false => Ok(()),
+                                }
+                            },
+                        ),
+                    );
+                the_jobs_result(job.into_inner().expect("the job's result"), caller)
             }
 
             fn plain_nested_elsewhere(

@@ -498,6 +498,110 @@ pub fn in_progress_policies_bound_the_wait<B: Backend>() {
     ));
 }
 
+/// A job called inside a transaction of the caller's whose connection is cut after the server
+/// received the release of the job's savepoint (Diesel's `diesel_savepoint_N`) and before its
+/// reply arrived: a release commits nothing, and the caller's transaction ended with the
+/// connection, uncommitted. The error says so: nothing of the job was committed, and the retry is
+/// the enclosing transaction's, from its start (a retry of the call alone, on another connection,
+/// would run the job outside it). Before, it was `CommitOutcomeUnknown`: "the job may or may not
+/// have been committed; retrying is safe".
+pub fn a_lost_release_inside_a_callers_transaction_commits_nothing<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = B::connect(&proxy.url(db.locator()));
+    let key = JobKey::new("plain:lost-release");
+    proxy.arm_on("RELEASE SAVEPOINT diesel_savepoint");
+    let result = B::plain_in_callers_transaction(&mut conn, &key, "lost-release");
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the release's connection");
+    let error = match result {
+        Err(crate::handlers::TestError::Idempotent(error)) => error,
+        other => panic!("expected the call's error: {other:?}"),
+    };
+    let text = error.to_string();
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                enclosing: true,
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("nothing of the job was committed")
+            && text.contains("retry that transaction from its start"),
+        "{text}"
+    );
+    assert!(!text.contains("may or may not"), "{text}");
+    assert!(error.is_connection_lost(), "{text}");
+    let mut direct = db.connect();
+    assert_eq!(
+        (
+            B::count_topic(&mut direct, "lost-release"),
+            B::count_done(&mut direct)
+        ),
+        (0, 0),
+        "nothing committed: the body's write and the claim went with the caller's transaction"
+    );
+    // The caller's retry, from its start, on a connection of its own.
+    let retried = B::plain_in_callers_transaction(&mut direct, &key, "lost-release");
+    assert!(
+        matches!(retried, Ok(idempotent_jobs::Outcome::Ran(1))),
+        "{retried:?}"
+    );
+    assert_eq!(B::count_topic(&mut direct, "lost-release"), 1);
+}
+
+/// PostgreSQL: a job called inside a transaction of the caller's whose result's record the
+/// database refuses on its own (a trigger on `done_jobs`), after a body that did nothing wrong.
+/// The call is the database's error, at the record, not retryable, nothing of the job committed;
+/// before, any refusal there was read as a body that had aborted the transaction and returned
+/// `Ok` regardless (`TransactionRolledBackInBody`, "retrying is safe"). A refusal only because the
+/// transaction was aborted already ("current transaction is aborted", in the server's language)
+/// is still read so.
+pub fn a_record_refused_inside_a_callers_transaction_is_the_databases_error<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "CREATE FUNCTION refuse_records() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'results are closed'; END $$",
+    );
+    B::execute(
+        &mut conn,
+        "CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs FOR EACH ROW \
+         EXECUTE FUNCTION refuse_records()",
+    );
+    let key = JobKey::new("plain:refused-record");
+    let error = match B::plain_in_callers_transaction(&mut conn, &key, "refused-record") {
+        Err(crate::handlers::TestError::Idempotent(error)) => error,
+        other => panic!("expected the call's error: {other:?}"),
+    };
+    let text = crate::names::with_causes(&error);
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                enclosing: true,
+                retryable: false,
+                ..
+            }
+        ) && text.contains("results are closed"),
+        "the database's own refusal: {text}"
+    );
+    assert!(!text.contains("returned Ok regardless"), "{text}");
+    let mut direct = db.connect();
+    assert_eq!(
+        (
+            B::count_topic(&mut direct, "refused-record"),
+            B::count_done(&mut direct)
+        ),
+        (0, 0),
+        "nothing of the job committed"
+    );
+}
+
 /// The connection is cut after the server received `COMMIT` and before its reply arrived: the
 /// error says the outcome is unknown and a retry is safe, and the retry replays the committed run.
 pub fn lost_commit_replies_leave_an_unknown_outcome<B: Backend>() {

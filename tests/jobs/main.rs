@@ -588,6 +588,13 @@ macro_rules! server_tests {
             }
 
             #[test]
+            fn a_lost_release_inside_a_callers_transaction_commits_nothing() {
+                crate::holes::a_lost_release_inside_a_callers_transaction_commits_nothing::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn lost_commit_replies_leave_an_unknown_outcome() {
                 crate::holes::lost_commit_replies_leave_an_unknown_outcome::<$backend>();
             }
@@ -690,6 +697,13 @@ macro_rules! mysql_tests {
 macro_rules! postgres_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
+            #[test]
+            fn a_record_refused_inside_a_callers_transaction_is_the_databases_error() {
+                crate::holes::a_record_refused_inside_a_callers_transaction_is_the_databases_error::<
+                    $backend,
+                >();
+            }
+
             /// As for MySQL's `max_statement_time`: PostgreSQL's `statement_timeout` ending the
             /// claim's wait for another run of its key is retried, then retryable.
             #[test]

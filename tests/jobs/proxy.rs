@@ -20,7 +20,12 @@ pub struct CommitCutter {
     after: After,
     /// Whether only a statement that is `COMMIT` counts (PostgreSQL, after `arm_after`).
     strict: Arc<AtomicBool>,
+    /// A text that counts in place of `COMMIT` ([`arm_on`](Self::arm_on)).
+    word: Word,
 }
+
+/// The text a proxy cuts at in place of `COMMIT`, when one is set.
+type Word = Arc<std::sync::Mutex<Option<&'static str>>>;
 
 impl CommitCutter {
     /// A proxy to the server a database `locator` (a URL) names.
@@ -35,6 +40,7 @@ impl CommitCutter {
         );
         let after = Arc::new(std::sync::Mutex::new(None));
         let strict = Arc::new(AtomicBool::new(false));
+        let word: Word = Arc::new(std::sync::Mutex::new(None));
         let (to, armed_for_clients, cuts_for_clients, after_for_clients, strict_for_clients) = (
             upstream.clone(),
             Arc::clone(&armed),
@@ -42,6 +48,7 @@ impl CommitCutter {
             Arc::clone(&after),
             Arc::clone(&strict),
         );
+        let word_for_clients = Arc::clone(&word);
         std::thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(&to) else {
@@ -53,7 +60,8 @@ impl CommitCutter {
                     Arc::clone(&after_for_clients),
                     Arc::clone(&strict_for_clients),
                 );
-                relay(client, server, mysql, (armed, after, strict), cuts);
+                let word = Arc::clone(&word_for_clients);
+                relay(client, server, mysql, (armed, after, strict, word), cuts);
             }
         });
         CommitCutter {
@@ -63,6 +71,7 @@ impl CommitCutter {
             cuts,
             after,
             strict,
+            word,
         }
     }
 
@@ -91,6 +100,13 @@ impl CommitCutter {
         *self.after.lock().expect("the proxy's state") = Some(text);
     }
 
+    /// Cuts the next connection that sends `text` (in place of a `COMMIT`: a savepoint's
+    /// release, say), once: the server answers it, the client never hears the answer.
+    pub fn arm_on(&self, text: &'static str) {
+        *self.word.lock().expect("the proxy's state") = Some(text);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
     /// How many connections were cut.
     pub fn cuts(&self) -> usize {
         self.cuts.load(Ordering::SeqCst)
@@ -111,7 +127,7 @@ fn relay(
     client: TcpStream,
     server: TcpStream,
     mysql: bool,
-    (armed, after, strict_commits): (Arc<AtomicBool>, After, Arc<AtomicBool>),
+    (armed, after, strict_commits, word): (Arc<AtomicBool>, After, Arc<AtomicBool>, Word),
     cuts: Arc<AtomicUsize>,
 ) {
     let (mut client_in, mut server_out) = (
@@ -161,7 +177,12 @@ fn relay(
                 && after.lock().is_ok_and(|after| after.is_none())
                 && armed.load(Ordering::SeqCst)
                 && strict_commits.load(Ordering::SeqCst);
-            let is_commit = if strict {
+            let word = *word.lock().expect("the proxy's state");
+            let is_commit = if let Some(word) = word {
+                chunk
+                    .windows(word.len())
+                    .any(|w| w.eq_ignore_ascii_case(word.as_bytes()))
+            } else if strict {
                 pg_commit_statement(chunk)
             } else if mysql {
                 // One write may hold several packets (a statement's close goes out with the next

@@ -130,6 +130,23 @@ pub(crate) const WAIT_CANCELED: &[&str] = &[
     "因為陳述式逾時，正在取消陳述式",
 ];
 
+/// PostgreSQL's "current transaction is aborted, commands ignored until end of transaction block"
+/// (SQLSTATE 25P02), as [`DEADLOCK_DETECTED`] (the French one up to its line break).
+pub(crate) const IN_FAILED_TRANSACTION: &[&str] = &[
+    "current transaction is aborted, commands ignored until end of transaction block",
+    "aktuelle Transaktion wurde abgebrochen, Befehle werden bis zum Ende der Transaktion ignoriert",
+    "transacción abortada, las órdenes serán ignoradas hasta el fin de bloque de transacción",
+    "la transaction est annulée, les commandes sont ignorées jusqu'à la fin du bloc",
+    "la transazione corrente è interrotta, i comandi saranno ignorati fino alla fine del blocco della transazione",
+    "現在のトランザクションがアボートしました。トランザクションブロックが終わるまでコマンドは無視されます",
+    "현재 트랜잭션은 중지되어 있습니다. 이 트랜잭션을 종료하기 전까지는 모든 명령이 무시될 것입니다",
+    "текущая транзакция прервана, команды до конца блока транзакции игнорируются",
+    "aktuella transaktionen har avbrutits, alla kommandon ignoreras tills slutet på transaktionen",
+    "поточна транзакція перервана, команди до кінця блока транзакції пропускаються",
+    "当前事务已中止，事务块结束之前的命令将被忽略",
+    "目前交易已中止，忽略指令直到交易區塊結尾",
+];
+
 /// What the error [`own_claim_token`] raises says of a transaction that has written already.
 const INSIDE_CALLERS: &str = "idempotent-jobs: the session holds a transaction of its own";
 
@@ -459,6 +476,11 @@ impl Database for PostgresDb {
 
     fn inside_callers_transaction(error: &DieselError) -> bool {
         super::message(error).is_some_and(|m| m.contains(INSIDE_CALLERS))
+    }
+
+    fn refused_as_aborted(error: &DieselError) -> bool {
+        super::message(error)
+            .is_some_and(|m| IN_FAILED_TRANSACTION.iter().any(|known| m.contains(known)))
     }
 
     async fn transaction_still_open<C: Store<Db = Self>>(conn: &mut C) -> Option<bool> {
@@ -857,7 +879,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{DEADLOCK_DETECTED, WAIT_CANCELED};
+    use super::{DEADLOCK_DETECTED, IN_FAILED_TRANSACTION, WAIT_CANCELED};
 
     /// The claim's refusal outside the job's transaction says what the runtime looks for
     /// (`crate::error::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `BEGIN_JOB`
@@ -923,6 +945,10 @@ mod tests {
                 (
                     "canceling statement due to statement timeout",
                     WAIT_CANCELED,
+                ),
+                (
+                    "current transaction is aborted, commands ignored until end of transaction block",
+                    IN_FAILED_TRANSACTION,
                 ),
             ] {
                 assert!(known.contains(&msgid), "{msgid} itself");

@@ -279,6 +279,16 @@ pub trait Database: Sized + Send + Sync + 'static {
         false
     }
 
+    /// Whether `error` is the database refusing a statement only because the transaction was
+    /// aborted already, by an earlier failed statement ([`A_FAILED_STATEMENT_ABORTS`](Self::A_FAILED_STATEMENT_ABORTS);
+    /// PostgreSQL's "current transaction is aborted", in the server's language), not a failure of
+    /// the statement's own. By default never.
+    #[doc(hidden)]
+    fn refused_as_aborted(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Undoes what a job's `BEGIN` and claim did inside a transaction of the caller's (the job's
     /// savepoint, the claim's error), leaving the caller's transaction as it was.
     #[doc(hidden)]
