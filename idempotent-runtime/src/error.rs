@@ -24,7 +24,8 @@ pub enum Error {
     /// call alone, inside it, can meet the same failure (on SQLite it always does where the
     /// transaction's snapshot is older than another connection's commit).
     #[error(
-        "job `{job}` (key `{key}`): the database failed while {step}{hint}; nothing of the job was committed{retry}",
+        "job `{job}` (key `{key}`): the database failed while {doing}{hint}; nothing of the job was committed{retry}",
+        doing = doing(*step, *enclosing),
         hint = hint(source),
         retry = match (*retryable, *enclosing) {
             (true, false) => "; retrying is safe and can succeed",
@@ -756,6 +757,15 @@ impl fmt::Display for Step {
             Step::Rollback => "rolling back",
             Step::Body => "the body ran",
         })
+    }
+}
+
+/// What the runtime was doing, as [`Error::Database`] says it: inside a caller's transaction the
+/// job's end is the release of its savepoint there, not a commit of its own.
+fn doing(step: Step, enclosing: bool) -> std::borrow::Cow<'static, str> {
+    match (step, enclosing) {
+        (Step::Commit, true) => "releasing the job's savepoint in the enclosing transaction".into(),
+        _ => step.to_string().into(),
     }
 }
 

@@ -90,6 +90,7 @@ impl CommitCutter {
 
     /// Cuts the next connection that sends a `COMMIT`, once.
     pub fn arm(&self) {
+        *self.word.lock().expect("the proxy's state") = None;
         self.armed.store(true, Ordering::SeqCst);
     }
 
