@@ -33,7 +33,7 @@ use crate::outcome::Outcome;
 use crate::retry::Retry;
 use crate::stats::Ending;
 use crate::store::{ClaimAttempt, Database, DoneRow, Finish, Nesting, Store};
-use crate::transaction::{Ownership, Transaction, itself};
+use crate::transaction::{Mark, Ownership, Transaction, itself};
 
 impl JobCall<'_> {
     /// Runs the call on a sync connection; see [`run`](crate::run).
@@ -154,7 +154,7 @@ where
         Err(error) => return Err(call.failed(error).into()),
     };
     // No `.await` between the claim's guard handing over and this one taking charge.
-    let mut transaction = Transaction::opened(conn, reach);
+    let mut transaction = Transaction::opened(conn, reach).marked(nesting);
     tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
     let first_done_micros = claimed.as_ref().map(|row| row.done_at_micros);
     let produced = produce(&mut transaction, call, claimed, equal, body).await;
@@ -360,6 +360,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             if ownership == Ownership::Own {
                 return self.after_rollback(false, false).await;
             }
+            if ownership == Ownership::NotOwn
+                && let Some(ended) = self.savepoint_gone(stopped_at_failure, false).await
+            {
+                return ended;
+            }
             let outside = !stopped_at_failure && self.ended_outside(ownership).await;
             return match committed(
                 take_back_after_callers_end(self.transaction.store(), self.call).await,
@@ -367,7 +372,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 outside,
             ) {
                 // With no transaction open, the caller's is gone: not the job's savepoint alone.
-                Ended::RolledBackByBody { outside: true } => Ended::CallersRolledBack,
+                Ended::RolledBackByBody { outside: true } => {
+                    Ended::CallersRolledBack { outside: true }
+                }
                 ended => ended,
             };
         }
@@ -390,6 +397,53 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             ownership,
             outside,
         )
+    }
+
+    /// Inside a caller's transaction, once the job's savepoint turned out gone (its rollback or
+    /// release failed, and the connection answered): the mark set before it tells what became of
+    /// the caller's transaction ([`Mark`]). `None` where it cannot tell; the job then ends as
+    /// before the mark was read.
+    ///
+    /// - The mark is there: a statement of the body released the job's savepoint, and the
+    ///   rollback to the mark undid what the job left in the caller's transaction, which goes on.
+    /// - The mark is gone: a statement of the body (or the database) ended the caller's
+    ///   transaction, committing or rolling back the claim with it, and whatever transaction is
+    ///   open now (one the body began, or MySQL's `autocommit = 0` opened at its next statement)
+    ///   is not the caller's: a take-back in it would be undone by the caller's `ROLLBACK`, and
+    ///   one the caller commits would commit what the body wrote after the end. That transaction
+    ///   is rolled back, and the claim taken back in a transaction of its own.
+    ///
+    /// `body_ok`: the body returned `Ok` (the result was recorded after its statement).
+    async fn savepoint_gone(&mut self, stopped_at_failure: bool, body_ok: bool) -> Option<Ended> {
+        match self.transaction.back_to_mark().await {
+            Mark::Unknown => None,
+            Mark::Restored => Some(Ended::SavepointReleased),
+            Mark::Gone => {
+                let store = self.transaction.store();
+                // What the body ran after the end ran outside any transaction where none is open
+                // now; else in the one open, which the rollback here undoes.
+                let outside =
+                    !stopped_at_failure && S::Db::transaction_still_open(store).await != Some(true);
+                if let Err(error) = store.batch(S::Db::ROLLBACK).await {
+                    tracing::debug!(%error, "no transaction was open after the caller's ended");
+                }
+                Some(
+                    match take_back_on_its_own(self.transaction.store(), self.call).await {
+                        Ok(true) => Ended::CommittedInBody,
+                        Ok(false) => Ended::CallersRolledBack { outside },
+                        Err(source) => Ended::ClaimKept(
+                            match body_ok {
+                                true => ENDED_BEFORE_COMMIT,
+                                false => ENDED_IN_BODY,
+                            }
+                            .to_owned(),
+                            source,
+                            !self.stores_result || (body_ok && outside),
+                        ),
+                    },
+                )
+            }
+        }
     }
 
     /// Asked before the runtime ends a transaction that the database said is no longer the
@@ -442,6 +496,14 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             && S::Db::commit_failed_instead(self.transaction.store(), &source).await;
         let outside = self.ended_outside(Ownership::NotOwn).await;
         self.transaction.abort_job(self.nesting).await;
+        if self.nesting == Nesting::Savepoint
+            && Ownership::from_failure::<S::Db>(&source) == Ownership::NotOwn
+            && let Some(ended) = self.savepoint_gone(false, true).await
+        {
+            return ended
+                .error(self.call)
+                .unwrap_or_else(|| rolled_back_in_body(self.call, false));
+        }
         if self.nesting == Nesting::Savepoint && S::Db::A_FAILED_STATEMENT_ABORTS && !outside {
             // The release of Diesel's savepoint failed with the caller's transaction still open:
             // the body had released it (the claim, checked by the record, was still there), and
@@ -465,7 +527,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             // deferred trigger's): it, not the body, says what happened.
             Ok(false) if commit_failed => self.call.database::<S::Db>(Step::Commit, source),
             Ok(false) if outside && self.nesting == Nesting::Savepoint => {
-                callers_rolled_back(self.call)
+                callers_rolled_back(self.call, true)
             }
             Ok(false) => rolled_back_in_body(self.call, outside),
             // The result was recorded after the body's statement. Where no transaction was open
@@ -565,6 +627,22 @@ async fn take_back_after_callers_end<S: Store>(
     }
 }
 
+/// [`Database::take_back`] in a transaction of its own begun and committed as text, where Diesel
+/// still counts a caller's transaction that a statement of the body ended (its own `BEGIN` would
+/// be a savepoint there) and the session holds none (the runtime rolled back what was open).
+async fn take_back_on_its_own<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<bool> {
+    store.batch("BEGIN").await?;
+    match S::Db::take_back(store, &call.digest, call.context.claim_token()).await {
+        Ok(taken) => store.batch(S::Db::COMMIT).await.map(|()| taken),
+        Err(error) => {
+            if let Err(rollback) = store.batch(S::Db::ROLLBACK).await {
+                tracing::warn!(%rollback, "rolling back a failed take-back failed");
+            }
+            Err(error)
+        }
+    }
+}
+
 /// [`Database::take_back`] in a short transaction of its own (a session with `autocommit = 0`
 /// would otherwise never commit it).
 async fn take_back_in_own_transaction<S: Store>(
@@ -596,9 +674,15 @@ enum Ended {
         outside: bool,
     },
     /// Inside a caller's transaction: the whole of it was rolled back (by the database, or a
-    /// statement of the body) and the body went on; nothing of it is in the database, and what
-    /// the body ran after the rollback ran outside any transaction.
-    CallersRolledBack,
+    /// statement of the body); nothing of it is in the database. Where `outside`, the body went
+    /// on, and what it ran after the rollback ran outside any transaction.
+    CallersRolledBack {
+        /// What the body ran after the rollback may be committed.
+        outside: bool,
+    },
+    /// Inside a caller's transaction: a statement of the body released the job's savepoint; the
+    /// caller's transaction is back where it called the job, with nothing of the job in it.
+    SavepointReleased,
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,
@@ -617,7 +701,11 @@ impl Ended {
             Ended::RolledBack | Ended::RolledBackByBody { outside: false } => None,
             // The body's own error would say nothing of what it ran after the end.
             Ended::RolledBackByBody { outside: true } => Some(rolled_back_in_body(call, true)),
-            Ended::CallersRolledBack => Some(callers_rolled_back(call)),
+            Ended::CallersRolledBack { outside } => Some(callers_rolled_back(call, outside)),
+            Ended::SavepointReleased => Some(Error::SavepointReleasedInBody {
+                job: call.job.name(),
+                key: call.key_text.clone(),
+            }),
             Ended::CommittedInBody => Some(ended_in_body(call)),
             Ended::NoRollback(why) => Some(Error::CannotRollBack {
                 job: call.job.name(),
@@ -631,14 +719,14 @@ impl Ended {
     }
 }
 
-/// [`Error::CallersTransactionRolledBack`] for `call`, found after its body: the body went on
-/// after the rollback.
-fn callers_rolled_back(call: &Call) -> Error {
+/// [`Error::CallersTransactionRolledBack`] for `call`, found after its body; `outside`: the body
+/// went on after the rollback.
+fn callers_rolled_back(call: &Call, outside: bool) -> Error {
     Error::CallersTransactionRolledBack {
         job: call.job.name(),
         key: call.key_text.clone(),
         step: Step::Body,
-        outside: true,
+        outside,
         retryable: true,
         source: None,
     }

@@ -15,6 +15,24 @@ pub(crate) struct Transaction<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &m
     open: bool,
     /// Diesel's count of open transactions when the job's commit was sent (the job's own level).
     finished_at: Option<u32>,
+    /// Inside a caller's transaction: Diesel's count of the caller's open transactions when the
+    /// savepoint was opened, which names the mark set before it ([`crate::db::enclosing_mark`]).
+    enclosing: Option<u32>,
+}
+
+/// What became of a caller's transaction, read from the mark set before the job's savepoint
+/// once that savepoint turned out gone ([`Transaction::back_to_mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// The mark was there: the caller's transaction is still open (a statement of the body
+    /// released the job's savepoint), and it is now back where it called the job, with nothing
+    /// of the job in it (on PostgreSQL no longer aborted by the failed release).
+    Restored,
+    /// The mark was gone: a statement of the body (or the database) ended the caller's
+    /// transaction; any transaction open now is another one.
+    Gone,
+    /// No answer (the connection failed), or no mark.
+    Unknown,
 }
 
 impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Conn, S, R> {
@@ -25,6 +43,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
             reach,
             open: true,
             finished_at: None,
+            enclosing: None,
         }
     }
 
@@ -50,7 +69,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
             None => transaction.store().begin().await,
         };
         match begun {
-            Ok(nesting) => Ok((transaction, nesting)),
+            Ok(nesting) => Ok((transaction.marked(nesting), nesting)),
             Err(error) => {
                 // Nothing was opened.
                 transaction.open = false;
@@ -66,7 +85,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     ) -> diesel::QueryResult<(Self, Nesting)> {
         let mut transaction = Self::opened(conn, reach);
         match transaction.store().begin_deferred().await {
-            Ok(nesting) => Ok((transaction, nesting)),
+            Ok(nesting) => Ok((transaction.marked(nesting), nesting)),
             Err(error) => {
                 transaction.open = false;
                 Err(error)
@@ -82,7 +101,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     ) -> diesel::QueryResult<(Self, Nesting)> {
         let mut transaction = Self::opened(conn, reach);
         match transaction.store().begin_job(bound).await {
-            Ok(nesting) => Ok((transaction, nesting)),
+            Ok(nesting) => Ok((transaction.marked(nesting), nesting)),
             Err(error) => {
                 transaction.open = false;
                 Err(error)
@@ -104,10 +123,45 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     )> {
         let mut transaction = Self::opened(conn, reach);
         match S::Db::begin_and_claim(transaction.store(), claim).await {
-            Ok((nesting, first)) => Ok((transaction, nesting, first)),
+            Ok((nesting, first)) => Ok((transaction.marked(nesting), nesting, first)),
             Err(error) => {
                 transaction.open = false;
                 Err(error)
+            }
+        }
+    }
+
+    /// Notes, for a savepoint inside a caller's transaction, which mark was set before it.
+    pub(crate) fn marked(mut self, nesting: Nesting) -> Self {
+        if nesting == Nesting::Savepoint {
+            self.enclosing = self
+                .store()
+                .transaction_depth()
+                .ok()
+                .and_then(|d| d.checked_sub(1));
+        }
+        self
+    }
+
+    /// Inside a caller's transaction whose job savepoint turned out gone (its rollback or release
+    /// failed): rolls back to the mark set before it, which tells whether the caller's
+    /// transaction is still the one open ([`Mark`]). Where it is, that also undoes what the job
+    /// left in it, and brings a transaction the failed release aborted (PostgreSQL) back to
+    /// where the caller called the job.
+    pub(crate) async fn back_to_mark(&mut self) -> Mark {
+        let Some(enclosing) = self.enclosing else {
+            return Mark::Unknown;
+        };
+        let back = format!(
+            "ROLLBACK TO SAVEPOINT {}",
+            crate::db::enclosing_mark(enclosing)
+        );
+        match self.store().batch(&back).await {
+            Ok(()) => Mark::Restored,
+            Err(error) if S::Db::connection_lost(&error) => Mark::Unknown,
+            Err(error) => {
+                tracing::debug!(%error, "the caller's transaction was ended in the job's body");
+                Mark::Gone
             }
         }
     }

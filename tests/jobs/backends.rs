@@ -147,6 +147,18 @@ pub trait Backend: Sized + 'static {
         statements: &str,
         value: bool,
     ) -> (Result<(), TestError>, Result<(), TestError>);
+    /// Inside a transaction of the caller's (`conn.transaction(..)`), which writes topic
+    /// `caller:<id>` before the job and, when the job returns `Ok`, after it (and commits), else
+    /// rolls back: [`handlers::statements_in_body`] (`value`) or
+    /// [`handlers::statements_in_unit_body`]. The job's result, and then the caller's
+    /// transaction's.
+    fn statements_in_callers_transaction(
+        conn: &mut Self::Conn,
+        id: &str,
+        statements: &str,
+        fail: bool,
+        value: bool,
+    ) -> (Result<Option<Receipt>, TestError>, Result<(), TestError>);
     /// `statements_in_unit_body`: the same, returning `()`.
     fn statements_in_unit_body(
         conn: &mut Self::Conn,
@@ -511,6 +523,32 @@ macro_rules! sync_backend {
                         false => handlers::careless_unit(conn, id, statements),
                     };
                     handlers::TestConn::insert_message(conn, "caller", id)?;
+                    Ok::<_, TestError>(())
+                });
+                (job, caller)
+            }
+
+            fn statements_in_callers_transaction(
+                conn: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+                fail: bool,
+                value: bool,
+            ) -> (Result<Option<Receipt>, TestError>, Result<(), TestError>) {
+                let caller_topic = format!("caller:{id}");
+                let mut job = Ok(None);
+                let caller = diesel::Connection::transaction(conn, |conn| {
+                    handlers::TestConn::insert_message(conn, &caller_topic, id)?;
+                    job = match value {
+                        true => handlers::statements_in_body(conn, id, statements, fail).map(Some),
+                        false => handlers::statements_in_unit_body(conn, id, statements, fail)
+                            .map(|()| None),
+                    };
+                    if job.is_err() {
+                        // The caller returns the job's error: its transaction rolls back.
+                        return Err(TestError::Declined);
+                    }
+                    handlers::TestConn::insert_message(conn, &caller_topic, id)?;
                     Ok::<_, TestError>(())
                 });
                 (job, caller)
@@ -1029,6 +1067,45 @@ macro_rules! async_backend {
                                 false => handlers::careless_unit_async(conn, id, statements).await,
                             };
                             handlers::AsyncTestConn::insert_message(conn, "caller", id).await?;
+                            Ok::<_, TestError>(())
+                        },
+                    ));
+                (job, caller)
+            }
+
+            fn statements_in_callers_transaction(
+                c: &mut Self::Conn,
+                id: &str,
+                statements: &str,
+                fail: bool,
+                value: bool,
+            ) -> (Result<Option<Receipt>, TestError>, Result<(), TestError>) {
+                let caller_topic = format!("caller:{id}");
+                let mut job = Ok(None);
+                let caller = c
+                    .runtime
+                    .block_on(diesel_async::AsyncConnection::transaction(
+                        &mut c.conn,
+                        async |conn| {
+                            handlers::AsyncTestConn::insert_message(conn, &caller_topic, id)
+                                .await?;
+                            job = match value {
+                                true => {
+                                    handlers::statements_in_body_async(conn, id, statements, fail)
+                                        .await
+                                        .map(Some)
+                                }
+                                false => handlers::statements_in_unit_body_async(
+                                    conn, id, statements, fail,
+                                )
+                                .await
+                                .map(|()| None),
+                            };
+                            if job.is_err() {
+                                return Err(TestError::Declined);
+                            }
+                            handlers::AsyncTestConn::insert_message(conn, &caller_topic, id)
+                                .await?;
                             Ok::<_, TestError>(())
                         },
                     ));

@@ -121,6 +121,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn statements_in_a_nested_body_never_make_a_call_lie() {
+                crate::truth::statements_in_a_nested_body_never_make_a_call_lie::<$backend>();
+            }
+
+            #[test]
             fn a_claim_committed_without_its_result_is_finished_by_the_next_delivery() {
                 crate::truth::a_claim_committed_without_its_result_is_finished_by_the_next_delivery::<
                     $backend,

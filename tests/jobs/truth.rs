@@ -266,6 +266,120 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
     );
 }
 
+/// The statements tried in the body of a job called inside a transaction of the caller's: every
+/// way we know of to end, replace or abort the caller's transaction from inside the job, and to
+/// take the job's savepoint (Diesel's `diesel_savepoint_1`) from it.
+fn nested_cases(server: Server) -> Vec<&'static str> {
+    let mut cases = vec![
+        "",
+        "COMMIT",
+        "COMMIT;;BEGIN",
+        "ROLLBACK",
+        "ROLLBACK;;BEGIN",
+        "RELEASE SAVEPOINT diesel_savepoint_1",
+    ];
+    cases.extend(match server {
+        Server::Postgres => ["END", "COMMIT AND CHAIN", "ROLLBACK AND CHAIN"].as_slice(),
+        Server::Mysql => [
+            "BEGIN",
+            "COMMIT AND CHAIN",
+            "ROLLBACK AND CHAIN",
+            "CREATE TABLE IF NOT EXISTS ddl_probe (id INTEGER)",
+            "TRUNCATE TABLE ddl_probe",
+        ]
+        .as_slice(),
+        Server::Sqlite => ["END"].as_slice(),
+    });
+    cases
+}
+
+/// The session settings a nested case runs under, each with the statements that put the session
+/// back after the caller's transaction: MySQL's `autocommit = 0` too, where a statement after an
+/// implicit commit opens a transaction of the session's at once, which the test then rolls back
+/// (what nobody committed is not committed).
+fn session_modes(server: Server) -> &'static [(&'static str, &'static [&'static str])] {
+    match server {
+        Server::Mysql => &[
+            ("", &[]),
+            ("SET autocommit = 0", &["ROLLBACK", "SET autocommit = 1"]),
+        ],
+        Server::Postgres | Server::Sqlite => &[("", &[])],
+    }
+}
+
+/// [`statements_in_the_body_never_make_a_call_lie`] for a job called inside a transaction of the
+/// caller's, which returns the job's error (and so rolls back) or, when the job returns `Ok`,
+/// writes again and commits: what the call said must be what the database holds once the
+/// caller's transaction has ended, and a clean delivery must finish the key.
+pub fn statements_in_a_nested_body_never_make_a_call_lie<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(
+        &mut conn,
+        "CREATE TABLE IF NOT EXISTS ddl_probe (id INTEGER)",
+    );
+    let mut wrong = Vec::new();
+    let mut tried = 0;
+    for &(setting, reset) in session_modes(B::SERVER) {
+        for statements in nested_cases(B::SERVER) {
+            for (kind, fail) in [Kind::Value, Kind::Unit]
+                .into_iter()
+                .flat_map(|kind| [(kind, false), (kind, true)])
+            {
+                tried += 1;
+                let id = harness::unique_name("nested-truth");
+                let (job, caller) = {
+                    let mut conn = db.connect();
+                    if !setting.is_empty() {
+                        B::execute(&mut conn, setting);
+                    }
+                    let ran = B::statements_in_callers_transaction(
+                        &mut conn,
+                        &id,
+                        statements,
+                        fail,
+                        kind == Kind::Value,
+                    );
+                    for statement in reset {
+                        B::execute(&mut conn, statement);
+                    }
+                    ran
+                };
+                let ending = if fail { "Err" } else { "Ok" };
+                let case = format!("{setting:?}: {kind:?} job, `{statements}` then {ending}");
+                if let Err(why) = check(&db, kind, &id, statements, &job) {
+                    wrong.push(format!("{case}: {why}"));
+                }
+                let callers = B::count_topic(&mut db.connect(), &format!("caller:{id}"));
+                match &job {
+                    Ok(_) if caller.is_err() || callers != 2 => wrong.push(format!(
+                        "{case}: the job said Ok, and the caller's transaction ended {caller:?} with {callers} of its 2 rows"
+                    )),
+                    Err(TestError::Idempotent(error))
+                        if error.to_string().contains("nor anything that transaction wrote")
+                            && callers != 0 =>
+                    {
+                        wrong.push(format!(
+                            "{case}: {error}; the caller's rows committed: {callers}"
+                        ))
+                    }
+                    _ => {}
+                }
+                if let Err(why) = redeliver(&db, kind, &id) {
+                    wrong.push(format!("{case}: {why}"));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {tried} nested calls ({}) reported something the database does not hold:\n{}",
+        wrong.len(),
+        B::NAME,
+        wrong.join("\n")
+    );
+}
+
 /// Deallocates the session's prepared statements that ask whether a transaction is still open
 /// (`idempotent.open`), as a pooler in transaction mode loses a session's prepared statements.
 const LOSE_THE_PROBE: &str = "DO $$ DECLARE n text; BEGIN \

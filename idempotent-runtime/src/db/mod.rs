@@ -23,10 +23,59 @@ where
     match AnsiTransactionManager::begin_transaction_sql(conn, sql) {
         Ok(()) => Ok(Nesting::Outermost),
         Err(DieselError::AlreadyInTransaction) => {
-            <AnsiTransactionManager as TransactionManager<C>>::begin_transaction(conn)?;
+            let depth = depth_sync(conn)?;
+            conn.batch_execute(&marked_savepoint(depth))?;
+            change_depth(
+                <AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(
+                    conn,
+                ),
+            )?;
             Ok(Nesting::Savepoint)
         }
         Err(error) => Err(error),
+    }
+}
+
+/// The name of the mark a transaction of the runtime's opened inside a caller's sets before
+/// Diesel's savepoint (`enclosing` is Diesel's count of the caller's open transactions): a
+/// savepoint of its own, which a statement of the body that releases the job's savepoint leaves
+/// in place, and one that ends the caller's transaction takes with it. Only the runtime's failure
+/// paths read it ([`crate::transaction::Mark`]); it goes when the caller's transaction ends.
+pub(crate) fn enclosing_mark(enclosing: u32) -> String {
+    format!("idempotent_enclosing_{enclosing}")
+}
+
+/// What Diesel sends to open a savepoint inside a caller's transaction at `depth`, with the
+/// runtime's mark before it in the same batch (no round trip more).
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "async"
+))]
+fn marked_savepoint(depth: u32) -> String {
+    format!(
+        "SAVEPOINT {}; SAVEPOINT diesel_savepoint_{depth}",
+        enclosing_mark(depth)
+    )
+}
+
+/// Counts one transaction more in Diesel's manager (the savepoint just opened).
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "async"
+))]
+fn change_depth(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> diesel::QueryResult<()> {
+    match status {
+        diesel::connection::TransactionManagerStatus::Valid(valid) => valid
+            .change_transaction_depth(diesel::connection::TransactionDepthChange::IncreaseDepth),
+        diesel::connection::TransactionManagerStatus::InError => {
+            Err(DieselError::BrokenTransactionManager)
+        }
     }
 }
 
@@ -452,7 +501,13 @@ where
     match AnsiTransactionManager::begin_transaction_sql(conn, sql).await {
         Ok(()) => Ok(crate::store::Nesting::Outermost),
         Err(DieselError::AlreadyInTransaction) => {
-            AnsiTransactionManager::begin_transaction(conn).await?;
+            // Diesel's savepoint with the runtime's mark before it (see `enclosing_mark`). A
+            // future dropped while it is in flight is the runtime's transaction guard's to mark
+            // broken, as for any statement of a job's.
+            let depth = depth_async(conn)?;
+            diesel_async::SimpleAsyncConnection::batch_execute(conn, &marked_savepoint(depth))
+                .await?;
+            change_depth(AnsiTransactionManager::transaction_manager_status_mut(conn))?;
             Ok(crate::store::Nesting::Savepoint)
         }
         Err(error) => Err(error),
