@@ -73,9 +73,15 @@ pub enum Error {
     /// A statement in the body ended the job's transaction early (on MySQL and MariaDB, DDL such as
     /// `TRUNCATE` or `CREATE TABLE`, `LOCK TABLES`, `START TRANSACTION`, ... commit implicitly).
     ///
+    /// Inside a caller's transaction, the statement ended that transaction (its work before the
+    /// call is committed with the job's). What the body did before the statement is committed,
+    /// and the claim was taken back. What came after ran outside any transaction (each statement
+    /// committed on its own) or in one that began after it (a `BEGIN` of the body's, a chained
+    /// transaction, or the one MySQL's `autocommit = 0` opens at the next statement), which the
+    /// runtime rolled back.
+    ///
     /// What to do: take such statements out of the job's body (a nested `conn.transaction(..)`
-    /// is a savepoint, and fine). What the body did before the statement is committed; what came
-    /// after ran outside any transaction.
+    /// is a savepoint, and fine).
     #[error(
         "job `{job}` (key `{key}`): a statement of its body ended the job's transaction (COMMIT, ROLLBACK, BEGIN; on MySQL also DDL and its other implicit commits); the work before it was committed and the claim was taken back: a retry would run the job again over that work, so take the statement out of the body before retrying"
     )]
