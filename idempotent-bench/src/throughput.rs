@@ -23,7 +23,7 @@ pub struct Throughput {
 
 /// The ratios reported, as (name, the faster variant, the slower one): time per job of the second
 /// over the first.
-pub const RATIOS: [(&str, Variant, Variant); 10] = [
+pub const RATIOS: [(&str, Variant, Variant); 11] = [
     ("macro/floor", Variant::Floor, Variant::Macro),
     (
         "macro_value/floor_value",
@@ -36,6 +36,11 @@ pub const RATIOS: [(&str, Variant, Variant); 10] = [
         Variant::MacroEmpty,
     ),
     ("macro/hand", Variant::Hand, Variant::Macro),
+    (
+        "nested_macro/nested_hand",
+        Variant::NestedHand,
+        Variant::NestedMacro,
+    ),
     (
         "macro_value/hand_value",
         Variant::HandValue,

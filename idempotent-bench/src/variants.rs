@@ -100,10 +100,12 @@ pub enum Variant {
     Macro,
     MacroEmpty,
     MacroValue,
+    NestedHand,
+    NestedMacro,
     TwoPhase,
 }
 
-pub const VARIANTS: [Variant; 12] = [
+pub const VARIANTS: [Variant; 14] = [
     Variant::Bare,
     Variant::FloorEmpty,
     Variant::Floor,
@@ -115,6 +117,8 @@ pub const VARIANTS: [Variant; 12] = [
     Variant::Macro,
     Variant::MacroEmpty,
     Variant::MacroValue,
+    Variant::NestedHand,
+    Variant::NestedMacro,
     Variant::TwoPhase,
 ];
 
@@ -132,6 +136,8 @@ impl Variant {
             Variant::Macro => "macro",
             Variant::MacroEmpty => "macro_empty",
             Variant::MacroValue => "macro_value",
+            Variant::NestedHand => "nested_hand",
+            Variant::NestedMacro => "nested_macro",
             Variant::TwoPhase => "two_phase",
         }
     }
@@ -158,6 +164,12 @@ impl Variant {
             Variant::Macro => "#[idempotent_job] around the body",
             Variant::MacroEmpty => "#[idempotent_job] around nothing",
             Variant::MacroValue => "#[idempotent_job] around the body, returning a stored receipt",
+            Variant::NestedHand => {
+                "inside a caller's idiomatic transaction that writes a row first: a nested conn.transaction (Diesel's savepoint), claim + body"
+            }
+            Variant::NestedMacro => {
+                "inside the same caller's transaction: #[idempotent_job] around the body (Diesel's savepoint with the runtime's mark before it)"
+            }
             Variant::TwoPhase => {
                 "record in progress, commit, work, mark complete (best transport, 3 transactions)"
             }
@@ -186,9 +198,41 @@ impl Variant {
                 let stored = macro_value(conn, job)?;
                 assert_eq!(stored, receipt(job));
             }
+            Variant::NestedHand => nested(conn, job, |c| {
+                let (key, digest) = hand_key("nested-hand", job);
+                c.transaction::<_, diesel::result::Error, _>(|c| {
+                    if c.hand_claim(&digest, &key)? {
+                        c.insert_effect(job)?;
+                    }
+                    Ok(())
+                })
+                .map_err(BenchError::from)
+            })?,
+            Variant::NestedMacro => nested(conn, job, |c| macro_job(c, job))?,
             Variant::TwoPhase => two_phase(conn, job)?,
         }
         Ok(())
+    }
+}
+
+/// `job` inside a caller's transaction, opened the idiomatic way, which writes a row of its own
+/// before it (as a caller that calls a job from its own work does).
+fn nested<C: BenchDb>(
+    conn: &mut C,
+    job: i64,
+    mut inner: impl FnMut(&mut C) -> Result<(), BenchError>,
+) -> Result<(), BenchError> {
+    let mut failed = None;
+    let outer = conn.idiomatic(&mut |c| {
+        c.insert_effect(-job)?;
+        inner(c).map_err(|error| {
+            failed = Some(error);
+            diesel::result::Error::RollbackTransaction
+        })
+    });
+    match (failed, outer) {
+        (Some(error), _) => Err(error),
+        (None, outer) => outer.map_err(BenchError::from),
     }
 }
 
