@@ -55,6 +55,7 @@ fn job(id: &str, key: &str, keep: u8, hold: Option<(HoldPoint, Nemesis)>) -> Job
         hold: hold.map(|(at, then)| Hold { at, then }),
         cancel_ms: None,
         in_progress_ms: None,
+        nested: false,
     }
 }
 

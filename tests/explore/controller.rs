@@ -1101,6 +1101,7 @@ impl Runner {
                     hold: None,
                     cancel_ms: None,
                     in_progress_ms: None,
+                    nested: false,
                 };
                 self.figures.final_deliveries += 1;
                 self.slots[w].busy = Some(Busy::Job(spec.clone(), now_us()));

@@ -173,6 +173,11 @@ pub struct JobSpec {
     /// once, `Some(ms)` waits at most that long (`WhileInProgress`).
     #[serde(default)]
     pub in_progress_ms: Option<u64>,
+    /// The job is called inside a transaction of the caller's (Diesel's `transaction`), which
+    /// commits when the call returns `Ran` or `Replayed` and rolls back on anything else: the
+    /// job runs in a savepoint of it.
+    #[serde(default)]
+    pub nested: bool,
 }
 
 /// What an operator does beside the workers, through the runtime's API or the CLI binary.
@@ -483,8 +488,10 @@ impl Generator {
                 self.rng.range(10, 1500)
             }
         });
+        let nested = self.rng.chance(20);
         JobSpec {
             in_progress_ms,
+            nested,
             id: format!("d{}", self.next_id),
             key,
             job,

@@ -97,6 +97,39 @@ enum WorkerError {
     Db(#[from] diesel::result::Error),
     #[error("the body failed on purpose after its work")]
     Body,
+    /// The job ran inside the caller's transaction, whose own end then failed: what the job
+    /// committed with it is unknown.
+    #[error("the caller's transaction failed at its end after the job returned: {0}")]
+    CallerEnded(String),
+}
+
+/// `job` inside a transaction of the caller's (Diesel's `transaction` on a sync connection): it
+/// commits when the job completed, and rolls back on anything else (an error, a panic, which is
+/// caught inside it and returned after the rollback). The job's own result is kept: where the
+/// caller's `ROLLBACK` fails, Diesel returns that error instead of the closure's.
+fn in_callers_transaction<C, T>(
+    c: &mut C,
+    job: impl FnOnce(&mut C) -> std::thread::Result<Result<T, WorkerError>>,
+) -> std::thread::Result<Result<T, WorkerError>>
+where
+    C: diesel::Connection,
+{
+    let mut kept = None;
+    let ended = c.transaction::<(), diesel::result::Error, _>(|c| {
+        let ran = job(c);
+        let completed = matches!(ran, Ok(Ok(_)));
+        kept = Some(ran);
+        match completed {
+            true => Ok(()),
+            false => Err(diesel::result::Error::RollbackTransaction),
+        }
+    });
+    match (kept, ended) {
+        (None, Err(error)) => Ok(Err(WorkerError::Db(error))),
+        (None, Ok(())) => unreachable!("the caller's transaction ran its closure"),
+        (Some(Ok(Ok(_))), Err(error)) => Ok(Err(WorkerError::CallerEnded(error.to_string()))),
+        (Some(ran), _) => ran,
+    }
 }
 
 #[derive(QueryableByName)]
@@ -177,6 +210,7 @@ fn payload(spec: &JobSpec, poison: u32) -> Payload {
 fn error_res(error: WorkerError) -> Res {
     match error {
         WorkerError::Body => Res::BodyErr,
+        WorkerError::CallerEnded(e) => Res::Unknown(e),
         WorkerError::Db(e) => Res::BodyDbErr(e.to_string()),
         WorkerError::Lib(e) => {
             let debug = format!("{e:?}");
@@ -193,6 +227,7 @@ fn error_res(error: WorkerError) -> Res {
                     | idempotent_jobs::Error::CannotRollBack { .. }
                     // What the body ran after its transaction ended may be committed.
                     | idempotent_jobs::Error::TransactionRolledBackInBody { outside: true, .. }
+                    | idempotent_jobs::Error::CallersTransactionRolledBack { outside: true, .. }
             );
             Res::Error {
                 variant,
@@ -327,43 +362,49 @@ fn run_sync_job(conn: &mut SyncConn, spec: &JobSpec, db: Db) -> Res {
     }
     let sql = effect_sql(db);
     let result = on_sync!(conn, |c| {
-        std::panic::catch_unwind(AssertUnwindSafe(|| {
-            call.run(c, |c| -> Result<Option<String>, WorkerError> {
-                let msg = match spec.outbox {
-                    Some(poison) => Some(outbox::push(c, "explore", &payload(spec, poison))?),
-                    None => None,
-                };
-                diesel::sql_query(sql)
-                    .bind::<Text, _>(&spec.key)
-                    .bind::<Text, _>(&spec.id)
-                    .bind::<Nullable<Text>, _>(value(spec))
-                    .bind::<Nullable<Text>, _>(msg)
-                    .execute(c)?;
-                if spec.hold.is_some_and(|h| h.at == HoldPoint::Body) {
-                    let backend_pid = if db.is_server() {
-                        diesel::sql_query(pid_sql(db))
-                            .get_result::<Number>(c)
-                            .ok()
-                            .map(|n| n.v)
-                    } else {
-                        None
+        let job = |c: &mut _| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                call.run(c, |c| -> Result<Option<String>, WorkerError> {
+                    let msg = match spec.outbox {
+                        Some(poison) => Some(outbox::push(c, "explore", &payload(spec, poison))?),
+                        None => None,
                     };
-                    emit(&Event::Hold {
-                        id: spec.id.clone(),
-                        backend_pid,
-                    });
-                    wait_go();
-                }
-                if spec.slow_ms > 0 {
-                    std::thread::sleep(Duration::from_millis(spec.slow_ms));
-                }
-                match spec.fail {
-                    Fail::Err => Err(WorkerError::Body),
-                    Fail::Panic => panic!("explore: the body panics after its work"),
-                    Fail::No => Ok(value(spec)),
-                }
-            })
-        }))
+                    diesel::sql_query(sql)
+                        .bind::<Text, _>(&spec.key)
+                        .bind::<Text, _>(&spec.id)
+                        .bind::<Nullable<Text>, _>(value(spec))
+                        .bind::<Nullable<Text>, _>(msg)
+                        .execute(c)?;
+                    if spec.hold.is_some_and(|h| h.at == HoldPoint::Body) {
+                        let backend_pid = if db.is_server() {
+                            diesel::sql_query(pid_sql(db))
+                                .get_result::<Number>(c)
+                                .ok()
+                                .map(|n| n.v)
+                        } else {
+                            None
+                        };
+                        emit(&Event::Hold {
+                            id: spec.id.clone(),
+                            backend_pid,
+                        });
+                        wait_go();
+                    }
+                    if spec.slow_ms > 0 {
+                        std::thread::sleep(Duration::from_millis(spec.slow_ms));
+                    }
+                    match spec.fail {
+                        Fail::Err => Err(WorkerError::Body),
+                        Fail::Panic => panic!("explore: the body panics after its work"),
+                        Fail::No => Ok(value(spec)),
+                    }
+                })
+            }))
+        };
+        match spec.nested {
+            true => in_callers_transaction(c, job),
+            false => job(c),
+        }
     });
     match result {
         Ok(Ok(outcome)) => outcome_res(outcome),
@@ -577,46 +618,77 @@ mod asynchronous {
         }
         let sql = effect_sql(db);
         on_async!(conn, |c| {
-            call.run_async(c, async |c| -> Result<Option<String>, WorkerError> {
-                let msg = match spec.outbox {
-                    Some(poison) => {
-                        Some(outbox::push_async(c, "explore", &payload(spec, poison)).await?)
-                    }
-                    None => None,
-                };
-                diesel::sql_query(sql)
-                    .bind::<Text, _>(&spec.key)
-                    .bind::<Text, _>(&spec.id)
-                    .bind::<Nullable<Text>, _>(value(spec))
-                    .bind::<Nullable<Text>, _>(msg)
-                    .execute(c)
-                    .await?;
-                if spec.hold.is_some_and(|h| h.at == HoldPoint::Body) {
-                    let backend_pid = if db.is_server() {
-                        diesel::sql_query(pid_sql(db))
-                            .get_result::<Number>(c)
-                            .await
-                            .ok()
-                            .map(|n| n.v)
-                    } else {
-                        None
+            let job = async |c: &mut _| {
+                call.run_async(c, async |c| -> Result<Option<String>, WorkerError> {
+                    let msg = match spec.outbox {
+                        Some(poison) => {
+                            Some(outbox::push_async(c, "explore", &payload(spec, poison)).await?)
+                        }
+                        None => None,
                     };
-                    emit(&Event::Hold {
-                        id: spec.id.clone(),
-                        backend_pid,
-                    });
-                    wait_go();
+                    diesel::sql_query(sql)
+                        .bind::<Text, _>(&spec.key)
+                        .bind::<Text, _>(&spec.id)
+                        .bind::<Nullable<Text>, _>(value(spec))
+                        .bind::<Nullable<Text>, _>(msg)
+                        .execute(c)
+                        .await?;
+                    if spec.hold.is_some_and(|h| h.at == HoldPoint::Body) {
+                        let backend_pid = if db.is_server() {
+                            diesel::sql_query(pid_sql(db))
+                                .get_result::<Number>(c)
+                                .await
+                                .ok()
+                                .map(|n| n.v)
+                        } else {
+                            None
+                        };
+                        emit(&Event::Hold {
+                            id: spec.id.clone(),
+                            backend_pid,
+                        });
+                        wait_go();
+                    }
+                    if spec.slow_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(spec.slow_ms)).await;
+                    }
+                    match spec.fail {
+                        Fail::Err => Err(WorkerError::Body),
+                        Fail::Panic => panic!("explore: the body panics after its work"),
+                        Fail::No => Ok(value(spec)),
+                    }
+                })
+                .await
+            };
+            match spec.nested {
+                false => job(c).await,
+                // Inside a transaction of the caller's (diesel-async's `transaction`), which
+                // commits when the job completed and rolls back on anything else. The job's own
+                // result is kept: a failed `ROLLBACK` would replace it. A panic unwinds through
+                // it (the task reports `Panicked`), and the connection is dropped after it.
+                true => {
+                    let mut kept = None;
+                    let ended = c
+                        .transaction::<(), WorkerError, _>(async |c| {
+                            let ran = job(c).await;
+                            let completed = ran.is_ok();
+                            kept = Some(ran);
+                            match completed {
+                                true => Ok(()),
+                                false => Err(WorkerError::Body),
+                            }
+                        })
+                        .await;
+                    match (kept, ended) {
+                        (None, Err(error)) => Err(error),
+                        (None, Ok(())) => unreachable!("the caller's transaction ran its closure"),
+                        (Some(Ok(_)), Err(error)) => {
+                            Err(WorkerError::CallerEnded(error.to_string()))
+                        }
+                        (Some(ran), _) => ran,
+                    }
                 }
-                if spec.slow_ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(spec.slow_ms)).await;
-                }
-                match spec.fail {
-                    Fail::Err => Err(WorkerError::Body),
-                    Fail::Panic => panic!("explore: the body panics after its work"),
-                    Fail::No => Ok(value(spec)),
-                }
-            })
-            .await
+            }
         })
     }
 
