@@ -419,6 +419,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             Mark::Unknown => None,
             Mark::Restored => Some(Ended::SavepointReleased),
             Mark::Gone => {
+                self.transaction.guard(true);
                 let store = self.transaction.store();
                 // What the body ran after the end ran outside any transaction where none is open
                 // now; else in the one open, which the rollback here undoes.
@@ -427,21 +428,34 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 if let Err(error) = store.batch(S::Db::ROLLBACK).await {
                     tracing::debug!(%error, "no transaction was open after the caller's ended");
                 }
-                Some(
-                    match take_back_on_its_own(self.transaction.store(), self.call).await {
-                        Ok(true) => Ended::CommittedInBody,
-                        Ok(false) => Ended::CallersRolledBack { outside },
-                        Err(source) => Ended::ClaimKept(
-                            match body_ok {
-                                true => ENDED_BEFORE_COMMIT,
-                                false => ENDED_IN_BODY,
-                            }
-                            .to_owned(),
-                            source,
-                            !self.stores_result || (body_ok && outside),
-                        ),
-                    },
-                )
+                let taken = take_back_on_its_own(self.transaction.store(), self.call).await;
+                // Diesel still counts the caller's transaction: a new one, empty, stands for it,
+                // so that the caller's `ROLLBACK` (the `?` on this error) ends it, and Diesel
+                // returns the job's error rather than "no transaction is active".
+                let enclosing = self.transaction.enclosing().unwrap_or(1);
+                let store = self.transaction.store();
+                // A plain `BEGIN` (on SQLite a deferred one, which takes no lock until written).
+                match store.batch("BEGIN").await {
+                    Ok(()) => store.count_transactions(enclosing),
+                    Err(error) => {
+                        tracing::warn!(%error, "opening a transaction for the caller's to end failed");
+                        store.count_transactions(0);
+                    }
+                }
+                self.transaction.guard(false);
+                Some(match taken {
+                    Ok(true) => Ended::CommittedInBody,
+                    Ok(false) => Ended::CallersRolledBack { outside },
+                    Err(source) => Ended::ClaimKept(
+                        match body_ok {
+                            true => ENDED_BEFORE_COMMIT,
+                            false => ENDED_IN_BODY,
+                        }
+                        .to_owned(),
+                        source,
+                        !self.stores_result || (body_ok && outside),
+                    ),
+                })
             }
         }
     }
@@ -630,17 +644,35 @@ async fn take_back_after_callers_end<S: Store>(
 /// [`Database::take_back`] in a transaction of its own begun and committed as text, where Diesel
 /// still counts a caller's transaction that a statement of the body ended (its own `BEGIN` would
 /// be a savepoint there) and the session holds none (the runtime rolled back what was open).
+/// A failure that passes (busy, a lock wait, a deadlock) is retried as [`take_back_claim`]'s is.
 async fn take_back_on_its_own<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<bool> {
-    store.batch("BEGIN").await?;
-    match S::Db::take_back(store, &call.digest, call.context.claim_token()).await {
-        Ok(taken) => store.batch(S::Db::COMMIT).await.map(|()| taken),
-        Err(error) => {
-            if let Err(rollback) = store.batch(S::Db::ROLLBACK).await {
-                tracing::warn!(%rollback, "rolling back a failed take-back failed");
-            }
-            Err(error)
+    let mut retry = crate::retry::Retry::new();
+    loop {
+        match take_back_once_uncounted(store, call).await {
+            Err(error) if retry.failed::<S::Db>(&error).is_some() => retry.pause::<S>().await,
+            taken => return taken,
         }
     }
+}
+
+/// One attempt of [`take_back_on_its_own`]: begun, the `DELETE`, committed; rolled back on any
+/// failure, so that nothing is left open.
+async fn take_back_once_uncounted<S: Store>(
+    store: &mut S,
+    call: &Call,
+) -> diesel::QueryResult<bool> {
+    store.batch(S::Db::BEGIN_UNCOUNTED).await?;
+    let taken = match S::Db::take_back(store, &call.digest, call.context.claim_token()).await {
+        Ok(taken) => store.batch(S::Db::COMMIT).await.map(|()| taken),
+        Err(error) => Err(error),
+    };
+    if let Err(error) = &taken
+        && !S::Db::connection_lost(error)
+        && let Err(rollback) = store.batch(S::Db::ROLLBACK).await
+    {
+        tracing::debug!(%rollback, "nothing was left open by the failed take-back");
+    }
+    taken
 }
 
 /// [`Database::take_back`] in a short transaction of its own (a session with `autocommit = 0`

@@ -143,6 +143,12 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         self
     }
 
+    /// Diesel's count of the caller's open transactions, where the job runs in a savepoint of
+    /// one.
+    pub(crate) fn enclosing(&self) -> Option<u32> {
+        self.enclosing
+    }
+
     /// Inside a caller's transaction whose job savepoint turned out gone (its rollback or release
     /// failed): rolls back to the mark set before it, which tells whether the caller's
     /// transaction is still the one open ([`Mark`]). Where it is, that also undoes what the job
@@ -278,6 +284,13 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
             tracing::error!(%error, "rolling back failed; the connection is marked broken");
         }
         self.open = false;
+    }
+
+    /// Arms the guard again (or disarms it) around statements the runtime sends after the job's
+    /// own transaction ended, which a dropped future must not leave half done: a transaction of
+    /// the runtime's begun as text, which Diesel does not count.
+    pub(crate) fn guard(&mut self, open: bool) {
+        self.open = open;
     }
 
     /// Hands the open transaction on without ending it (to a guard the caller creates next, with

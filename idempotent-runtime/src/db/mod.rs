@@ -320,6 +320,13 @@ macro_rules! sync_store {
                 $crate::db::forget_sync(self, broken);
             }
 
+            fn count_transactions(&mut self, depth: u32) {
+                $crate::db::counted(
+                    <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::transaction_manager_status_mut(self),
+                    depth,
+                );
+            }
+
             async fn begin_bounded(
                 &mut self,
                 limit: std::time::Duration,
@@ -392,6 +399,14 @@ macro_rules! async_store_methods {
     () => {
         fn forget_transaction(&mut self, broken: bool) {
             $crate::db::forget_async(self, broken);
+        }
+
+        fn count_transactions(&mut self, depth: u32) {
+            use diesel_async::TransactionManager as _;
+            $crate::db::counted(
+                <Self as diesel_async::AsyncConnection>::TransactionManager::transaction_manager_status_mut(self),
+                depth,
+            );
         }
 
         async fn commit(&mut self) -> diesel::QueryResult<()> {
@@ -589,6 +604,17 @@ fn left_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> diesel::QueryRe
 
 /// What [`Store::forget_transaction`](crate::store::Store::forget_transaction) does to a
 /// transaction manager's status: no transaction open, or broken.
+/// Diesel's count set to `depth` open transactions, in a clean state.
+pub(crate) fn counted(status: &mut diesel::connection::TransactionManagerStatus, depth: u32) {
+    *status = diesel::connection::TransactionManagerStatus::Valid(Default::default());
+    for _ in 0..depth {
+        if let Err(error) = change_depth(status) {
+            tracing::warn!(%error, "counting the caller's transactions failed");
+            return;
+        }
+    }
+}
+
 fn forgotten(status: &mut diesel::connection::TransactionManagerStatus, broken: bool) {
     if broken {
         status.set_in_error();
@@ -1167,6 +1193,10 @@ mod pooled {
 
         fn forget_transaction(&mut self, broken: bool) {
             inner(self).forget_transaction(broken);
+        }
+
+        fn count_transactions(&mut self, depth: u32) {
+            inner(self).count_transactions(depth);
         }
 
         fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {

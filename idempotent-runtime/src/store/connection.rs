@@ -121,6 +121,13 @@ pub trait Store: Send + Sized {
     #[doc(hidden)]
     fn forget_transaction(&mut self, broken: bool);
 
+    /// Tells Diesel's transaction manager that `depth` transactions are open (none for 0), after
+    /// the runtime ended a caller's transaction that a statement of a job's body had replaced and
+    /// began a new one to stand for it (PostgreSQL's sync connection forgets its count when the
+    /// session is idle for a moment).
+    #[doc(hidden)]
+    fn count_transactions(&mut self, depth: u32);
+
     /// Commits the innermost transaction (releases the savepoint).
     #[doc(hidden)]
     fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
