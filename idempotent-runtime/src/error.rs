@@ -249,30 +249,9 @@ pub enum Error {
         source: Option<diesel::result::Error>,
     },
 
-    /// A job called inside a caller's transaction whose body released the job's savepoint there
-    /// (Diesel's, `diesel_savepoint_N`): the runtime rolled the caller's transaction back to
-    /// where it called the job (to a savepoint of its own set just before Diesel's). Nothing of
-    /// the job is in the caller's transaction or committed, neither its claim nor what its body
-    /// wrote; what the caller's transaction wrote before the call is still in it, and it goes on
-    /// (on PostgreSQL no longer aborted by the failed release).
-    ///
-    /// What to do: take the statement that releases the job's savepoint out of the body; return
-    /// the error from the enclosing transaction, or go on without the job. Retrying does not
-    /// help while the body runs it.
-    #[error(
-        "job `{job}` (key `{key}`): a statement of its body released the job's savepoint in the enclosing transaction (Diesel's diesel_savepoint_N): the enclosing transaction was rolled back to where it called the job, and nothing of the job was committed or is left in it; what that transaction wrote before the call is still in it, and it goes on; take that statement out of the body: retrying does not help while it runs"
-    )]
-    SavepointReleasedInBody {
-        /// The job's name.
-        job: &'static str,
-        /// The job's key (redacted when the job asks for it).
-        key: String,
-    },
-
-    /// PostgreSQL, where the runtime could not roll the caller's transaction back to where it
-    /// called the job (see [`SavepointReleasedInBody`](Error::SavepointReleasedInBody)): a job
-    /// called inside a caller's transaction whose body released the job's
-    /// savepoint there (Diesel's, `diesel_savepoint_N`, or a savepoint of the caller's set before
+    /// PostgreSQL, where the runtime could not roll the caller's transaction back to the mark it
+    /// sets before the job's savepoint (the connection failed): a job called inside a caller's
+    /// transaction whose body released the job's savepoint there (Diesel's, `diesel_savepoint_N`, or a savepoint of the caller's set before
     /// it): releasing it at the job's end failed, and a failed statement aborts the whole
     /// transaction. Nothing of the job was committed, and nothing the enclosing transaction wrote
     /// will be: the database refuses its later statements, and its `COMMIT` rolls it back.
@@ -1022,16 +1001,10 @@ mod tests {
                 "{text}"
             );
         }
-        for error in [
-            Error::CallersTransactionAborted {
-                job: "invoice",
-                key: "invoice:1".into(),
-            },
-            Error::SavepointReleasedInBody {
-                job: "invoice",
-                key: "invoice:1".into(),
-            },
-        ] {
+        for error in [Error::CallersTransactionAborted {
+            job: "invoice",
+            key: "invoice:1".into(),
+        }] {
             let text = error.to_string();
             assert!(!error.is_retryable() && !says_to_retry(&text), "{text}");
         }

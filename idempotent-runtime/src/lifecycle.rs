@@ -404,8 +404,8 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// the caller's transaction ([`Mark`]). `None` where it cannot tell; the job then ends as
     /// before the mark was read.
     ///
-    /// - The mark is there: a statement of the body released the job's savepoint, and the
-    ///   rollback to the mark undid what the job left in the caller's transaction, which goes on.
+    /// - The mark is there (the savepoint's own end failed): the rollback to it undid the job in
+    ///   the caller's transaction, which goes on.
     /// - The mark is gone: a statement of the body (or the database) ended the caller's
     ///   transaction, committing or rolling back the claim with it, and whatever transaction is
     ///   open now (one the body began, or MySQL's `autocommit = 0` opened at its next statement)
@@ -417,7 +417,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     async fn savepoint_gone(&mut self, stopped_at_failure: bool, body_ok: bool) -> Option<Ended> {
         match self.transaction.back_to_mark().await {
             Mark::Unknown => None,
-            Mark::Restored => Some(Ended::SavepointReleased),
+            Mark::Restored => Some(Ended::RolledBack),
             Mark::Gone => {
                 self.transaction.guard(true);
                 let store = self.transaction.store();
@@ -514,9 +514,10 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             && Ownership::from_failure::<S::Db>(&source) == Ownership::NotOwn
             && let Some(ended) = self.savepoint_gone(false, true).await
         {
+            // Rolled back to the mark, which was there after all: the release's own failure.
             return ended
                 .error(self.call)
-                .unwrap_or_else(|| rolled_back_in_body(self.call, false));
+                .unwrap_or_else(|| self.call.database::<S::Db>(Step::Commit, source));
         }
         if self.nesting == Nesting::Savepoint && S::Db::A_FAILED_STATEMENT_ABORTS && !outside {
             // The release of Diesel's savepoint failed with the caller's transaction still open:
@@ -712,9 +713,7 @@ enum Ended {
         /// What the body ran after the rollback may be committed.
         outside: bool,
     },
-    /// Inside a caller's transaction: a statement of the body released the job's savepoint; the
-    /// caller's transaction is back where it called the job, with nothing of the job in it.
-    SavepointReleased,
+
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,
@@ -734,10 +733,7 @@ impl Ended {
             // The body's own error would say nothing of what it ran after the end.
             Ended::RolledBackByBody { outside: true } => Some(rolled_back_in_body(call, true)),
             Ended::CallersRolledBack { outside } => Some(callers_rolled_back(call, outside)),
-            Ended::SavepointReleased => Some(Error::SavepointReleasedInBody {
-                job: call.job.name(),
-                key: call.key_text.clone(),
-            }),
+
             Ended::CommittedInBody => Some(ended_in_body(call)),
             Ended::NoRollback(why) => Some(Error::CannotRollBack {
                 job: call.job.name(),

@@ -24,9 +24,9 @@ pub(crate) struct Transaction<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &m
 /// once that savepoint turned out gone ([`Transaction::back_to_mark`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mark {
-    /// The mark was there: the caller's transaction is still open (a statement of the body
-    /// released the job's savepoint), and it is now back where it called the job, with nothing
-    /// of the job in it (on PostgreSQL no longer aborted by the failed release).
+    /// The mark was there: the caller's transaction is still open, and it is now back where it
+    /// called the job, with nothing of the job in it (the mark released, Diesel counting the
+    /// caller's transactions again).
     Restored,
     /// The mark was gone: a statement of the body (or the database) ended the caller's
     /// transaction; any transaction open now is another one.
@@ -158,11 +158,7 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         let Some(enclosing) = self.enclosing else {
             return Mark::Unknown;
         };
-        let back = format!(
-            "ROLLBACK TO SAVEPOINT {}",
-            crate::db::enclosing_mark(enclosing)
-        );
-        match self.store().batch(&back).await {
+        match end_at_mark(self.store(), enclosing, false).await {
             Ok(()) => Mark::Restored,
             Err(error) if S::Db::connection_lost(&error) => Mark::Unknown,
             Err(error) => {
@@ -175,7 +171,15 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// Commits a job's transaction, if it is still the job's own; see [`finish_job`].
     pub(crate) async fn finish_job(&mut self, nesting: Nesting) -> Result<(), Finish> {
         self.finished_at = self.store().transaction_depth().ok();
-        let finished = finish_job(self.store(), nesting).await;
+        let finished = match (nesting, self.enclosing) {
+            // Releasing the mark releases Diesel's savepoint after it: it fails only where the
+            // mark is gone, with the caller's transaction (a body that released Diesel's savepoint
+            // alone left the job's work and claim, checked by the record, in the caller's).
+            (Nesting::Savepoint, Some(enclosing)) => end_at_mark(self.store(), enclosing, true)
+                .await
+                .map_err(Finish::NotOwn),
+            _ => finish_job(self.store(), nesting).await,
+        };
         self.open = false;
         finished
     }
@@ -204,6 +208,20 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// transaction). The savepoint is rolled back to by its name first, which the database
     /// answers truly; Diesel's rollback then keeps its count of transactions.
     pub(crate) async fn rollback_to_savepoint(&mut self) -> Ownership {
+        if let Some(enclosing) = self.enclosing {
+            // Back to the mark set before Diesel's savepoint: it undoes the job whether the body
+            // released Diesel's savepoint or not, and fails only where the caller's transaction
+            // ended (or the connection did).
+            let rolled_back = end_at_mark(self.store(), enclosing, false).await;
+            self.open = false;
+            return match rolled_back {
+                Ok(()) => Ownership::Own,
+                Err(error) => {
+                    tracing::warn!(%error, "the caller's transaction ended in the job's body");
+                    Ownership::from_failure::<S::Db>(&error)
+                }
+            };
+        }
         let probed = match self.store().transaction_depth() {
             Ok(depth) if depth > 1 => {
                 let back = format!("ROLLBACK TO SAVEPOINT diesel_savepoint_{}", depth - 1);
@@ -271,7 +289,10 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// Commits. Diesel rolls back a top-level transaction whose commit failed, so either way the
     /// transaction is over when this returns.
     pub(crate) async fn commit(&mut self) -> diesel::QueryResult<()> {
-        let committed = self.store().commit().await;
+        let committed = match self.enclosing {
+            Some(enclosing) => end_at_mark(self.store(), enclosing, true).await,
+            None => self.store().commit().await,
+        };
         self.open = false;
         committed
     }
@@ -280,7 +301,11 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
     /// error that made the rollback necessary, and Diesel marks the connection broken if it could
     /// not roll back, so no later job commits into what is left.
     pub(crate) async fn rollback(&mut self) {
-        if let Err(error) = self.store().rollback().await {
+        let rolled_back = match self.enclosing {
+            Some(enclosing) => end_at_mark(self.store(), enclosing, false).await,
+            None => self.store().rollback().await,
+        };
+        if let Err(error) = rolled_back {
             tracing::error!(%error, "rolling back failed; the connection is marked broken");
         }
         self.open = false;
@@ -497,6 +522,30 @@ pub(crate) async fn in_transaction<S: Store, T>(
             result => return result,
         }
     }
+}
+
+/// Ends a savepoint the runtime opened inside a caller's transaction by its mark (see
+/// [`crate::db::enclosing_mark`]), so that no mark outlives its savepoint: `commit` releases the
+/// mark (and Diesel's savepoint after it, with everything in it); else the rollback to the mark
+/// undoes everything after it and releases it. One batch either way; after it Diesel counts the
+/// caller's transactions again. It fails where the mark is gone: a statement of the body ended
+/// the caller's transaction (or the connection failed).
+pub(crate) async fn end_at_mark<S: Store>(
+    store: &mut S,
+    enclosing: u32,
+    commit: bool,
+) -> diesel::QueryResult<()> {
+    let mark = crate::db::enclosing_mark(enclosing);
+    let sql = match commit {
+        true => format!("RELEASE SAVEPOINT {mark}"),
+        false => format!("ROLLBACK TO SAVEPOINT {mark}; RELEASE SAVEPOINT {mark}"),
+    };
+    let ended = store.batch(&sql).await;
+    // The savepoint is gone either way (ended here, or with the caller's transaction): Diesel
+    // counts the caller's transactions again, as its own failed rollback of a savepoint does, so
+    // that the caller's rollback is the caller's.
+    store.uncount_to(enclosing);
+    ended
 }
 
 /// Commits a job's transaction, proving first that it is still the job's own: its savepoint

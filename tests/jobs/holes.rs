@@ -499,7 +499,7 @@ pub fn in_progress_policies_bound_the_wait<B: Backend>() {
 }
 
 /// A job called inside a transaction of the caller's whose connection is cut after the server
-/// received the release of the job's savepoint (Diesel's `diesel_savepoint_N`) and before its
+/// received the release of the job's savepoint (its mark, `idempotent_enclosing_N`) and before its
 /// reply arrived: a release commits nothing, and the caller's transaction ended with the
 /// connection, uncommitted. The error says so: nothing of the job was committed, and the retry is
 /// the enclosing transaction's, from its start (a retry of the call alone, on another connection,
@@ -510,7 +510,7 @@ pub fn a_lost_release_inside_a_callers_transaction_commits_nothing<B: Backend>()
     let proxy = crate::proxy::CommitCutter::start(db.locator());
     let mut conn = B::connect(&proxy.url(db.locator()));
     let key = JobKey::new("plain:lost-release");
-    proxy.arm_on("RELEASE SAVEPOINT diesel_savepoint");
+    proxy.arm_on("RELEASE SAVEPOINT idempotent_enclosing");
     let result = B::plain_in_callers_transaction(&mut conn, &key, "lost-release");
     assert_eq!(proxy.cuts(), 1, "the proxy cut the release's connection");
     let error = runtime_error(result);

@@ -1152,6 +1152,25 @@ mod nested_jobs {
     }
 
     #[test]
+    fn a_body_that_takes_a_savepoint_of_the_callers_is_told_truly_sqlite() {
+        nested::a_body_that_takes_a_savepoint_of_the_callers_is_told_truly::<crate::backends::Sqlite>(
+        );
+    }
+
+    #[test]
+    fn a_body_that_takes_a_savepoint_of_the_callers_is_told_truly_postgres() {
+        nested::a_body_that_takes_a_savepoint_of_the_callers_is_told_truly::<
+            crate::backends::Postgres,
+        >();
+    }
+
+    #[test]
+    fn a_body_that_takes_a_savepoint_of_the_callers_is_told_truly_mysql() {
+        nested::a_body_that_takes_a_savepoint_of_the_callers_is_told_truly::<crate::backends::Mysql>(
+        );
+    }
+
+    #[test]
     fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
         nested::a_deadlock_the_body_catches_says_the_callers_transaction_is_gone();
     }

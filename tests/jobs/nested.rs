@@ -248,14 +248,15 @@ pub fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction()
 }
 
 /// A job inside a caller's transaction whose body releases the job's savepoint (Diesel's,
-/// `diesel_savepoint_1`): what the call says must be what the database holds once the caller's
-/// transaction has ended. The runtime rolls the caller's transaction back to the mark it set
-/// before that savepoint: nothing of the job is left in it (neither the claim nor the body's
-/// work), and the caller goes on and commits what it wrote before and after the call, on every
-/// database. Before the mark, PostgreSQL's failed release aborted the caller's whole transaction
-/// (`CallersTransactionAborted`, nothing committable), and on SQLite and MySQL/MariaDB the call
-/// said `TransactionEndedInBody` ("the work before it was committed") while the body's work was
-/// left in the caller's transaction, to commit with it although the job had failed.
+/// `diesel_savepoint_1`) and returns `Ok`: what the call says must be what the database holds once
+/// the caller's transaction has ended. The job's end releases the mark the runtime set before that
+/// savepoint, which the body's release left in place: the job's work and its claim (checked by
+/// its record) are in the caller's transaction, the call says it ran, and the caller commits all
+/// of it, on every database. Before the mark, PostgreSQL's failed release aborted the caller's
+/// whole transaction (`CallersTransactionAborted`, nothing committable), and on SQLite and
+/// MySQL/MariaDB the call said `TransactionEndedInBody` ("the work before it was committed", the
+/// claim taken back) while the body's work committed with the caller's. (A body that returns
+/// `Err` after such a release is rolled back to the mark: `truth::statements_in_a_nested_body_*`.)
 pub fn a_body_that_releases_the_jobs_savepoint_is_told_truly<B>()
 where
     B: Backend,
@@ -293,12 +294,75 @@ where
             .collect();
         let case = format!("value job {value}: {call:?}, claims {claimed}, rows {rows:?}");
         match &call {
-            Err(TestError::Idempotent(error @ Error::SavepointReleasedInBody { .. })) => {
-                assert!(!error.is_retryable(), "{case}");
+            Ok(()) => {
                 assert_eq!(caller_after, Some(true), "the caller goes on: {case}");
-                assert_eq!((claimed, rows), (0, vec![1, 0, 0, 1]), "{case}");
+                assert_eq!((claimed, rows), (1, vec![1, 1, 1, 1]), "{case}");
             }
             _ => panic!("the call did not say what the database holds: {case}"),
         }
+    }
+}
+
+/// A job's mark must not outlive it. In a caller's transaction: job A runs, the caller sets a
+/// savepoint of its own (`sp`) and writes, then job B's body releases `sp` (taking B's savepoint
+/// and mark with it) and fails; the caller goes on past B's error and commits. Before, A's mark
+/// stayed to the end of the caller's transaction (only Diesel's savepoint was released), and on
+/// PostgreSQL and SQLite, which keep savepoints of the same name side by side, B's rollback found
+/// A's mark and said the caller's transaction was back where it called B, with what it wrote
+/// before still in it: the caller's write after A was gone with the rollback to A's mark. Now a
+/// job's end releases its mark, B finds none, and the runtime rolls the caller's whole
+/// transaction back, as the call says.
+pub fn a_body_that_takes_a_savepoint_of_the_callers_is_told_truly<B>()
+where
+    B: Backend,
+    B::Conn: diesel::Connection + JobStore,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<B::Conn>,
+{
+    let db = fresh::<B>();
+    let mut conn = db.connect();
+    let mut second = None;
+    let ended = conn.transaction::<(), TestError, _>(|conn| {
+        write(conn, "caller-before")?;
+        let first = idempotent_jobs::run(conn, &UNIT, &JobKey::new("nested-unit:1"), |c| {
+            write(c, "first")
+        });
+        assert!(matches!(first, Ok(Outcome::Ran(()))), "{first:?}");
+        diesel::sql_query("SAVEPOINT sp").execute(conn)?;
+        write(conn, "caller-between")?;
+        second = Some(idempotent_jobs::run(
+            conn,
+            &UNIT,
+            &JobKey::new("nested-unit:2"),
+            |c| {
+                write(c, "second")?;
+                let _ = diesel::sql_query("RELEASE SAVEPOINT sp").execute(c);
+                Err::<(), _>(TestError::Declined)
+            },
+        ));
+        write(conn, "caller-after")?;
+        Ok(())
+    });
+    let second = second.expect("the second call");
+    let rows: Vec<i64> = [
+        "caller-before",
+        "first",
+        "caller-between",
+        "second",
+        "caller-after",
+    ]
+    .iter()
+    .map(|tag| count::<B>(&mut conn, tag))
+    .collect();
+    let claims = B::count_done(&mut conn);
+    let case = format!("second job: {second:?}; caller: {ended:?}; rows {rows:?}, claims {claims}");
+    match &second {
+        Err(TestError::Idempotent(Error::CallersTransactionRolledBack { .. })) => {
+            assert_eq!(
+                (&rows[..4], claims),
+                (&[0, 0, 0, 0][..], 0),
+                "nothing the caller's transaction wrote before the call is committed: {case}"
+            );
+        }
+        _ => panic!("the call did not say what the database holds: {case}"),
     }
 }

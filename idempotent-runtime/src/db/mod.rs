@@ -327,6 +327,13 @@ macro_rules! sync_store {
                 );
             }
 
+            fn uncount_to(&mut self, depth: u32) {
+                $crate::db::uncounted(
+                    <diesel::connection::AnsiTransactionManager as diesel::connection::TransactionManager<Self>>::transaction_manager_status_mut(self),
+                    depth,
+                );
+            }
+
             async fn begin_bounded(
                 &mut self,
                 limit: std::time::Duration,
@@ -404,6 +411,14 @@ macro_rules! async_store_methods {
         fn count_transactions(&mut self, depth: u32) {
             use diesel_async::TransactionManager as _;
             $crate::db::counted(
+                <Self as diesel_async::AsyncConnection>::TransactionManager::transaction_manager_status_mut(self),
+                depth,
+            );
+        }
+
+        fn uncount_to(&mut self, depth: u32) {
+            use diesel_async::TransactionManager as _;
+            $crate::db::uncounted(
                 <Self as diesel_async::AsyncConnection>::TransactionManager::transaction_manager_status_mut(self),
                 depth,
             );
@@ -604,6 +619,24 @@ fn left_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> diesel::QueryRe
 
 /// What [`Store::forget_transaction`](crate::store::Store::forget_transaction) does to a
 /// transaction manager's status: no transaction open, or broken.
+/// Diesel's count lowered to `depth` open transactions, its other state kept.
+pub(crate) fn uncounted(status: &mut diesel::connection::TransactionManagerStatus, depth: u32) {
+    use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
+    if let TransactionManagerStatus::Valid(valid) = status {
+        while valid
+            .transaction_depth()
+            .is_some_and(|counted| counted.get() > depth)
+        {
+            if let Err(error) =
+                valid.change_transaction_depth(TransactionDepthChange::DecreaseDepth)
+            {
+                tracing::warn!(%error, "uncounting the runtime's savepoint failed");
+                return;
+            }
+        }
+    }
+}
+
 /// Diesel's count set to `depth` open transactions, in a clean state.
 pub(crate) fn counted(status: &mut diesel::connection::TransactionManagerStatus, depth: u32) {
     *status = diesel::connection::TransactionManagerStatus::Valid(Default::default());
@@ -1197,6 +1230,10 @@ mod pooled {
 
         fn count_transactions(&mut self, depth: u32) {
             inner(self).count_transactions(depth);
+        }
+
+        fn uncount_to(&mut self, depth: u32) {
+            inner(self).uncount_to(depth);
         }
 
         fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {

@@ -128,6 +128,12 @@ pub trait Store: Send + Sized {
     #[doc(hidden)]
     fn count_transactions(&mut self, depth: u32);
 
+    /// Tells Diesel's transaction manager that the transactions it counts past `depth` ended (a
+    /// savepoint the runtime released or rolled back to with statements of its own), keeping the
+    /// rest of its state.
+    #[doc(hidden)]
+    fn uncount_to(&mut self, depth: u32);
+
     /// Commits the innermost transaction (releases the savepoint).
     #[doc(hidden)]
     fn commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
