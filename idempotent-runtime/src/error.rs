@@ -1001,13 +1001,12 @@ mod tests {
                 "{text}"
             );
         }
-        for error in [Error::CallersTransactionAborted {
+        let aborted = Error::CallersTransactionAborted {
             job: "invoice",
             key: "invoice:1".into(),
-        }] {
-            let text = error.to_string();
-            assert!(!error.is_retryable() && !says_to_retry(&text), "{text}");
-        }
+        };
+        let text = aborted.to_string();
+        assert!(!aborted.is_retryable() && !says_to_retry(&text), "{text}");
     }
 
     /// No message calls a retry safe while it says that work of the job's may be committed: a

@@ -648,12 +648,37 @@ async fn take_back_after_callers_end<S: Store>(
 /// A failure that passes (busy, a lock wait, a deadlock) is retried as [`take_back_claim`]'s is.
 async fn take_back_on_its_own<S: Store>(store: &mut S, call: &Call) -> diesel::QueryResult<bool> {
     let mut retry = crate::retry::Retry::new();
-    loop {
+    let taken = loop {
         match take_back_once_uncounted(store, call).await {
             Err(error) if retry.failed::<S::Db>(&error).is_some() => retry.pause::<S>().await,
-            taken => return taken,
+            taken => break taken,
         }
+    };
+    match taken {
+        // As in `take_back_claim`: the `DELETE` can fail where there is nothing of this run's to
+        // delete (it waited on another run's row of the key past the lock wait): a read that
+        // locks nothing tells.
+        Err(error) if !S::Db::connection_lost(&error) => {
+            match claim_is_there_uncounted(store, call).await {
+                Ok(false) => Ok(false),
+                _ => Err(error),
+            }
+        }
+        taken => taken,
     }
+}
+
+/// [`claim_is_there`] in a transaction begun as text, which Diesel does not count.
+async fn claim_is_there_uncounted<S: Store>(
+    store: &mut S,
+    call: &Call,
+) -> diesel::QueryResult<bool> {
+    store.batch("BEGIN").await?;
+    let row = S::Db::lookup_key(store, &call.digest).await;
+    if let Err(error) = store.batch(S::Db::ROLLBACK).await {
+        tracing::debug!(%error, "ending the read of the claim failed");
+    }
+    Ok(row?.is_some_and(|row| row.claim_token == Some(call.context.claim_token())))
 }
 
 /// One attempt of [`take_back_on_its_own`]: begun, the `DELETE`, committed; rolled back on any

@@ -736,6 +736,11 @@ macro_rules! postgres_tests {
             }
 
             #[test]
+            fn a_failed_take_back_after_a_nested_body_ended_the_callers_transaction_is_no_alarm() {
+                crate::truth::a_failed_take_back_after_a_nested_body_ended_the_callers_transaction_is_no_alarm::<$backend>();
+            }
+
+            #[test]
             fn a_held_migration_lock_times_out_clearly() {
                 crate::schema::a_held_migration_lock_times_out_clearly::<$backend>(
                     "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('idempotent_jobs:' || current_schema(), 0))",
