@@ -250,17 +250,17 @@ pub enum Error {
     },
 
     /// PostgreSQL, where the runtime could not roll the caller's transaction back to the mark it
-    /// sets before the job's savepoint (the connection failed): a job called inside a caller's
-    /// transaction whose body released the job's savepoint there (Diesel's, `diesel_savepoint_N`, or a savepoint of the caller's set before
-    /// it): releasing it at the job's end failed, and a failed statement aborts the whole
-    /// transaction. Nothing of the job was committed, and nothing the enclosing transaction wrote
+    /// sets before the job's savepoint (the connection failed while it tried): a job called
+    /// inside a caller's transaction whose savepoint there was gone at its end (a statement of the
+    /// body released a savepoint of the caller's set before it): releasing it failed, and a
+    /// failed statement aborts the whole transaction. Nothing of the job was committed, and nothing the enclosing transaction wrote
     /// will be: the database refuses its later statements, and its `COMMIT` rolls it back.
     ///
     /// What to do: return the error from the enclosing transaction (with `?`), which rolls it
     /// back, and take the statement that ends the job's savepoint out of the body. Retrying does
     /// not help while the body runs it.
     #[error(
-        "job `{job}` (key `{key}`): a statement of its body released the job's savepoint in the enclosing transaction (Diesel's diesel_savepoint_N), and releasing it at the job's end aborted that whole transaction: nothing of the job was committed, and nothing that transaction wrote will be (its COMMIT rolls it back); return this error from the enclosing transaction and take that statement out of the body: retrying does not help while it runs"
+        "job `{job}` (key `{key}`): the job's savepoint in the enclosing transaction was gone at the job's end (a statement of its body released it, or a savepoint of the enclosing transaction's set before it), and releasing it aborted that whole transaction: nothing of the job was committed, and nothing that transaction wrote will be (its COMMIT rolls it back); return this error from the enclosing transaction and take that statement out of the body: retrying does not help while it runs"
     )]
     CallersTransactionAborted {
         /// The job's name.

@@ -434,8 +434,9 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 // returns the job's error rather than "no transaction is active".
                 let enclosing = self.transaction.enclosing().unwrap_or(1);
                 let store = self.transaction.store();
-                // A plain `BEGIN` (on SQLite a deferred one, which takes no lock until written).
-                match store.batch("BEGIN").await {
+                // A plain `BEGIN` (on SQLite a deferred one, which takes no lock until written),
+                // with Diesel's savepoints of a caller nested deeper, for its rollbacks to find.
+                match store.batch(&stand_in(enclosing)).await {
                     Ok(()) => store.count_transactions(enclosing),
                     Err(error) => {
                         tracing::warn!(%error, "opening a transaction for the caller's to end failed");
@@ -642,6 +643,18 @@ async fn take_back_after_callers_end<S: Store>(
     }
 }
 
+/// The empty transaction that stands for a caller's that a statement of the body ended, at
+/// Diesel's count of `enclosing` transactions: `BEGIN`, and Diesel's savepoints of the levels past
+/// the first (`diesel_savepoint_1` ..), so that each of the caller's rollbacks finds its own and
+/// Diesel returns the caller's error.
+fn stand_in(enclosing: u32) -> String {
+    let mut sql = String::from("BEGIN");
+    for level in 1..enclosing {
+        sql.push_str(&format!("; SAVEPOINT diesel_savepoint_{level}"));
+    }
+    sql
+}
+
 /// [`Database::take_back`] in a transaction of its own begun and committed as text, where Diesel
 /// still counts a caller's transaction that a statement of the body ended (its own `BEGIN` would
 /// be a savepoint there) and the session holds none (the runtime rolled back what was open).
@@ -738,7 +751,6 @@ enum Ended {
         /// What the body ran after the rollback may be committed.
         outside: bool,
     },
-
     /// A statement of the body had committed it (its work before that statement); the claim was
     /// taken back.
     CommittedInBody,

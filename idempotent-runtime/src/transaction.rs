@@ -551,7 +551,8 @@ pub(crate) async fn end_at_mark<S: Store>(
 /// Commits a job's transaction, proving first that it is still the job's own: its savepoint
 /// ([`Store::begin_job`]) is released, and only then is `COMMIT` sent, in one text batch where that
 /// is one round trip (the `COMMIT` does not run when the release fails) and one after the other
-/// elsewhere. Inside a caller's transaction it releases Diesel's savepoint.
+/// elsewhere. Inside a caller's transaction it releases Diesel's savepoint (the job's own
+/// transaction ends at its mark instead: [`Transaction::finish_job`]).
 ///
 /// A transaction that is no longer the job's own ([`Finish::NotOwn`]) was ended, replaced or
 /// aborted by a statement of the body; the connection is left for [`abort_job`].

@@ -1176,6 +1176,30 @@ mod nested_jobs {
     }
 
     #[test]
+    fn a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs_sqlite()
+     {
+        nested::a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs::<
+            crate::backends::Sqlite,
+        >();
+    }
+
+    #[test]
+    fn a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs_postgres()
+     {
+        nested::a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs::<
+            crate::backends::Postgres,
+        >();
+    }
+
+    #[test]
+    fn a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs_mysql()
+    {
+        nested::a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs::<
+            crate::backends::Mysql,
+        >();
+    }
+
+    #[test]
     fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
         nested::a_deadlock_the_body_catches_says_the_callers_transaction_is_gone();
     }

@@ -366,3 +366,62 @@ where
         _ => panic!("the call did not say what the database holds: {case}"),
     }
 }
+
+/// A job two levels inside a caller's transactions (`conn.transaction(|c| c.transaction(..))`)
+/// whose body ends them (`COMMIT; BEGIN`): the call says the claim was taken back, and each of
+/// the caller's `?` returns the caller's own error. Before, the transaction that stood for the
+/// ended one was a bare `BEGIN` while Diesel counted two levels: the inner rollback to Diesel's
+/// `diesel_savepoint_1` failed, and Diesel returned that error in place of the caller's.
+pub fn a_body_that_ends_a_doubly_nested_callers_transaction_leaves_the_callers_errors_theirs<B>()
+where
+    B: Backend,
+    B::Conn: diesel::Connection + JobStore,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<B::Conn>,
+{
+    let db = fresh::<B>();
+    let mut conn = db.connect();
+    let mut job = None;
+    let mut inner = None;
+    let outer = conn.transaction::<(), TestError, _>(|conn| {
+        write(conn, "outer")?;
+        inner = Some(conn.transaction::<(), TestError, _>(|conn| {
+            write(conn, "inner")?;
+            let ran = idempotent_jobs::run(conn, &UNIT, &JobKey::new("nested-unit:1"), |c| {
+                write(c, "job")?;
+                diesel::connection::SimpleConnection::batch_execute(c, "COMMIT; BEGIN")?;
+                write(c, "job-after")
+            });
+            let failed = ran.is_err();
+            job = Some(ran);
+            match failed {
+                true => Err(TestError::Declined),
+                false => Ok(()),
+            }
+        }));
+        Err(TestError::Declined)
+    });
+    let job = job.expect("the call");
+    let rows: Vec<i64> = ["outer", "inner", "job", "job-after"]
+        .iter()
+        .map(|tag| count::<B>(&mut conn, tag))
+        .collect();
+    let claims = B::count_done(&mut conn);
+    let case =
+        format!("job {job:?}; inner {inner:?}; outer {outer:?}; rows {rows:?}, claims {claims}");
+    assert!(
+        matches!(
+            job,
+            Err(TestError::Idempotent(Error::TransactionEndedInBody { .. }))
+        ),
+        "{case}"
+    );
+    assert_eq!((rows, claims), (vec![1, 1, 1, 0], 0), "{case}");
+    assert!(
+        matches!(inner, Some(Err(TestError::Declined))),
+        "the inner `?`: {case}"
+    );
+    assert!(
+        matches!(outer, Err(TestError::Declined)),
+        "the outer `?`: {case}"
+    );
+}

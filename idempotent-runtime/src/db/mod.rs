@@ -39,8 +39,9 @@ where
 /// The name of the mark a transaction of the runtime's opened inside a caller's sets before
 /// Diesel's savepoint (`enclosing` is Diesel's count of the caller's open transactions): a
 /// savepoint of its own, which a statement of the body that releases the job's savepoint leaves
-/// in place, and one that ends the caller's transaction takes with it. Only the runtime's failure
-/// paths read it ([`crate::transaction::Mark`]); it goes when the caller's transaction ends.
+/// in place, and one that ends the caller's transaction takes with it. The runtime's savepoint
+/// ends at it ([`crate::transaction::end_at_mark`]: released, or rolled back to and released),
+/// and its failure paths read it ([`crate::transaction::Mark`]).
 pub(crate) fn enclosing_mark(enclosing: u32) -> String {
     format!("idempotent_enclosing_{enclosing}")
 }
@@ -617,8 +618,6 @@ fn left_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> diesel::QueryRe
     }
 }
 
-/// What [`Store::forget_transaction`](crate::store::Store::forget_transaction) does to a
-/// transaction manager's status: no transaction open, or broken.
 /// Diesel's count lowered to `depth` open transactions, its other state kept.
 pub(crate) fn uncounted(status: &mut diesel::connection::TransactionManagerStatus, depth: u32) {
     use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
@@ -648,6 +647,8 @@ pub(crate) fn counted(status: &mut diesel::connection::TransactionManagerStatus,
     }
 }
 
+/// What [`Store::forget_transaction`](crate::store::Store::forget_transaction) does to a
+/// transaction manager's status: no transaction open, or broken.
 fn forgotten(status: &mut diesel::connection::TransactionManagerStatus, broken: bool) {
     if broken {
         status.set_in_error();
