@@ -16,8 +16,18 @@ pub(crate) struct Transaction<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &m
     /// Diesel's count of open transactions when the job's commit was sent (the job's own level).
     finished_at: Option<u32>,
     /// Inside a caller's transaction: Diesel's count of the caller's open transactions when the
-    /// savepoint was opened, which names the mark set before it ([`crate::db::enclosing_mark`]).
+    /// savepoint was opened, which names the mark set before it ([`enclosing_mark`]).
     enclosing: Option<u32>,
+}
+
+/// The name of the mark a transaction of the runtime's opened inside a caller's sets before
+/// Diesel's savepoint (`enclosing` is Diesel's count of the caller's open transactions): a
+/// savepoint of its own, which a statement of the body that releases the job's savepoint leaves
+/// in place, and one that ends the caller's transaction takes with it. The runtime's savepoint
+/// ends at it ([`end_at_mark`]: released, or rolled back to and released),
+/// and its failure paths read it ([`Mark`]).
+pub(crate) fn enclosing_mark(enclosing: u32) -> String {
+    format!("idempotent_enclosing_{enclosing}")
 }
 
 /// What became of a caller's transaction, read from the mark set before the job's savepoint
@@ -525,7 +535,7 @@ pub(crate) async fn in_transaction<S: Store, T>(
 }
 
 /// Ends a savepoint the runtime opened inside a caller's transaction by its mark (see
-/// [`crate::db::enclosing_mark`]), so that no mark outlives its savepoint: `commit` releases the
+/// [`enclosing_mark`]), so that no mark outlives its savepoint: `commit` releases the
 /// mark (and Diesel's savepoint after it, with everything in it); else the rollback to the mark
 /// undoes everything after it and releases it. One batch either way; after it Diesel counts the
 /// caller's transactions again. It fails where the mark is gone: a statement of the body ended
@@ -535,7 +545,7 @@ pub(crate) async fn end_at_mark<S: Store>(
     enclosing: u32,
     commit: bool,
 ) -> diesel::QueryResult<()> {
-    let mark = crate::db::enclosing_mark(enclosing);
+    let mark = enclosing_mark(enclosing);
     let sql = match commit {
         true => format!("RELEASE SAVEPOINT {mark}"),
         false => format!("ROLLBACK TO SAVEPOINT {mark}; RELEASE SAVEPOINT {mark}"),

@@ -36,16 +36,6 @@ where
     }
 }
 
-/// The name of the mark a transaction of the runtime's opened inside a caller's sets before
-/// Diesel's savepoint (`enclosing` is Diesel's count of the caller's open transactions): a
-/// savepoint of its own, which a statement of the body that releases the job's savepoint leaves
-/// in place, and one that ends the caller's transaction takes with it. The runtime's savepoint
-/// ends at it ([`crate::transaction::end_at_mark`]: released, or rolled back to and released),
-/// and its failure paths read it ([`crate::transaction::Mark`]).
-pub(crate) fn enclosing_mark(enclosing: u32) -> String {
-    format!("idempotent_enclosing_{enclosing}")
-}
-
 /// What Diesel sends to open a savepoint inside a caller's transaction at `depth`, with the
 /// runtime's mark before it in the same batch (no round trip more).
 #[cfg(any(
@@ -57,7 +47,7 @@ pub(crate) fn enclosing_mark(enclosing: u32) -> String {
 fn marked_savepoint(depth: u32) -> String {
     format!(
         "SAVEPOINT {}; SAVEPOINT diesel_savepoint_{depth}",
-        enclosing_mark(depth)
+        crate::transaction::enclosing_mark(depth)
     )
 }
 
@@ -532,7 +522,7 @@ where
     match AnsiTransactionManager::begin_transaction_sql(conn, sql).await {
         Ok(()) => Ok(crate::store::Nesting::Outermost),
         Err(DieselError::AlreadyInTransaction) => {
-            // Diesel's savepoint with the runtime's mark before it (see `enclosing_mark`). A
+            // Diesel's savepoint with the runtime's mark before it (`transaction::enclosing_mark`). A
             // future dropped while it is in flight is the runtime's transaction guard's to mark
             // broken, as for any statement of a job's.
             let depth = depth_async(conn)?;
