@@ -19,6 +19,10 @@
 //!   `IDEMPOTENT_BENCH_WORKER_ROUNDS` (9); `IDEMPOTENT_BENCH_GROWTH=0,1000000,5000000`: the
 //!   growth sizes.
 //!
+//! * `IDEMPOTENT_BENCH_PROFILE=<variant>:<jobs>` (say `macro:20000`): that variant alone, on the
+//!   first backend of `--backends`, that many jobs in a loop, and the time per job: a process to
+//!   run under `valgrind --tool=callgrind`, `strace -c` or `perf`, variant against variant.
+//!
 //! It prints a table and writes `target/bench/jobs.json` (every figure) and `target/bench/jobs.svg`
 //! (throughput by variant and backend).
 
@@ -177,6 +181,9 @@ fn main() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let my_base = std::env::var("IDEMPOTENT_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    if let Ok(profile) = std::env::var("IDEMPOTENT_BENCH_PROFILE") {
+        return profile_one(&profile, &options, &out, &pg_base, &my_base);
+    }
 
     // SQLite as the README has users run it (a rollback journal, synchronous = FULL), and with the
     // WAL setting it recommends for throughput; growth and prune on the WAL one.
@@ -338,4 +345,48 @@ fn finish(mut report: Report, out: &Path, started: Instant) {
         out.join("jobs.svg").display(),
         Duration::from_secs(started.elapsed().as_secs())
     );
+}
+
+/// `IDEMPOTENT_BENCH_PROFILE=<variant>:<jobs>`: one variant in a loop on the first backend named,
+/// after a warm-up of a tenth as many jobs, for a profiler to compare with another variant's run.
+fn profile_one(profile: &str, options: &Options, out: &Path, pg_base: &str, my_base: &str) {
+    let (name, jobs) = profile.split_once(':').unwrap_or((profile, "10000"));
+    let jobs: i64 = jobs
+        .parse()
+        .expect("IDEMPOTENT_BENCH_PROFILE=<variant>:<jobs>");
+    let variant = variants::VARIANTS
+        .into_iter()
+        .find(|v| v.name() == name)
+        .unwrap_or_else(|| panic!("no variant {name}"));
+    let backend = options.backends.first().map_or("sqlite", String::as_str);
+    fn run<C: db::BenchDb>(mut dbs: Databases, variant: variants::Variant, jobs: i64) {
+        let url = dbs.create("profile");
+        let mut conn = prepared::<C>(&url);
+        for job in 0..jobs / 10 {
+            variant.run(&mut conn, -1 - job).expect("a warm-up job");
+        }
+        let started = Instant::now();
+        for job in 0..jobs {
+            variant.run(&mut conn, job).expect("a job");
+        }
+        let per_job = started.elapsed() / u32::try_from(jobs.max(1)).unwrap_or(u32::MAX);
+        println!(
+            "{} {}: {jobs} jobs, {per_job:?} a job",
+            C::NAME,
+            variant.name()
+        );
+        drop(conn);
+        dbs.drop("profile");
+    }
+    match backend {
+        "sqlite" => {
+            run::<SqliteConnection>(Databases::sqlite(out.to_owned(), false), variant, jobs)
+        }
+        "sqlite-wal" => {
+            run::<SqliteConnection>(Databases::sqlite(out.to_owned(), true), variant, jobs)
+        }
+        "postgres" => run::<PgConnection>(Databases::postgres(pg_base), variant, jobs),
+        "mariadb" => run::<MysqlConnection>(Databases::mysql(my_base), variant, jobs),
+        other => panic!("no backend {other}"),
+    }
 }

@@ -262,10 +262,19 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// when the replayed run committed.
     async fn finish_replay(&mut self, first_done_micros: Option<i64>) -> Result<(), Error> {
         let call = self.call;
-        self.transaction
-            .finish_job(self.nesting)
-            .await
-            .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
+        if self.nesting == Nesting::Savepoint {
+            self.transaction
+                .finish_job(self.nesting)
+                .await
+                .map_err(|finish| call.failed(finish_failed::<S>(call, finish)))?;
+        } else {
+            // The job's own transaction wrote nothing (its claim found the key taken): one
+            // `ROLLBACK` ends it, where `COMMIT` also released the job's savepoint (which, on
+            // SQLite and sync MySQL, took a statement of its own to set). What the replay returns
+            // was read from the committed row; a rollback that fails marks the connection broken
+            // and takes nothing back.
+            self.transaction.rollback().await;
+        }
         match first_done_micros {
             Some(micros) => crate::stats::replayed(call.job, call.started, micros),
             None => call.finished(Ending::Replayed),
@@ -1159,13 +1168,14 @@ async fn attempt_claim<S: Store>(
         (None, false) => bounded_claim_key(transaction.store(), claim, call.in_progress).await,
     };
     // Opened without the job's savepoint: set now, after the claim (a body that rolls back to it
-    // cannot take the claim with it).
+    // cannot take the claim with it); not for a key found taken, whose replay runs no body and
+    // ends its transaction with a rollback (`JobEnd::finish_replay`).
     let (nesting, claimed) = match (nesting, claimed) {
-        (Nesting::Unmarked, Ok(state)) => (
+        (Nesting::Unmarked, Ok(None)) => (
             Nesting::Outermost,
             S::Db::set_job_savepoint(transaction.store())
                 .await
-                .map(|()| state)
+                .map(|()| None)
                 .map_err(|error| (error, None)),
         ),
         other => other,

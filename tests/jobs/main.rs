@@ -1121,6 +1121,64 @@ fn a_postgres_redelivery_replays_in_one_statement() {
     );
 }
 
+/// A replay through the claim (a redelivery told nothing) wrote nothing: its transaction ends
+/// with one `ROLLBACK`, and the job's savepoint, which only a body could need, is never set nor
+/// released. The charge stays the first run's, and the connection is left with no transaction.
+fn a_replay_through_the_claim_ends_with_a_rollback<B>()
+where
+    B: crate::backends::Backend,
+    B::Conn: diesel::Connection,
+{
+    use std::sync::{Arc, Mutex};
+
+    use diesel::connection::{Connection as _, InstrumentationEvent};
+
+    let db = harness::Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::charge_redelivered(&mut conn, "order-1", 100, false).expect("the first run");
+    let statements = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&statements);
+    conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = event {
+            seen.lock().expect("statements").push(query.to_string());
+        }
+    });
+    let receipt = B::charge_redelivered(&mut conn, "order-1", 100, false).expect("a replay");
+    let statements = statements.lock().expect("statements").clone();
+    assert!(
+        statements
+            .iter()
+            .all(|s| !s.contains("SAVEPOINT idempotent_job")
+                || s.starts_with("BEGIN")
+                || s.starts_with("CALL")),
+        "a replay set or released the job's savepoint: {statements:?}"
+    );
+    assert!(
+        statements.last().is_some_and(|s| s.trim() == "ROLLBACK"),
+        "{statements:?}"
+    );
+    assert_eq!(B::count_charges(&mut conn, "order-1"), 1, "{receipt:?}");
+    let depth = <<B::Conn as diesel::Connection>::TransactionManager as diesel::connection::TransactionManager<B::Conn>>::transaction_manager_status_mut(&mut conn)
+        .transaction_depth()
+        .expect("Diesel's count");
+    assert_eq!(depth, None, "{statements:?}");
+    // The server agrees: the next job opens a transaction of its own, and commits.
+    B::charge_redelivered(&mut conn, "order-2", 100, false).expect("the next job");
+    assert_eq!(B::count_charges(&mut conn, "order-2"), 1);
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_replay_through_the_claim_ends_with_a_rollback_sqlite() {
+    a_replay_through_the_claim_ends_with_a_rollback::<crate::backends::Sqlite>();
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_replay_through_the_claim_ends_with_a_rollback_postgres() {
+    a_replay_through_the_claim_ends_with_a_rollback::<crate::backends::Postgres>();
+}
+
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod nested_jobs {
     use crate::nested;

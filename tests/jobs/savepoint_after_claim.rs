@@ -492,11 +492,11 @@ fn bodies_that_release_or_undo_the_savepoint_and_fail_commit_nothing() {
 }
 
 /// A redelivery of a finished key through the claim (not flagged: `BEGIN`, the claim finds the
-/// row, the savepoint after it, the release and the commit), under each policy, and a flagged one
-/// (the read first): each replays the first run's value without running the body, changes nothing
-/// in `done_jobs`, and leaves no transaction open and the write lock free at once.
+/// row, the rollback; no savepoint), under each policy, and a flagged one (the read first): each
+/// replays the first run's value without running the body, changes nothing in `done_jobs`, and
+/// leaves no transaction open and the write lock free at once.
 #[test]
-fn a_replay_through_the_claim_releases_and_commits_what_it_opened() {
+fn a_replay_through_the_claim_ends_what_it_opened() {
     let db = fresh_db();
     for kind in [Kind::Unit, Kind::Value] {
         let id = harness::unique_name("replay");
