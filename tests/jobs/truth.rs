@@ -761,6 +761,42 @@ pub fn a_session_that_chains_or_releases_its_commits_is_left_as_it_was<B: Backen
             (1, 0),
             "{completion}: one charge for the job that ran, none for the one that failed"
         );
+        if completion != "CHAIN" {
+            continue;
+        }
+        // The caller's own `conn.transaction(..)` ends with Diesel's plain `COMMIT`, which the
+        // session chains: a transaction Diesel does not know of is open after it (documented in
+        // README.md), and the next job is refused with nothing written, its transaction left as
+        // it was; once the caller ends it with `COMMIT AND NO CHAIN`, the job runs.
+        assert_eq!(
+            B::charge_in_transaction(&mut conn, "order-3", true).expect("the caller's transaction"),
+            1
+        );
+        assert_eq!(
+            B::query_i64(&mut conn, "SELECT CAST(@@in_transaction AS SIGNED) AS n"),
+            1,
+            "Diesel's COMMIT chained a transaction"
+        );
+        let refused = B::charge(&mut conn, "order-4", 5, Mode::Succeed);
+        assert!(
+            matches!(
+                &refused,
+                Err(crate::handlers::TestError::Idempotent(
+                    e @ Error::InsideTransaction { .. }
+                )) if !e.is_retryable()
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(B::count_charges(&mut other, "order-4"), 0);
+        B::execute(&mut conn, "COMMIT AND NO CHAIN");
+        B::charge(&mut conn, "order-4", 5, Mode::Succeed).expect("the job runs");
+        assert_eq!(
+            (
+                B::count_charges(&mut other, "order-3"),
+                B::count_charges(&mut other, "order-4")
+            ),
+            (1, 1)
+        );
     }
 }
 
