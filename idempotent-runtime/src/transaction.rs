@@ -30,6 +30,19 @@ pub(crate) fn enclosing_mark(enclosing: u32) -> String {
     format!("idempotent_enclosing_{enclosing}")
 }
 
+/// How [`Transaction::check_and_finish`] ended a job inside a caller's transaction.
+#[derive(Debug)]
+pub(crate) enum Checked {
+    /// The claim was there, and the job's savepoint is released into the caller's transaction.
+    Finished,
+    /// This run's claim is gone from the transaction (the release did not run).
+    ClaimGone,
+    /// The check failed on its own (the release did not run), as the result's `UPDATE` would.
+    CheckFailed(diesel::result::Error),
+    /// The check held and the release failed: the mark is gone, as with [`end_at_mark`].
+    NotOwn(diesel::result::Error),
+}
+
 /// What became of a caller's transaction, read from the mark set before the job's savepoint
 /// once that savepoint turned out gone ([`Transaction::back_to_mark`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,6 +205,43 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         };
         self.open = false;
         finished
+    }
+
+    /// Ends a job that returns `()` inside a caller's transaction in one flight where the
+    /// database offers it ([`Database::check_and_release`]): the check that this run's claim is
+    /// still in the transaction, and the release of the mark. `None`: not offered, or no mark.
+    pub(crate) async fn check_and_finish(
+        &mut self,
+        digest: &[u8; 32],
+        token: i64,
+    ) -> Option<Checked> {
+        let enclosing = self.enclosing?;
+        let mark = enclosing_mark(enclosing);
+        let sql = S::Db::check_and_release(digest, token, &mark)?;
+        self.finished_at = self.store().transaction_depth().ok();
+        Some(match self.store().batch(&sql).await {
+            Ok(()) => {
+                self.store().uncount_to(enclosing);
+                self.open = false;
+                Checked::Finished
+            }
+            Err(error) => {
+                let message = crate::db::message(&error).unwrap_or_default();
+                if message.contains(crate::store::CLAIM_GONE) {
+                    // The release did not run: the mark is there for the rollback.
+                    Checked::ClaimGone
+                } else if message.contains(&mark) || message.contains("RELEASE SAVEPOINT") {
+                    // The check held and the release failed (the savepoint's name and the
+                    // statement's are in the message in every language): the mark is gone with
+                    // the caller's transaction, as after `end_at_mark`.
+                    self.store().uncount_to(enclosing);
+                    self.open = false;
+                    Checked::NotOwn(error)
+                } else {
+                    Checked::CheckFailed(error)
+                }
+            }
+        })
     }
 
     /// Whether the job's own transaction (not one nested in a caller's: there the job's

@@ -1184,6 +1184,11 @@ mod nested_jobs {
     use crate::nested;
 
     #[test]
+    fn a_nested_unit_job_ends_in_one_statement_postgres() {
+        nested::a_nested_unit_job_ends_in_one_statement::<crate::backends::Postgres>();
+    }
+
+    #[test]
     fn a_unit_job_whose_body_takes_its_claim_never_says_ran_sqlite() {
         nested::a_unit_job_whose_body_takes_its_claim_never_says_ran::<crate::backends::Sqlite>();
     }

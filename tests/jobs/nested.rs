@@ -425,3 +425,70 @@ where
         "the outer `?`: {case}"
     );
 }
+
+/// A unit job inside a caller's transaction ends with one statement where the database takes a
+/// batch (PostgreSQL): the check that its claim is still there and the release of the mark go
+/// together, one round trip, where they were two (the result's `UPDATE` as the check, then the
+/// release). The claim commits with the caller's transaction, and the call says `Ran`; a second
+/// call in the same transaction replays.
+pub fn a_nested_unit_job_ends_in_one_statement<B>()
+where
+    B: Backend,
+    B::Conn: diesel::Connection + JobStore,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<B::Conn>,
+{
+    use std::sync::{Arc, Mutex};
+
+    use diesel::connection::InstrumentationEvent;
+
+    let db = fresh::<B>();
+    let mut conn = db.connect();
+    let key = JobKey::new("nested-unit:1");
+    let statements = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&statements);
+    conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = event {
+            seen.lock().expect("statements").push(query.to_string());
+        }
+    });
+    let (mut first, mut second) = (None, None);
+    conn.transaction::<(), TestError, _>(|conn| {
+        write(conn, "caller-before")?;
+        statements.lock().expect("statements").clear();
+        first = Some(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
+            write(conn, "job")
+        }));
+        let sent = statements.lock().expect("statements").clone();
+        assert!(
+            sent.last()
+                .is_some_and(|s| s.starts_with("SELECT CAST(CASE WHEN EXISTS")
+                    && s.trim_end()
+                        .ends_with("RELEASE SAVEPOINT idempotent_enclosing_1")),
+            "{sent:?}"
+        );
+        assert!(
+            !sent.iter().any(|s| s.starts_with("UPDATE done_jobs")),
+            "{sent:?}"
+        );
+        assert_eq!(
+            sent.len(),
+            4,
+            "the mark, the claim, the body, the end: {sent:?}"
+        );
+        second = Some(idempotent_jobs::run(conn, &UNIT, &key, |conn| {
+            write(conn, "job")
+        }));
+        write(conn, "caller-after")?;
+        Ok(())
+    })
+    .expect("the caller commits");
+    assert!(matches!(first, Some(Ok(Outcome::Ran(())))), "{first:?}");
+    assert!(
+        matches!(second, Some(Ok(Outcome::Replayed(())))),
+        "{second:?}"
+    );
+    assert_eq!(B::count_done(&mut conn), 1);
+    for tag in ["caller-before", "job", "caller-after"] {
+        assert_eq!(count::<B>(&mut conn, tag), 1, "{tag}");
+    }
+}

@@ -478,6 +478,25 @@ impl Database for PostgresDb {
         super::message(error).is_some_and(|m| m.contains(INSIDE_CALLERS))
     }
 
+    fn check_and_release(digest: &[u8; 32], token: i64, mark: &str) -> Option<String> {
+        use std::fmt::Write as _;
+        let hex = digest
+            .iter()
+            .fold(String::with_capacity(64), |mut hex, byte| {
+                let _ = write!(hex, "{byte:02x}");
+                hex
+            });
+        // `decode` of a constant is folded into the key the primary key's index searches for; the
+        // failing arm reads a setting, so that the planner cannot fold the cast (and fail) before
+        // the condition is known.
+        Some(format!(
+            "SELECT CAST(CASE WHEN EXISTS (SELECT 1 FROM done_jobs WHERE key_digest = decode('{hex}', 'hex') \
+             AND claim_token = {token}) THEN '1' ELSE '{gone} ' || current_setting('server_version_num') END AS INTEGER); \
+             RELEASE SAVEPOINT {mark}",
+            gone = crate::store::CLAIM_GONE
+        ))
+    }
+
     fn refused_as_aborted(error: &DieselError) -> bool {
         super::message(error)
             .is_some_and(|m| IN_FAILED_TRANSACTION.iter().any(|known| m.contains(known)))

@@ -31,6 +31,21 @@ sql! {
     SetJobSavepoint = "SAVEPOINT idempotent_job";
 }
 
+/// What the check of [`Database::check_and_release`] says when this run's claim is no longer in
+/// the caller's transaction; a failure whose message holds it is the check's. No quote in it: it
+/// goes into SQL as a literal.
+pub(crate) const CLAIM_GONE: &str =
+    "idempotent-jobs: the claim of this run is no longer in the transaction";
+
+const _: () = {
+    let bytes = CLAIM_GONE.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        assert!(bytes[at] != b'\'', "CLAIM_GONE goes into SQL as a literal");
+        at += 1;
+    }
+};
+
 /// Whether a transaction is the outermost one or a savepoint inside the caller's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nesting {
