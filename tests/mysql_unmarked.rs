@@ -532,3 +532,73 @@ fn a_flagged_redelivery_after_a_one_transaction_read_uncommitted_replays_only_co
         );
     });
 }
+
+/// A result whose `Deserialize` panics once `PANIC_ON_DESERIALIZE` is set on its thread.
+#[derive(Debug, serde::Serialize)]
+struct PanicsOnReplay(u32);
+
+thread_local! {
+    // Per thread: the tests run side by side, each job on its test's thread.
+    static PANIC_ON_DESERIALIZE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl<'de> serde::Deserialize<'de> for PanicsOnReplay {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if PANIC_ON_DESERIALIZE.get() {
+            panic!("the result's Deserialize panics");
+        }
+        u32::deserialize(deserializer).map(Self)
+    }
+}
+
+/// Without the procedures, a replay through the claim opens its transaction without the job's
+/// savepoint (the claim found the key taken). When the result's `Deserialize` panics, the panic
+/// reaches the caller and that transaction ends with its `ROLLBACK`: it is not taken for one a
+/// body ended (no `RELEASE` of a savepoint never set, no take-back in a second transaction), and
+/// nothing is left open.
+#[test]
+fn without_procedures_a_replay_that_panics_ends_with_a_rollback() {
+    use std::sync::{Arc, Mutex};
+
+    use diesel::connection::InstrumentationEvent;
+
+    with_database("panic", |url, check| {
+        let mut conn = fresh(url);
+        let id = unique("panic");
+        let key = key(&VALUE, &id);
+        let first =
+            JobCall::new(&VALUE, &key).run(&mut conn, |_| Ok::<_, TestError>(PanicsOnReplay(7)));
+        assert!(matches!(first, Ok(Outcome::Ran(_))), "{first:?}");
+        let statements = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&statements);
+        conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event {
+                let text: String = query.to_string().chars().take(60).collect();
+                seen.lock().expect("statements").push(text);
+            }
+        });
+        PANIC_ON_DESERIALIZE.set(true);
+        let replay = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            JobCall::new(&VALUE, &key).run(&mut conn, |_| Ok::<_, TestError>(PanicsOnReplay(8)))
+        }));
+        PANIC_ON_DESERIALIZE.set(false);
+        assert!(replay.is_err(), "the replay's panic reaches the caller");
+        let sent = statements.lock().expect("statements").clone();
+        assert!(
+            !sent
+                .iter()
+                .any(|s| s.starts_with("DELETE") || s.starts_with(RELEASE)),
+            "the replay was taken for a transaction its body ended: {sent:?}"
+        );
+        assert!(
+            sent.last().is_some_and(|s| s.starts_with("ROLLBACK")),
+            "{sent:?}"
+        );
+        assert_nothing_open(&mut conn, "after the replay's panic");
+        assert_eq!(
+            held(check, &VALUE, &id),
+            Some((true, Some("7".to_owned()))),
+            "the first run's row, as it committed it"
+        );
+    });
+}

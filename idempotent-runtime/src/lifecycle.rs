@@ -355,6 +355,13 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     ///
     /// `body_failed`: the body returned `Err` (else a step after a body that returned `Ok` failed).
     async fn end_unfinished(&mut self, body_failed: bool) -> Ended {
+        if self.nesting == Nesting::Unmarked {
+            // Only a replay keeps a transaction opened without the job's savepoint (the claim
+            // found its key taken, `attempt_claim`): nothing of the job's is in it, no savepoint
+            // to test, no body to have ended it (a replay whose result's `Deserialize` panicked).
+            self.transaction.rollback().await;
+            return Ended::RolledBack;
+        }
         // Before any statement of the runtime's: a body that returned at the failure that ended
         // its transaction (a MySQL deadlock) ran nothing after it.
         let stopped_at_failure =

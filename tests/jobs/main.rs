@@ -1179,6 +1179,114 @@ fn a_replay_through_the_claim_ends_with_a_rollback_postgres() {
     a_replay_through_the_claim_ends_with_a_rollback::<crate::backends::Postgres>();
 }
 
+/// A result whose `Deserialize` panics once `PANIC_ON_DESERIALIZE` is set on its thread: its replay panics.
+#[derive(Debug, serde::Serialize)]
+struct PanicsOnReplay(u32);
+
+thread_local! {
+    // Per thread: the tests run side by side, each job on its test's thread.
+    static PANIC_ON_DESERIALIZE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl<'de> serde::Deserialize<'de> for PanicsOnReplay {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if PANIC_ON_DESERIALIZE.get() {
+            panic!("the result's Deserialize panics");
+        }
+        u32::deserialize(deserializer).map(Self)
+    }
+}
+
+static PANICS_ON_REPLAY: idempotent_jobs::Job =
+    idempotent_jobs::Job::new("panics_on_replay", "panics-on-replay:<n>");
+
+/// A replay through the claim whose result's `Deserialize` panics: the panic reaches the caller,
+/// and the replay's transaction, which wrote nothing, is rolled back with one `ROLLBACK`, not
+/// taken for one a statement of the body ended (no take-back, no second transaction, no
+/// `ClaimNotTakenBack` beside the panic). The key's row is left as the first run committed it.
+fn a_replay_that_panics_ends_with_a_rollback<B>()
+where
+    B: crate::backends::Backend,
+    B::Conn: diesel::Connection + idempotent_jobs::JobStore,
+{
+    use std::sync::{Arc, Mutex};
+
+    use diesel::connection::{Connection as _, InstrumentationEvent};
+
+    let db = harness::Db::<B>::fresh();
+    let mut conn = db.connect();
+    let key = idempotent_jobs::JobKey::new("panics-on-replay:1");
+    let first = idempotent_jobs::run(&mut conn, &PANICS_ON_REPLAY, &key, |_| {
+        Ok::<_, idempotent_jobs::Error>(PanicsOnReplay(7))
+    });
+    assert!(
+        matches!(first, Ok(idempotent_jobs::Outcome::Ran(_))),
+        "{first:?}"
+    );
+    let statements = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&statements);
+    conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = event {
+            seen.lock().expect("statements").push(query.to_string());
+        }
+    });
+    PANIC_ON_DESERIALIZE.set(true);
+    let replay = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        idempotent_jobs::run(&mut conn, &PANICS_ON_REPLAY, &key, |_| {
+            Ok::<_, idempotent_jobs::Error>(PanicsOnReplay(8))
+        })
+    }));
+    PANIC_ON_DESERIALIZE.set(false);
+    assert!(replay.is_err(), "the replay's panic reaches the caller");
+    let sent: Vec<String> = statements
+        .lock()
+        .expect("statements")
+        .iter()
+        .map(|s| s.chars().take(60).collect())
+        .collect();
+    // The claim's transaction (where one was opened: MySQL's procedure rolls back its own and the
+    // key is read outside any) ends with its rollback, and nothing is begun after it.
+    let begun = sent
+        .iter()
+        .filter(|s| s.contains("BEGIN") || s.starts_with("CALL idempotent_begin"))
+        .count();
+    assert_eq!(begun, 1, "{sent:?}");
+    assert!(
+        !sent.iter().any(|s| s.starts_with("DELETE")),
+        "the replay was taken for a transaction its body ended: {sent:?}"
+    );
+    if !sent[0].starts_with("CALL") {
+        assert!(
+            sent.last()
+                .is_some_and(|s| s.trim().starts_with("ROLLBACK")),
+            "{sent:?}"
+        );
+    }
+    assert_eq!(B::count_done(&mut conn), 1, "{sent:?}");
+    let depth = <<B::Conn as diesel::Connection>::TransactionManager as diesel::connection::TransactionManager<B::Conn>>::transaction_manager_status_mut(&mut conn)
+        .transaction_depth()
+        .expect("Diesel's count");
+    assert_eq!(depth, None, "{sent:?}");
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_replay_that_panics_ends_with_a_rollback_sqlite() {
+    a_replay_that_panics_ends_with_a_rollback::<crate::backends::Sqlite>();
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_replay_that_panics_ends_with_a_rollback_postgres() {
+    a_replay_that_panics_ends_with_a_rollback::<crate::backends::Postgres>();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_replay_that_panics_ends_with_a_rollback_mysql() {
+    a_replay_that_panics_ends_with_a_rollback::<crate::backends::Mysql>();
+}
+
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod nested_jobs {
     use crate::nested;

@@ -55,7 +55,8 @@ pub enum Nesting {
     /// savepoint: the lifecycle sets it after the claim ([`Database::set_job_savepoint`]), so that
     /// a body that rolls back to it cannot take the claim with it; then it is `Outermost`. Where
     /// the savepoint is a statement of its own anyway (SQLite, in process; sync MySQL without
-    /// the job procedures).
+    /// the job procedures). A claim that found its key taken sets no savepoint: its replay runs
+    /// no body, and its transaction stays `Unmarked` until the rollback that ends it.
     Unmarked,
     /// The caller was already in a transaction: this commits when the caller's does.
     Savepoint,
