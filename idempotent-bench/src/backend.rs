@@ -36,7 +36,16 @@ pub fn run<C: BenchDb>(name: &'static str, dbs: &mut Databases, plan: &Plan) -> 
     let settings = conn.settings();
     let throughput = plan.throughput.then(|| {
         eprintln!("  throughput...");
-        throughput::measure(&mut conn, plan.rounds, plan.jobs_per_round)
+        match (latency(), plan.default_port) {
+            (Some(delay), Some(port)) => {
+                let (_, upstream) = via(&main_url, "", port);
+                let proxy = Proxy::start_delayed(&upstream, delay).expect("the delaying proxy");
+                let (proxied, _) = via(&main_url, &proxy.addr, port);
+                let mut conn = C::establish(&proxied).expect("a connection through the proxy");
+                throughput::measure(&mut conn, plan.rounds, plan.jobs_per_round)
+            }
+            _ => throughput::measure(&mut conn, plan.rounds, plan.jobs_per_round),
+        }
     });
     let round_trips = plan.round_trips.then(|| {
         eprintln!("  round trips...");
@@ -101,4 +110,14 @@ fn count_round_trips<C: BenchDb>(url: &str, default_port: Option<u16>) -> Vec<ro
             roundtrips::count(&mut conn, Some(&proxy), CALLS)
         }
     }
+}
+
+/// `IDEMPOTENT_BENCH_LATENCY_US`: the throughput section on a server goes through a loopback
+/// proxy that holds each of the client's flights that long, as a network would once per round
+/// trip (the proxy's own hop included, every variant alike).
+pub fn latency() -> Option<Duration> {
+    std::env::var("IDEMPOTENT_BENCH_LATENCY_US")
+        .ok()
+        .and_then(|us| us.parse().ok())
+        .map(Duration::from_micros)
 }

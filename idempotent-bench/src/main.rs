@@ -19,6 +19,9 @@
 //!   `IDEMPOTENT_BENCH_WORKER_ROUNDS` (9); `IDEMPOTENT_BENCH_GROWTH=0,1000000,5000000`: the
 //!   growth sizes.
 //!
+//! * `IDEMPOTENT_BENCH_LATENCY_US=<µs>`: the throughput section on PostgreSQL and MariaDB through
+//!   a loopback proxy that holds each round trip that long (a network's latency; every variant
+//!   alike);
 //! * `IDEMPOTENT_BENCH_PROFILE=<variant>:<jobs>` (say `macro:20000`): that variant alone, on the
 //!   first backend of `--backends`, that many jobs in a loop, and the time per job: a process to
 //!   run under `valgrind --tool=callgrind`, `strace -c` or `perf`, variant against variant.
@@ -156,11 +159,12 @@ impl Options {
 
     fn describe(&self) -> String {
         format!(
-            "quick={}, big={}, only={}, backends={}",
+            "quick={}, big={}, only={}, backends={}, latency per round trip={}",
             self.quick,
             self.big,
             self.only.as_ref().map_or("all".to_owned(), |o| o.join(",")),
-            self.backends.join(",")
+            self.backends.join(","),
+            backend::latency().map_or("none (loopback)".to_owned(), |d| format!("{d:?} (proxy)"))
         )
     }
 }

@@ -21,6 +21,12 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn start(upstream: &str) -> std::io::Result<Self> {
+        Self::start_delayed(upstream, std::time::Duration::ZERO)
+    }
+
+    /// [`start`](Self::start), holding each flight of the client's `delay` before it goes on: a
+    /// network's latency, once per round trip (`IDEMPOTENT_BENCH_LATENCY_US`).
+    pub fn start_delayed(upstream: &str, delay: std::time::Duration) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?.to_string();
         let flights = Arc::new(AtomicU64::new(0));
@@ -28,7 +34,7 @@ impl Proxy {
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 if let Ok(server) = TcpStream::connect(&upstream) {
-                    relay(client, server, counter.clone());
+                    relay(client, server, counter.clone(), delay);
                 }
             }
         });
@@ -40,7 +46,12 @@ impl Proxy {
     }
 }
 
-fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicU64>) {
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    flights: Arc<AtomicU64>,
+    delay: std::time::Duration,
+) {
     let _ = (client.set_nodelay(true), server.set_nodelay(true));
     let answered = Arc::new(AtomicBool::new(true));
     let (Ok(client_in), Ok(server_out)) = (client.try_clone(), server.try_clone()) else {
@@ -51,6 +62,9 @@ fn relay(client: TcpStream, server: TcpStream, flights: Arc<AtomicU64>) {
         copy(client_in, server_out, |_| {
             if answered_up.swap(false, Ordering::SeqCst) {
                 flights.fetch_add(1, Ordering::SeqCst);
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
             }
         });
     });
