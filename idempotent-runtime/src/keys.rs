@@ -44,7 +44,9 @@ pub struct KeyRecord {
     pub key: String,
     /// The key's SHA-256 digest, the table's key.
     pub digest: [u8; 32],
-    /// When the run that holds it committed (the database's clock).
+    /// When the run that holds it recorded its result (the database's clock), about when it
+    /// committed; for a job that returns `()` with no `keep`, when it claimed the key (on SQLite
+    /// and MySQL a `()` job inside a caller's transaction records at its end).
     pub done_at: SystemTime,
     /// When the claim lapses and the job may run again; `None`: never.
     pub expires_at: Option<SystemTime>,
