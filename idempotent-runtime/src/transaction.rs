@@ -226,7 +226,10 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
                 Checked::Finished
             }
             Err(error) => {
-                let message = crate::db::message(&error).unwrap_or_default();
+                let message = match &error {
+                    diesel::result::Error::DatabaseError(_, info) => info.message(),
+                    _ => "",
+                };
                 if message.contains(crate::store::CLAIM_GONE) {
                     // The release did not run: the mark is there for the rollback.
                     Checked::ClaimGone
