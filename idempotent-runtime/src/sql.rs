@@ -21,6 +21,94 @@ pub trait SqlText: 'static {
     const SQL: &'static str;
 }
 
+/// The most `?`s a statement may hold (more is a compile error where the statement is run).
+const MAX_MARKS: usize = 32;
+
+/// Where a statement's `?`s are, found once, at compile time: the text between them is sliced on
+/// every execution (Diesel walks a cached statement again to collect its binds) instead of
+/// searched for.
+pub struct Marks {
+    /// The byte offset of each `?`, in order.
+    at: [u16; MAX_MARKS],
+    /// How many there are.
+    count: usize,
+}
+
+impl Marks {
+    /// The `?`s of `sql`.
+    const fn of(sql: &str) -> Self {
+        let bytes = sql.as_bytes();
+        assert!(
+            bytes.len() <= u16::MAX as usize,
+            "a statement longer than 65,535 bytes"
+        );
+        let mut at = [0u16; MAX_MARKS];
+        let mut count = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'?' {
+                assert!(count < MAX_MARKS, "a statement with more than 32 `?`s");
+                at[count] = i as u16;
+                count += 1;
+            }
+            i += 1;
+        }
+        Self { at, count }
+    }
+}
+
+/// [`Marks`] of every statement.
+trait Marked {
+    /// Where the `?`s are.
+    const MARKS: Marks;
+}
+
+impl<S: SqlText> Marked for S {
+    const MARKS: Marks = Marks::of(S::SQL);
+}
+
+/// The pieces of a statement's text around its `?`s, in order: the text before the first, then
+/// the text after each.
+pub struct Pieces {
+    sql: &'static str,
+    marks: &'static Marks,
+    /// The next piece: 0 is the text before the first `?`, `n` the text after the `n`th.
+    next: usize,
+}
+
+impl Pieces {
+    /// The pieces of statement `S`.
+    fn of<S: SqlText>() -> Self {
+        Self {
+            sql: S::SQL,
+            marks: &<S as Marked>::MARKS,
+            next: 0,
+        }
+    }
+
+    /// The next piece ("" past the last).
+    fn next_piece(&mut self) -> &'static str {
+        let n = self.next;
+        self.next += 1;
+        let count = self.marks.count;
+        if n > count {
+            return "";
+        }
+        let start = if n == 0 {
+            0
+        } else {
+            self.marks.at[n - 1] as usize + 1
+        };
+        let end = if n == count {
+            self.sql.len()
+        } else {
+            self.marks.at[n] as usize
+        };
+        // Each bound is a `?` (ASCII, so a char boundary) or an end of the text.
+        self.sql.get(start..end).unwrap_or("")
+    }
+}
+
 /// Declares statements: `sql! { Name = "SELECT ... WHERE a = ?"; ... }`.
 macro_rules! sql {
     ($($(#[$attr:meta])* $name:ident = $text:expr;)*) => {
@@ -59,11 +147,7 @@ pub trait SlotCount {
 /// One bind value of a statement, pushed at its `?`s, each followed by the SQL text after it.
 pub trait Slot<DB: Backend>: SlotCount {
     /// Pushes the value (at each of its `?`s) and the text that follows.
-    fn push<'b>(
-        &'b self,
-        text: &mut std::str::Split<'static, char>,
-        pass: &mut AstPass<'_, 'b, DB>,
-    ) -> QueryResult<()>;
+    fn push<'b>(&'b self, text: &mut Pieces, pass: &mut AstPass<'_, 'b, DB>) -> QueryResult<()>;
 }
 
 impl<ST, T> SlotCount for Bind<ST, T> {
@@ -71,13 +155,9 @@ impl<ST, T> SlotCount for Bind<ST, T> {
 }
 
 impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Bind<ST, T> {
-    fn push<'b>(
-        &'b self,
-        text: &mut std::str::Split<'static, char>,
-        pass: &mut AstPass<'_, 'b, DB>,
-    ) -> QueryResult<()> {
+    fn push<'b>(&'b self, text: &mut Pieces, pass: &mut AstPass<'_, 'b, DB>) -> QueryResult<()> {
         pass.push_bind_param::<ST, T>(&self.value)?;
-        pass.push_sql(text.next().unwrap_or(""));
+        pass.push_sql(text.next_piece());
         Ok(())
     }
 }
@@ -100,11 +180,7 @@ impl<ST, T> SlotCount for Twice<ST, T> {
 
 #[cfg(feature = "sqlite")]
 impl<DB: Backend + HasSqlType<ST>, ST, T: ToSql<ST, DB>> Slot<DB> for Twice<ST, T> {
-    fn push<'b>(
-        &'b self,
-        text: &mut std::str::Split<'static, char>,
-        pass: &mut AstPass<'_, 'b, DB>,
-    ) -> QueryResult<()> {
+    fn push<'b>(&'b self, text: &mut Pieces, pass: &mut AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.0.push(text, pass)?;
         self.0.push(text, pass)
     }
@@ -138,14 +214,10 @@ where
     DB: Backend + HasSqlType<diesel::sql_types::Nullable<diesel::sql_types::BigInt>>,
     Option<i64>: ToSql<diesel::sql_types::Nullable<diesel::sql_types::BigInt>, DB>,
 {
-    fn push<'b>(
-        &'b self,
-        text: &mut std::str::Split<'static, char>,
-        pass: &mut AstPass<'_, 'b, DB>,
-    ) -> QueryResult<()> {
+    fn push<'b>(&'b self, text: &mut Pieces, pass: &mut AstPass<'_, 'b, DB>) -> QueryResult<()> {
         for id in &self.0 {
             pass.push_bind_param::<diesel::sql_types::Nullable<diesel::sql_types::BigInt>, _>(id)?;
-            pass.push_sql(text.next().unwrap_or(""));
+            pass.push_sql(text.next_piece());
         }
         Ok(())
     }
@@ -160,11 +232,7 @@ pub trait BindCount {
 /// The bind values of a statement, in the order of its `?`s.
 pub trait Binds<DB: Backend>: BindCount {
     /// Pushes each value, each followed by the SQL text after its `?`.
-    fn push<'b>(
-        &'b self,
-        text: &mut std::str::Split<'static, char>,
-        pass: &mut AstPass<'_, 'b, DB>,
-    ) -> QueryResult<()>;
+    fn push<'b>(&'b self, text: &mut Pieces, pass: &mut AstPass<'_, 'b, DB>) -> QueryResult<()>;
 }
 
 macro_rules! impl_binds {
@@ -177,7 +245,7 @@ macro_rules! impl_binds {
             #[allow(unused_variables, non_snake_case)]
             fn push<'b>(
                 &'b self,
-                text: &mut std::str::Split<'static, char>,
+                text: &mut Pieces,
                 pass: &mut AstPass<'_, 'b, DB>,
             ) -> QueryResult<()> {
                 let ($($name,)*) = self;
@@ -208,9 +276,14 @@ pub struct Statement<S, B> {
 }
 
 impl<S: SqlText, B: BindCount> Statement<S, B> {
-    /// The statement `S` with `binds` for its `?`s.
+    /// The statement `S` with `binds` for its `?`s (a compile error when their numbers differ).
     pub fn new(binds: B) -> Self {
-        debug_assert_eq!(S::SQL.matches('?').count(), B::COUNT, "{}", S::SQL);
+        const {
+            assert!(
+                <S as Marked>::MARKS.count == B::COUNT,
+                "a statement's bind values do not match its `?`s"
+            );
+        }
         Self {
             binds,
             text: PhantomData,
@@ -225,8 +298,8 @@ impl<S: SqlText, B> QueryId for Statement<S, B> {
 
 impl<DB: Backend, S: SqlText, B: Binds<DB>> QueryFragment<DB> for Statement<S, B> {
     fn walk_ast<'b>(&'b self, mut pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        let mut text = S::SQL.split('?');
-        pass.push_sql(text.next().unwrap_or(""));
+        let mut text = Pieces::of::<S>();
+        pass.push_sql(text.next_piece());
         self.binds.push(&mut text, &mut pass)
     }
 }

@@ -587,9 +587,19 @@ impl Database for PostgresDb {
         claim: &Claim<'_>,
     ) -> QueryResult<ClaimAttempt> {
         if claim.own {
-            super::shared::insert_or_read::<OwnClaimInsert, _>(conn, claim).await
+            super::shared::insert_or_read::<OwnClaimInsert, _, _>(
+                conn,
+                claim,
+                super::shared::claim_values(claim),
+            )
+            .await
         } else {
-            super::shared::insert_or_read::<ClaimInsert, _>(conn, claim).await
+            super::shared::insert_or_read::<ClaimInsert, _, _>(
+                conn,
+                claim,
+                super::shared::claim_values(claim),
+            )
+            .await
         }
     }
 

@@ -40,22 +40,21 @@ pub(crate) fn found(row: Option<DoneRow>) -> ClaimAttempt {
 }
 
 /// One claim on a database whose `Insert` does nothing where the key is taken (`ON CONFLICT DO
-/// NOTHING`: SQLite, PostgreSQL): the insert, and only when it inserted nothing, the key's row in
-/// a statement of its own ([`Database::done_row`]). At READ COMMITTED that statement's snapshot
-/// sees the row whose insert the claim waited for.
+/// NOTHING`: SQLite, PostgreSQL): the insert (of `values`, the claim's), and only when it inserted
+/// nothing, the key's row in a statement of its own ([`Database::done_row`]). At READ COMMITTED
+/// that statement's snapshot sees the row whose insert the claim waited for.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "async-postgres"))]
-pub(crate) async fn insert_or_read<'a, Insert, C>(
+pub(crate) async fn insert_or_read<Insert, C, V>(
     conn: &mut C,
-    claim: &Claim<'a>,
+    claim: &Claim<'_>,
+    values: V,
 ) -> QueryResult<ClaimAttempt>
 where
     Insert: SqlText,
     C: Store,
-    ClaimValues<'a>: crate::sql::Binds<<C::Db as Database>::Backend>,
+    V: crate::sql::Binds<<C::Db as Database>::Backend> + Send,
 {
-    let inserted = conn
-        .execute(Statement::<Insert, _>::new(claim_values(claim)))
-        .await?;
+    let inserted = conn.execute(Statement::<Insert, _>::new(values)).await?;
     if inserted == 1 {
         return Ok(ClaimAttempt::Inserted);
     }
