@@ -64,9 +64,7 @@ use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
 use crate::stats::Settled;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
-use crate::transaction::{
-    Outside, Own, outside_transactions, outside_transactions_as, outside_transactions_judged,
-};
+use crate::transaction::{Outside, Own, outside_transactions, outside_transactions_judged};
 
 pub use crate::store::OutboxCounts;
 
@@ -452,6 +450,69 @@ pub struct Relay {
     max_attempts: u32,
     backoff: Duration,
     max_backoff: Duration,
+    /// Messages that a round of this relay leased and never handed to the delivery, left by a
+    /// round whose future was dropped: the next round gives them back first.
+    untried: std::sync::Mutex<Vec<Untried>>,
+}
+
+/// The messages a dropped round leased (under `owner`, its lease's token) and never handed over.
+#[derive(Debug)]
+struct Untried {
+    owner: String,
+    ids: Vec<i64>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let left = self
+            .untried
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count: usize = left.iter().map(|untried| untried.ids.len()).sum();
+        if count > 0 {
+            tracing::warn!(
+                relay = %self.owner,
+                untried = count,
+                "an outbox relay was dropped before giving back the messages that a cancelled round of it leased and never handed over: they stay leased, their attempt counted, until their lease lapses"
+            );
+        }
+    }
+}
+
+/// What a round leased and has not handed over yet: given back to the relay if the round's future
+/// is dropped, for its next round to release.
+struct RoundGuard<'r> {
+    relay: &'r Relay,
+    owner: &'r str,
+    untried: Vec<i64>,
+}
+
+impl RoundGuard<'_> {
+    /// What is left, the guard disarmed (the round ends, or releases them itself).
+    fn take(&mut self) -> Vec<i64> {
+        std::mem::take(&mut self.untried)
+    }
+}
+
+impl Drop for RoundGuard<'_> {
+    fn drop(&mut self) {
+        if self.untried.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            relay = %self.relay.owner,
+            untried = self.untried.len(),
+            "an outbox round was dropped before it handed every leased message over: the relay's next round gives those back, their attempt uncounted"
+        );
+        self.relay
+            .untried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Untried {
+                owner: self.owner.to_owned(),
+                ids: self.take(),
+            });
+    }
 }
 
 impl Default for Relay {
@@ -466,7 +527,12 @@ impl Clone for Relay {
     fn clone(&self) -> Self {
         Self {
             owner: owner_name(),
-            ..*self
+            batch_size: self.batch_size,
+            lease: self.lease,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            max_backoff: self.max_backoff,
+            untried: std::sync::Mutex::default(),
         }
     }
 }
@@ -567,6 +633,7 @@ impl Relay {
             max_attempts: 10,
             backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(600),
+            untried: std::sync::Mutex::default(),
         }
     }
 
@@ -695,6 +762,7 @@ impl Relay {
         let lease_micros = crate::time::micros(self.lease, "the relay's lease")?;
         // Checked before anything is leased: after a delivery, the failure could not be recorded.
         crate::time::micros(self.backoff, "the relay's first backoff")?;
+        self.give_back_left(conn).await?;
         // A token per lease: a message whose lease lapsed and was taken by another round (of
         // another relay, or of this one) is never marked by the round that lost it.
         let owner = format!("{}:{}", self.owner, crate::key::token());
@@ -705,8 +773,14 @@ impl Relay {
         // The closures of the runtime's transactions own what they use (an async closure that
         // borrows makes a future rustc cannot prove `Send` for: tests/jobs/spawnable.rs).
         let leased_by = owner.clone();
-        let leased =
-            outside_transactions_as(conn, "outbox", Own::Committed, async move |conn: &mut S| {
+        // A lease that took and parked nothing wrote nothing: a lost `COMMIT` reply leaves its
+        // answer standing.
+        let leased = outside_transactions_judged(
+            conn,
+            "outbox",
+            Own::Committed,
+            |leased: &crate::store::Leased| !leased.rows.is_empty() || leased.parked > 0,
+            async move |conn: &mut S| {
                 let lease = Lease {
                     owner: &leased_by,
                     lease_micros,
@@ -714,9 +788,10 @@ impl Relay {
                     max_attempts,
                 };
                 S::Db::lease(conn, &lease).await
-            })
-            .await
-            .map_err(relay_error::<S::Db>)?;
+            },
+        )
+        .await
+        .map_err(relay_error::<S::Db>)?;
         if leased.parked > 0 {
             tracing::warn!(
                 parked = leased.parked,
@@ -729,8 +804,15 @@ impl Relay {
             parked: leased.parked,
             ..RelayReport::default()
         };
-        let mut rows = leased.rows.into_iter();
-        while let Some(row) = rows.next() {
+        let mut guard = RoundGuard {
+            relay: self,
+            owner: &owner,
+            untried: leased.rows.iter().rev().map(|row| row.id).collect(),
+        };
+        for row in leased.rows {
+            // Handed over from here on: a drop during its delivery leaves it leased (it may
+            // have been delivered).
+            guard.untried.pop();
             let message = OutboxMessage::from_row(row);
             let started = Instant::now();
             let delivery = attempt(deliver, &message).await;
@@ -739,9 +821,28 @@ impl Relay {
             let settled = match self.settle(conn, &owner, &message, delivery).await {
                 Ok(settled) => settled,
                 Err(error) => {
-                    let untried = rows.map(|row| row.id).collect();
-                    give_back_untried(conn, &owner, &message, untried, report.delivered, &error)
-                        .await;
+                    let mut untried = guard.take();
+                    untried.reverse();
+                    let kept = untried.clone();
+                    let released = give_back_untried(
+                        conn,
+                        &owner,
+                        &message,
+                        untried,
+                        report.delivered,
+                        &error,
+                    )
+                    .await;
+                    if !released {
+                        // The next round tries again.
+                        self.untried
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(Untried {
+                                owner: owner.clone(),
+                                ids: kept,
+                            });
+                    }
                     return Err(Error::RelayStopped {
                         report,
                         message_id: Some(message.message_id().to_owned()),
@@ -763,6 +864,35 @@ impl Relay {
         Ok(report)
     }
 
+    /// Gives back what rounds of this relay whose futures were dropped leased and never handed
+    /// over (their attempt uncounted), before a new lease. A failure keeps them for the next
+    /// round and stops this one before it leases anything.
+    async fn give_back_left<S: Store>(&self, conn: &mut S) -> Result<(), Error> {
+        let left = std::mem::take(
+            &mut *self
+                .untried
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let mut left = left.into_iter();
+        while let Some(untried) = left.next() {
+            let count = untried.ids.len();
+            if let Err(error) = release_untried(conn, &untried.owner, untried.ids.clone()).await {
+                self.untried
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend(std::iter::once(untried).chain(left));
+                return Err(error);
+            }
+            tracing::info!(
+                relay = %self.owner,
+                untried = count,
+                "gave back the outbox messages a dropped round had leased and never handed over"
+            );
+        }
+        Ok(())
+    }
+
     /// Records what became of one leased message's delivery, if this round still holds its
     /// lease: delivered, or failed (to be tried again after a backoff, or parked when its
     /// attempts are spent).
@@ -776,9 +906,15 @@ impl Relay {
         let error = match delivery {
             Delivery::Delivered => {
                 let (id, owner) = (message.id, owner.to_owned());
-                let held = outside_transactions(conn, "outbox", async move |conn: &mut S| {
-                    S::Db::mark_delivered(conn, id, &owner).await
-                })
+                // A mark that found the lease gone changed nothing (`held` false): its answer
+                // stands when the `COMMIT`'s reply is lost.
+                let held = outside_transactions_judged(
+                    conn,
+                    "outbox",
+                    Own::Look,
+                    |held| *held,
+                    async move |conn: &mut S| S::Db::mark_delivered(conn, id, &owner).await,
+                )
                 .await
                 .map_err(relay_error::<S::Db>)?;
                 return Ok(if held {
@@ -798,15 +934,21 @@ impl Relay {
             )?),
         };
         let (id, marked_by, reason) = (message.id, owner.to_owned(), error.clone());
-        let held = outside_transactions(conn, "outbox", async move |conn: &mut S| {
-            let failure = Failure {
-                id,
-                owner: &marked_by,
-                error: &reason,
-                retry_after_micros,
-            };
-            S::Db::mark_failed(conn, &failure).await
-        })
+        let held = outside_transactions_judged(
+            conn,
+            "outbox",
+            Own::Look,
+            |held| *held,
+            async move |conn: &mut S| {
+                let failure = Failure {
+                    id,
+                    owner: &marked_by,
+                    error: &reason,
+                    retry_after_micros,
+                };
+                S::Db::mark_failed(conn, &failure).await
+            },
+        )
         .await
         .map_err(relay_error::<S::Db>)?;
         let (message_id, attempts) = (message.message_id(), message.attempts());
@@ -836,11 +978,10 @@ impl Relay {
     }
 }
 
-/// After a round's mark failed: releases what the round leased and never tried, with its attempt
-/// uncounted, so that it is not parked for an attempt that never happened once the lease lapses.
-/// A failure is the caller's to log: the lease then lapses as it would after a crash.
 /// After the record of `message`'s delivery failed (`error`) and its round stopped: gives the
-/// messages the round had not handed over back, their attempt uncounted, and says whether it did.
+/// messages the round had not handed over back, their attempt uncounted, so that none is parked
+/// for an attempt that never happened once the lease lapses; says whether it did (when not, the
+/// relay's next round tries again).
 async fn give_back_untried<S: Store>(
     conn: &mut S,
     owner: &str,
@@ -848,8 +989,9 @@ async fn give_back_untried<S: Store>(
     untried: Vec<i64>,
     delivered: u64,
     error: &Error,
-) {
+) -> bool {
     let (count, released) = (untried.len(), release_untried(conn, owner, untried).await);
+    let done = released.is_ok();
     match released {
         Ok(()) => tracing::warn!(
             %error,
@@ -864,9 +1006,10 @@ async fn give_back_untried<S: Store>(
             delivered,
             untried = count,
             release = ?release,
-            "recording an outbox delivery failed: the round stops; releasing the messages it had not tried failed too, so they stay leased, their attempt counted, until the lease lapses"
+            "recording an outbox delivery failed: the round stops; releasing the messages it had not tried failed too: the relay's next round tries again (until then, or if the relay is dropped first, until the lease lapses, they stay leased, their attempt counted)"
         ),
     }
+    done
 }
 
 async fn release_untried<S: Store>(

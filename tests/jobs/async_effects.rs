@@ -424,3 +424,99 @@ where
         }
     });
 }
+
+/// A round whose future is dropped while it delivers its first message (a caller's timeout, a
+/// `select!`) leased the rest of its batch and counted an attempt for each; none of them was
+/// handed to the delivery. The relay gives them back at its next round, their attempt uncounted:
+/// they are delivered at once, not held until the lease lapses and then parked as messages that
+/// "may have been delivered". The message that was in delivery when the future was dropped may
+/// have reached its receiver: it stays leased until its lease lapses, and is then parked (its one
+/// allowed attempt spent), as the relay's docs say.
+pub fn a_dropped_round_gives_back_what_it_never_tried<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    runtime.block_on(async {
+        let mut ids = Vec::new();
+        for n in 1..=3 {
+            ids.push(
+                send_receipt_async(&mut conn, &format!("order-{n}"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let lease = Duration::from_millis(600);
+        let relay = Relay::new().batch_size(3).max_attempts(1).lease(lease);
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let mut handed = Vec::new();
+        {
+            let round = relay.run_once_async(&mut conn, async |message| {
+                handed.push(message.message_id().to_owned());
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Ok::<_, String>(())
+            });
+            let mut round = std::pin::pin!(round);
+            let finished = std::future::poll_fn(|cx| match round.as_mut().poll(cx) {
+                std::task::Poll::Ready(_) => std::task::Poll::Ready(true),
+                std::task::Poll::Pending if started.load(std::sync::atomic::Ordering::SeqCst) => {
+                    std::task::Poll::Ready(false)
+                }
+                std::task::Poll::Pending => std::task::Poll::Pending,
+            })
+            .await;
+            assert!(
+                !finished,
+                "the delivery never ends: the round cannot finish"
+            );
+            // The round is dropped here, in its first delivery.
+        }
+        assert_eq!(handed.len(), 1, "one message handed over before the drop");
+        let in_delivery = handed[0].clone();
+
+        let mut sent = Vec::new();
+        let report = relay
+            .run_once_async(&mut conn, async |message| {
+                sent.push(message.message_id().to_owned());
+                Ok::<_, String>(())
+            })
+            .await
+            .unwrap();
+        let mut untried: Vec<String> = ids
+            .iter()
+            .filter(|id| **id != in_delivery)
+            .cloned()
+            .collect();
+        untried.sort();
+        sent.sort();
+        assert_eq!(
+            (report.delivered, report.parked, &sent),
+            (2, 0, &untried),
+            "the next round delivers the two messages the dropped round never handed over, at once"
+        );
+        let counts = outbox::counts_async(&mut conn).await.unwrap();
+        assert_eq!(
+            (counts.delivered, counts.leased, counts.parked),
+            (2, 1, 0),
+            "the message in delivery at the drop stays leased"
+        );
+
+        tokio::time::sleep(lease + Duration::from_millis(200)).await;
+        let report = relay
+            .run_once_async(&mut conn, async |message| -> Result<(), String> {
+                panic!("{} was parked, not delivered", message.message_id())
+            })
+            .await
+            .unwrap();
+        assert_eq!((report.leased, report.parked), (0, 1));
+        let parked = outbox::parked_async(&mut conn).await.unwrap();
+        assert_eq!(
+            parked.iter().map(|m| m.message_id()).collect::<Vec<_>>(),
+            [in_delivery.as_str()],
+            "only the message that was in delivery is parked as one that may have been delivered"
+        );
+    });
+}

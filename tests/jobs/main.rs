@@ -405,6 +405,11 @@ macro_rules! async_tests {
             fn dropped_relay_never_leaves_a_transaction_open() {
                 async_effects::dropped_relay_never_leaves_a_transaction_open::<$backend, _>();
             }
+
+            #[test]
+            fn a_dropped_round_gives_back_what_it_never_tried() {
+                async_effects::a_dropped_round_gives_back_what_it_never_tried::<$backend, _>();
+            }
         }
     };
 }

@@ -227,6 +227,57 @@ fn a_read_whose_commit_reply_is_lost_keeps_its_answer() {
     );
 }
 
+/// A relay's transaction that changed nothing has its answer when its `COMMIT`'s reply is lost,
+/// as a look-up does: a round that found nothing to lease reports that, and a mark whose message
+/// another relay took over (its lease lapsed during the delivery) reports the lease lost. Both
+/// said `OutcomeUnknown` ("may or may not be committed"; for the mark, `RelayStopped`: "its record
+/// may or may not be committed ... it is sent again"), though nothing could have been written.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_relay_transaction_that_changed_nothing_keeps_its_answer_when_its_commit_reply_is_lost() {
+    use idempotent_jobs::outbox::{self, Relay};
+
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut direct = db.connect();
+    let (proxy, mut conn) = cutting_the_next_commit(&db);
+    let idle = Relay::new().run_once(&mut conn, |_| Ok::<_, String>(()));
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the lease's COMMIT");
+    let idle = idle.expect("a round that leased nothing knows it");
+    assert_eq!(idle.leased, 0);
+
+    crate::effects::send_receipt(&mut direct, "order-1").expect("a receipt");
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = Postgres::connect(&proxy.url(db.locator()));
+    let relay = Relay::new().lease(Duration::from_millis(300));
+    let copy = Relay::new();
+    let round = relay.run_once(&mut conn, |_| {
+        std::thread::sleep(Duration::from_millis(600));
+        // The lease lapsed: the copy takes the message over and delivers it.
+        let taken = copy
+            .run_once(&mut direct, |_| Ok::<_, String>(()))
+            .expect("the copy's round");
+        assert_eq!(taken.delivered, 1, "the copy took the lapsed lease over");
+        proxy.arm();
+        Ok::<_, String>(())
+    });
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the mark's COMMIT");
+    let round = round.unwrap_or_else(|error| {
+        panic!(
+            "the mark changed nothing (the message is the copy's), yet: {}",
+            crate::harness::with_causes(&error)
+        )
+    });
+    assert_eq!(
+        (round.leased, round.delivered, round.lease_lost),
+        (1, 0, 1),
+        "{round:?}"
+    );
+    let counts = outbox::counts(&mut direct).expect("counts");
+    assert_eq!((counts.delivered, counts.leased), (1, 0), "{counts:?}");
+}
+
 /// The same for a prune: its only batch's `COMMIT` reached the server, which deleted the five
 /// lapsed keys, and the reply was lost. The error says the prune failed and that "the batches
 /// before it stay deleted" (there were none), so the operator reads that the failed batch deleted
