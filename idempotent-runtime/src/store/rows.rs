@@ -157,7 +157,10 @@ pub struct OutboxCounts {
     /// Waiting to be sent (including those backing off after a failure).
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub pending: i64,
-    /// Held by a relay right now.
+    /// Leased by a relay: held by a round delivering them now, or by one that stopped (a crash, a
+    /// cancelled round whose relay was dropped) and whose lease has lapsed or will, after which
+    /// another round takes them over (sends them again, or parks those whose last allowed
+    /// attempt it was).
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub leased: i64,
     /// Delivered and not yet pruned.
