@@ -594,9 +594,14 @@ pub enum Error {
     /// (a copy its receiver drops by its id), or, when this was its last allowed attempt
     /// (`last_attempt`), parked as one that may have been delivered.
     ///
+    /// When the connection failed at the `COMMIT` of a record that changed nothing (the message's
+    /// lease had been taken over: counted in `lease_lost`), the run stops there with `message_id`
+    /// `None` rather than hand the next message to the delivery on a dead connection.
+    ///
     /// The messages the round had not handed over yet are given back untried; a WARN says when
-    /// that failed too (they then stay leased, their attempt counted, until the lease lapses).
-    /// A run that fails before it hands any message over returns the failure itself.
+    /// that failed too (the same [`Relay`](crate::outbox::Relay)'s next round tries again; until
+    /// then they stay leased, their attempt counted). A run that fails before it hands any
+    /// message over returns the failure itself.
     ///
     /// What to do: run the relay again (when [`is_retryable`](Error::is_retryable) says so).
     #[error(
@@ -862,7 +867,11 @@ fn stopped_at(
     source: &Error,
 ) -> String {
     let Some(id) = message_id else {
-        return ": taking its next batch failed".to_owned();
+        return if source.is_connection_lost() {
+            ": its connection failed".to_owned()
+        } else {
+            ": taking its next batch failed".to_owned()
+        };
     };
     let recorded = if matches!(source, Error::OutcomeUnknown { .. }) {
         "its record may or may not be committed"

@@ -64,7 +64,9 @@ use crate::error::Error;
 use crate::prune::{Prune, PruneReport};
 use crate::stats::Settled;
 use crate::store::{Database, Failure, Lease, LeasedRow, NewMessage, Store};
-use crate::transaction::{Outside, Own, outside_transactions, outside_transactions_judged};
+use crate::transaction::{
+    Outside, Own, outside_transactions, outside_transactions_judged, outside_transactions_told,
+};
 
 pub use crate::store::OutboxCounts;
 
@@ -456,7 +458,7 @@ pub struct Relay {
 }
 
 /// The messages a dropped round leased (under `owner`, its lease's token) and never handed over.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Untried {
     owner: String,
     ids: Vec<i64>,
@@ -818,31 +820,11 @@ impl Relay {
             let delivery = attempt(deliver, &message).await;
             let delay = message.age + started.elapsed();
             let delivered = matches!(delivery, Delivery::Delivered);
-            let settled = match self.settle(conn, &owner, &message, delivery).await {
+            let (settled, lost) = match self.settle(conn, &owner, &message, delivery).await {
                 Ok(settled) => settled,
                 Err(error) => {
-                    let mut untried = guard.take();
-                    untried.reverse();
-                    let kept = untried.clone();
-                    let released = give_back_untried(
-                        conn,
-                        &owner,
-                        &message,
-                        untried,
-                        report.delivered,
-                        &error,
-                    )
-                    .await;
-                    if !released {
-                        // The next round tries again.
-                        self.untried
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(Untried {
-                                owner: owner.clone(),
-                                ids: kept,
-                            });
-                    }
+                    self.give_back_stopped(conn, &mut guard, &message, report.delivered, &error)
+                        .await;
                     return Err(Error::RelayStopped {
                         report,
                         message_id: Some(message.message_id().to_owned()),
@@ -860,37 +842,79 @@ impl Relay {
                 settled,
                 delay,
             );
+            if let Some(lost) = lost
+                && !guard.untried.is_empty()
+            {
+                // The record changed nothing and says so, but the connection failed at its
+                // `COMMIT`: no more deliveries whose outcome could not be recorded.
+                let error = failed::<S::Db>(lost);
+                self.give_back_stopped(conn, &mut guard, &message, report.delivered, &error)
+                    .await;
+                return Err(Error::RelayStopped {
+                    report,
+                    message_id: None,
+                    delivered: false,
+                    last_attempt: false,
+                    source: Box::new(error),
+                });
+            }
         }
         Ok(report)
     }
 
-    /// Gives back what rounds of this relay whose futures were dropped leased and never handed
-    /// over (their attempt uncounted), before a new lease. A failure keeps them for the next
-    /// round and stops this one before it leases anything.
+    /// The messages left untried, in the relay's keeping until a release of them commits.
+    fn left(&self) -> std::sync::MutexGuard<'_, Vec<Untried>> {
+        self.untried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Gives back what rounds of this relay leased and never handed over (a round whose future
+    /// was dropped, or whose own give-back failed), their attempt uncounted, before a new lease.
+    /// Each stays in the relay's keeping until its release commits, so that a future dropped
+    /// during the release loses nothing; a release that fails stops this round before it leases
+    /// anything. (Two rounds of one relay may release the same messages: the second finds them
+    /// no longer leased by their old token, and changes nothing.)
     async fn give_back_left<S: Store>(&self, conn: &mut S) -> Result<(), Error> {
-        let left = std::mem::take(
-            &mut *self
-                .untried
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        let mut left = left.into_iter();
-        while let Some(untried) = left.next() {
+        loop {
+            let Some(untried) = self.left().first().cloned() else {
+                return Ok(());
+            };
             let count = untried.ids.len();
-            if let Err(error) = release_untried(conn, &untried.owner, untried.ids.clone()).await {
-                self.untried
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .extend(std::iter::once(untried).chain(left));
-                return Err(error);
-            }
+            release_untried(conn, &untried.owner, untried.ids).await?;
+            self.left().retain(|left| left.owner != untried.owner);
             tracing::info!(
                 relay = %self.owner,
                 untried = count,
-                "gave back the outbox messages a dropped round had leased and never handed over"
+                "gave back the outbox messages a round had leased and never handed over"
             );
         }
-        Ok(())
+    }
+
+    /// After a round stopped at `message` (`error`): gives back what it had not handed over,
+    /// kept by the relay until the release commits (its next round tries again if it fails, or
+    /// if this future is dropped first).
+    async fn give_back_stopped<S: Store>(
+        &self,
+        conn: &mut S,
+        guard: &mut RoundGuard<'_>,
+        message: &OutboxMessage,
+        delivered: u64,
+        error: &Error,
+    ) {
+        let mut untried = guard.take();
+        untried.reverse();
+        if untried.is_empty() {
+            return;
+        }
+        let owner = guard.owner.to_owned();
+        self.left().push(Untried {
+            owner: owner.clone(),
+            ids: untried.clone(),
+        });
+        if give_back_untried(conn, &owner, message, untried, delivered, error).await {
+            self.left().retain(|left| left.owner != owner);
+        }
     }
 
     /// Records what became of one leased message's delivery, if this round still holds its
@@ -902,13 +926,13 @@ impl Relay {
         owner: &str,
         message: &OutboxMessage,
         delivery: Delivery,
-    ) -> Result<Settled, Error> {
+    ) -> Result<(Settled, Option<diesel::result::Error>), Error> {
         let error = match delivery {
             Delivery::Delivered => {
                 let (id, owner) = (message.id, owner.to_owned());
                 // A mark that found the lease gone changed nothing (`held` false): its answer
-                // stands when the `COMMIT`'s reply is lost.
-                let held = outside_transactions_judged(
+                // stands when the `COMMIT`'s reply is lost (and the round stops there).
+                let (held, lost) = outside_transactions_told(
                     conn,
                     "outbox",
                     Own::Look,
@@ -917,11 +941,12 @@ impl Relay {
                 )
                 .await
                 .map_err(relay_error::<S::Db>)?;
-                return Ok(if held {
+                let settled = if held {
                     Settled::Delivered
                 } else {
                     Settled::LeaseLost
-                });
+                };
+                return Ok((settled, lost));
             }
             Delivery::Failed(error) => error,
         };
@@ -934,7 +959,7 @@ impl Relay {
             )?),
         };
         let (id, marked_by, reason) = (message.id, owner.to_owned(), error.clone());
-        let held = outside_transactions_judged(
+        let (held, lost) = outside_transactions_told(
             conn,
             "outbox",
             Own::Look,
@@ -956,14 +981,14 @@ impl Relay {
             // The lease lapsed during the delivery, and another round took the message (and may
             // have delivered it): this failure is not its to record.
             tracing::info!(message_id, attempts, %error, "outbox delivery failed after its lease lapsed; the message is no longer this round's (another relay took it over, or gave it up), nothing was recorded");
-            return Ok(Settled::LeaseLost);
+            return Ok((Settled::LeaseLost, lost));
         }
         if park {
             tracing::warn!(message_id, attempts, %error, "outbox message parked");
-            Ok(Settled::Parked)
+            Ok((Settled::Parked, lost))
         } else {
             tracing::info!(message_id, attempts, %error, "outbox delivery failed; will retry");
-            Ok(Settled::Failed)
+            Ok((Settled::Failed, lost))
         }
     }
 

@@ -480,6 +480,21 @@ pub(crate) async fn outside_transactions_judged<S: Store, T>(
     wrote: impl Fn(&T) -> bool,
     statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
 ) -> Result<T, Outside> {
+    outside_transactions_told(conn, table, own, wrote, statements)
+        .await
+        .map(|(value, _)| value)
+}
+
+/// [`outside_transactions_judged`], and the connection's failure at a `COMMIT` whose statements
+/// changed nothing (their answer stands, and the connection is of no more use: a caller that
+/// goes on to do more, a relay's next delivery, stops instead).
+pub(crate) async fn outside_transactions_told<S: Store, T>(
+    conn: &mut S,
+    table: &'static str,
+    own: Own,
+    wrote: impl Fn(&T) -> bool,
+    statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
+) -> Result<(T, Option<diesel::result::Error>), Outside> {
     match in_own_transaction(conn, own, wrote, statements).await {
         // The usual first mistake, named: a failure that does not pass, on a table not there.
         Err(Outside::Failed(error))
@@ -498,7 +513,7 @@ async fn in_own_transaction<S: Store, T>(
     own: Own,
     wrote: impl Fn(&T) -> bool,
     mut statements: impl AsyncFnMut(&mut S) -> diesel::QueryResult<T>,
-) -> Result<T, Outside> {
+) -> Result<(T, Option<diesel::result::Error>), Outside> {
     if conn.transaction_depth()? > 0 || S::Db::session_in_transaction(conn).await? {
         return Err(Outside::InsideTransaction);
     }
@@ -533,7 +548,7 @@ async fn in_own_transaction<S: Store, T>(
             }
             match statements(transaction.store()).await {
                 Ok(value) => match transaction.commit().await {
-                    Ok(()) => Ok(value),
+                    Ok(()) => Ok((value, None)),
                     // The `COMMIT` may have reached the server: what it did is not known here,
                     // unless there was nothing for it to do.
                     Err(error) if S::Db::connection_lost(&error) => {
@@ -541,7 +556,7 @@ async fn in_own_transaction<S: Store, T>(
                             Err(Outside::CommitUnknown(error))
                         } else {
                             tracing::debug!(%error, "the connection failed at the COMMIT of statements that changed nothing; their answer stands");
-                            Ok(value)
+                            Ok((value, Some(error)))
                         }
                     }
                     Err(error) => Err(Outside::Failed(error)),

@@ -520,3 +520,107 @@ where
         );
     });
 }
+
+/// The messages a dropped round left untried stay in the relay's keeping until their release
+/// commits: a next round dropped while it gives them back (a row lock holds the release) loses
+/// none of them, and the round after it delivers them. Before, the relay emptied its list before
+/// the release: the dropped give-back lost the messages, which then waited for their lease to
+/// lapse and were parked (`max_attempts(1)`) as "may have been delivered".
+pub fn a_give_back_dropped_midway_loses_nothing<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    use diesel_async::SimpleAsyncConnection;
+
+    let db = Db::<B>::fresh();
+    let AsyncConn { runtime, mut conn } = db.connect();
+    let AsyncConn {
+        runtime: _locker_runtime,
+        conn: mut locker,
+    } = db.connect();
+    let relay = Relay::new()
+        .batch_size(3)
+        .max_attempts(1)
+        .lease(Duration::from_secs(30));
+    let in_delivery = runtime.block_on(async {
+        for n in 1..=3 {
+            send_receipt_async(&mut conn, &format!("order-{n}"))
+                .await
+                .unwrap();
+        }
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let mut handed = Vec::new();
+        {
+            let round = relay.run_once_async(&mut conn, async |message| {
+                handed.push(message.message_id().to_owned());
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Ok::<_, String>(())
+            });
+            let mut round = std::pin::pin!(round);
+            std::future::poll_fn(|cx| match round.as_mut().poll(cx) {
+                std::task::Poll::Ready(_) => panic!("the delivery never ends"),
+                std::task::Poll::Pending if started.load(std::sync::atomic::Ordering::SeqCst) => {
+                    std::task::Poll::Ready(())
+                }
+                std::task::Poll::Pending => std::task::Poll::Pending,
+            })
+            .await;
+        }
+        handed.remove(0)
+    });
+    runtime.block_on(async {
+        // Another session locks every outbox row: the give-back's release waits.
+        locker
+            .batch_execute("BEGIN")
+            .await
+            .expect("the locker's BEGIN");
+        locker
+            .batch_execute("SELECT id FROM outbox FOR UPDATE")
+            .await
+            .expect("the locker's lock");
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(500),
+            relay.run_once_async(&mut conn, async |message| -> Result<(), String> {
+                panic!(
+                    "{} handed over while the give-back waits",
+                    message.message_id()
+                )
+            }),
+        )
+        .await;
+        assert!(
+            dropped.is_err(),
+            "the round waits for the lock: {dropped:?}"
+        );
+    });
+    // The dropped round's connection is of no more use (and its server session still waits).
+    drop(conn);
+    let AsyncConn {
+        runtime: _next_runtime,
+        mut conn,
+    } = db.connect();
+    runtime.block_on(async {
+        locker
+            .batch_execute("ROLLBACK")
+            .await
+            .expect("the locker's ROLLBACK");
+        let mut sent = Vec::new();
+        let report = relay
+            .run_once_async(&mut conn, async |message| {
+                sent.push(message.message_id().to_owned());
+                Ok::<_, String>(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (report.delivered, report.parked, sent.len()),
+            (2, 0, 2),
+            "the two untried messages are given back and delivered at once: {report:?}"
+        );
+        assert!(!sent.contains(&in_delivery), "{sent:?}");
+        let counts = outbox::counts_async(&mut conn).await.unwrap();
+        assert_eq!((counts.delivered, counts.leased), (2, 1), "{counts:?}");
+    });
+}

@@ -1047,6 +1047,21 @@ async_tests!(async_postgres_only, crate::backends::AsyncPostgres);
 #[cfg(feature = "async-mysql")]
 async_tests!(async_mysql_only, crate::backends::AsyncMysql);
 
+/// A relay's give-back dropped while a row lock holds it (the server backends: a dropped statement
+/// there leaves the connection broken, not waiting in place as diesel-async's SQLite does).
+#[cfg(feature = "async-postgres")]
+#[test]
+fn a_give_back_dropped_midway_loses_nothing_async_postgres() {
+    async_effects::a_give_back_dropped_midway_loses_nothing::<crate::backends::AsyncPostgres, _>();
+}
+
+/// The same on MySQL.
+#[cfg(feature = "async-mysql")]
+#[test]
+fn a_give_back_dropped_midway_loses_nothing_async_mysql() {
+    async_effects::a_give_back_dropped_midway_loses_nothing::<crate::backends::AsyncMysql, _>();
+}
+
 /// Diesel sends a sync MySQL connection's `BEGIN` and `COMMIT` as text batches, three round trips
 /// each (multi-statement mode on, the statement, off again); the runtime sends them as prepared
 /// statements. What the server counted for 20 jobs (10 run, 10 replayed) on one session. The

@@ -276,6 +276,75 @@ fn a_relay_transaction_that_changed_nothing_keeps_its_answer_when_its_commit_rep
     );
     let counts = outbox::counts(&mut direct).expect("counts");
     assert_eq!((counts.delivered, counts.leased), (1, 0), "{counts:?}");
+
+    // Two messages in the batch: after the first's record, whose `COMMIT` the connection did not
+    // survive, the round stops. It used to go on and hand the second to the delivery on a dead
+    // connection, which then could not record it (`RelayStopped`: "message ... was delivered, and
+    // recording so failed"): a second delivery later for nothing.
+    for order in ["order-2", "order-3"] {
+        crate::effects::send_receipt(&mut direct, order).expect("a receipt");
+    }
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = Postgres::connect(&proxy.url(db.locator()));
+    let relay = Relay::new().batch_size(2).lease(Duration::from_millis(300));
+    let mut handed = Vec::new();
+    let round = relay.run_once(&mut conn, |message| {
+        handed.push(message.message_id().to_owned());
+        if handed.len() == 1 {
+            std::thread::sleep(Duration::from_millis(600));
+            // The copy takes one lapsed lease a round: the first message, the oldest.
+            let taken = copy
+                .run_once(&mut direct, |_| Ok::<_, String>(()))
+                .expect("the copy's round");
+            assert_eq!(taken.delivered, 1, "the copy took the lapsed lease over");
+            proxy.arm();
+        }
+        Ok::<_, String>(())
+    });
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the first mark's COMMIT");
+    assert_eq!(
+        handed.len(),
+        1,
+        "nothing handed over after the connection failed: {handed:?}"
+    );
+    let error = round.expect_err("the round stops: its connection failed");
+    assert!(error.is_connection_lost(), "{error:?}");
+    let idempotent_jobs::Error::RelayStopped {
+        report,
+        message_id,
+        delivered,
+        ..
+    } = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!(
+        (
+            report.leased,
+            report.delivered,
+            report.lease_lost,
+            message_id,
+            delivered
+        ),
+        (2, 0, 1, &None, &false),
+        "{error}"
+    );
+    let said = error.to_string();
+    assert!(said.contains("its connection failed"), "{said}");
+    // The relay gives the untried message back on a new connection, and delivers it at once.
+    drop(conn);
+    let mut conn = db.connect();
+    let mut sent = Vec::new();
+    let next = relay
+        .run_once(&mut conn, |message| {
+            sent.push(message.message_id().to_owned());
+            Ok::<_, String>(())
+        })
+        .expect("the next round");
+    assert_eq!((next.delivered, sent.len()), (1, 1), "{next:?}");
+    assert_ne!(sent[0], handed[0]);
+    let counts = outbox::counts(&mut direct).expect("counts");
+    assert_eq!((counts.delivered, counts.leased), (3, 0), "{counts:?}");
 }
 
 /// The same for a prune: its only batch's `COMMIT` reached the server, which deleted the five

@@ -9,7 +9,8 @@
 //!   concurrent workers on one file work with SQLite's defaults. WAL mode is faster (readers and
 //!   the writer no longer wait for each other) but is the application's choice, not made here.
 //! * Times are text, `YYYY-MM-DD HH:MM:SS.SSS` UTC, from `strftime('%Y-%m-%d %H:%M:%f', 'now')`;
-//!   they compare correctly as text with the times Diesel writes.
+//!   they compare correctly as text with the times Diesel writes. The claim binds the same text,
+//!   formatted by the runtime from the clock SQLite reads in process ([`ClockText`]).
 //! * The claim is `INSERT ... ON CONFLICT DO NOTHING`, then a read by the primary key when it
 //!   inserted nothing. One writer at a time, so a claim never waits for another claim's row.
 
@@ -368,8 +369,11 @@ impl ClockText {
     fn now() -> Self {
         let millis = match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
             Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
-            // A clock set before 1970: the same instant, counted back.
-            Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
+            // A clock set before 1970: the millisecond the instant falls in, counted back (down,
+            // as SQLite's `1000 * tv_sec + tv_usec / 1000` rounds).
+            Err(before) => {
+                -i64::try_from(before.duration().as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+            }
         };
         Self::at(millis)
     }
@@ -519,6 +523,7 @@ mod tests {
             (951_782_400_000, "2000-02-29 00:00:00.000"),
             (4_102_444_799_999, "2099-12-31 23:59:59.999"),
             (1_796_342_400_123, "2026-12-04 00:00:00.123"),
+            (-86_400_001, "1969-12-30 23:59:59.999"),
         ] {
             assert_eq!(ClockText::at(millis).as_str(), text, "{millis}");
         }
