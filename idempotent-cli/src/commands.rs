@@ -397,6 +397,10 @@ fn keys_list<C: JobStore>(
         .last()
         .filter(|_| more)
         .map(|last| After::of(last).to_string());
+    // The bounds as times: a `--since 1h` read again for the next page would have moved on, and
+    // skipped the keys that grew older than an hour in between.
+    let since = since.map(crate::time::format_micros);
+    let before = before.map(crate::time::format_micros);
     if cx.json {
         #[derive(Serialize)]
         struct List<'a> {
@@ -404,11 +408,18 @@ fn keys_list<C: JobStore>(
             more: bool,
             #[serde(skip_serializing_if = "Option::is_none")]
             next: Option<String>,
+            /// The bounds this page used, as times, for the next page's `--since`/`--before`.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            since: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            before: Option<String>,
         }
         emit_json(&List {
             keys: records.iter().map(KeyJson::from).collect(),
             more,
             next,
+            since,
+            before,
         });
         return Ok(());
     }
@@ -418,8 +429,12 @@ fn keys_list<C: JobStore>(
     }
     let mut text = keys_table(&records);
     if let Some(next) = next {
+        let bounds: String = [("--since", &since), ("--before", &before)]
+            .iter()
+            .filter_map(|(flag, time)| time.as_ref().map(|time| format!("{flag} {time} ")))
+            .collect();
         text.push_str(&format!(
-            "({limit} keys shown; more match: the next page is the same command with --after {next})\n"
+            "({limit} keys shown; more match: the next page is the same command with {bounds}--after {next})\n"
         ));
     }
     emit(&text);
@@ -944,7 +959,22 @@ fn migrate<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
                 ),
             ));
         }
-        Err(error) => return Err(db_failure(conn, cx.target, error)),
+        // The migration is committed: the check after it failing changes none of that (its
+        // own error says "nothing was changed" of itself, not of the command).
+        Err(error) => {
+            let cause = match &error {
+                Error::Verify(source) => with_causes(source),
+                other => with_causes(other),
+            };
+            let text = printable(&cx.target.scrub(&cause));
+            return Err(Failure::new(
+                Code::Database,
+                format!(
+                    "migrate found the tables at {} current, or made them so (what it did is committed), but checking them afterwards as verify does failed: {text}",
+                    cx.target.shown
+                ),
+            ));
+        }
     }
     if cx.json {
         emit_json(&Migrated {
@@ -975,7 +1005,7 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
     let text = printable(&target.scrub(&with_causes(&error)));
     if error.is_connection_lost() {
         // 3 is for nothing changed; an operation that had changed something keeps 5.
-        let code = match changed_something(&error) {
+        let code = match changed_something(&error) || steps_committed(target, &error) {
             true => Code::Database,
             false => Code::Connect,
         };
@@ -999,12 +1029,22 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         let of_the_tables = problems
             .iter()
             .any(|p| !matches!(p, SchemaProblem::ReadOnly { .. }));
-        return match changed_something(&error) || !of_the_tables {
+        return match changed_something(&error) || steps_committed(target, &error) || !of_the_tables
+        {
             true => Failure::new(Code::Database, message),
             false => Failure::new(schema.code, message),
         };
     }
     Failure::new(Code::Database, failed)
+}
+
+/// Whether a failed migration may have committed steps before the one that failed: on MySQL,
+/// whose DDL commits by itself, each step stays done (SQLite and PostgreSQL roll back the whole
+/// migration), unless it refused before it changed anything (a schema problem).
+fn steps_committed(target: &Target, error: &Error) -> bool {
+    matches!(target.kind, crate::connect::Kind::Mysql)
+        && matches!(error, Error::Migration { source, .. }
+            if !source.is::<idempotent_runtime::SchemaProblem>())
 }
 
 /// Whether a failed operation says it changed the database (a prune whose earlier batches

@@ -949,3 +949,81 @@ fn the_readme_exit_code_table_is_what_commands_exit_with() {
         "--help and the README list the same codes"
     );
 }
+
+/// Pages of `keys list --since 1h` never skip a key: the hint for the next page gives the time
+/// `1h` meant, not `1h` again. Before, the next page read `1h` against the clock of its own run, a
+/// few seconds later, and a key that had grown older than an hour in between (done 59m57s before
+/// the first page) was on no page, though it matched the first page's query. The same in JSON
+/// (`since`).
+#[test]
+fn pages_of_a_relative_since_skip_no_key() {
+    use diesel::connection::SimpleConnection;
+
+    let db = TestDb::empty::<SqliteConnection>();
+    db.cli(&["migrate"]).ok();
+    let mut conn: SqliteConnection = db.connect();
+    for (name, ago) in [("older", 3_597), ("newer", 600)] {
+        let key = JobKey::new(format!("welcome:{name}"));
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &WELCOME, &key, |_| Ok::<_, Error>(()))
+                .expect("welcome");
+        conn.batch_execute(&format!(
+            "UPDATE done_jobs SET done_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-{ago} seconds') \
+             WHERE job_key = 'welcome:{name}'"
+        ))
+        .expect("backdating");
+    }
+    let first = db
+        .cli(&["keys", "list", "--since", "1h", "--limit", "1"])
+        .ok();
+    assert!(first.stdout.contains("welcome:newer"), "{first:#?}");
+    let hint = first
+        .stdout
+        .split("the same command with ")
+        .nth(1)
+        .expect("a hint for the next page")
+        .trim()
+        .trim_end_matches(')')
+        .to_owned();
+    let json = db
+        .cli(&["--json", "keys", "list", "--since", "1h", "--limit", "1"])
+        .ok()
+        .json();
+    // The since this page used, as a time (before: absent, and a user passed `1h` again).
+    let since = json["since"].as_str().unwrap_or("1h").to_owned();
+    let next = json["next"]
+        .as_str()
+        .expect("where the next page starts")
+        .to_owned();
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    // The same command, each option the hint names set to the hint's value.
+    let mut args: Vec<String> = ["keys", "list", "--since", "1h", "--limit", "1"]
+        .map(str::to_owned)
+        .to_vec();
+    let words: Vec<&str> = hint.split(' ').collect();
+    for pair in words.chunks(2) {
+        let [flag, value] = pair else {
+            panic!("the hint names options and their values: {hint}")
+        };
+        match args.iter().position(|arg| arg == flag) {
+            Some(at) => args[at + 1] = (*value).to_owned(),
+            None => args.extend([(*flag).to_owned(), (*value).to_owned()]),
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let second = db.cli(&args).ok();
+    assert!(
+        second.stdout.contains("welcome:older"),
+        "the key done 59m57s before the first page is on the next: {second:#?} (hint: {hint})"
+    );
+    let second = db
+        .cli(&[
+            "--json", "keys", "list", "--limit", "1", "--since", &since, "--after", &next,
+        ])
+        .ok()
+        .json();
+    assert_eq!(
+        second["keys"][0]["key"], "welcome:older",
+        "{second} (since {since})"
+    );
+}

@@ -1121,3 +1121,59 @@ fn a_chart_statement_that_waits_for_a_lock_is_busy_in_german() {
         response.body
     );
 }
+
+/// The "Older keys" link of `/keys?since=1h` carries the time `1h` meant: followed a few seconds
+/// later, its page still lists the key done 59m57s before the first page. Before, the link carried
+/// `since=1h`, read again against the later clock, and that key was on no page.
+#[test]
+fn older_keys_of_a_relative_since_skip_no_key() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    for (name, ago) in [("older", 3_597), ("newer", 600)] {
+        let key = JobKey::new(format!("welcome:{name}"));
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &WELCOME, &key, |_| Ok::<_, Error>(()))
+                .expect("welcome");
+        conn.batch_execute(&format!(
+            "UPDATE done_jobs SET done_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-{ago} seconds') \
+             WHERE job_key = 'welcome:{name}'"
+        ))
+        .expect("backdating");
+    }
+    let server = Server::start(&db.url, false);
+    let bearer = format!("Bearer {TOKEN}");
+    let first = http(
+        "GET",
+        &server.addr,
+        "/keys?since=1h&limit=1",
+        &[("Authorization", bearer.as_str())],
+        "",
+    );
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(first.body.contains(">welcome:newer<"), "{first:?}");
+    assert!(
+        first.body.contains("value=\"1h\""),
+        "the form keeps what was typed: {first:?}"
+    );
+    let next = first
+        .body
+        .split("<a rel=\"next\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a link to older keys")
+        .replace("&amp;", "&");
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let second = http(
+        "GET",
+        &server.addr,
+        &next,
+        &[("Authorization", bearer.as_str())],
+        "",
+    );
+    assert_eq!(second.status, 200, "{second:?}");
+    assert!(
+        second.body.contains(">welcome:older<"),
+        "the key done 59m57s before the first page is on the next ({next}): {second:?}"
+    );
+}

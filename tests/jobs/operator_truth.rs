@@ -1075,6 +1075,65 @@ fn a_migration_whose_commit_reply_is_lost_says_it_may_be_committed() {
     idempotent_jobs::migrate(&mut direct).expect("a second migrate");
 }
 
+/// The CLI's `migrate` whose check afterwards (as `verify` does) loses the connection: the
+/// migration is committed, and the command must not say "nothing was changed" nor exit 3 ("the
+/// connection was lost before the command changed anything"). It did both: the check's own error
+/// ("verifying the runtime's tables failed; nothing was changed") stood for the whole command.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_migrate_whose_check_afterwards_fails_says_the_migration_is_committed() {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::empty();
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    // A statement only the check sends (the table grants it reads once the tables are there).
+    proxy.arm_on("has_table_privilege(c.oid, 'SELECT')");
+    let out = cli(&proxy.url(db.locator()), &["migrate"]);
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the check's connection");
+    let mut direct = db.connect();
+    idempotent_jobs::verify(&mut direct).expect("the migration is committed");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(!stderr.contains("nothing was changed"), "{stderr}");
+    assert!(stderr.contains("what it did is committed"), "{stderr}");
+}
+
+/// MySQL's DDL commits by itself: a `migrate` whose connection is lost at a later step has
+/// committed the steps before it. The CLI exited 3, which says the connection was lost before
+/// the command changed anything; now 5 (a failed operation that changed something), with the
+/// library's own "calling migrate again resumes where this stopped".
+#[cfg(feature = "mysql")]
+#[test]
+fn a_mysql_migrate_lost_at_a_later_step_does_not_exit_3() {
+    use crate::backends::Mysql;
+
+    let db = Db::<Mysql>::empty();
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    // The last step's DDL: the server runs it, its answer never comes back.
+    proxy.arm_on("CREATE INDEX outbox_leased");
+    let out = cli(&proxy.url(db.locator()), &["migrate"]);
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "the proxy cut the connection at the last step"
+    );
+    let stderr = text(&out.stderr);
+    assert_ne!(
+        out.status.code(),
+        Some(3),
+        "the earlier steps are committed: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("resumes"), "{stderr}");
+    let mut direct = db.connect();
+    assert!(
+        Mysql::try_execute(&mut direct, "SELECT 1 FROM done_jobs LIMIT 1").is_ok(),
+        "the first steps are committed"
+    );
+    idempotent_jobs::migrate(&mut direct).expect("a second migrate resumes");
+    idempotent_jobs::verify(&mut direct).expect("current");
+}
+
 /// SQLite: `keys::forget` while a run renews the key's lapsed row. The forget's transaction read
 /// the lapsed row, then could not take the write lock the run holds (SQLite answers busy at once
 /// to a reader that would wait for a writer), and started over: the attempt after the run's

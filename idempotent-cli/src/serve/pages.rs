@@ -253,20 +253,26 @@ impl KeyFilters {
     }
 
     /// The query these filters ask for (one key more than the page, to tell whether there are
-    /// more), and what could not be read of them.
-    fn query(&self) -> (KeyQuery, Vec<String>) {
+    /// more), and what could not be read of them. A time given as a duration ago is read once,
+    /// here, and kept as the time it meant (for the next page's link).
+    fn query(&mut self) -> (KeyQuery, Vec<String>) {
         let mut query = KeyQuery::default().limit(self.limit + 1);
         let mut problems = Vec::new();
         if !self.job.is_empty() {
             query = query.job(self.job.as_str());
         }
-        for (text, since) in [(&self.since, true), (&self.before, false)] {
+        for (text, since) in [(&mut self.since, true), (&mut self.before, false)] {
             if text.is_empty() {
                 continue;
             }
             match parse_time_arg(text) {
-                Ok(time) if since => query = query.done_from(time),
-                Ok(time) => query = query.done_before(time),
+                Ok(time) => {
+                    query = match since {
+                        true => query.done_from(time),
+                        false => query.done_before(time),
+                    };
+                    *text = crate::time::format_micros(time);
+                }
                 Err(why) => problems.push(why),
             }
         }
@@ -279,7 +285,8 @@ impl KeyFilters {
         (query, problems)
     }
 
-    /// The link to the page after `last`, with the same filters.
+    /// The link to the page after `last`, with the same filters (times as [`Self::query`] read
+    /// them: a `since=1h` read again on the next page would have moved on, and skipped keys).
     fn next_page(&self, last: &KeyRecord) -> String {
         format!(
             "<p><a rel=\"next\" href=\"/keys?job={}&amp;since={}&amp;before={}&amp;after={}&amp;limit={}\">Older keys →</a></p>",
@@ -298,7 +305,8 @@ pub async fn keys(
     Extension(auth): Extension<Auth>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let filters = KeyFilters::parse(query.unwrap_or_default().as_bytes());
+    let mut filters = KeyFilters::parse(query.unwrap_or_default().as_bytes());
+    let typed = (filters.since.clone(), filters.before.clone());
     let (query, problems) = filters.query();
     // A filter that could not be read lists nothing: the keys of the filters that could would
     // read as the answer to the whole form.
@@ -321,7 +329,15 @@ pub async fn keys(
     };
     let more = records.len() > filters.limit as usize;
     records.truncate(filters.limit as usize);
-    let mut body = key_filters_form(&filters, &jobs);
+    // The form keeps what was typed (`1h`); the next page's link, the time it meant.
+    let typed = KeyFilters {
+        job: filters.job.clone(),
+        since: typed.0,
+        before: typed.1,
+        after: filters.after.clone(),
+        limit: filters.limit,
+    };
+    let mut body = key_filters_form(&typed, &jobs);
     for problem in &problems {
         body.push_str(&notice(problem, true));
     }
