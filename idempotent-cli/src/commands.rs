@@ -305,7 +305,10 @@ fn hex(digest: &[u8; 32]) -> String {
 /// The failure for a key no run holds: the form looked for, how values are escaped, and the
 /// nearest stored keys of the job it most likely belongs to.
 fn not_found<C: JobStore>(conn: &mut C, wanted: &Wanted) -> Failure {
-    let mut message = format!("no key {} in done_jobs: no run holds it", wanted.named);
+    let mut message = format!(
+        "no key {} in done_jobs: no committed run holds it",
+        wanted.named
+    );
     let Some(text) = &wanted.text else {
         return Failure::new(Code::NotFound, message);
     };
@@ -485,8 +488,8 @@ fn keys_forget<C: JobStore>(
     let Some(record) = found else {
         let mut failure = not_found(conn, &wanted);
         failure.message = failure.message.replacen(
-            ": no run holds it",
-            ": no run holds it; nothing was changed",
+            ": no committed run holds it",
+            ": no committed run holds it; nothing was changed",
             1,
         );
         return Err(failure);

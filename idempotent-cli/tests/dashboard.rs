@@ -755,7 +755,7 @@ fn a_key_listed_escaped_is_found_by_its_listed_text() {
     assert_eq!(response.status, 200, "{response:?}");
     let digest = hex(&JobKey::new("welcome:a\tb").digest());
     assert!(
-        response.body.contains(&digest) && !response.body.contains("no run holds it"),
+        response.body.contains(&digest) && !response.body.contains("no committed run holds it"),
         "{}",
         response.body
     );

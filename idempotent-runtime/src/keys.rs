@@ -195,7 +195,8 @@ impl JobCount {
     }
 }
 
-/// The record of `key`, or `None` when no run holds it.
+/// The record of `key`, or `None` when no committed run holds it (a run in progress, its claim
+/// not yet committed, is not seen).
 pub fn lookup<C: crate::connection::JobStore>(
     conn: &mut C,
     key: &JobKey,

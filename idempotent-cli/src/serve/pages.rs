@@ -657,7 +657,7 @@ fn missing_html(digest: &[u8; 32], text: Option<&str>, near: Option<&Nearest>) -
     let named = text.map_or_else(|| format!("with digest {hex}"), |t| format!("`{t}`"));
     let mut out = notice(
         &format!(
-            "No key {named} in done_jobs: no run holds it (never done, forgotten, or pruned; the next delivery runs the job)."
+            "No key {named} in done_jobs: no committed run holds it (never done, forgotten, or pruned: the next delivery runs the job, unless a run in progress commits it first)."
         ),
         true,
     );
