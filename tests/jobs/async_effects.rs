@@ -531,8 +531,6 @@ where
     B: Backend<Conn = AsyncConn<C>>,
     C: AsyncTestConn,
 {
-    use diesel_async::SimpleAsyncConnection;
-
     let db = Db::<B>::fresh();
     let AsyncConn { runtime, mut conn } = db.connect();
     let AsyncConn {
