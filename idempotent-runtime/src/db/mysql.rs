@@ -742,9 +742,7 @@ impl Database for MysqlDb {
         conn: &mut C,
         limit: std::time::Duration,
     ) -> QueryResult<Option<String>> {
-        // Whole seconds, at least 1 (InnoDB's smallest wait); the session keeps it until restored.
-        let seconds = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
-        let seconds = seconds.clamp(1, 1_073_741_824);
+        let seconds = lock_wait_seconds(limit);
         let rows: Vec<crate::store::SettingRow> =
             conn.load(Statement::<LockWaitTimeout, _>::new(())).await?;
         set_lock_wait(conn, seconds).await?;
@@ -1610,6 +1608,36 @@ mod tests {
             retry.explain(),
             "1 times the key's row changed under the claim (pruned or renewed by other workers)"
         );
+    }
+}
+
+/// `limit` as InnoDB's lock wait: whole seconds, rounded up, at least 1 (its smallest wait) and at
+/// most 1,073,741,824 (its largest, 34 years: `Duration::MAX` waits that long, where the sum
+/// overflowed, to 0 and so 1 s in a release build, a panic in a debug one). The session keeps it
+/// until restored.
+fn lock_wait_seconds(limit: std::time::Duration) -> u64 {
+    limit
+        .as_secs()
+        .saturating_add(u64::from(limit.subsec_nanos() > 0))
+        .clamp(1, 1_073_741_824)
+}
+
+#[cfg(test)]
+mod lock_wait_tests {
+    use std::time::Duration;
+
+    #[test]
+    fn lock_waits_round_up_and_never_overflow() {
+        for (limit, seconds) in [
+            (Duration::ZERO, 1),
+            (Duration::from_millis(1), 1),
+            (Duration::from_millis(1_001), 2),
+            (Duration::from_secs(50), 50),
+            (Duration::from_secs(u64::MAX), 1_073_741_824),
+            (Duration::MAX, 1_073_741_824),
+        ] {
+            assert_eq!(super::lock_wait_seconds(limit), seconds, "{limit:?}");
+        }
     }
 }
 
