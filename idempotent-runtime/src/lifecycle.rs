@@ -890,7 +890,12 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
     if store.transaction_depth().ok()? != 0 {
         return None;
     }
-    let row = match S::Db::done_row(store, &call.digest).await {
+    let read = if S::Db::FIRST_READ_IN_OWN_TRANSACTION {
+        read_in_own_transaction(store, &call.digest).await
+    } else {
+        S::Db::done_row_before_claim(store, &call.digest).await
+    };
+    let row = match read {
         Ok(Some(row)) if !row.lapsed && !row.unfinished() => row,
         Ok(_) => return None,
         Err(error) => {
@@ -911,6 +916,30 @@ async fn replay_before_claim<S: Store, T: JobOutput>(store: &mut S, call: &Call)
             resume_unwind(panic)
         }
     }
+}
+
+/// The key's row for a redelivery's read, in a transaction of the runtime's own that it rolls back
+/// ([`Database::FIRST_READ_IN_OWN_TRANSACTION`]: SQLite, where a read outside one joins a
+/// transaction the session holds of its own, sent as text, and in WAL mode that transaction's
+/// snapshot): `None` where the `BEGIN` is refused (such a transaction is open) or nests, and the
+/// claim decides.
+async fn read_in_own_transaction<S: Store>(
+    store: &mut S,
+    digest: &[u8; 32],
+) -> diesel::QueryResult<Option<DoneRow>> {
+    let Ok((mut transaction, nesting)) =
+        Transaction::begin_deferred(&mut *store, itself::<S>).await
+    else {
+        return Ok(None);
+    };
+    if !matches!(nesting, Nesting::Outermost) {
+        transaction.rollback().await;
+        return Ok(None);
+    }
+    let row = S::Db::done_row(transaction.store(), digest).await;
+    // It read; nothing to commit.
+    transaction.rollback().await;
+    row
 }
 
 /// Whether a redelivery may read before its claim, outside any transaction

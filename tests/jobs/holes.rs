@@ -715,6 +715,42 @@ pub fn redeliveries_never_read_an_old_snapshot<B: Backend>() {
     );
 }
 
+/// The same on PostgreSQL and SQLite, whose sessions Diesel cannot ask about a transaction sent
+/// as text: a caller's `BEGIN` (`begin`: PostgreSQL at REPEATABLE READ, SQLite in WAL mode) and a
+/// read fix a snapshot; an operator forgets the key; a redelivery flagged as one read the key's
+/// row first, in that snapshot, and replayed the forgotten run's receipt (`Replayed`, no row in
+/// `done_jobs`). The read now finds nothing where its snapshot may be old, and the claim decides.
+pub fn redeliveries_never_replay_from_a_callers_old_snapshot<B: Backend>(setup: &str, begin: &str) {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    if !setup.is_empty() {
+        B::execute(&mut conn, setup);
+    }
+    B::charge(&mut conn, "order-s", 4200, crate::handlers::Mode::Succeed).expect("the first run");
+    B::execute(&mut conn, begin);
+    // A read fixes the snapshot.
+    assert_eq!(B::count_charges(&mut conn, "order-s"), 1);
+    let mut operator = db.connect();
+    assert!(
+        B::keys_forget(&mut operator, &JobKey::new("charge:order-s")).expect("forgets"),
+        "the key was there"
+    );
+    let redelivered = B::charge_redelivered(&mut conn, "order-s", 4200, true);
+    // The body did not run where the caller's transaction sees one charge still.
+    let replayed = redelivered.is_ok() && B::count_charges(&mut conn, "order-s") == 1;
+    let _ = B::try_execute(&mut conn, "ROLLBACK");
+    assert!(
+        !replayed,
+        "the key is forgotten, yet the redelivery replayed from the caller's snapshot: {redelivered:?}"
+    );
+    B::charge_redelivered(&mut conn, "order-s", 4200, true).expect("runs again");
+    assert_eq!(
+        B::count_charges(&mut operator, "order-s"),
+        2,
+        "the forgotten key ran again"
+    );
+}
+
 /// A `COMMIT` that PostgreSQL refuses with an error of no kind Diesel names: a deferred
 /// constraint trigger raising its own exception (SQLSTATE P0001), which fires at the `COMMIT`.
 /// Before, the runtime took any such error for the release of its savepoint failing (the body's

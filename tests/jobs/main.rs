@@ -951,6 +951,24 @@ fn mysql_read_uncommitted_session_reports_only_what_was_committed() {
     >();
 }
 
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_redeliveries_never_replay_from_a_callers_old_snapshot() {
+    holes::redeliveries_never_replay_from_a_callers_old_snapshot::<crate::backends::Postgres>(
+        "",
+        "BEGIN ISOLATION LEVEL REPEATABLE READ",
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_wal_redeliveries_never_replay_from_a_callers_old_snapshot() {
+    holes::redeliveries_never_replay_from_a_callers_old_snapshot::<crate::backends::Sqlite>(
+        "PRAGMA journal_mode = WAL",
+        "BEGIN",
+    );
+}
+
 #[cfg(feature = "sqlite")]
 backend_tests!(sqlite, crate::backends::Sqlite);
 #[cfg(feature = "postgres")]

@@ -726,6 +726,25 @@ macro_rules! abandoned {
 ///
 /// Listing and counting scan `done_jobs` (no index on `job_name` or `done_at`: claims, the hot path,
 /// do not pay for one); they are for operators, bounded by `LIMIT`.
+/// The key's committed row, as a replay reads it: `DoneRead` of `shared_statements!`, and the base
+/// of a database's own read before a claim (PostgreSQL's `DoneReadFirst`). Expanded in each
+/// database module, with its `micros!`, `now!`, `read_guard!` and `every_row!`.
+macro_rules! done_read {
+    () => {
+        concat!(
+            "SELECT job_name, result, fingerprint, ",
+            micros!("done_at"),
+            " AS done_at_micros, \
+               (expires_at IS NOT NULL AND expires_at <= ",
+            now!(),
+            ") AS lapsed \
+             FROM done_jobs WHERE key_digest = ?",
+            read_guard!(),
+            every_row!()
+        )
+    };
+}
+
 macro_rules! shared_statements {
     () => {
         sql! {
@@ -735,11 +754,7 @@ macro_rules! shared_statements {
             Forget = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token IS NULL";
             // A replay's read before any transaction: no lock, no `LIMIT` (the digest is the key).
             // `read_guard!()` is what the database needs for the read to see the latest commit.
-            DoneRead = concat!(
-                "SELECT job_name, result, fingerprint, ", micros!("done_at"), " AS done_at_micros, \
-                   (expires_at IS NOT NULL AND expires_at <= ", now!(), ") AS lapsed \
-                 FROM done_jobs WHERE key_digest = ?", read_guard!(), every_row!()
-            );
+            DoneRead = done_read!();
             TakeBack = "DELETE FROM done_jobs WHERE key_digest = ? AND claim_token = ?";
             Record = concat!(
                 "UPDATE done_jobs SET result = ?, done_at = ", now!(), ", expires_at = ", now_plus!(),

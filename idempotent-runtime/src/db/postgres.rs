@@ -336,6 +336,18 @@ macro_rules! every_row {
     };
 }
 
+sql! {
+    // A redelivery's read before its claim: the key's row only where the statement's snapshot is
+    // its own. READ COMMITTED takes one per statement; a transaction of the caller's at
+    // REPEATABLE READ or SERIALIZABLE, sent as text (Diesel does not count it), keeps the one its
+    // first statement took, which may be older than a forget or a renewal committed since.
+    // There the read finds nothing, and the claim decides.
+    DoneReadFirst = concat!(
+        done_read!(),
+        " AND current_setting('transaction_isolation') = 'read committed'"
+    );
+}
+
 shared_statements!();
 
 use super::shared::later;
@@ -428,6 +440,18 @@ async fn search_path<C: Store<Db = PostgresDb>>(conn: &mut C) -> QueryResult<Str
 }
 
 impl Database for PostgresDb {
+    async fn done_row_before_claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> QueryResult<Option<crate::store::DoneRow>> {
+        let rows: Vec<crate::store::DoneRow> = conn
+            .load(Statement::<DoneReadFirst, _>::new((bind::<Binary, _>(
+                &digest[..],
+            ),)))
+            .await?;
+        Ok(rows.into_iter().next())
+    }
+
     const A_FAILED_STATEMENT_ABORTS: bool = true;
     const RELEASE_AND_COMMIT: &'static str = RELEASE_AND_COMMIT;
 

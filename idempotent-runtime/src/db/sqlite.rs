@@ -168,6 +168,7 @@ fn later(micros: Option<i64>) -> crate::sql::Twice<Nullable<BigInt>, Option<i64>
 }
 
 impl Database for SqliteDb {
+    const FIRST_READ_IN_OWN_TRANSACTION: bool = true;
     const BEGIN_UNCOUNTED: &'static str = BEGIN;
     shared_methods!();
     migration_steps!(

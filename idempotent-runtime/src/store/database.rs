@@ -487,6 +487,26 @@ pub trait Database: Sized + Send + Sync + 'static {
         digest: &[u8; 32],
     ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send;
 
+    /// Whether a redelivery's read before its claim goes in a transaction of the runtime's own
+    /// (which it rolls back), whose `BEGIN` the database refuses where the session holds a
+    /// transaction of its own that Diesel does not count: SQLite, where a read outside a
+    /// transaction would join that one, and its snapshot in WAL mode. Where false, the read is
+    /// [`Self::done_row_before_claim`], a statement of its own.
+    #[doc(hidden)]
+    const FIRST_READ_IN_OWN_TRANSACTION: bool = false;
+
+    /// A redelivery's read of the key's row before its claim ([`Self::done_row`] by default):
+    /// `None` where the read could answer from a snapshot older than the latest commit (a
+    /// transaction the session holds of its own, sent as text, whose snapshot is fixed), so that
+    /// the claim decides. MySQL's read asks the session itself ([`Self::reads_outside_safely`]).
+    #[doc(hidden)]
+    fn done_row_before_claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> impl Future<Output = QueryResult<Option<DoneRow>>> + Send {
+        Self::done_row(conn, digest)
+    }
+
     /// Deletes the key's row if this run's claim (`token`) holds it; whether it did.
     #[doc(hidden)]
     fn take_back<C: Store<Db = Self>>(
