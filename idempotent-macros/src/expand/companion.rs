@@ -395,6 +395,19 @@ struct OutcomeParam {
 /// named like the handler would otherwise shadow it in the call), with their `#[cfg]`s.
 fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
     let mut params = Vec::new();
+    // The names the handler's own parameters bind: a name made up for a pattern parameter is
+    // none of them (`__arg1` beside a parameter `(a, b)` at place 1 and one named `__arg1`).
+    let taken: Vec<String> = sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            syn::FnArg::Typed(typed) => match &*typed.pat {
+                syn::Pat::Ident(pat) => Some(pat.ident.to_string()),
+                _ => None,
+            },
+            syn::FnArg::Receiver(_) => None,
+        })
+        .collect();
     for (index, input) in sig.inputs.iter().enumerate() {
         if let syn::FnArg::Typed(typed) = input {
             let ident = match &*typed.pat {
@@ -403,7 +416,13 @@ fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
                     ident.set_span(Span::mixed_site().located_at(pat.ident.span()));
                     ident
                 }
-                _ => Ident::new(&format!("__arg{index}"), Span::mixed_site()),
+                _ => {
+                    let mut name = format!("__arg{index}");
+                    while taken.contains(&name) {
+                        name.insert(0, '_');
+                    }
+                    Ident::new(&name, Span::mixed_site())
+                }
             };
             let ty = respan(typed.ty.to_token_stream());
             let cfgs: Vec<TokenStream> = typed

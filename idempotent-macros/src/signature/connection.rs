@@ -219,7 +219,7 @@ fn check_flavour(item: &ItemFn, ty: &Type, cx: &Ctxt) -> bool {
         asynchronous,
         found(SYNC_CONNECTIONS),
     ) {
-        (true, None, Some((_, instead))) => format!(
+        (true, None, Some((_, instead))) if sync_outside(ty) => format!(
             "`{name}` is an `async fn`, but its connection `{}` is a sync Diesel connection: make the handler a plain `fn` (remove `async`), or take a diesel-async connection (`&mut {instead}`)",
             shown(ty)
         ),
@@ -231,6 +231,28 @@ fn check_flavour(item: &ItemFn, ty: &Type, cx: &Ctxt) -> bool {
     };
     cx.error(syn::Error::new_spanned(ty, message));
     false
+}
+
+/// Whether the type behind the reference is, outside, a sync Diesel connection or r2d2's pooled
+/// one: `&mut SqliteConnection`, `&mut PooledConnection<ConnectionManager<PgConnection>>`. A type
+/// of another name that holds one (`&mut Wrapped<SqliteConnection>`, with
+/// `use ...::SyncConnectionWrapper as Wrapped`) may be a diesel-async connection: not refused
+/// here (the compiler says so if it is not one).
+fn sync_outside(ty: &Type) -> bool {
+    let inner = match strip_groups(ty) {
+        Type::Reference(reference) => strip_groups(&reference.elem),
+        other => other,
+    };
+    let Type::Path(path) = inner else {
+        return false;
+    };
+    path.path.segments.last().is_some_and(|segment| {
+        let name = segment.ident.to_string();
+        name == "PooledConnection"
+            || SYNC_CONNECTIONS
+                .iter()
+                .any(|(connection, _)| name == *connection)
+    })
 }
 
 /// `&mut SomethingConnection`, `&mut PooledConnection<..>`, `&mut Object<..>`: what a user would

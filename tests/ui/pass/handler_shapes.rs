@@ -161,6 +161,14 @@ fn generic<C: idempotent_jobs::JobStore>(conn: &mut C, id: u64) -> Result<u64, A
     Ok(id)
 }
 
+/// A pattern parameter at place 1 beside a parameter named `__arg1`, the name the companion made
+/// up for the pattern (it was bound twice: E0415).
+#[idempotent_job(key = "pattern:<id>")]
+fn pattern(conn: &mut SqliteConnection, (a, b): (u8, u8), __arg1: u8, id: u8) -> Result<u32, AppError> {
+    let _ = conn;
+    Ok(u32::from(a) + u32::from(b) + u32::from(__arg1) + u32::from(id))
+}
+
 fn main() {
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
     idempotent_jobs::migrate(&mut conn).unwrap();
@@ -180,6 +188,7 @@ fn main() {
     assert_eq!(blink(&mut conn, 6).unwrap(), 6);
     assert_eq!(via_macro(&mut conn, 3).unwrap(), 3);
     assert_eq!(generic(&mut conn, 4).unwrap(), 4);
+    assert_eq!(pattern(&mut conn, (1, 2), 3, 4).unwrap(), 10);
     assert_eq!(charge(&mut conn, 1, 10, &job).unwrap(), 11);
     assert_eq!(charge(&mut conn, 1, 10, &job).unwrap(), 11, "same inputs: replayed");
     assert!(matches!(

@@ -38,6 +38,23 @@ impl Mailer {
     }
 }
 
+/// diesel-async's SQLite wrapper imported under another name: refused before as "a sync Diesel
+/// connection" (the check read `SqliteConnection` inside it).
+mod renamed {
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper as Wrapped;
+    use idempotent_jobs::idempotent_job;
+
+    #[idempotent_job(key = "renamed:<id>")]
+    pub async fn renamed(
+        conn: &mut Wrapped<SqliteConnection>,
+        id: u64,
+    ) -> Result<u64, idempotent_jobs::Error> {
+        let _ = conn;
+        Ok(id)
+    }
+}
+
 fn assert_send<T: Send>(value: T) -> T {
     value
 }
@@ -53,5 +70,6 @@ fn main() {
         let mut boxed_conn = Box::new(Conn::establish(":memory:").await.unwrap());
         idempotent_jobs::migrate_async(&mut *boxed_conn).await.unwrap();
         assert_eq!(boxed(&mut boxed_conn, 4).await.unwrap(), 4);
+        assert_eq!(renamed::renamed(&mut conn, 5).await.unwrap(), 5);
     });
 }
