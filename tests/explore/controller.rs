@@ -1108,6 +1108,20 @@ impl Runner {
                 self.send(w, &WorkerCommand::Job(spec));
                 self.wait_idle(w);
                 let last = self.history.deliveries.last().map(|d| d.res.clone());
+                // A session that holds a transaction of its own (MariaDB's `completion_type =
+                // CHAIN` after a caller's commit, or `autocommit = 0`) refuses every job, truly
+                // and for good: as a user told so would end that transaction, the worker starts
+                // again on a new connection, and the key goes to the next one.
+                if matches!(&last, Some(Res::Error { variant, .. }) if variant == "InsideTransaction")
+                {
+                    *self
+                        .figures
+                        .faults
+                        .entry("final-round-restart (its session held a transaction)".into())
+                        .or_default() += 1;
+                    self.kill(w, "restarted: its session held a transaction of its own");
+                    continue;
+                }
                 let retry = matches!(
                     &last,
                     Some(Res::Error {
