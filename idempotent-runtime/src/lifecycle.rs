@@ -32,7 +32,7 @@ use crate::error::{Error, Step};
 use crate::outcome::Outcome;
 use crate::retry::Retry;
 use crate::stats::Ending;
-use crate::store::{ClaimAttempt, Database, DoneRow, Finish, Nesting, Store};
+use crate::store::{ClaimAttempt, Database, DoneRow, Fault, Finish, Nesting, Store};
 use crate::transaction::{Checked, Mark, Ownership, Transaction, itself};
 
 impl JobCall<'_> {
@@ -1085,7 +1085,24 @@ async fn begin_and_claim<S: Store>(
             Ok((nesting, claimed)) => return Ok(Began::Open(nesting, claimed)),
             Err(Attempt::Taken { read }) => return Ok(Began::Taken { read }),
             Err(Attempt::Over(error)) => return Err(error),
-            Err(Attempt::Failed(step, error)) => (step, error),
+            Err(Attempt::Failed(step, error)) => {
+                // SQLite in WAL mode: a `BEGIN IMMEDIATE` inside a transaction the session holds
+                // of its own, whose snapshot another connection's commit has made old, is
+                // "database is locked" at once, every time, not "within a transaction": asked
+                // (nothing of the job's is open after a failed `BEGIN`), so that the job is
+                // refused now, not retried for the whole window as if another connection held the
+                // write lock.
+                if step == Step::Begin
+                    && S::Db::WRITE_LOCK_AT_BEGIN
+                    && S::Db::classify(&error) == Fault::Busy
+                    && S::Db::transaction_still_open(store).await == Some(true)
+                {
+                    return Err(Error::InsideTransaction {
+                        what: "run the job",
+                    });
+                }
+                (step, error)
+            }
         };
         match retry.failed::<S::Db>(&error) {
             Some(_) => {

@@ -720,7 +720,14 @@ pub fn redeliveries_never_read_an_old_snapshot<B: Backend>() {
 /// read fix a snapshot; an operator forgets the key; a redelivery flagged as one read the key's
 /// row first, in that snapshot, and replayed the forgotten run's receipt (`Replayed`, no row in
 /// `done_jobs`). The read now finds nothing where its snapshot may be old, and the claim decides.
-pub fn redeliveries_never_replay_from_a_callers_old_snapshot<B: Backend>(setup: &str, begin: &str) {
+///
+/// `refused`: the claim is then refused inside the caller's transaction, at once (SQLite); on
+/// PostgreSQL a caller's transaction that has only read takes the job in (a documented limit).
+pub fn redeliveries_never_replay_from_a_callers_old_snapshot<B: Backend>(
+    setup: &str,
+    begin: &str,
+    refused: bool,
+) {
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
     if !setup.is_empty() {
@@ -735,7 +742,9 @@ pub fn redeliveries_never_replay_from_a_callers_old_snapshot<B: Backend>(setup: 
         B::keys_forget(&mut operator, &JobKey::new("charge:order-s")).expect("forgets"),
         "the key was there"
     );
+    let started = std::time::Instant::now();
     let redelivered = B::charge_redelivered(&mut conn, "order-s", 4200, true);
+    let took = started.elapsed();
     // The body did not run where the caller's transaction sees one charge still.
     let replayed = redelivered.is_ok() && B::count_charges(&mut conn, "order-s") == 1;
     let _ = B::try_execute(&mut conn, "ROLLBACK");
@@ -743,6 +752,24 @@ pub fn redeliveries_never_replay_from_a_callers_old_snapshot<B: Backend>(setup: 
         !replayed,
         "the key is forgotten, yet the redelivery replayed from the caller's snapshot: {redelivered:?}"
     );
+    // The claim cannot run in the caller's transaction: refused, and at once (SQLite's `BEGIN
+    // IMMEDIATE` behind the old snapshot is "database is locked" every time; it was retried for
+    // 30 s and reported as another connection holding the write lock).
+    if refused {
+        assert!(
+            matches!(
+                &redelivered,
+                Err(crate::handlers::TestError::Idempotent(
+                    Error::InsideTransaction { .. }
+                ))
+            ),
+            "refused inside the caller's transaction: {redelivered:?}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "refused after {took:?}"
+        );
+    }
     B::charge_redelivered(&mut conn, "order-s", 4200, true).expect("runs again");
     assert_eq!(
         B::count_charges(&mut operator, "order-s"),

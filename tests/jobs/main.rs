@@ -957,6 +957,7 @@ fn postgres_redeliveries_never_replay_from_a_callers_old_snapshot() {
     holes::redeliveries_never_replay_from_a_callers_old_snapshot::<crate::backends::Postgres>(
         "",
         "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        false,
     );
 }
 
@@ -966,6 +967,7 @@ fn sqlite_wal_redeliveries_never_replay_from_a_callers_old_snapshot() {
     holes::redeliveries_never_replay_from_a_callers_old_snapshot::<crate::backends::Sqlite>(
         "PRAGMA journal_mode = WAL",
         "BEGIN",
+        true,
     );
 }
 
