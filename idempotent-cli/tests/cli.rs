@@ -957,22 +957,10 @@ fn the_readme_exit_code_table_is_what_commands_exit_with() {
 /// (`since`).
 #[test]
 fn pages_of_a_relative_since_skip_no_key() {
-    use diesel::connection::SimpleConnection;
-
     let db = TestDb::empty::<SqliteConnection>();
     db.cli(&["migrate"]).ok();
     let mut conn: SqliteConnection = db.connect();
-    for (name, ago) in [("older", 3_597), ("newer", 600)] {
-        let key = JobKey::new(format!("welcome:{name}"));
-        let _: Outcome<()> =
-            idempotent_runtime::run(&mut conn, &WELCOME, &key, |_| Ok::<_, Error>(()))
-                .expect("welcome");
-        conn.batch_execute(&format!(
-            "UPDATE done_jobs SET done_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-{ago} seconds') \
-             WHERE job_key = 'welcome:{name}'"
-        ))
-        .expect("backdating");
-    }
+    keys_done_almost_an_hour_ago(&mut conn, &WELCOME);
     let first = db
         .cli(&["keys", "list", "--since", "1h", "--limit", "1"])
         .ok();

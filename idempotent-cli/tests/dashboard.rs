@@ -1130,17 +1130,7 @@ fn older_keys_of_a_relative_since_skip_no_key() {
     let db = TestDb::empty::<SqliteConnection>();
     let mut conn: SqliteConnection = db.connect();
     idempotent_runtime::migrate(&mut conn).expect("migrating");
-    for (name, ago) in [("older", 3_597), ("newer", 600)] {
-        let key = JobKey::new(format!("welcome:{name}"));
-        let _: Outcome<()> =
-            idempotent_runtime::run(&mut conn, &WELCOME, &key, |_| Ok::<_, Error>(()))
-                .expect("welcome");
-        conn.batch_execute(&format!(
-            "UPDATE done_jobs SET done_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-{ago} seconds') \
-             WHERE job_key = 'welcome:{name}'"
-        ))
-        .expect("backdating");
-    }
+    keys_done_almost_an_hour_ago(&mut conn, &WELCOME);
     let server = Server::start(&db.url, false);
     let bearer = format!("Bearer {TOKEN}");
     let first = http(

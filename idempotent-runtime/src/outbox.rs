@@ -481,6 +481,13 @@ impl Drop for Relay {
     }
 }
 
+/// Where a round stopped, as [`Error::RelayStopped`] tells it.
+struct Stop {
+    message_id: Option<String>,
+    delivered: bool,
+    last_attempt: bool,
+}
+
 /// What a round leased and has not handed over yet: given back to the relay if the round's future
 /// is dropped, for its next round to release.
 struct RoundGuard<'r> {
@@ -768,13 +775,81 @@ impl Relay {
         // A token per lease: a message whose lease lapsed and was taken by another round (of
         // another relay, or of this one) is never marked by the round that lost it.
         let owner = format!("{}:{}", self.owner, crate::key::token());
+        let leased = self.take_lease(conn, &owner, lease_micros).await?;
+        let mut report = RelayReport {
+            leased: leased.rows.len() as u64,
+            parked: leased.parked,
+            ..RelayReport::default()
+        };
+        let mut guard = RoundGuard {
+            relay: self,
+            owner: &owner,
+            untried: leased.rows.iter().rev().map(|row| row.id).collect(),
+        };
+        for row in leased.rows {
+            // Handed over from here on: a drop during its delivery leaves it leased (it may
+            // have been delivered).
+            guard.untried.pop();
+            let message = OutboxMessage::from_row(row);
+            let started = Instant::now();
+            let delivery = attempt(deliver, &message).await;
+            let delay = message.age + started.elapsed();
+            let delivered = matches!(delivery, Delivery::Delivered);
+            let (settled, lost) = match self.settle(conn, &owner, &message, delivery).await {
+                Ok(settled) => settled,
+                Err(error) => {
+                    let at = Stop {
+                        message_id: Some(message.message_id().to_owned()),
+                        delivered,
+                        last_attempt: message.attempts() >= self.max_attempts,
+                    };
+                    return Err(self
+                        .stop(conn, &mut guard, &message, report, at, error)
+                        .await);
+                }
+            };
+            report.count(settled);
+            crate::stats::delivery(
+                message.message_id(),
+                message.topic(),
+                message.attempts(),
+                settled,
+                delay,
+            );
+            if let Some(lost) = lost
+                && !guard.untried.is_empty()
+            {
+                // The record changed nothing and says so, but the connection failed at its
+                // `COMMIT`: no more deliveries whose outcome could not be recorded.
+                let at = Stop {
+                    message_id: None,
+                    delivered: false,
+                    last_attempt: false,
+                };
+                let error = failed::<S::Db>(lost);
+                return Err(self
+                    .stop(conn, &mut guard, &message, report, at, error)
+                    .await);
+            }
+        }
+        Ok(report)
+    }
+
+    /// A round's lease, owned by `owner` (parking first the messages whose last allowed attempt
+    /// lapsed).
+    async fn take_lease<S: Store>(
+        &self,
+        conn: &mut S,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<crate::store::Leased, Error> {
         let (limit, max_attempts) = (
             i64::from(self.batch_size),
             i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
         );
         // The closures of the runtime's transactions own what they use (an async closure that
         // borrows makes a future rustc cannot prove `Send` for: tests/jobs/spawnable.rs).
-        let leased_by = owner.clone();
+        let leased_by = owner.to_owned();
         // A lease that took and parked nothing wrote nothing: a lost `COMMIT` reply leaves its
         // answer standing.
         let leased = outside_transactions_judged(
@@ -801,65 +876,29 @@ impl Relay {
                 "outbox messages parked: their relay stopped, or their lease lapsed, during their last allowed attempt (they may have been delivered)"
             );
         }
-        let mut report = RelayReport {
-            leased: leased.rows.len() as u64,
-            parked: leased.parked,
-            ..RelayReport::default()
-        };
-        let mut guard = RoundGuard {
-            relay: self,
-            owner: &owner,
-            untried: leased.rows.iter().rev().map(|row| row.id).collect(),
-        };
-        for row in leased.rows {
-            // Handed over from here on: a drop during its delivery leaves it leased (it may
-            // have been delivered).
-            guard.untried.pop();
-            let message = OutboxMessage::from_row(row);
-            let started = Instant::now();
-            let delivery = attempt(deliver, &message).await;
-            let delay = message.age + started.elapsed();
-            let delivered = matches!(delivery, Delivery::Delivered);
-            let (settled, lost) = match self.settle(conn, &owner, &message, delivery).await {
-                Ok(settled) => settled,
-                Err(error) => {
-                    self.give_back_stopped(conn, &mut guard, &message, report.delivered, &error)
-                        .await;
-                    return Err(Error::RelayStopped {
-                        report,
-                        message_id: Some(message.message_id().to_owned()),
-                        delivered,
-                        last_attempt: message.attempts() >= self.max_attempts,
-                        source: Box::new(error),
-                    });
-                }
-            };
-            report.count(settled);
-            crate::stats::delivery(
-                message.message_id(),
-                message.topic(),
-                message.attempts(),
-                settled,
-                delay,
-            );
-            if let Some(lost) = lost
-                && !guard.untried.is_empty()
-            {
-                // The record changed nothing and says so, but the connection failed at its
-                // `COMMIT`: no more deliveries whose outcome could not be recorded.
-                let error = failed::<S::Db>(lost);
-                self.give_back_stopped(conn, &mut guard, &message, report.delivered, &error)
-                    .await;
-                return Err(Error::RelayStopped {
-                    report,
-                    message_id: None,
-                    delivered: false,
-                    last_attempt: false,
-                    source: Box::new(error),
-                });
-            }
+        Ok(leased)
+    }
+
+    /// A round that stops at `message` (`error`, told as `at` says): gives back what it had not
+    /// handed over, and says what it did.
+    async fn stop<S: Store>(
+        &self,
+        conn: &mut S,
+        guard: &mut RoundGuard<'_>,
+        message: &OutboxMessage,
+        report: RelayReport,
+        at: Stop,
+        error: Error,
+    ) -> Error {
+        self.give_back_stopped(conn, guard, message, report.delivered, &error)
+            .await;
+        Error::RelayStopped {
+            report,
+            message_id: at.message_id,
+            delivered: at.delivered,
+            last_attempt: at.last_attempt,
+            source: Box::new(error),
         }
-        Ok(report)
     }
 
     /// The messages left untried, in the relay's keeping until a release of them commits.

@@ -425,6 +425,37 @@ where
     });
 }
 
+/// Runs one round of `relay` whose delivery never ends, and drops it in its first delivery (as a
+/// caller's timeout would); the id of the message that was in delivery.
+async fn drop_in_first_delivery<C: AsyncTestConn>(relay: &Relay, conn: &mut C) -> String {
+    let started = std::sync::atomic::AtomicBool::new(false);
+    let mut handed = Vec::new();
+    {
+        let round = relay.run_once_async(conn, async |message| {
+            handed.push(message.message_id().to_owned());
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<()>().await;
+            Ok::<_, String>(())
+        });
+        let mut round = std::pin::pin!(round);
+        let finished = std::future::poll_fn(|cx| match round.as_mut().poll(cx) {
+            std::task::Poll::Ready(_) => std::task::Poll::Ready(true),
+            std::task::Poll::Pending if started.load(std::sync::atomic::Ordering::SeqCst) => {
+                std::task::Poll::Ready(false)
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        })
+        .await;
+        assert!(
+            !finished,
+            "the delivery never ends: the round cannot finish"
+        );
+        // The round is dropped here, in its first delivery.
+    }
+    assert_eq!(handed.len(), 1, "one message handed over before the drop");
+    handed.remove(0)
+}
+
 /// A round whose future is dropped while it delivers its first message (a caller's timeout, a
 /// `select!`) leased the rest of its batch and counted an attempt for each; none of them was
 /// handed to the delivery. The relay gives them back at its next round, their attempt uncounted:
@@ -450,32 +481,7 @@ where
         }
         let lease = Duration::from_millis(600);
         let relay = Relay::new().batch_size(3).max_attempts(1).lease(lease);
-        let started = std::sync::atomic::AtomicBool::new(false);
-        let mut handed = Vec::new();
-        {
-            let round = relay.run_once_async(&mut conn, async |message| {
-                handed.push(message.message_id().to_owned());
-                started.store(true, std::sync::atomic::Ordering::SeqCst);
-                std::future::pending::<()>().await;
-                Ok::<_, String>(())
-            });
-            let mut round = std::pin::pin!(round);
-            let finished = std::future::poll_fn(|cx| match round.as_mut().poll(cx) {
-                std::task::Poll::Ready(_) => std::task::Poll::Ready(true),
-                std::task::Poll::Pending if started.load(std::sync::atomic::Ordering::SeqCst) => {
-                    std::task::Poll::Ready(false)
-                }
-                std::task::Poll::Pending => std::task::Poll::Pending,
-            })
-            .await;
-            assert!(
-                !finished,
-                "the delivery never ends: the round cannot finish"
-            );
-            // The round is dropped here, in its first delivery.
-        }
-        assert_eq!(handed.len(), 1, "one message handed over before the drop");
-        let in_delivery = handed[0].clone();
+        let in_delivery = drop_in_first_delivery(&relay, &mut conn).await;
 
         let mut sent = Vec::new();
         let report = relay
@@ -547,26 +553,7 @@ where
                 .await
                 .unwrap();
         }
-        let started = std::sync::atomic::AtomicBool::new(false);
-        let mut handed = Vec::new();
-        {
-            let round = relay.run_once_async(&mut conn, async |message| {
-                handed.push(message.message_id().to_owned());
-                started.store(true, std::sync::atomic::Ordering::SeqCst);
-                std::future::pending::<()>().await;
-                Ok::<_, String>(())
-            });
-            let mut round = std::pin::pin!(round);
-            std::future::poll_fn(|cx| match round.as_mut().poll(cx) {
-                std::task::Poll::Ready(_) => panic!("the delivery never ends"),
-                std::task::Poll::Pending if started.load(std::sync::atomic::Ordering::SeqCst) => {
-                    std::task::Poll::Ready(())
-                }
-                std::task::Poll::Pending => std::task::Poll::Pending,
-            })
-            .await;
-        }
-        handed.remove(0)
+        drop_in_first_delivery(&relay, &mut conn).await
     });
     runtime.block_on(async {
         // Another session locks every outbox row: the give-back's release waits.

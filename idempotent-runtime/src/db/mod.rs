@@ -879,12 +879,7 @@ macro_rules! shared_methods {
             conn: &mut C,
             digest: &[u8; 32],
         ) -> QueryResult<Option<crate::store::DoneRow>> {
-            let rows: Vec<crate::store::DoneRow> = conn
-                .load(Statement::<DoneRead, _>::new((bind::<Binary, _>(
-                    &digest[..],
-                ),)))
-                .await?;
-            Ok(rows.into_iter().next())
+            super::shared::done_row_by::<DoneRead, _>(conn, digest).await
         }
 
         async fn renew<C: Store<Db = Self>>(conn: &mut C, claim: &Claim<'_>) -> QueryResult<bool> {

@@ -444,12 +444,7 @@ impl Database for PostgresDb {
         conn: &mut C,
         digest: &[u8; 32],
     ) -> QueryResult<Option<crate::store::DoneRow>> {
-        let rows: Vec<crate::store::DoneRow> = conn
-            .load(Statement::<DoneReadFirst, _>::new((bind::<Binary, _>(
-                &digest[..],
-            ),)))
-            .await?;
-        Ok(rows.into_iter().next())
+        super::shared::done_row_by::<DoneReadFirst, _>(conn, digest).await
     }
 
     const A_FAILED_STATEMENT_ABORTS: bool = true;

@@ -33,6 +33,23 @@ pub(crate) fn claim_values<'a>(claim: &Claim<'a>) -> ClaimValues<'a> {
     )
 }
 
+/// The key's row as `Read` (a database's `DoneRead`, or PostgreSQL's `DoneReadFirst`) reads it.
+pub(crate) async fn done_row_by<Read, C>(
+    conn: &mut C,
+    digest: &[u8; 32],
+) -> QueryResult<Option<DoneRow>>
+where
+    Read: SqlText,
+    C: Store,
+    for<'a> (Bind<Binary, &'a [u8]>,): crate::sql::Binds<<C::Db as Database>::Backend> + Send,
+    DoneRow: QueryableByName<<C::Db as Database>::Backend>,
+{
+    let rows: Vec<DoneRow> = conn
+        .load(Statement::<Read, _>::new((bind::<Binary, _>(&digest[..]),)))
+        .await?;
+    Ok(rows.into_iter().next())
+}
+
 /// What a claim that did not insert found: the row that holds the key, or `Missing` when there is
 /// none to read (pruned meanwhile, or not yet visible to the read): the claim goes round again.
 pub(crate) fn found(row: Option<DoneRow>) -> ClaimAttempt {
