@@ -1358,10 +1358,17 @@ async fn claim_key<S: Store>(
     claim: &crate::store::Claim<'_>,
     mut first: Option<ClaimAttempt>,
 ) -> diesel::QueryResult<Option<DoneRow>> {
-    for _ in 0..3 {
+    // Turns after the first run in the transaction the first proved the job's own; a renewal
+    // that waited for a row lock (a prune's, a forget's, another run's) gave that transaction an
+    // id, which the first turn's check would refuse as the session's own (PostgreSQL).
+    let later = &crate::store::Claim {
+        own: false,
+        ..*claim
+    };
+    for turn in 0..3 {
         let attempt = match first.take() {
             Some(attempt) => attempt,
-            None => S::Db::claim(store, claim).await?,
+            None => S::Db::claim(store, if turn == 0 { claim } else { later }).await?,
         };
         match attempt {
             ClaimAttempt::Inserted => return Ok(None),

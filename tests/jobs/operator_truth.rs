@@ -1168,3 +1168,72 @@ fn a_forget_beside_a_renewal_on_sqlite_keeps_the_renewed_claim() {
     );
     assert!(matches!(forget, Ok(false)), "{forget:?}");
 }
+
+// --- a claim's renewal that meets a prune, a forget or another renewal -------------------------
+
+/// A redelivery of a lapsed key whose renewal waits for a row lock that a prune, a forget or
+/// another run's renewal holds, and finds the row gone or renewed once the lock is let go: the
+/// claim goes round again and runs the job (the row is gone) or replays the committed run (the
+/// row was renewed). On PostgreSQL the renewal's wait gave the job's transaction an id, and the
+/// claim's second turn refused it as "a transaction of its own" of the session's: the call ended
+/// `Error::Database` at the claim, not retryable, and the worker dead-lettered a delivery that
+/// nothing had run.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_renewal_that_waited_for_a_prune_runs_the_job() {
+    renewal_meeting("DELETE FROM done_jobs", Ok(7));
+}
+
+/// The same with the holder renewing the key itself (another run's renewal, committed first):
+/// the redelivery replays it.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_renewal_that_waited_for_another_renewal_replays_it() {
+    renewal_meeting(
+        "UPDATE done_jobs SET expires_at = now() + interval '1 hour'",
+        Err(1),
+    );
+}
+
+/// `BRIEF`'s `brief:1` run once, lapsed, locked by a holder; a redelivery (whose body returns 7)
+/// waits in its renewal until the holder runs `change` and commits. `expected`: `Ok(value)` ran,
+/// `Err(value)` replayed.
+#[cfg(feature = "postgres")]
+fn renewal_meeting(change: &str, expected: Result<u32, u32>) {
+    use crate::backends::Postgres;
+
+    let db = Db::<Postgres>::fresh();
+    let mut conn = db.connect();
+    assert!(deliver(&mut conn, &BRIEF, "brief:1", 1));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let mut holder = db.connect();
+    Postgres::execute(&mut holder, "BEGIN");
+    Postgres::execute(&mut holder, "SELECT 1 FROM done_jobs FOR UPDATE");
+    let mut worker = db.connect();
+    let redelivery = std::thread::spawn(move || {
+        idempotent_jobs::run(&mut worker, &BRIEF, &JobKey::new("brief:1"), |_conn| {
+            Ok::<_, idempotent_jobs::Error>(7u32)
+        })
+    });
+    wait_for::<Postgres>(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock' AND query LIKE 'UPDATE done_jobs%'",
+        "the redelivery's renewal waiting for the holder's row lock",
+    );
+    Postgres::execute(&mut holder, change);
+    Postgres::execute(&mut holder, "COMMIT");
+    let outcome = redelivery
+        .join()
+        .expect("the redelivery's thread")
+        .unwrap_or_else(|error| panic!("the redelivery failed: {error}"));
+    let got = match outcome {
+        Outcome::Ran(value) => Ok(value),
+        Outcome::Replayed(value) => Err(value),
+    };
+    assert_eq!(
+        got, expected,
+        "Ok: ran; Err: replayed (a pruned key runs, a renewed one replays its run)"
+    );
+    assert_eq!(Postgres::count_done(&mut conn), 1, "one row holds the key");
+}
