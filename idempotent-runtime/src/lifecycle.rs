@@ -541,6 +541,14 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// nothing the runtime did was committed; the body may have committed the claim (then taken
     /// back here) or not.
     async fn not_own_at_commit(&mut self, source: diesel::result::Error) -> Error {
+        let source = match lost_unnamed(self.transaction.store(), source).await {
+            Ok(lost) => {
+                // The connection failed at the end of the job: not a statement of the body.
+                self.transaction.store().forget_transaction(true);
+                return self.call.database::<S::Db>(Step::Commit, lost);
+            }
+            Err(source) => source,
+        };
         let commit_failed = self.nesting != Nesting::Savepoint
             && S::Db::commit_failed_instead(self.transaction.store(), &source).await;
         let outside = self.ended_outside(Ownership::NotOwn).await;
@@ -597,6 +605,30 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 _ => self.call.database::<S::Db>(Step::Commit, source),
             },
         }
+    }
+}
+
+/// `source`, the failure of a job's last statements that no known text calls a lost connection (a
+/// pooler's own farewell, say), as a lost connection (`Ok`) when the connection answers nothing
+/// after it: the job's transaction ended with the connection, its commit's outcome unknown, and
+/// the body did nothing wrong. `Err(source)` when it answers, or `source` is known already.
+async fn lost_unnamed<S: Store>(
+    store: &mut S,
+    source: diesel::result::Error,
+) -> Result<diesel::result::Error, diesel::result::Error> {
+    if S::Db::connection_lost(&source) {
+        return Err(source);
+    }
+    match store.batch("SELECT 1").await {
+        Err(probe) if S::Db::connection_lost(&probe) => {
+            Ok(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::ClosedConnection,
+                Box::new(format!(
+                    "{source} (the connection answered nothing after it: it was lost)"
+                )),
+            ))
+        }
+        _ => Err(source),
     }
 }
 

@@ -24,6 +24,19 @@ pub(crate) const POSTGRES: &[&str] = &[
     "error communicating with the server",
     "unexpected message from server",
     "error parsing response from server",
+    // PgBouncer's own `FATAL` (SQLSTATE 08P01) to a client whose server connection it lost or
+    // ended, sent just before it closes the client's socket: a failover or a killed server, its
+    // `query_timeout`, `idle_transaction_timeout`, `transaction_timeout` and `query_wait_timeout`,
+    // a database removed from its configuration, servers it cannot log in to.
+    "server conn crashed?",
+    "query timeout",
+    "idle transaction timeout",
+    "transaction timeout",
+    "query_wait_timeout",
+    "client_idle_timeout",
+    "database removed",
+    "server login has been failing",
+    "pgbouncer cannot connect to server",
     // The server's own "terminating connection ..." (administrator command, idle timeouts,
     // conflict with recovery, shutdown), in each language of PostgreSQL 15's message catalogs: a
     // server whose `lc_messages` is one of them says it so, and diesel-async passes it on as

@@ -1313,3 +1313,79 @@ pub fn a_commit_cut_by_the_server_in_its_language_is_an_unknown_outcome<B: Backe
     B::statements_in_body(&mut direct, "slow-1", "", false).expect("the retry runs");
     assert_eq!(B::count_topic(&mut direct, "before:slow-1"), 1);
 }
+
+/// What PgBouncer sends a client whose server connection it lost or ended (`FATAL`, SQLSTATE
+/// 08P01, then the socket closes): a failover or a killed server, its `query_timeout`, its
+/// `idle_transaction_timeout`.
+const POOLER_FAREWELLS: [&str; 3] = [
+    "server conn crashed?",
+    "query timeout",
+    "idle transaction timeout",
+];
+
+/// PostgreSQL behind PgBouncer: the `COMMIT` reached the server, and the client hears PgBouncer's
+/// farewell in place of its reply. The outcome is unknown and a retry is safe (it replays the
+/// run, which did commit). Before, the farewell was not known as a lost connection: it was read as
+/// the job's savepoint gone, and the call said a statement of the body had ended its transaction,
+/// not retryable, "forget the key before retrying" (which would run the job twice).
+pub fn a_poolers_farewell_at_commit_is_an_unknown_outcome<B: Backend>() {
+    for (n, farewell) in POOLER_FAREWELLS.into_iter().enumerate() {
+        let db = Db::<B>::fresh();
+        let proxy = crate::proxy::CommitCutter::start(db.locator());
+        let mut conn = B::connect(&proxy.url(db.locator()));
+        proxy.arm_with_farewell(farewell);
+        let order = format!("order-{n}");
+        let error = runtime_error(B::charge(
+            &mut conn,
+            &order,
+            4200,
+            crate::handlers::Mode::Succeed,
+        ));
+        assert_eq!(proxy.cuts(), 1, "the proxy cut the commit's connection");
+        assert!(
+            matches!(error, Error::CommitOutcomeUnknown { .. }),
+            "PgBouncer's `{farewell}` at COMMIT: {error}"
+        );
+        assert!(error.is_retryable() && error.is_connection_lost(), "{error}");
+        let mut direct = db.connect();
+        assert_eq!(B::count_charges(&mut direct, &order), 1, "the server did commit");
+        let outcome = B::charge_outcome(&mut direct, &order).expect("the retry");
+        assert!(outcome.is_replayed(), "the retry replays the committed run");
+        assert_eq!(B::count_charges(&mut direct, &order), 1);
+    }
+}
+
+/// The same inside a transaction of the caller's, at the release of the job's savepoint: the
+/// caller's whole transaction went with the connection, so nothing of the job was committed and
+/// the caller retries its transaction. Before: "a statement of its body ended its transaction".
+pub fn a_poolers_farewell_inside_a_callers_transaction_commits_nothing<B: Backend>() {
+    for (n, farewell) in POOLER_FAREWELLS.into_iter().enumerate() {
+        let db = Db::<B>::fresh();
+        let proxy = crate::proxy::CommitCutter::start(db.locator());
+        let mut conn = B::connect(&proxy.url(db.locator()));
+        let topic = format!("farewell-{n}");
+        let key = JobKey::new(format!("plain:{topic}"));
+        proxy.arm_on("RELEASE SAVEPOINT idempotent_enclosing");
+        proxy.say_at_the_cut(farewell);
+        let error = runtime_error(B::plain_in_callers_transaction(&mut conn, &key, &topic));
+        assert_eq!(proxy.cuts(), 1, "the proxy cut the release's connection");
+        let text = error.to_string();
+        assert!(
+            matches!(
+                error,
+                Error::Database {
+                    enclosing: true,
+                    ..
+                }
+            ) && text.contains("nothing of the job was committed"),
+            "PgBouncer's `{farewell}` at the release: {text}"
+        );
+        assert!(error.is_connection_lost(), "{text}");
+        let mut direct = db.connect();
+        assert_eq!(
+            (B::count_topic(&mut direct, &topic), B::count_done(&mut direct)),
+            (0, 0),
+            "nothing committed"
+        );
+    }
+}

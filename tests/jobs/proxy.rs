@@ -22,6 +22,8 @@ pub struct CommitCutter {
     strict: Arc<AtomicBool>,
     /// A text that counts in place of `COMMIT` ([`arm_on`](Self::arm_on)).
     word: Word,
+    /// What the client hears in place of the reply ([`arm_with_farewell`](Self::arm_with_farewell)).
+    farewell: Word,
 }
 
 /// The text a proxy cuts at in place of `COMMIT`, when one is set.
@@ -49,6 +51,8 @@ impl CommitCutter {
             Arc::clone(&strict),
         );
         let word_for_clients = Arc::clone(&word);
+        let farewell: Word = Arc::new(std::sync::Mutex::new(None));
+        let farewell_for_clients = Arc::clone(&farewell);
         std::thread::spawn(move || {
             for client in listener.incoming().map_while(Result::ok) {
                 let Ok(server) = TcpStream::connect(&to) else {
@@ -60,8 +64,17 @@ impl CommitCutter {
                     Arc::clone(&after_for_clients),
                     Arc::clone(&strict_for_clients),
                 );
-                let word = Arc::clone(&word_for_clients);
-                relay(client, server, mysql, (armed, after, strict, word), cuts);
+                let (word, farewell) = (
+                    Arc::clone(&word_for_clients),
+                    Arc::clone(&farewell_for_clients),
+                );
+                relay(
+                    client,
+                    server,
+                    mysql,
+                    (armed, after, strict, word, farewell),
+                    cuts,
+                );
             }
         });
         CommitCutter {
@@ -72,6 +85,7 @@ impl CommitCutter {
             after,
             strict,
             word,
+            farewell,
         }
     }
 
@@ -91,7 +105,22 @@ impl CommitCutter {
     /// Cuts the next connection that sends a `COMMIT`, once.
     pub fn arm(&self) {
         *self.word.lock().expect("the proxy's state") = None;
+        *self.farewell.lock().expect("the proxy's state") = None;
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// As [`arm`](Self::arm), and the client hears a PostgreSQL `FATAL` error (SQLSTATE 08P01)
+    /// saying `text` before the socket closes, in place of the reply: what PgBouncer sends a
+    /// client whose server connection it lost or ended (`server conn crashed?`, `query timeout`).
+    pub fn arm_with_farewell(&self, text: &'static str) {
+        self.arm();
+        self.say_at_the_cut(text);
+    }
+
+    /// The client hears a PostgreSQL `FATAL` error saying `text` at the next cut, before the
+    /// socket closes (see [`arm_with_farewell`](Self::arm_with_farewell)).
+    pub fn say_at_the_cut(&self, text: &'static str) {
+        *self.farewell.lock().expect("the proxy's state") = Some(text);
     }
 
     /// Cuts the next connection that sends a `COMMIT` after a client sent `text` (a statement
@@ -128,7 +157,13 @@ fn relay(
     client: TcpStream,
     server: TcpStream,
     mysql: bool,
-    (armed, after, strict_commits, word): (Arc<AtomicBool>, After, Arc<AtomicBool>, Word),
+    (armed, after, strict_commits, word, farewell): (
+        Arc<AtomicBool>,
+        After,
+        Arc<AtomicBool>,
+        Word,
+        Word,
+    ),
     cuts: Arc<AtomicUsize>,
 ) {
     let (mut client_in, mut server_out) = (
@@ -136,7 +171,7 @@ fn relay(
         server.try_clone().expect("a server handle"),
     );
     let (mut server_in, mut client_out) = (server, client);
-    let (client_for_cut, server_for_cut) = (
+    let (mut client_for_cut, server_for_cut) = (
         client_out.try_clone().expect("a client handle"),
         server_out.try_clone().expect("a server handle"),
     );
@@ -225,6 +260,9 @@ fn relay(
                 // lost that race in CI, 0 cuts seen for 1 made).
                 let _ = commit_answered.recv_timeout(Duration::from_secs(60));
                 cuts.fetch_add(1, Ordering::SeqCst);
+                if let Some(text) = *farewell.lock().expect("the proxy's state") {
+                    let _ = client_for_cut.write_all(&pg_fatal(text));
+                }
                 let _ = client_for_cut.shutdown(Shutdown::Both);
                 let _ = server_for_cut.shutdown(Shutdown::Both);
                 break;
@@ -252,6 +290,21 @@ fn relay(
             }
         }
     });
+}
+
+/// A PostgreSQL `ErrorResponse` of severity `FATAL`, SQLSTATE 08P01, saying `text`.
+fn pg_fatal(text: &str) -> Vec<u8> {
+    let mut fields = Vec::new();
+    for (code, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "08P01"), (b'M', text)] {
+        fields.push(code);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let mut message = vec![b'E'];
+    message.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+    message.extend_from_slice(&fields);
+    message
 }
 
 /// Whether `chunk` holds a PostgreSQL simple query ('Q') one of whose statements is `COMMIT`.
