@@ -24,7 +24,10 @@
 //! `pool_mode = transaction`) a statement outside a transaction may be prepared on one server
 //! connection and executed on another, where another client's statement may carry its name; within
 //! a transaction both happen on one. Elsewhere (Diesel's sync `PgConnection`, which sends the read
-//! in one message; MySQL/MariaDB; SQLite) it is a statement of its own, before any transaction.
+//! in one message; MySQL/MariaDB) it is a statement of its own, before any transaction. On SQLite
+//! it goes in a read transaction of the runtime's own (`BEGIN DEFERRED`, the read, `ROLLBACK`: in
+//! process, no round trip), which SQLite refuses where the session holds a transaction of its own,
+//! whose snapshot (WAL mode) may be older than the key's last change.
 //!
 //! First deliveries (`redelivered(false, ..)`) skip the read, so they pay nothing for it. A call
 //! told nothing reads first when 12 of its job's last 16 calls that ran or replayed were replays

@@ -1289,8 +1289,8 @@ fn procedures_called() {
 
 #[cfg(feature = "mysql")]
 /// A `CALL` of a job procedure failed with `error`: when the procedure is missing or may not be
-/// called, this process goes on without them for a while (correct, two round trips more per
-/// job) and says so. Whether it did.
+/// called, this process goes on without them for a while (correct, four round trips more per
+/// job: 7 where they take 3) and says so. Whether it did.
 fn without_procedures(error: &DieselError) -> bool {
     let missing = super::message(error).is_some_and(|m| {
         (m.starts_with("PROCEDURE") && m.contains("does not exist"))
@@ -1302,7 +1302,7 @@ fn without_procedures(error: &DieselError) -> bool {
             .saturating_add(WITHOUT_PROCEDURES_FOR.as_millis() as u64)
             .max(1);
         if PROCEDURES_RETRY_AT.swap(retry_at, std::sync::atomic::Ordering::Relaxed) == 0 {
-            tracing::warn!(%error, "the stored procedures of the runtime's schema version 4 are missing or may not be called: jobs run without them, with two more round trips each, and try them again in a minute; run migrate (as a role that may create routines) and grant EXECUTE on them to the workers' role");
+            tracing::warn!(%error, "the stored procedures of the runtime's schema version 4 are missing or may not be called: jobs run without them, with four more round trips each (7 where they take 3), and try them again in a minute; run migrate (as a role that may create routines) and grant EXECUTE on them to the workers' role");
         }
     }
     missing
