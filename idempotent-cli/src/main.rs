@@ -34,7 +34,7 @@ use crate::cli::{Cli, Command};
 use crate::commands::Context;
 use crate::connect::{Conn, Target};
 use crate::failure::{Code, Failure};
-use crate::secret::scrub_text;
+use crate::secret::{scrub_text, scrub_typed};
 
 fn main() -> ExitCode {
     install_panic_hook();
@@ -68,7 +68,7 @@ fn parse() -> Result<Cli, ExitCode> {
         Ok(cli) => return Ok(cli),
         Err(error) => error,
     };
-    let text = scrub_text(&error.render().to_string());
+    let text = scrub_typed(&error.render().to_string());
     if error.use_stderr() {
         eprint!("{text}");
     } else {
@@ -115,7 +115,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
     }
 }
 
-/// A panic's message goes through [`scrub_text`] before it is printed: a panic that quotes a
+/// A panic's message goes through [`scrub_typed`] before it is printed: a panic that quotes a
 /// connection string (a library's, the standard library's) never shows its password.
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
@@ -131,7 +131,7 @@ fn install_panic_hook() {
             .unwrap_or_default();
         eprintln!(
             "error: idempotent-jobs panicked{at} (a bug; passwords in the message are masked): {}",
-            scrub_text(&message)
+            scrub_typed(&message)
         );
     }));
 }

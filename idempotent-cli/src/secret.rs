@@ -286,7 +286,16 @@ fn conninfo_value(text: &str, start: usize) -> Option<(String, usize)> {
 /// Hides, in any text, the secrets of every URL (`scheme://user:password@`) and every secret
 /// parameter (`password=...`, `password = '...'`, `sslpassword=...`) it holds.
 pub fn scrub_text(text: &str) -> String {
-    scrub_parameters(&scrub_url_userinfo(text))
+    scrub_parameters(&scrub_url_userinfo(text), is_secret_name)
+}
+
+/// [`scrub_text`] for a message that quotes what a person typed (clap's, a panic's): the value of
+/// every `name=value` whose name no driver knows is hidden too (a misspelt `pasword=`, in a URL's
+/// query or a key=value string), but for command-line flags (`--since=1h`).
+pub fn scrub_typed(text: &str) -> String {
+    scrub_parameters(&scrub_url_userinfo(text), |name| {
+        !name.starts_with('-') && is_hidden_name(name)
+    })
 }
 
 /// `scheme://user:password@` to `scheme://user:***@`, anywhere in `text`.
@@ -314,8 +323,9 @@ fn scrub_url_userinfo(text: &str) -> String {
     out
 }
 
-/// `name=value` to `name=***` for every secret parameter name, anywhere in `text`.
-fn scrub_parameters(text: &str) -> String {
+/// `name=value` to `name=***` for every parameter name `hide` says holds a secret, anywhere in
+/// `text`.
+fn scrub_parameters(text: &str, hide: impl Fn(&str) -> bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(eq) = rest.find('=') {
@@ -328,7 +338,7 @@ fn scrub_parameters(text: &str) -> String {
         let name = &before[name_start..];
         out.push_str(&rest[..=eq]);
         rest = &rest[eq + 1..];
-        if name.is_empty() || !is_secret_name(name) {
+        if name.is_empty() || !hide(name) {
             continue;
         }
         let spaces = rest.len() - rest.trim_start().len();

@@ -222,6 +222,24 @@ fn clap_messages_print_no_password() {
     }
     let run = Cli::new().env("DATABASE_URL", &url).run(&["--help"]).ok();
     assert_hidden(&run, "--help");
+    // A parameter no driver knows (a misspelt `pasword`), in a URL's query and in a key=value
+    // string, quoted back by clap: before, printed whole (only secret-looking names were hidden).
+    let misspelt_url = format!("postgres://postgres@127.0.0.1:1/test?sslmode=disable&pasword={PASSWORD}");
+    let misspelt_conninfo = format!("host=127.0.0.1 port=1 pasword={PASSWORD}");
+    let flag = format!("--database-urll={misspelt_url}");
+    for args in [
+        vec!["keys", "list", misspelt_url.as_str()],
+        vec!["--bogus", misspelt_conninfo.as_str()],
+        vec![flag.as_str(), "keys", "list"],
+        vec!["keys", "show", "--digest", misspelt_conninfo.as_str()],
+    ] {
+        let run = Cli::new().run(&args).exit(2);
+        assert_hidden(&run, &format!("{args:?}"));
+        assert!(
+            run.stderr.contains("sslmode=disable") || !args.contains(&misspelt_url.as_str()),
+            "a parameter a driver knows is shown: {run:#?}"
+        );
+    }
 }
 
 #[test]

@@ -95,7 +95,9 @@ impl Prune {
 
     /// The pause after a batch that took `took`.
     fn pause_after(&self, took: Duration) -> Duration {
-        took.saturating_mul(self.pace).min(MAX_PACED_PAUSE) + self.pause
+        took.saturating_mul(self.pace)
+            .min(MAX_PACED_PAUSE)
+            .saturating_add(self.pause)
     }
 }
 
@@ -269,5 +271,24 @@ impl Batches {
                 S::pause(pause).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pause of `Duration::MAX` (for "never go on by myself") saturates: it was "overflow when
+    /// adding durations", a panic after the first batch had committed, its report lost.
+    #[test]
+    fn pauses_saturate() {
+        let prune = Prune::default().pause(Duration::MAX);
+        assert_eq!(prune.pause_after(Duration::from_millis(5)), Duration::MAX);
+        assert_eq!(prune.pause_after(Duration::MAX), Duration::MAX);
+        let paced = Prune::default().pace(9);
+        assert_eq!(
+            paced.pause_after(Duration::from_millis(10)),
+            Duration::from_millis(90)
+        );
     }
 }

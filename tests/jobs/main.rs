@@ -69,6 +69,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_migration_with_no_time_limit_migrates() {
+                schema::a_migration_with_no_time_limit_migrates::<$backend>();
+            }
+
+            #[test]
             fn a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole() {
                 holes::a_careless_job_inside_a_callers_transaction_leaves_the_caller_whole::<
                     $backend,
@@ -773,6 +778,18 @@ macro_rules! postgres_tests {
             #[test]
             fn serialization_failures_at_commit_are_retryable() {
                 crate::holes::serialization_failures_at_commit_are_retryable::<$backend>();
+            }
+
+            #[test]
+            fn a_poolers_farewell_at_commit_is_an_unknown_outcome() {
+                crate::holes::a_poolers_farewell_at_commit_is_an_unknown_outcome::<$backend>();
+            }
+
+            #[test]
+            fn a_poolers_farewell_inside_a_callers_transaction_commits_nothing() {
+                crate::holes::a_poolers_farewell_inside_a_callers_transaction_commits_nothing::<
+                    $backend,
+                >();
             }
 
             #[test]

@@ -623,3 +623,14 @@ pub fn a_relay_before_the_leased_index_reads_no_delivered_message<B: Backend>() 
         2_002
     );
 }
+
+/// `Migrate::lock_timeout(Duration::MAX)` (wait as long as another migration takes): migrates.
+/// On PostgreSQL it was `SET LOCAL lock_timeout = '18446744073709551615000ms'`, refused as out of
+/// range: `Error::Migration`, nothing migrated.
+pub fn a_migration_with_no_time_limit_migrates<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    B::migrate_waiting(&mut conn, Duration::MAX)
+        .unwrap_or_else(|error| panic!("migrate with no time limit: {error}"));
+    B::verify(&mut conn).unwrap_or_else(|error| panic!("verify after it: {error}"));
+}

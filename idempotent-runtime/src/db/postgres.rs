@@ -697,7 +697,8 @@ impl Database for PostgresDb {
         lock_timeout: std::time::Duration,
     ) -> Result<(), crate::error::Error> {
         use crate::migrations::failed;
-        let wait_ms = lock_timeout.as_millis().max(1);
+        // PostgreSQL's `lock_timeout` takes at most `i32::MAX` milliseconds (24.8 days).
+        let wait_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
         crate::migrations::in_transaction(conn, lock_timeout, async move |conn: &mut C| {
             conn.batch(&format!("SET LOCAL lock_timeout = '{wait_ms}ms'"))
                 .await
