@@ -813,8 +813,10 @@ impl Error {
         }
     }
 
-    /// Whether the database connection failed under the call (closed, reset, killed, gone away):
-    /// the connection is of no more use (a pool drops it by itself), and what the error says was
+    /// Whether the database connection failed under the call (closed, reset, killed, gone away),
+    /// or was found of no more use by it (Diesel's transaction manager broken: a job's future
+    /// dropped inside its transaction, whose claim the server holds until the connection
+    /// closes): open a new connection (a pool drops this one by itself); what the error says was
     /// and was not committed holds. For a job, see
     /// [`CommitOutcomeUnknown`](Error::CommitOutcomeUnknown) for a failure at the commit; the
     /// operator CLI exits 3 for a lost connection that changed nothing.
@@ -839,6 +841,7 @@ impl Error {
             _ => return false,
         };
         crate::lost::anywhere(source)
+            || matches!(source, diesel::result::Error::BrokenTransactionManager)
     }
 
     /// Whether the database may hold something a failed job left that a person should look at

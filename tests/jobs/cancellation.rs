@@ -52,10 +52,16 @@ where
     // The next job on that connection must not commit into the transaction left open.
     let next = B::charge(&mut worker, "order-next", 4200, Mode::Succeed);
     match &next {
-        Err(TestError::Idempotent(idempotent_jobs::Error::Database { source, .. })) => assert!(
-            matches!(source, diesel::result::Error::BrokenTransactionManager),
-            "{source}"
-        ),
+        Err(TestError::Idempotent(error @ idempotent_jobs::Error::Database { source, .. })) => {
+            assert!(
+                matches!(source, diesel::result::Error::BrokenTransactionManager),
+                "{source}"
+            );
+            // A worker that reconnects when the connection is lost must reconnect here: the
+            // connection can never run a job again (and the server keeps the dropped job's
+            // transaction, with its claim's lock, open on it). Before, `false`.
+            assert!(error.is_connection_lost(), "{error}");
+        }
         other => panic!("a job on the dropped job's connection must fail, got {other:?}"),
     }
     // Closing the connection ends its transaction on the server.
