@@ -105,7 +105,8 @@ impl Job {
         self
     }
 
-    /// Keys of this job hold for `keep` after the run that claimed them committed; after that a
+    /// Keys of this job hold for `keep` after the run that claimed them finished (the end of the
+    /// job; inside a transaction of the caller's, before the caller's commit); after that a
     /// delivery with the same key runs the job again. Without this, keys hold for ever.
     pub const fn keep_for(mut self, keep: Duration) -> Self {
         self.keep = Some(keep);
