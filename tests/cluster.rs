@@ -1591,3 +1591,62 @@ fn a_lock_wait_timeout_that_rolls_back_the_callers_transaction_says_so() {
     );
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM done_jobs"), 0);
 }
+
+/// A claim waiting for another run of its key, through PgBouncer, which ends it at its
+/// `query_timeout` (1 s) with its own `FATAL` "query timeout" and closes the client's connection:
+/// nothing of the call was committed, the connection is lost, and retrying (on a new connection)
+/// is safe and replays the other run once it commits. diesel-async passed PgBouncer's farewell on
+/// as an unknown database error: the call said not retryable, and a worker dead-lettered it.
+#[test]
+fn a_claim_ended_by_pgbouncers_query_timeout_is_retryable() {
+    use idempotent_jobs::{Job, JobKey, Outcome};
+    static SLOW: Job = Job::new("slow", "slow:<n>");
+    let _serial = serial();
+    let mut pg = Postgres::single("pgbouncer-query-timeout");
+    let bouncer = PgBouncer::start_with(&mut pg, 3, "query_timeout = 1\n");
+    let direct = Postgres::url_of(pg.primary.port, "test");
+    let mut holder = PgConnection::establish(&direct).expect("a direct connection");
+    idempotent_jobs::migrate(&mut holder).expect("migrate");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let through_the_pooler = |value: u32| {
+        runtime.block_on(async {
+            let mut conn = idempotent_jobs::pooler::establish_async_pg(&bouncer.url())
+                .await
+                .expect("a connection through PgBouncer");
+            idempotent_jobs::run_async(&mut conn, &SLOW, &JobKey::new("slow:1"), async |_conn| {
+                Ok::<_, idempotent_jobs::Error>(value)
+            })
+            .await
+        })
+    };
+    std::thread::scope(|scope| {
+        let (claimed, holds) = std::sync::mpsc::channel();
+        let first = scope.spawn(move || {
+            idempotent_jobs::run(&mut holder, &SLOW, &JobKey::new("slow:1"), |_conn| {
+                let _ = claimed.send(());
+                std::thread::sleep(Duration::from_secs(3));
+                Ok::<_, idempotent_jobs::Error>(1u32)
+            })
+        });
+        holds
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the first run holds its claim");
+        let error = through_the_pooler(2)
+            .expect_err("PgBouncer ends the claim's wait after its query_timeout of 1 s");
+        assert!(
+            error.is_retryable() && error.is_connection_lost(),
+            "a claim PgBouncer ended: {error}"
+        );
+        assert!(
+            error.to_string().contains("nothing of the job was committed"),
+            "{error}"
+        );
+        let first = first.join().expect("the first run's thread");
+        assert!(matches!(first, Ok(Outcome::Ran(1))), "{first:?}");
+    });
+    let retried = through_the_pooler(2).expect("the retry");
+    assert!(matches!(retried, Outcome::Replayed(1)), "{retried:?}");
+}

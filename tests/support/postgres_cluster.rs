@@ -412,6 +412,12 @@ pub struct PgBouncer {
 impl PgBouncer {
     /// Listens on a free loopback port; `pool_size` server connections are shared by all clients.
     pub fn start(cluster: &mut Postgres, pool_size: u32) -> PgBouncer {
+        Self::start_with(cluster, pool_size, "")
+    }
+
+    /// [`start`](Self::start) with `settings` (lines of `pgbouncer.ini`'s `[pgbouncer]` section,
+    /// each ending in a newline) added.
+    pub fn start_with(cluster: &mut Postgres, pool_size: u32, settings: &str) -> PgBouncer {
         require(
             "/usr/sbin/pgbouncer",
             "PgBouncer (Debian package `pgbouncer`)",
@@ -435,7 +441,8 @@ impl PgBouncer {
                  pool_mode = transaction\n\
                  default_pool_size = {pool_size}\n\
                  max_client_conn = 200\n\
-                 admin_users = postgres\n",
+                 admin_users = postgres\n\
+                 {settings}",
                 server = cluster.primary.port,
                 users = users.display(),
             ),
