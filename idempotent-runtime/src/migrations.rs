@@ -380,7 +380,7 @@ pub(crate) async fn in_transaction<S: Store>(
 /// After a statement on `table` failed for a reason that does not pass: [`Error::NotMigrated`] when
 /// the table is not there (the usual first mistake), `None` when it is, or when looking fails too.
 pub(crate) async fn not_migrated<S: Store>(conn: &mut S, table: &'static str) -> Option<Error> {
-    match S::Db::table_exists(conn, table).await {
+    match S::Db::table_exists_alone(conn, table).await {
         Ok(false) => Some(Error::NotMigrated { table }),
         Ok(true) | Err(_) => None,
     }

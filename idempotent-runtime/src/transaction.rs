@@ -500,7 +500,7 @@ pub(crate) async fn outside_transactions_told<S: Store, T>(
         Err(Outside::Failed(error))
             if !S::Db::classify(&error).is_transient()
                 && !S::Db::connection_lost(&error)
-                && matches!(S::Db::table_exists(conn, table).await, Ok(false)) =>
+                && matches!(S::Db::table_exists_alone(conn, table).await, Ok(false)) =>
         {
             Err(Outside::NotMigrated(table))
         }

@@ -36,6 +36,8 @@ mod outbox_faults;
 mod pipeline;
 #[cfg(feature = "sqlite")]
 mod pools;
+#[cfg(feature = "async-postgres")]
+mod statements_outside;
 mod proxy;
 mod prune;
 mod receiver;

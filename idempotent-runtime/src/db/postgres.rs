@@ -557,6 +557,18 @@ impl Database for PostgresDb {
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
 
+    async fn table_exists_alone<C: Store<Db = Self>>(conn: &mut C, table: &str) -> QueryResult<bool> {
+        use crate::transaction::{Transaction, itself};
+        let (mut transaction, _) = Transaction::begin(conn, itself::<C>).await?;
+        match Self::table_exists(transaction.store(), table).await {
+            Ok(exists) => transaction.commit().await.map(|()| exists),
+            Err(error) => {
+                transaction.rollback().await;
+                Err(error)
+            }
+        }
+    }
+
     async fn commit_failed_instead<C: Store<Db = Self>>(conn: &mut C, error: &DieselError) -> bool {
         // The release's own failures name the savepoint or the statement, in every language:
         // `savepoint "idempotent_job" does not exist` (the body released or rolled back past it),

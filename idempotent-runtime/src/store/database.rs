@@ -692,6 +692,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         table: &str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// [`table_exists`](Self::table_exists) asked with no transaction open (after a statement
+    /// failed and its transaction rolled back). PostgreSQL asks in a transaction of its own:
+    /// every statement the runtime prepares goes in one, for transaction poolers (`db::postgres`).
+    #[doc(hidden)]
+    fn table_exists_alone<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        Self::table_exists(conn, table)
+    }
+
     /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
     /// does not exist (as seen through the connection's own name resolution).
     #[doc(hidden)]
