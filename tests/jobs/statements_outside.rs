@@ -159,6 +159,7 @@ fn async_postgres_prepares_nothing_outside_a_transaction() {
     };
     charge(&mut c, "order-1").expect("a job");
     charge(&mut c, "order-1").expect("its replay");
+    everything_else(&mut c);
     let mut direct = AsyncPostgres::connect(db.locator());
     AsyncPostgres::execute(
         &mut direct,
@@ -185,4 +186,44 @@ fn async_postgres_prepares_nothing_outside_a_transaction() {
         outside.is_empty(),
         "statements prepared by name outside a transaction: {outside:#?}"
     );
+}
+
+static NOTIFY: idempotent_jobs::Job = idempotent_jobs::Job::new("notify", "notify:<n>");
+
+/// The rest of the API on `c`: migrate and verify, a job that pushes an outbox message and a
+/// relay that delivers it, the outbox's reads, the keys API's reads, a prune.
+fn everything_else(c: &mut AsyncConn<AsyncPgConnection>) {
+    use idempotent_jobs::{keys, outbox};
+    let (runtime, conn) = (&c.runtime, &mut c.conn);
+    runtime.block_on(async {
+        idempotent_jobs::migrate_async(conn).await.expect("migrate");
+        idempotent_jobs::verify_async(conn).await.expect("verify");
+        let pushed = idempotent_jobs::run_async(
+            conn,
+            &NOTIFY,
+            &idempotent_jobs::JobKey::new("notify:1"),
+            async |conn| {
+                outbox::push_async(conn, "notices", &"hello").await?;
+                Ok::<_, idempotent_jobs::Error>(())
+            },
+        )
+        .await
+        .expect("a job that pushes a message");
+        assert!(pushed.is_ran());
+        let delivered = outbox::Relay::default()
+            .drain_async(conn, async |_message| Ok::<_, String>(()))
+            .await
+            .expect("a relay");
+        assert_eq!(delivered.delivered, 1, "{delivered:?}");
+        outbox::unsent_async(conn, 10).await.expect("unsent");
+        outbox::parked_async(conn).await.expect("parked");
+        outbox::counts_async(conn).await.expect("counts");
+        keys::list_async(conn, &keys::KeyQuery::default())
+            .await
+            .expect("a list");
+        keys::job_counts_async(conn).await.expect("job counts");
+        idempotent_jobs::prune_async(conn, &idempotent_jobs::Prune::default())
+            .await
+            .expect("a prune");
+    });
 }
