@@ -65,6 +65,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
             }
         }
         fields.insert("level".to_owned(), event.metadata().level().to_string());
+        fields.insert("target".to_owned(), event.metadata().target().to_owned());
         BUFFER.with(|buffer| {
             if let Some(events) = buffer.borrow_mut().as_mut() {
                 events.push(fields);
