@@ -339,7 +339,13 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         let refused = S::Db::A_FAILED_STATEMENT_ABORTS
             && self.nesting == Nesting::Savepoint
             && matches!(&error, Error::Database { source, .. } if S::Db::refused_as_aborted(source));
+        // The runtime's own statement failed with an error that ended the whole transaction: the
+        // transaction is gone by the database's doing, not the body's.
+        let ended_by_it = matches!(&error, Error::Database { source, .. } if S::Db::rolled_back_whole(source));
         let error = match self.end_unfinished(false).await {
+            Ended::RolledBackByBody { .. } | Ended::CallersRolledBack { .. } if ended_by_it => {
+                error
+            }
             Ended::RolledBackByBody { outside } => rolled_back_in_body(self.call, outside),
             Ended::RolledBack if refused => rolled_back_in_body(self.call, false),
             ended => ended.error(self.call).unwrap_or(error),

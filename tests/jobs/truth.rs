@@ -1677,3 +1677,45 @@ pub fn a_result_that_would_replay_as_another_value_is_refused() {
         );
     }
 }
+
+/// SQLite rolls a whole transaction back when a statement meets a full disk (or an I/O error):
+/// here the result's record, a statement of the runtime's own, after a body that did nothing
+/// wrong. The call is the database's error at the record, naming the full disk, nothing
+/// committed. Before, the runtime found the job's savepoint gone and no transaction open, and
+/// said the body had rolled back the transaction and gone on (`TransactionRolledBackInBody`,
+/// "what the body ran after it may be committed"), the full disk nowhere.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_full_disk_at_the_record_is_the_databases_error() {
+    use crate::backends::Sqlite;
+    static BIG: idempotent_jobs::Job = idempotent_jobs::Job::new("big", "big:<n>");
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    let pages = Sqlite::query_i64(&mut conn, "SELECT page_count AS n FROM pragma_page_count");
+    Sqlite::execute(&mut conn, &format!("PRAGMA max_page_count = {}", pages + 2));
+    let result: Result<idempotent_jobs::Outcome<String>, Error> =
+        idempotent_jobs::run(&mut conn, &BIG, &JobKey::new("big:1"), |_conn| {
+            Ok("x".repeat(200_000))
+        });
+    let error = result.expect_err("the database is full");
+    let shown = harness::with_causes(&error);
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                step: idempotent_jobs::Step::Record,
+                ..
+            }
+        ) && shown.contains("full")
+            && shown.contains("nothing of the job was committed"),
+        "{shown}"
+    );
+    Sqlite::execute(&mut conn, "PRAGMA max_page_count = 1073741823");
+    assert_eq!(Sqlite::count_done(&mut conn), 0, "nothing committed");
+    let retried: idempotent_jobs::Outcome<String> =
+        idempotent_jobs::run(&mut conn, &BIG, &JobKey::new("big:1"), |_conn| {
+            Ok::<_, Error>("x".repeat(200_000))
+        })
+        .expect("the retry, with room");
+    assert!(retried.is_ran());
+}

@@ -246,6 +246,16 @@ impl Database for SqliteDb {
         }
     }
 
+    /// SQLite's errors that may roll back the whole transaction ("Response To Errors Within A
+    /// Transaction"): `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, reported by their messages.
+    fn rolled_back_whole(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| {
+            ["database or disk is full", "disk I/O error", "out of memory"]
+                .iter()
+                .any(|known| m.contains(known))
+        })
+    }
+
     fn inside_callers_transaction(error: &DieselError) -> bool {
         // The job's `BEGIN IMMEDIATE` in a transaction Diesel does not know of: refused, and the
         // caller's transaction goes on untouched.

@@ -116,6 +116,16 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const KNOWS_SESSION_TRANSACTION: bool = false;
 
+    /// Whether `error`, a statement's failure, rolled back the whole transaction by itself
+    /// (SQLite on a full disk, an I/O error or memory run out): where a statement of the
+    /// runtime's own fails so, the job's transaction ended with it, not by the body's doing. By
+    /// default never.
+    #[doc(hidden)]
+    fn rolled_back_whole(error: &DieselError) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Asked when a job's body returned `Err`, before any statement of the runtime's: whether the
     /// body's last statement failed with an error that rolled back the whole transaction. Where
     /// the database does that on its own (MySQL and MariaDB, on a deadlock, and on a lock wait
