@@ -2387,3 +2387,98 @@ fn workers_and_an_operator_churning_keys_agree_with_the_database() {
         }
     });
 }
+
+/// A worker's role that may call the job procedures but not insert into `done_jobs` (a grant
+/// forgotten): `idempotent_begin_and_claim` has begun its transaction when its claim is refused
+/// (INSERT command denied, error 1142). The job fails saying so, and no transaction is left open
+/// on the connection. Before, "command denied" was read as the procedure itself refused: the
+/// runtime took it for "nothing begun", its fallback then met the procedure's open transaction
+/// and said `InsideTransaction`, and that transaction stayed open: every later job on the
+/// connection was refused, and the application's own writes on it (autocommit, it thought) were
+/// lost when the connection closed.
+#[test]
+fn a_role_that_may_not_claim_leaves_no_transaction_open() {
+    with_database("noinsert", |url, check| {
+        check
+            .batch_execute(
+                "CREATE TABLE procedure_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(100) NOT NULL)",
+            )
+            .expect("the effects table");
+        let database = url.rsplit_once('/').expect("a database").1;
+        let user = format!("noinsert_{}", std::process::id());
+        check
+            .batch_execute(&format!(
+                "CREATE USER '{user}'@'%';
+                 GRANT SELECT, UPDATE, DELETE ON {database}.done_jobs TO '{user}'@'%';
+                 GRANT SELECT ON {database}.idempotent_schema TO '{user}'@'%';
+                 GRANT SELECT, INSERT ON {database}.procedure_effects TO '{user}'@'%';
+                 GRANT EXECUTE ON PROCEDURE {database}.idempotent_begin_job TO '{user}'@'%';
+                 GRANT EXECUTE ON PROCEDURE {database}.idempotent_begin_and_claim TO '{user}'@'%';
+                 GRANT EXECUTE ON PROCEDURE {database}.idempotent_finish_job TO '{user}'@'%';"
+            ))
+            .expect("a role without INSERT on done_jobs");
+        let (server, _) = url.rsplit_once('/').expect("a database in the URL");
+        let after_scheme = server.find("://").map_or(0, |i| i + 3);
+        let host = server[after_scheme..]
+            .rsplit_once('@')
+            .map_or(&server[after_scheme..], |(_, h)| h);
+        let outcome = MysqlConnection::establish(&format!("mysql://{user}@{host}/{database}"))
+            .map_err(|e| e.to_string())
+            .map(|mut worker| {
+                let error = charge(&mut worker, "denied", "", "").map_err(|e| {
+                    let mut shown = e.to_string();
+                    let mut source = std::error::Error::source(&e);
+                    while let Some(cause) = source {
+                        shown.push_str(&format!(": {cause}"));
+                        source = cause.source();
+                    }
+                    shown
+                });
+                let open = n(&mut worker, "SELECT @@in_transaction AS n");
+                let written = worker.batch_execute(
+                    "INSERT INTO procedure_effects (order_id) VALUES ('after')",
+                );
+                (error, open, written.map_err(|e| e.to_string()))
+            });
+        let kept = n(
+            check,
+            "SELECT COUNT(*) AS n FROM procedure_effects WHERE order_id = 'after'",
+        );
+        let _ = check.batch_execute(&format!("DROP USER '{user}'@'%'"));
+        let (error, open, written) = outcome.expect("the restricted role connects");
+        let error = error.expect_err("the claim is refused");
+        assert!(
+            error.contains("INSERT command denied") && !error.contains("inside a transaction"),
+            "the refusal, not a transaction of the caller's: {error}"
+        );
+        assert_eq!(open, 0, "no transaction is left open after the refused claim");
+        written.expect("the application's own write");
+        assert_eq!(kept, 1, "the application's write after it is committed");
+    });
+}
+
+/// Procedures missing (a role without `CREATE ROUTINE` migrated) on a session whose server
+/// messages are German (`lc_messages`): "PROCEDURE ... existiert nicht". Jobs go the way of the
+/// statements of their own, as in English. Before, only the English "does not exist" was known:
+/// every job failed at its claim, not retryable, for as long as the procedures were missing.
+#[test]
+fn missing_procedures_are_known_in_the_servers_language() {
+    with_database("german", |url, check| {
+        check
+            .batch_execute(
+                "CREATE TABLE procedure_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(100) NOT NULL);
+                 DROP PROCEDURE idempotent_begin_and_claim; DROP PROCEDURE idempotent_begin_job;
+                 DROP PROCEDURE idempotent_finish_job",
+            )
+            .expect("no procedures");
+        let mut c = fresh(url, "SET SESSION lc_messages = 'de_DE'");
+        let said = c
+            .batch_execute("CALL idempotent_begin_job()")
+            .expect_err("the procedure is missing")
+            .to_string();
+        assert!(said.contains("existiert nicht"), "German messages: {said}");
+        charge(&mut c, "g", "", "").expect("a job without the procedures");
+        charge(&mut c, "g", "", "").expect("its replay");
+        assert_eq!(effects(check, "g"), 1);
+    });
+}
