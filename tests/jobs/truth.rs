@@ -1719,3 +1719,35 @@ fn a_full_disk_at_the_record_is_the_databases_error() {
         .expect("the retry, with room");
     assert!(retried.is_ran());
 }
+
+/// The same with the body writing to an attached database whose `journal_mode` is OFF, the main
+/// one's being the default: the rollback cannot undo it, and the call says so
+/// (`Error::CannotRollBack`, naming `journal_mode = OFF`) rather than returning the body's own
+/// error, which says nothing was committed. Before, only the main database's mode was asked.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_rollback_that_cannot_undo_an_attached_database_is_reported_truly() {
+    use crate::backends::Sqlite;
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    let aux = std::env::temp_dir().join(format!("{}.db", harness::unique_name("aux")));
+    Sqlite::execute(&mut conn, &format!("ATTACH '{}' AS aux", aux.display()));
+    Sqlite::execute(&mut conn, "PRAGMA aux.journal_mode = OFF");
+    Sqlite::execute(&mut conn, "CREATE TABLE aux.truth_log (id TEXT)");
+    for kind in [Kind::Value, Kind::Unit] {
+        let id = harness::unique_name("attached");
+        let statement = format!("INSERT INTO aux.truth_log (id) VALUES ('{id}:1'), ('{id}:2')");
+        let result = deliver::<Sqlite>(&mut conn, kind, &id, &statement, true);
+        assert!(
+            matches!(
+                &result,
+                Err(TestError::Idempotent(error @ Error::CannotRollBack { .. }))
+                    if error.to_string().contains("journal_mode = OFF")
+            ),
+            "{kind:?}: {result:?}"
+        );
+        let claim = Sqlite::keys_lookup(&mut db.connect(), &key_of(kind, &id)).expect("a look-up");
+        assert!(claim.is_none(), "{kind:?}: the claim was left: {claim:?}");
+    }
+    let _ = std::fs::remove_file(aux);
+}

@@ -126,7 +126,9 @@ sql! {
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
-    JournalMode = "SELECT journal_mode AS name FROM pragma_journal_mode";
+    // Of every database of the connection, the main one and each attached one: a body may write
+    // to any of them.
+    JournalMode = "SELECT COALESCE((SELECT journal_mode FROM pragma_journal_mode WHERE schema = d.name), '') AS name FROM pragma_database_list AS d";
     // SQLite's own tables begin with exactly `sqlite_` (it refuses that prefix, in any case, to
     // others); `LIKE` would ignore case and read `_` as any character.
     TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, 7) <> 'sqlite_' ORDER BY name";
@@ -192,7 +194,7 @@ impl Database for SqliteDb {
             .iter()
             .any(|mode| mode.name.eq_ignore_ascii_case("off"))
             .then_some(
-                "this SQLite connection runs with journal_mode = OFF, which has no rollback",
+                "this SQLite connection runs with journal_mode = OFF (on its main database or one attached), which has no rollback",
             ))
     }
 
