@@ -390,10 +390,25 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
 
 impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Drop for Transaction<'_, Conn, S, R> {
     fn drop(&mut self) {
-        if self.open {
-            let store = (self.reach)(self.conn);
-            store.abandon(Unfinished::Transaction);
+        if !self.open {
+            return;
         }
+        let store = (self.reach)(self.conn);
+        if std::thread::panicking() {
+            // Dropped while unwinding (diesel-async's SQLite connection panics when a future is
+            // dropped mid-statement on a current-thread runtime, its blocking task still holding
+            // the connection): a second panic escaping a destructor now would abort the process.
+            let abandoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                store.abandon(Unfinished::Transaction);
+            }));
+            if abandoned.is_err() {
+                tracing::error!(
+                    "a job dropped while unwinding could not mark its connection broken: do not reuse it"
+                );
+            }
+            return;
+        }
+        store.abandon(Unfinished::Transaction);
     }
 }
 

@@ -299,3 +299,56 @@ mod bb8_pool {
         assert_eq!(AsyncPostgres::count_messages(&mut checker), 1);
     }
 }
+
+/// diesel-async's SQLite connection on a current-thread runtime, a job's future dropped (a
+/// timeout) while a statement of its body runs on the blocking pool: diesel-async panics there
+/// (`block_in_place` needs a multi-thread runtime; the docs say so), and the job's guard, dropped
+/// during that unwinding, must not panic again: a second panic while unwinding aborts the whole
+/// process, every other job with it. Before, marking the connection broken asked for the
+/// connection's transaction state while the blocking task still held it ("Cannot access shared
+/// transaction state"): the process aborted.
+#[cfg(feature = "async-sqlite")]
+#[test]
+fn a_dropped_async_sqlite_job_on_a_current_thread_runtime_never_aborts() {
+    use diesel_async::RunQueryDsl as _;
+    type Wrapped =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    static SLOW: idempotent_jobs::Job = idempotent_jobs::Job::new("slow", "slow:<n>");
+    let db = Db::<crate::backends::AsyncSqlite>::fresh();
+    let worker = db.connect();
+    let mut conn: Wrapped = worker.conn;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_millis(50),
+                idempotent_jobs::run_async(
+                    &mut conn,
+                    &SLOW,
+                    &idempotent_jobs::JobKey::new("slow:1"),
+                    async |c: &mut Wrapped| {
+                        diesel::sql_query(
+                            "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n \
+                             WHERE x < 3000000) SELECT COUNT(*) FROM n",
+                        )
+                        .execute(c)
+                        .await
+                        .map_err(TestError::from)?;
+                        Ok::<_, TestError>(())
+                    },
+                ),
+            )
+            .await
+        })
+    }));
+    // Reaching here is the test: a panic (diesel-async's) or a timeout, not an abort.
+    drop(runtime);
+    match dropped {
+        Ok(Err(_elapsed)) => {}
+        Ok(Ok(outcome)) => panic!("the job finished within 50 ms: {outcome:?}"),
+        Err(_panic) => {}
+    }
+}
