@@ -47,10 +47,13 @@ struct Server {
 impl Server {
     /// Starts the server on a free port and waits for it to say where it listens.
     fn start(url: &str, writes: bool) -> Self {
+        Self::start_with(url, if writes { &["--allow-writes"] } else { &[] })
+    }
+
+    /// [`start`](Self::start) with `extra` arguments to `serve`.
+    fn start_with(url: &str, extra: &[&str]) -> Self {
         let mut args = vec!["serve", "--bind", "127.0.0.1:0"];
-        if writes {
-            args.push("--allow-writes");
-        }
+        args.extend_from_slice(extra);
         let mut child = Command::new(BIN)
             .args(&args)
             .env("DATABASE_URL", url)
@@ -1166,4 +1169,30 @@ fn older_keys_of_a_relative_since_skip_no_key() {
         second.body.contains(">welcome:older<"),
         "the key done 59m57s before the first page is on the next ({next}): {second:?}"
     );
+}
+
+/// `--allowed-host NAME:PORT` (a reverse proxy's name): requests for that Host are answered, as
+/// are those for the address the server listens on; any other Host is refused with 421, as the
+/// CLI's README says.
+#[test]
+fn allowed_hosts_are_answered_and_no_other() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    fill(&mut conn);
+    let server = Server::start_with(&db.url, &["--allowed-host", "jobs.example.org:443"]);
+    let bearer = format!("Bearer {TOKEN}");
+    let status = |host: &str| {
+        http(
+            "GET",
+            &server.addr,
+            "/",
+            &[("Host", host), ("Authorization", bearer.as_str())],
+            "",
+        )
+        .status
+    };
+    assert_eq!(status("jobs.example.org:443"), 200, "the allowed host");
+    assert_eq!(status(&server.addr), 200, "the address it listens on");
+    assert_eq!(status("jobs.example.org:80"), 421, "the allowed name on another port");
+    assert_eq!(status("attacker.example:443"), 421, "another name");
 }
