@@ -1296,11 +1296,20 @@ async fn attempt_claim<S: Store>(
         }
         Err(failed) => failed,
     };
+    // MySQL's setting is the session's: put back while the transaction's guard still holds the
+    // connection, so that a call dropped during it leaves the connection marked broken (a pool
+    // drops it), never in use with the bound, or with the answer unread. Where a failed
+    // statement aborts the transaction (PostgreSQL's `SET LOCAL`), after the rollback.
+    let restore_first = !S::Db::A_FAILED_STATEMENT_ABORTS;
+    if restore_first && let Some(previous) = &previous {
+        if let Err(error) = S::Db::restore_lock_wait(transaction.store(), previous).await {
+            tracing::warn!(%error, "restoring the lock wait timeout failed");
+        }
+    }
     // Inside a caller's transaction, a savepoint gone with the claim's failure: the database
     // rolled back the caller's whole transaction under it (a MySQL deadlock).
     let callers_gone = transaction.roll_back_job(nesting).await == Ownership::NotOwn;
-    if let Some(previous) = previous {
-        // MySQL's setting is the session's: put it back after the rollback.
+    if !restore_first && let Some(previous) = previous {
         if let Err(error) = S::Db::restore_lock_wait(transaction.store(), &previous).await {
             tracing::warn!(%error, "restoring the lock wait timeout failed");
         }

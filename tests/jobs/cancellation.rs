@@ -352,3 +352,119 @@ fn a_dropped_async_sqlite_job_on_a_current_thread_runtime_never_aborts() {
         Err(_panic) => {}
     }
 }
+
+/// Polls `inner` until it has returned `Pending` `pendings` times more, then gives up on it
+/// (`None`, and `inner` is dropped at that `.await`), or its output.
+struct DropAfter<F> {
+    inner: std::pin::Pin<Box<F>>,
+    pendings: usize,
+}
+
+impl<F: std::future::Future> std::future::Future for DropAfter<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.inner.as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+            std::task::Poll::Pending if self.pendings == 0 => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => {
+                self.pendings -= 1;
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+/// A job with `in_progress = "fail"` on diesel-async's MySQL connection, whose claim waits for a
+/// row another session holds, bounded by a lock wait timeout of 1 s the runtime sets for it:
+/// dropped at each of its `.await`s in turn (a `timeout`, a `select!`), the connection is either
+/// marked broken (a pool drops it) or has its own `innodb_lock_wait_timeout` back. Before, a job
+/// dropped while it put the setting back, after its rollback, left the connection unbroken, its
+/// `SET`'s answer unread: the next statement on it failed with "can't parse: buf doesn't have
+/// enough data" (or, its answer read in time, ran with a lock wait of 1 s).
+#[cfg(feature = "async-mysql")]
+#[test]
+fn a_bounded_job_dropped_anywhere_leaves_no_bound_behind() {
+    use crate::backends::AsyncMysql;
+    use diesel_async::{AsyncConnection as _, TransactionManager as _};
+    static BUSY: idempotent_jobs::Job = idempotent_jobs::Job::new("busy", "busy:<n>")
+        .while_in_progress(idempotent_jobs::WhileInProgress::Fail);
+    let db = Db::<AsyncMysql>::fresh();
+    let mut worker = db.connect();
+    let key = idempotent_jobs::JobKey::new("busy:1");
+    // The key's row, committed; then held by another session, so that the claim waits.
+    let first = worker.runtime.block_on(idempotent_jobs::run_async(
+        &mut worker.conn,
+        &BUSY,
+        &key,
+        async |_c| Ok::<_, idempotent_jobs::Error>(1u32),
+    ));
+    assert!(matches!(first, Ok(idempotent_jobs::Outcome::Ran(1))), "{first:?}");
+    let mut holder = db.connect();
+    AsyncMysql::execute(&mut holder, "BEGIN");
+    AsyncMysql::execute(&mut holder, "SELECT * FROM done_jobs FOR UPDATE");
+    let setting = "SELECT @@SESSION.innodb_lock_wait_timeout AS n";
+    let own = AsyncMysql::query_i64(&mut worker, setting);
+    fn bounded<'c>(
+        conn: &'c mut diesel_async::AsyncMysqlConnection,
+        key: &'c idempotent_jobs::JobKey,
+        pendings: usize,
+    ) -> DropAfter<impl std::future::Future<Output = Result<idempotent_jobs::Outcome<u32>, idempotent_jobs::Error>> + 'c>
+    {
+        DropAfter {
+            inner: Box::pin(idempotent_jobs::run_async(
+                conn,
+                &BUSY,
+                key,
+                async |_c| Ok::<_, idempotent_jobs::Error>(2u32),
+            )),
+            pendings,
+        }
+    }
+    let mut drops = 0;
+    for pendings in 0..100 {
+        // Each drop on a connection of its own, whose statements are prepared already (a call
+        // run to its end first): the same `.await`s in the same order every time.
+        let mut conn = worker
+            .runtime
+            .block_on(diesel_async::AsyncMysqlConnection::establish(db.locator()))
+            .expect("a connection");
+        let warm = worker.runtime.block_on(bounded(&mut conn, &key, usize::MAX));
+        assert!(
+            matches!(warm, Some(Err(idempotent_jobs::Error::InProgress { .. }))),
+            "undropped, the call is InProgress: {warm:?}"
+        );
+        let Some(ended) = worker.runtime.block_on(bounded(&mut conn, &key, pendings)) else {
+            drops += 1;
+            let broken =
+                <diesel_async::AsyncMysqlConnection as diesel_async::AsyncConnection>::TransactionManager::is_broken_transaction_manager(
+                    &mut conn,
+                );
+            if !broken {
+                let mut conn = crate::backends::AsyncConn {
+                    runtime: tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a runtime"),
+                    conn,
+                };
+                assert_eq!(
+                    AsyncMysql::query_i64(&mut conn, setting),
+                    own,
+                    "dropped after {pendings} waits: the connection is in use again, with the job's bound"
+                );
+            }
+            continue;
+        };
+        assert!(
+            matches!(ended, Err(idempotent_jobs::Error::InProgress { .. })),
+            "undropped, the call is InProgress: {ended:?}"
+        );
+        assert!(drops > 2, "dropped at {drops} points only");
+        break;
+    }
+    AsyncMysql::execute(&mut holder, "ROLLBACK");
+}
