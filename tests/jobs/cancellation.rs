@@ -355,12 +355,12 @@ fn a_dropped_async_sqlite_job_on_a_current_thread_runtime_never_aborts() {
 
 /// Polls `inner` until it has returned `Pending` `pendings` times more, then gives up on it
 /// (`None`, and `inner` is dropped at that `.await`), or its output.
-struct DropAfter<F> {
+struct DropAfter<F: ?Sized> {
     inner: std::pin::Pin<Box<F>>,
     pendings: usize,
 }
 
-impl<F: std::future::Future> std::future::Future for DropAfter<F> {
+impl<F: std::future::Future + ?Sized> std::future::Future for DropAfter<F> {
     type Output = Option<F::Output>;
 
     fn poll(
@@ -467,4 +467,106 @@ fn a_bounded_job_dropped_anywhere_leaves_no_bound_behind() {
         break;
     }
     AsyncMysql::execute(&mut holder, "ROLLBACK");
+}
+
+/// What a call on a connection of diesel-async's does, as a boxed future: the calls that
+/// [`dropped_at_each_await`] drops.
+type Call<'c> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'c>>;
+
+static EVERYWHERE: idempotent_jobs::Job = idempotent_jobs::Job::new("everywhere", "everywhere:<n>");
+
+/// Runs `EVERYWHERE` on `key` through `conn`: whether it ran.
+async fn everywhere<C: idempotent_jobs::AsyncJobStore>(conn: &mut C, key: &str) -> bool {
+    idempotent_jobs::run_async(
+        conn,
+        &EVERYWHERE,
+        &idempotent_jobs::JobKey::new(key),
+        async |_c| Ok::<_, idempotent_jobs::Error>(7u32),
+    )
+    .await
+    .expect("a job")
+    .is_ran()
+}
+
+/// Each call of `calls`, dropped at each of its `.await`s in turn on a warm connection of its own
+/// (one call run to its end first, so that the same `.await`s come in the same order): the
+/// connection is then either marked broken (a pool drops it), or whole, with no transaction
+/// left open and nothing left unread, so that a job on it runs and commits.
+fn dropped_at_each_await<B, C>(calls: &[(&str, for<'c> fn(&'c mut C, usize) -> Call<'c>)])
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    use diesel_async::TransactionManager as _;
+    let db = Db::<B>::fresh();
+    let mut direct = db.connect();
+    // (On the tests' runtime, multi-threaded as `#[tokio::main]` is, a call may also finish
+    // within one poll: the count of places dropped at varies.)
+    let mut points = 0;
+    for (name, call) in calls {
+        for pendings in 0..200 {
+            let mut worker = db.connect();
+            let runtime = &worker.runtime;
+            runtime.block_on(call(&mut worker.conn, usize::MAX - pendings));
+            let dropped = runtime.block_on(DropAfter {
+                inner: call(&mut worker.conn, pendings),
+                pendings,
+            });
+            if dropped.is_some() {
+                break;
+            }
+            points += 1;
+            if C::TransactionManager::is_broken_transaction_manager(&mut worker.conn) {
+                continue;
+            }
+            let key = format!("everywhere:{name}-{pendings}");
+            let ran = runtime.block_on(everywhere(&mut worker.conn, &key));
+            drop(worker);
+            assert!(ran, "{name}, dropped after {pendings} waits: a job on its connection");
+            assert!(
+                B::keys_lookup(&mut direct, &idempotent_jobs::JobKey::new(key.as_str()))
+                    .expect("a look-up")
+                    .is_some(),
+                "{name}, dropped after {pendings} waits: the next job on its connection committed"
+            );
+        }
+    }
+    assert!(points > calls.len(), "dropped at {points} places only");
+}
+
+/// The calls [`dropped_at_each_await`] drops: a job that runs (its key new each time), its replay,
+/// a look-up, a forget, a prune.
+fn calls<C: AsyncTestConn>() -> Vec<(&'static str, for<'c> fn(&'c mut C, usize) -> Call<'c>)> {
+    vec![
+        ("ran", |c, n| Box::pin(async move { everywhere(c, &format!("everywhere:ran-{n}")).await; })),
+        ("replayed", |c, _| Box::pin(async move { everywhere(c, "everywhere:replayed").await; })),
+        ("lookup", |c, _| {
+            Box::pin(async move {
+                let key = idempotent_jobs::JobKey::new("everywhere:replayed");
+                idempotent_jobs::keys::lookup_async(c, &key).await.expect("a look-up");
+            })
+        }),
+        ("forget", |c, _| {
+            Box::pin(async move {
+                everywhere(c, "everywhere:forgotten").await;
+                let key = idempotent_jobs::JobKey::new("everywhere:forgotten");
+                idempotent_jobs::keys::forget_async(c, &key, "test").await.expect("a forget");
+            })
+        }),
+        ("prune", |c, _| {
+            Box::pin(async move {
+                idempotent_jobs::prune_async(c, &idempotent_jobs::Prune::default())
+                    .await
+                    .expect("a prune");
+            })
+        }),
+    ]
+}
+
+pub fn every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    dropped_at_each_await::<B, C>(&calls::<C>());
 }

@@ -358,6 +358,14 @@ macro_rules! async_tests {
             }
 
             #[test]
+            fn every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection() {
+                cancellation::every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn dropped_job_in_a_pool_never_reaches_the_next_job() {
                 cancellation::dropped_job_in_a_pool_never_reaches_the_next_job::<$backend, _>();
             }

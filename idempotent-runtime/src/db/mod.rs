@@ -132,6 +132,36 @@ where
     depth(<AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(conn))
 }
 
+/// Where a connection's statements are not cancel-safe (`Store::STATEMENTS_CANCEL_SAFE`): its
+/// transaction state, set to broken while a statement of the runtime's runs, to be put back by
+/// [`put_back`] once it has run. A statement dropped midway leaves the connection broken.
+#[cfg(feature = "async")]
+pub(crate) fn hold_broken<C>(conn: &mut C) -> Option<diesel::connection::TransactionManagerStatus>
+where
+    C: diesel_async::AsyncConnection + crate::store::Store,
+{
+    use diesel_async::TransactionManager as _;
+    if C::STATEMENTS_CANCEL_SAFE {
+        return None;
+    }
+    Some(std::mem::replace(
+        C::TransactionManager::transaction_manager_status_mut(conn),
+        diesel::connection::TransactionManagerStatus::InError,
+    ))
+}
+
+/// Puts back what [`hold_broken`] held.
+#[cfg(feature = "async")]
+pub(crate) fn put_back<C>(conn: &mut C, held: Option<diesel::connection::TransactionManagerStatus>)
+where
+    C: diesel_async::AsyncConnection,
+{
+    use diesel_async::TransactionManager as _;
+    if let Some(status) = held {
+        *C::TransactionManager::transaction_manager_status_mut(conn) = status;
+    }
+}
+
 /// [`depth`] for a diesel-async connection.
 #[cfg(feature = "async")]
 pub(crate) fn depth_async<C: diesel_async::AsyncConnection>(
@@ -203,12 +233,15 @@ macro_rules! statement_methods {
             S: $crate::sql::SqlText,
             B: $crate::sql::Binds<<Self::Db as $crate::store::Database>::Backend> + Send,
         {
-            match $dsl::RunQueryDsl::execute(statement, self)$(.$await)? {
+            $(let held = { let _ = stringify!($await); $crate::db::hold_broken(self) };)?
+            let done = match $dsl::RunQueryDsl::execute(statement, self)$(.$await)? {
                 Err(error) => Err(
                     <Self::Db as $crate::store::Database>::in_known_terms(self, error).await,
                 ),
                 done => done,
-            }
+            };
+            $({ let _ = stringify!($await); $crate::db::put_back(self, held); })?
+            done
         }
 
         async fn load<S, B, U>(
@@ -222,27 +255,36 @@ macro_rules! statement_methods {
                 + Send
                 + 'static,
         {
-            match $dsl::RunQueryDsl::load(statement, self)$(.$await)? {
+            $(let held = { let _ = stringify!($await); $crate::db::hold_broken(self) };)?
+            let rows = match $dsl::RunQueryDsl::load(statement, self)$(.$await)? {
                 Err(error) => {
                     $crate::store::Store::after_failed_read(self);
                     Err(<Self::Db as $crate::store::Database>::in_known_terms(self, error).await)
                 }
                 rows => rows,
-            }
+            };
+            $({ let _ = stringify!($await); $crate::db::put_back(self, held); })?
+            rows
         }
 
         async fn batch(&mut self, sql: &str) -> diesel::QueryResult<()> {
-            <Self as $simple>::batch_execute(self, sql)$(.$await)?
+            $(let held = { let _ = stringify!($await); $crate::db::hold_broken(self) };)?
+            let done = <Self as $simple>::batch_execute(self, sql)$(.$await)?;
+            $({ let _ = stringify!($await); $crate::db::put_back(self, held); })?
+            done
         }
 
         async fn text_rows(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
-            match $dsl::RunQueryDsl::load::<$crate::db::TextRow>(diesel::sql_query(sql), self)$(.$await)? {
+            $(let held = { let _ = stringify!($await); $crate::db::hold_broken(self) };)?
+            let rows = match $dsl::RunQueryDsl::load::<$crate::db::TextRow>(diesel::sql_query(sql), self)$(.$await)? {
                 Ok(rows) => Ok(rows.into_iter().map(|r| r.row).collect()),
                 Err(error) => {
                     $crate::store::Store::after_failed_read(self);
                     Err(error)
                 }
-            }
+            };
+            $({ let _ = stringify!($await); $crate::db::put_back(self, held); })?
+            rows
         }
     };
 }
@@ -443,10 +485,11 @@ macro_rules! async_store_methods {
 /// `AnsiTransactionManager`, whose transactions begin with `$begin`.
 #[cfg(any(feature = "async-postgres", feature = "async-mysql"))]
 macro_rules! async_store {
-    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, read_first_in_transaction: $inside:expr)? $(, pipelined: $pipelined:path)?) => {
+    ($conn:ty, $db:ty, begin: $begin:expr, job: $job_begin:expr $(, read_first_in_transaction: $inside:expr)? $(, pipelined: $pipelined:path)? $(, cancel_safe: $safe:expr)?) => {
         impl $crate::store::Store for $conn {
             type Db = $db;
             $(const READ_FIRST_IN_TRANSACTION: bool = $inside;)?
+            $(const STATEMENTS_CANCEL_SAFE: bool = $safe;)?
             fn finish_in_one_batch(&mut self) -> bool {
                 true
             }

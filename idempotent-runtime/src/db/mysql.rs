@@ -1596,7 +1596,7 @@ pub(crate) mod prepared {
 }
 
 #[cfg(feature = "async-mysql")]
-async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB);
+async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, cancel_safe: false);
 
 #[cfg(all(test, feature = "mysql"))]
 mod tests {

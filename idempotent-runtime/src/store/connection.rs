@@ -74,6 +74,14 @@ pub trait Store: Send + Sized {
     #[doc(hidden)]
     const READ_FIRST_IN_TRANSACTION: bool = false;
 
+    /// Whether a statement's future may be dropped midway and the connection still be used:
+    /// not diesel-async's MySQL connection, which then reads the dropped statement's answer as
+    /// the next one's ("can't parse: buf doesn't have enough data"). Where not, the connection
+    /// counts as broken while a statement of the runtime's runs (`db::hold_broken`), so that one
+    /// dropped midway leaves it broken: a pool drops it, a later call says so.
+    #[doc(hidden)]
+    const STATEMENTS_CANCEL_SAFE: bool = true;
+
     /// Opens a transaction (on SQLite taking the write lock first), or a savepoint inside the
     /// caller's.
     #[doc(hidden)]
