@@ -1641,7 +1641,9 @@ fn a_claim_ended_by_pgbouncers_query_timeout_is_retryable() {
             "a claim PgBouncer ended: {error}"
         );
         assert!(
-            error.to_string().contains("nothing of the job was committed"),
+            error
+                .to_string()
+                .contains("nothing of the job was committed"),
             "{error}"
         );
         let first = first.join().expect("the first run's thread");

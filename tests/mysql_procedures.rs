@@ -2435,9 +2435,8 @@ fn a_role_that_may_not_claim_leaves_no_transaction_open() {
                     shown
                 });
                 let open = n(&mut worker, "SELECT @@in_transaction AS n");
-                let written = worker.batch_execute(
-                    "INSERT INTO procedure_effects (order_id) VALUES ('after')",
-                );
+                let written = worker
+                    .batch_execute("INSERT INTO procedure_effects (order_id) VALUES ('after')");
                 (error, open, written.map_err(|e| e.to_string()))
             });
         let kept = n(
@@ -2451,7 +2450,10 @@ fn a_role_that_may_not_claim_leaves_no_transaction_open() {
             error.contains("INSERT command denied") && !error.contains("inside a transaction"),
             "the refusal, not a transaction of the caller's: {error}"
         );
-        assert_eq!(open, 0, "no transaction is left open after the refused claim");
+        assert_eq!(
+            open, 0,
+            "no transaction is left open after the refused claim"
+        );
         written.expect("the application's own write");
         assert_eq!(kept, 1, "the application's write after it is committed");
     });

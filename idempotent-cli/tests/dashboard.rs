@@ -1193,6 +1193,10 @@ fn allowed_hosts_are_answered_and_no_other() {
     };
     assert_eq!(status("jobs.example.org:443"), 200, "the allowed host");
     assert_eq!(status(&server.addr), 200, "the address it listens on");
-    assert_eq!(status("jobs.example.org:80"), 421, "the allowed name on another port");
+    assert_eq!(
+        status("jobs.example.org:80"),
+        421,
+        "the allowed name on another port"
+    );
     assert_eq!(status("attacker.example:443"), 421, "another name");
 }

@@ -224,7 +224,8 @@ fn clap_messages_print_no_password() {
     assert_hidden(&run, "--help");
     // A parameter no driver knows (a misspelt `pasword`), in a URL's query and in a key=value
     // string, quoted back by clap: before, printed whole (only secret-looking names were hidden).
-    let misspelt_url = format!("postgres://postgres@127.0.0.1:1/test?sslmode=disable&pasword={PASSWORD}");
+    let misspelt_url =
+        format!("postgres://postgres@127.0.0.1:1/test?sslmode=disable&pasword={PASSWORD}");
     let misspelt_conninfo = format!("host=127.0.0.1 port=1 pasword={PASSWORD}");
     let flag = format!("--database-urll={misspelt_url}");
     for args in [

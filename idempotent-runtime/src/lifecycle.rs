@@ -341,7 +341,8 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             && matches!(&error, Error::Database { source, .. } if S::Db::refused_as_aborted(source));
         // The runtime's own statement failed with an error that ended the whole transaction: the
         // transaction is gone by the database's doing, not the body's.
-        let ended_by_it = matches!(&error, Error::Database { source, .. } if S::Db::rolled_back_whole(source));
+        let ended_by_it =
+            matches!(&error, Error::Database { source, .. } if S::Db::rolled_back_whole(source));
         let error = match self.end_unfinished(false).await {
             Ended::RolledBackByBody { .. } | Ended::CallersRolledBack { .. } if ended_by_it => {
                 error
@@ -626,14 +627,12 @@ async fn lost_unnamed<S: Store>(
         return Err(source);
     }
     match store.batch("SELECT 1").await {
-        Err(probe) if S::Db::connection_lost(&probe) => {
-            Ok(diesel::result::Error::DatabaseError(
-                diesel::result::DatabaseErrorKind::ClosedConnection,
-                Box::new(format!(
-                    "{source} (the connection answered nothing after it: it was lost)"
-                )),
-            ))
-        }
+        Err(probe) if S::Db::connection_lost(&probe) => Ok(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ClosedConnection,
+            Box::new(format!(
+                "{source} (the connection answered nothing after it: it was lost)"
+            )),
+        )),
         _ => Err(source),
     }
 }
@@ -1301,18 +1300,20 @@ async fn attempt_claim<S: Store>(
     // drops it), never in use with the bound, or with the answer unread. Where a failed
     // statement aborts the transaction (PostgreSQL's `SET LOCAL`), after the rollback.
     let restore_first = !S::Db::A_FAILED_STATEMENT_ABORTS;
-    if restore_first && let Some(previous) = &previous {
-        if let Err(error) = S::Db::restore_lock_wait(transaction.store(), previous).await {
-            tracing::warn!(%error, "restoring the lock wait timeout failed");
-        }
+    if restore_first
+        && let Some(previous) = &previous
+        && let Err(error) = S::Db::restore_lock_wait(transaction.store(), previous).await
+    {
+        tracing::warn!(%error, "restoring the lock wait timeout failed");
     }
     // Inside a caller's transaction, a savepoint gone with the claim's failure: the database
     // rolled back the caller's whole transaction under it (a MySQL deadlock).
     let callers_gone = transaction.roll_back_job(nesting).await == Ownership::NotOwn;
-    if !restore_first && let Some(previous) = previous {
-        if let Err(error) = S::Db::restore_lock_wait(transaction.store(), &previous).await {
-            tracing::warn!(%error, "restoring the lock wait timeout failed");
-        }
+    if !restore_first
+        && let Some(previous) = previous
+        && let Err(error) = S::Db::restore_lock_wait(transaction.store(), &previous).await
+    {
+        tracing::warn!(%error, "restoring the lock wait timeout failed");
     }
     if callers_gone {
         // Before the in-progress bound's answer: a lock wait timeout that rolled back the whole

@@ -402,7 +402,10 @@ fn a_bounded_job_dropped_anywhere_leaves_no_bound_behind() {
         &key,
         async |_c| Ok::<_, idempotent_jobs::Error>(1u32),
     ));
-    assert!(matches!(first, Ok(idempotent_jobs::Outcome::Ran(1))), "{first:?}");
+    assert!(
+        matches!(first, Ok(idempotent_jobs::Outcome::Ran(1))),
+        "{first:?}"
+    );
     let mut holder = db.connect();
     AsyncMysql::execute(&mut holder, "BEGIN");
     AsyncMysql::execute(&mut holder, "SELECT * FROM done_jobs FOR UPDATE");
@@ -412,15 +415,14 @@ fn a_bounded_job_dropped_anywhere_leaves_no_bound_behind() {
         conn: &'c mut diesel_async::AsyncMysqlConnection,
         key: &'c idempotent_jobs::JobKey,
         pendings: usize,
-    ) -> DropAfter<impl std::future::Future<Output = Result<idempotent_jobs::Outcome<u32>, idempotent_jobs::Error>> + 'c>
-    {
+    ) -> DropAfter<
+        impl std::future::Future<Output = Result<idempotent_jobs::Outcome<u32>, idempotent_jobs::Error>>
+        + 'c,
+    > {
         DropAfter {
-            inner: Box::pin(idempotent_jobs::run_async(
-                conn,
-                &BUSY,
-                key,
-                async |_c| Ok::<_, idempotent_jobs::Error>(2u32),
-            )),
+            inner: Box::pin(idempotent_jobs::run_async(conn, &BUSY, key, async |_c| {
+                Ok::<_, idempotent_jobs::Error>(2u32)
+            })),
             pendings,
         }
     }
@@ -432,7 +434,9 @@ fn a_bounded_job_dropped_anywhere_leaves_no_bound_behind() {
             .runtime
             .block_on(diesel_async::AsyncMysqlConnection::establish(db.locator()))
             .expect("a connection");
-        let warm = worker.runtime.block_on(bounded(&mut conn, &key, usize::MAX));
+        let warm = worker
+            .runtime
+            .block_on(bounded(&mut conn, &key, usize::MAX));
         assert!(
             matches!(warm, Some(Err(idempotent_jobs::Error::InProgress { .. }))),
             "undropped, the call is InProgress: {warm:?}"
@@ -473,6 +477,10 @@ fn a_bounded_job_dropped_anywhere_leaves_no_bound_behind() {
 /// [`dropped_at_each_await`] drops.
 type Call<'c> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'c>>;
 
+/// A named call of [`dropped_at_each_await`]'s, on a connection, its `usize` a number of its own
+/// for a key of its own.
+type NamedCall<C> = (&'static str, for<'c> fn(&'c mut C, usize) -> Call<'c>);
+
 static EVERYWHERE: idempotent_jobs::Job = idempotent_jobs::Job::new("everywhere", "everywhere:<n>");
 
 /// Runs `EVERYWHERE` on `key` through `conn`: whether it ran.
@@ -492,7 +500,7 @@ async fn everywhere<C: idempotent_jobs::AsyncJobStore>(conn: &mut C, key: &str) 
 /// (one call run to its end first, so that the same `.await`s come in the same order): the
 /// connection is then either marked broken (a pool drops it), or whole, with no transaction
 /// left open and nothing left unread, so that a job on it runs and commits.
-fn dropped_at_each_await<B, C>(calls: &[(&str, for<'c> fn(&'c mut C, usize) -> Call<'c>)])
+fn dropped_at_each_await<B, C>(calls: &[NamedCall<C>])
 where
     B: Backend<Conn = AsyncConn<C>>,
     C: AsyncTestConn,
@@ -522,7 +530,10 @@ where
             let key = format!("everywhere:{name}-{pendings}");
             let ran = runtime.block_on(everywhere(&mut worker.conn, &key));
             drop(worker);
-            assert!(ran, "{name}, dropped after {pendings} waits: a job on its connection");
+            assert!(
+                ran,
+                "{name}, dropped after {pendings} waits: a job on its connection"
+            );
             assert!(
                 B::keys_lookup(&mut direct, &idempotent_jobs::JobKey::new(key.as_str()))
                     .expect("a look-up")
@@ -536,21 +547,33 @@ where
 
 /// The calls [`dropped_at_each_await`] drops: a job that runs (its key new each time), its replay,
 /// a look-up, a forget, a prune.
-fn calls<C: AsyncTestConn>() -> Vec<(&'static str, for<'c> fn(&'c mut C, usize) -> Call<'c>)> {
+fn calls<C: AsyncTestConn>() -> Vec<NamedCall<C>> {
     vec![
-        ("ran", |c, n| Box::pin(async move { everywhere(c, &format!("everywhere:ran-{n}")).await; })),
-        ("replayed", |c, _| Box::pin(async move { everywhere(c, "everywhere:replayed").await; })),
+        ("ran", |c, n| {
+            Box::pin(async move {
+                everywhere(c, &format!("everywhere:ran-{n}")).await;
+            })
+        }),
+        ("replayed", |c, _| {
+            Box::pin(async move {
+                everywhere(c, "everywhere:replayed").await;
+            })
+        }),
         ("lookup", |c, _| {
             Box::pin(async move {
                 let key = idempotent_jobs::JobKey::new("everywhere:replayed");
-                idempotent_jobs::keys::lookup_async(c, &key).await.expect("a look-up");
+                idempotent_jobs::keys::lookup_async(c, &key)
+                    .await
+                    .expect("a look-up");
             })
         }),
         ("forget", |c, _| {
             Box::pin(async move {
                 everywhere(c, "everywhere:forgotten").await;
                 let key = idempotent_jobs::JobKey::new("everywhere:forgotten");
-                idempotent_jobs::keys::forget_async(c, &key, "test").await.expect("a forget");
+                idempotent_jobs::keys::forget_async(c, &key, "test")
+                    .await
+                    .expect("a forget");
             })
         }),
         ("prune", |c, _| {

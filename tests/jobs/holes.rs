@@ -1346,9 +1346,16 @@ pub fn a_poolers_farewell_at_commit_is_an_unknown_outcome<B: Backend>() {
             matches!(error, Error::CommitOutcomeUnknown { .. }),
             "PgBouncer's `{farewell}` at COMMIT: {error}"
         );
-        assert!(error.is_retryable() && error.is_connection_lost(), "{error}");
+        assert!(
+            error.is_retryable() && error.is_connection_lost(),
+            "{error}"
+        );
         let mut direct = db.connect();
-        assert_eq!(B::count_charges(&mut direct, &order), 1, "the server did commit");
+        assert_eq!(
+            B::count_charges(&mut direct, &order),
+            1,
+            "the server did commit"
+        );
         let outcome = B::charge_outcome(&mut direct, &order).expect("the retry");
         assert!(outcome.is_replayed(), "the retry replays the committed run");
         assert_eq!(B::count_charges(&mut direct, &order), 1);
@@ -1383,7 +1390,10 @@ pub fn a_poolers_farewell_inside_a_callers_transaction_commits_nothing<B: Backen
         assert!(error.is_connection_lost(), "{text}");
         let mut direct = db.connect();
         assert_eq!(
-            (B::count_topic(&mut direct, &topic), B::count_done(&mut direct)),
+            (
+                B::count_topic(&mut direct, &topic),
+                B::count_done(&mut direct)
+            ),
             (0, 0),
             "nothing committed"
         );

@@ -36,8 +36,6 @@ mod outbox_faults;
 mod pipeline;
 #[cfg(feature = "sqlite")]
 mod pools;
-#[cfg(feature = "async-postgres")]
-mod statements_outside;
 mod proxy;
 mod prune;
 mod receiver;
@@ -55,6 +53,8 @@ mod signals;
 mod snapshot_isolation;
 #[cfg(feature = "async")]
 mod spawnable;
+#[cfg(feature = "async-postgres")]
+mod statements_outside;
 #[cfg(all(feature = "sqlite", feature = "metrics"))]
 mod telemetry;
 mod truth;

@@ -295,7 +295,12 @@ fn relay(
 /// A PostgreSQL `ErrorResponse` of severity `FATAL`, SQLSTATE 08P01, saying `text`.
 fn pg_fatal(text: &str) -> Vec<u8> {
     let mut fields = Vec::new();
-    for (code, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "08P01"), (b'M', text)] {
+    for (code, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "08P01"),
+        (b'M', text),
+    ] {
         fields.push(code);
         fields.extend_from_slice(value.as_bytes());
         fields.push(0);

@@ -57,8 +57,8 @@ fn messages(pending: &mut Vec<u8>, startup: &mut bool) -> Vec<(u8, Vec<u8>)> {
         if pending.len() < header + 4 {
             return out;
         }
-        let length = u32::from_be_bytes(pending[header..header + 4].try_into().expect("4 bytes"))
-            as usize;
+        let length =
+            u32::from_be_bytes(pending[header..header + 4].try_into().expect("4 bytes")) as usize;
         if pending.len() < header + length {
             return out;
         }
@@ -87,11 +87,18 @@ fn relay(client: TcpStream, server: TcpStream, seen: Arc<Mutex<Seen>>) {
             for (kind, body) in messages(&mut pending, &mut startup) {
                 let mut seen = from_client.lock().expect("the proxy's state");
                 let text = |at: usize| {
-                    let end = body[at..].iter().position(|b| *b == 0).map_or(body.len(), |n| at + n);
+                    let end = body[at..]
+                        .iter()
+                        .position(|b| *b == 0)
+                        .map_or(body.len(), |n| at + n);
                     String::from_utf8_lossy(&body[at..end]).into_owned()
                 };
                 match kind {
-                    b'Q' if text(0).trim_start().to_ascii_uppercase().starts_with("BEGIN") => {
+                    b'Q' if text(0)
+                        .trim_start()
+                        .to_ascii_uppercase()
+                        .starts_with("BEGIN") =>
+                    {
                         seen.status = b'T';
                     }
                     b'P' => {
@@ -154,8 +161,12 @@ fn async_postgres_prepares_nothing_outside_a_transaction() {
     let (url, seen) = watch(db.locator());
     let mut c = connect(&url);
     let charge = |c: &mut AsyncConn<AsyncPgConnection>, order: &str| {
-        c.runtime
-            .block_on(handlers::charge_async(&mut c.conn, order, 100, Mode::Succeed))
+        c.runtime.block_on(handlers::charge_async(
+            &mut c.conn,
+            order,
+            100,
+            Mode::Succeed,
+        ))
     };
     charge(&mut c, "order-1").expect("a job");
     charge(&mut c, "order-1").expect("its replay");
@@ -177,10 +188,15 @@ fn async_postgres_prepares_nothing_outside_a_transaction() {
     c.runtime
         .block_on(idempotent_jobs::keys::lookup_async(&mut c.conn, &key))
         .expect("a look-up");
-    let forget = c
-        .runtime
-        .block_on(idempotent_jobs::keys::forget_async(&mut c.conn, &key, "test"));
-    assert!(forget.is_err(), "the trigger refuses the forget: {forget:?}");
+    let forget = c.runtime.block_on(idempotent_jobs::keys::forget_async(
+        &mut c.conn,
+        &key,
+        "test",
+    ));
+    assert!(
+        forget.is_err(),
+        "the trigger refuses the forget: {forget:?}"
+    );
     let outside = std::mem::take(&mut seen.lock().expect("the proxy's state").outside);
     assert!(
         outside.is_empty(),

@@ -1698,18 +1698,7 @@ fn a_full_disk_at_the_record_is_the_databases_error() {
             Ok("x".repeat(200_000))
         });
     let error = result.expect_err("the database is full");
-    let shown = harness::with_causes(&error);
-    assert!(
-        matches!(
-            error,
-            Error::Database {
-                step: idempotent_jobs::Step::Record,
-                ..
-            }
-        ) && shown.contains("full")
-            && shown.contains("nothing of the job was committed"),
-        "{shown}"
-    );
+    assert_the_records_own_failure(&error, "full");
     Sqlite::execute(&mut conn, "PRAGMA max_page_count = 1073741823");
     assert_eq!(Sqlite::count_done(&mut conn), 0, "nothing committed");
     let retried: idempotent_jobs::Outcome<String> =
@@ -1750,4 +1739,97 @@ fn a_rollback_that_cannot_undo_an_attached_database_is_reported_truly() {
         assert!(claim.is_none(), "{kind:?}: the claim was left: {claim:?}");
     }
     let _ = std::fs::remove_file(aux);
+}
+
+/// MySQL/MariaDB: the result's record, a statement of the runtime's own, chosen as a deadlock's
+/// victim (what a Galera node's brute-force abort looks like at the job's next statement too):
+/// InnoDB rolls the whole transaction back. The call is the database's error at the record,
+/// retryable, nothing committed. Before, the runtime found the job's savepoint gone and no
+/// transaction open, and said the body had rolled back its transaction and gone on, "what it ran
+/// after may be committed".
+#[cfg(feature = "mysql")]
+#[test]
+fn a_deadlock_at_the_record_is_the_databases_error() {
+    use crate::backends::Mysql;
+    static DEADLOCKED: idempotent_jobs::Job =
+        idempotent_jobs::Job::new("deadlocked", "deadlocked:<n>");
+    let db = Db::<Mysql>::fresh();
+    let mut conn = db.connect();
+    Mysql::execute(
+        &mut conn,
+        "CREATE TABLE dl_a (id INT PRIMARY KEY, n INT) ENGINE = InnoDB; \
+         CREATE TABLE dl_b (id INT PRIMARY KEY, n INT) ENGINE = InnoDB; \
+         CREATE TABLE dl_heavy (id INT PRIMARY KEY) ENGINE = InnoDB; \
+         INSERT INTO dl_a VALUES (1, 0); INSERT INTO dl_b VALUES (1, 0); \
+         CREATE TRIGGER dl_record BEFORE UPDATE ON done_jobs FOR EACH ROW \
+         UPDATE dl_b SET n = n + 1 WHERE id = 1",
+    );
+    let mut holder = db.connect();
+    // The holder writes much (InnoDB's victim is the transaction that wrote less), then holds
+    // the row the record's trigger wants.
+    Mysql::execute(&mut holder, "BEGIN");
+    Mysql::execute(
+        &mut holder,
+        "INSERT INTO dl_heavy (id) WITH RECURSIVE s (n) AS \
+         (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 900) SELECT n FROM s",
+    );
+    Mysql::execute(&mut holder, "UPDATE dl_b SET n = n + 1 WHERE id = 1");
+    let mut watcher = db.connect();
+    let result = std::thread::scope(|scope| {
+        let job = scope.spawn(move || {
+            idempotent_jobs::run(&mut conn, &DEADLOCKED, &JobKey::new("deadlocked:1"), |c| {
+                diesel::RunQueryDsl::execute(
+                    diesel::sql_query("UPDATE dl_a SET n = n + 1 WHERE id = 1"),
+                    c,
+                )?;
+                Ok::<_, TestError>(String::from("recorded"))
+            })
+        });
+        // The record's trigger waits for the holder's row; the holder then wants the job's.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while Mysql::query_i64(
+            &mut watcher,
+            "SELECT COUNT(*) AS n FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+        ) == 0
+        {
+            if job.is_finished() {
+                let ended = job.join().expect("the job's thread");
+                panic!("the job ended without waiting: {ended:?}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the record never waited"
+            );
+            // InnoDB refreshes what `innodb_trx` shows only when it was not read for 0.1 s.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Mysql::execute(&mut holder, "UPDATE dl_a SET n = n + 1 WHERE id = 1");
+        Mysql::execute(&mut holder, "ROLLBACK");
+        job.join().expect("the job's thread")
+    });
+    let Err(TestError::Idempotent(error)) = result else {
+        panic!("the record was the deadlock's victim: {result:?}");
+    };
+    assert_the_records_own_failure(&error, "Deadlock");
+    assert!(error.is_retryable(), "{error}");
+    let mut check = db.connect();
+    assert_eq!(Mysql::count_done(&mut check), 0, "nothing committed");
+}
+
+/// `error` is the database's error at the result's record, naming `cause`, nothing committed.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[track_caller]
+fn assert_the_records_own_failure(error: &Error, cause: &str) {
+    let shown = harness::with_causes(error);
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                step: idempotent_jobs::Step::Record,
+                ..
+            }
+        ) && shown.contains(cause)
+            && shown.contains("nothing of the job was committed"),
+        "{shown}"
+    );
 }

@@ -790,6 +790,16 @@ impl Database for MysqlDb {
         crate::lost::connection_lost(error, crate::lost::MYSQL)
     }
 
+    /// InnoDB rolls the whole transaction back on a deadlock (1213, also a Galera node's
+    /// brute-force abort) and on MariaDB's "record has changed" (1020). (A lock wait timeout
+    /// does so only with `innodb_rollback_on_timeout`, not asked here: it reads as before.)
+    fn rolled_back_whole(error: &DieselError) -> bool {
+        matches!(
+            Self::classify(error),
+            Fault::Deadlock | Fault::Serialization
+        )
+    }
+
     async fn in_known_terms<C: Store<Db = Self>>(conn: &mut C, error: DieselError) -> DieselError {
         let unknown = matches!(
             error,

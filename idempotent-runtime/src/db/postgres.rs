@@ -557,7 +557,10 @@ impl Database for PostgresDb {
     type Backend = Pg;
     const NAME: &'static str = "PostgreSQL";
 
-    async fn table_exists_alone<C: Store<Db = Self>>(conn: &mut C, table: &str) -> QueryResult<bool> {
+    async fn table_exists_alone<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> QueryResult<bool> {
         use crate::transaction::{Transaction, itself};
         let (mut transaction, _) = Transaction::begin(conn, itself::<C>).await?;
         match Self::table_exists(transaction.store(), table).await {

@@ -252,9 +252,13 @@ impl Database for SqliteDb {
     /// Transaction"): `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, reported by their messages.
     fn rolled_back_whole(error: &DieselError) -> bool {
         super::message(error).is_some_and(|m| {
-            ["database or disk is full", "disk I/O error", "out of memory"]
-                .iter()
-                .any(|known| m.contains(known))
+            [
+                "database or disk is full",
+                "disk I/O error",
+                "out of memory",
+            ]
+            .iter()
+            .any(|known| m.contains(known))
         })
     }
 
