@@ -2458,29 +2458,3 @@ fn a_role_that_may_not_claim_leaves_no_transaction_open() {
         assert_eq!(kept, 1, "the application's write after it is committed");
     });
 }
-
-/// Procedures missing (a role without `CREATE ROUTINE` migrated) on a session whose server
-/// messages are German (`lc_messages`): "PROCEDURE ... existiert nicht". Jobs go the way of the
-/// statements of their own, as in English. Before, only the English "does not exist" was known:
-/// every job failed at its claim, not retryable, for as long as the procedures were missing.
-#[test]
-fn missing_procedures_are_known_in_the_servers_language() {
-    with_database("german", |url, check| {
-        check
-            .batch_execute(
-                "CREATE TABLE procedure_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(100) NOT NULL);
-                 DROP PROCEDURE idempotent_begin_and_claim; DROP PROCEDURE idempotent_begin_job;
-                 DROP PROCEDURE idempotent_finish_job",
-            )
-            .expect("no procedures");
-        let mut c = fresh(url, "SET SESSION lc_messages = 'de_DE'");
-        let said = c
-            .batch_execute("CALL idempotent_begin_job()")
-            .expect_err("the procedure is missing")
-            .to_string();
-        assert!(said.contains("existiert nicht"), "German messages: {said}");
-        charge(&mut c, "g", "", "").expect("a job without the procedures");
-        charge(&mut c, "g", "", "").expect("its replay");
-        assert_eq!(effects(check, "g"), 1);
-    });
-}

@@ -1629,6 +1629,37 @@ mod tests {
             "1 times the key's row changed under the claim (pruned or renewed by other workers)"
         );
     }
+
+    /// MariaDB 10.11's own words (`lc_messages` German and English), as Diesel passes them on:
+    /// a job procedure missing (1305) or not callable (1370) is known in either language, by the
+    /// routine's name; an `INSERT` on `done_jobs` denied (1142, from inside the procedure, whose
+    /// transaction is open) is not. Before, the German 1305 and 1370 were not known (every job
+    /// failed at its claim while the procedures were missing), and the 1142 was taken for the
+    /// procedure's own refusal (its transaction left open; tests/mysql_procedures.rs
+    /// `a_role_that_may_not_claim_leaves_no_transaction_open`).
+    #[test]
+    fn only_a_refusal_of_a_job_procedure_means_none_ran() {
+        use diesel::result::{DatabaseErrorKind, Error};
+        let error = |text: &str| {
+            Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(text.to_owned()))
+        };
+        for refused in [
+            "PROCEDURE jobs.idempotent_begin_and_claim existiert nicht (MySQL error 1305: does not exist)",
+            "PROCEDURE jobs.idempotent_begin_and_claim does not exist",
+            "Befehl execute nicht zulässig für Benutzer 'w'@'%' in Routine 'jobs.idempotent_begin_job'",
+            "execute command denied to user 'w'@'%' for routine 'jobs.idempotent_finish_job'",
+            "The user specified as a definer ('gone'@'%') does not exist",
+        ] {
+            assert!(super::without_procedures(&error(refused)), "{refused}");
+        }
+        for inside in [
+            "INSERT command denied to user 'w'@'127.0.0.1' for table `jobs`.`done_jobs`",
+            "INSERT Befehl nicht erlaubt für Benutzer 'w'@'127.0.0.1' auf Tabelle `jobs`.`done_jobs`",
+            "Deadlock found when trying to get lock; try restarting transaction",
+        ] {
+            assert!(!super::without_procedures(&error(inside)), "{inside}");
+        }
+    }
 }
 
 /// `limit` as InnoDB's lock wait: whole seconds, rounded up, at least 1 (its smallest wait) and at
