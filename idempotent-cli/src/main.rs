@@ -68,7 +68,15 @@ fn parse() -> Result<Cli, ExitCode> {
         Ok(cli) => return Ok(cli),
         Err(error) => error,
     };
-    let text = scrub_typed(&error.render().to_string());
+    // An error quotes what was typed: every value of a parameter no driver knows is hidden. Help
+    // and version quote nothing typed (the environment's values are hidden from the help), and
+    // their own words (libpq `key=value` strings) stay as written; secret names are hidden still.
+    let rendered = error.render().to_string();
+    let text = if error.use_stderr() {
+        scrub_typed(&rendered)
+    } else {
+        scrub_text(&rendered)
+    };
     if error.use_stderr() {
         eprint!("{text}");
     } else {

@@ -351,7 +351,9 @@ fn scrub_parameters(text: &str, hide: impl Fn(&str) -> bool) -> String {
         let end = if rest.starts_with('\'') {
             conninfo_value(rest, 0).map_or(rest.len(), |(_, end)| end)
         } else {
-            rest.find(|c: char| c.is_whitespace() || matches!(c, '&' | ';' | '\'' | '"' | ')'))
+            // An unquoted value runs to whitespace, the next URL parameter or a quote (a password
+            // may hold `;` or `)`, whose tail would show).
+            rest.find(|c: char| c.is_whitespace() || matches!(c, '&' | '\'' | '"'))
                 .unwrap_or(rest.len())
         };
         out.push_str("***");
@@ -430,6 +432,26 @@ fn finish(shown: String, driver: String, mut secrets: Vec<String>) -> Redacted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An unquoted value is hidden whole, up to whitespace, the next URL parameter or a quote: a
+    /// `;` or `)` in a password showed its tail (`pasword=***;def`). Help's own `key=value`
+    /// words are no secret's; a typed one no driver knows is.
+    #[test]
+    fn unquoted_values_are_hidden_whole() {
+        for text in [
+            "error: unexpected argument 'host=h pasword=abc;def' found",
+            "error: 'postgres://u@h/d?pasword=abc)def&sslmode=disable'",
+            "password=abc;def)ghi next",
+        ] {
+            let shown = scrub_typed(text);
+            assert!(
+                !shown.contains("abc") && !shown.contains("def") && !shown.contains("ghi"),
+                "{text} -> {shown}"
+            );
+        }
+        assert!(scrub_typed("x sslmode=disable&pasword=abc").contains("sslmode=disable"));
+        assert!(scrub_text("libpq `key=value` strings").contains("key=value"));
+    }
 
     #[test]
     fn urls() {

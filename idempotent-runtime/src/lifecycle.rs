@@ -344,9 +344,26 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         let ended_by_it =
             matches!(&error, Error::Database { source, .. } if S::Db::rolled_back_whole(source));
         let error = match self.end_unfinished(false).await {
-            Ended::RolledBackByBody { .. } | Ended::CallersRolledBack { .. } if ended_by_it => {
-                error
-            }
+            Ended::RolledBackByBody { .. } if ended_by_it => error,
+            // Inside a caller's transaction, that transaction went with it, whole.
+            Ended::CallersRolledBack { .. } if ended_by_it => match error {
+                Error::Database {
+                    job,
+                    key,
+                    step,
+                    retryable,
+                    source,
+                    ..
+                } => Error::CallersTransactionRolledBack {
+                    job,
+                    key,
+                    step,
+                    outside: false,
+                    retryable,
+                    source: Some(source),
+                },
+                other => other,
+            },
             Ended::RolledBackByBody { outside } => rolled_back_in_body(self.call, outside),
             Ended::RolledBack if refused => rolled_back_in_body(self.call, false),
             ended => ended.error(self.call).unwrap_or(error),
@@ -618,15 +635,23 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
 /// `source`, the failure of a job's last statements that no known text calls a lost connection (a
 /// pooler's own farewell, say), as a lost connection (`Ok`) when the connection answers nothing
 /// after it: the job's transaction ended with the connection, its commit's outcome unknown, and
-/// the body did nothing wrong. `Err(source)` when it answers, or `source` is known already.
+/// the body did nothing wrong. `Err(source)` when it answers, or `source` is known already: a
+/// lost connection, the database saying the job's savepoint is gone, or the runtime's own count
+/// saying so (a body that ended the transaction, whose connection may die after, without
+/// changing what the body did); only a database's error of no known kind is asked about.
 async fn lost_unnamed<S: Store>(
     store: &mut S,
     source: diesel::result::Error,
 ) -> Result<diesel::result::Error, diesel::result::Error> {
-    if S::Db::connection_lost(&source) {
+    let unknown = crate::db::message(&source).is_some_and(|m| {
+        !["idempotent_", "RELEASE SAVEPOINT", "no such savepoint"]
+            .iter()
+            .any(|named| m.contains(named))
+    });
+    if S::Db::connection_lost(&source) || !unknown {
         return Err(source);
     }
-    match store.batch("SELECT 1").await {
+    match store.batch("SELECT 1 AS connection_alive").await {
         Err(probe) if S::Db::connection_lost(&probe) => Ok(diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::ClosedConnection,
             Box::new(format!(

@@ -1399,3 +1399,24 @@ pub fn a_poolers_farewell_inside_a_callers_transaction_commits_nothing<B: Backen
         );
     }
 }
+
+/// PostgreSQL: a body that commits the job's transaction itself (`COMMIT`), after which the
+/// runtime's release is refused ("RELEASE SAVEPOINT can only be used in transaction blocks")
+/// and the connection is lost before anything else is asked. What the body did is known: it
+/// committed the claim and its work, and the call must not say the commit's outcome is unknown
+/// and a retry safe (a retry would run the job again). Before, the runtime asked whether the
+/// connection still answered, heard nothing, and said `CommitOutcomeUnknown`.
+pub fn a_body_that_committed_before_the_connection_died_is_no_unknown_outcome<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let proxy = crate::proxy::CommitCutter::start(db.locator());
+    let mut conn = B::connect(&proxy.url(db.locator()));
+    proxy.arm_on("connection_alive");
+    let result = B::statements_in_body(&mut conn, "body-commit", "COMMIT", false);
+    let error = runtime_error(result.map(drop));
+    assert!(
+        !matches!(error, Error::CommitOutcomeUnknown { .. })
+            && !error.to_string().contains("retrying is safe"),
+        "the body committed: {error} ({} cuts; {error:?})",
+        proxy.cuts()
+    );
+}

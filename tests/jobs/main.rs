@@ -791,6 +791,13 @@ macro_rules! postgres_tests {
             }
 
             #[test]
+            fn a_body_that_committed_before_the_connection_died_is_no_unknown_outcome() {
+                crate::holes::a_body_that_committed_before_the_connection_died_is_no_unknown_outcome::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn a_poolers_farewell_at_commit_is_an_unknown_outcome() {
                 crate::holes::a_poolers_farewell_at_commit_is_an_unknown_outcome::<$backend>();
             }

@@ -1691,8 +1691,7 @@ fn a_full_disk_at_the_record_is_the_databases_error() {
     static BIG: idempotent_jobs::Job = idempotent_jobs::Job::new("big", "big:<n>");
     let db = Db::<Sqlite>::fresh();
     let mut conn = db.connect();
-    let pages = Sqlite::query_i64(&mut conn, "SELECT page_count AS n FROM pragma_page_count");
-    Sqlite::execute(&mut conn, &format!("PRAGMA max_page_count = {}", pages + 2));
+    leave_two_pages(&mut conn);
     let result: Result<idempotent_jobs::Outcome<String>, Error> =
         idempotent_jobs::run(&mut conn, &BIG, &JobKey::new("big:1"), |_conn| {
             Ok("x".repeat(200_000))
@@ -1832,4 +1831,65 @@ fn assert_the_records_own_failure(error: &Error, cause: &str) {
             && shown.contains("nothing of the job was committed"),
         "{shown}"
     );
+}
+
+/// The same inside a transaction of the caller's, which wrote a row first: SQLite's full disk at
+/// the record rolls back the caller's whole transaction, the caller's row with it. The call says
+/// so (`CallersTransactionRolledBack` at the record), not "nothing of the job was committed" as
+/// if only the job's savepoint were gone: a caller that went on would commit its later writes
+/// believing its earlier ones were there.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_full_disk_at_the_record_inside_a_callers_transaction_says_the_callers_is_gone() {
+    use crate::backends::Sqlite;
+    use diesel::Connection as _;
+    static BIG: idempotent_jobs::Job = idempotent_jobs::Job::new("big-nested", "big-nested:<n>");
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    Sqlite::execute(&mut conn, "CREATE TABLE caller_log (id TEXT)");
+    leave_two_pages(&mut conn);
+    let mut called = None;
+    let outer = conn.transaction::<(), diesel::result::Error, _>(|c| {
+        diesel::RunQueryDsl::execute(
+            diesel::sql_query("INSERT INTO caller_log (id) VALUES ('before')"),
+            c,
+        )?;
+        let result: Result<idempotent_jobs::Outcome<String>, Error> =
+            idempotent_jobs::run(c, &BIG, &JobKey::new("big-nested:1"), |_conn| {
+                Ok("x".repeat(200_000))
+            });
+        called = Some(result);
+        Err(diesel::result::Error::RollbackTransaction)
+    });
+    let error = called
+        .expect("the job was called")
+        .expect_err("the database is full");
+    let shown = harness::with_causes(&error);
+    assert!(
+        matches!(
+            error,
+            Error::CallersTransactionRolledBack {
+                step: idempotent_jobs::Step::Record,
+                ..
+            }
+        ) && shown.contains("full"),
+        "{shown} (the caller's transaction ended: {outer:?})"
+    );
+    Sqlite::execute(&mut conn, "PRAGMA max_page_count = 1073741823");
+    assert_eq!(
+        (
+            Sqlite::query_i64(&mut conn, "SELECT COUNT(*) AS n FROM caller_log"),
+            Sqlite::count_done(&mut conn)
+        ),
+        (0, 0),
+        "the caller's row went with its transaction, and nothing of the job is there"
+    );
+}
+
+/// Lets the SQLite file on `conn` grow by two pages at most: a larger write meets `SQLITE_FULL`.
+#[cfg(feature = "sqlite")]
+fn leave_two_pages(conn: &mut <crate::backends::Sqlite as Backend>::Conn) {
+    use crate::backends::Sqlite;
+    let pages = Sqlite::query_i64(conn, "SELECT page_count AS n FROM pragma_page_count");
+    Sqlite::execute(conn, &format!("PRAGMA max_page_count = {}", pages + 2));
 }
