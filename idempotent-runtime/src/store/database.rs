@@ -249,6 +249,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { false }
     }
 
+    /// [`table_exists`](Self::table_exists) asked with no transaction open (after a statement
+    /// failed and its transaction rolled back). PostgreSQL asks in a transaction of its own:
+    /// every statement the runtime prepares goes in one, for transaction poolers (`db::postgres`).
+    #[doc(hidden)]
+    fn table_exists_alone<C: Store<Db = Self>>(
+        conn: &mut C,
+        table: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        Self::table_exists(conn, table)
+    }
+
     /// Whether `error`, from [`begin_and_claim`](Self::begin_and_claim), says that the key is
     /// taken and that nothing is open: the claim's transaction ended with it (MySQL's
     /// `idempotent_begin_and_claim` rolls back on the key's duplicate). The key's row is then read
@@ -701,17 +712,6 @@ pub trait Database: Sized + Send + Sync + 'static {
         conn: &mut C,
         table: &str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
-
-    /// [`table_exists`](Self::table_exists) asked with no transaction open (after a statement
-    /// failed and its transaction rolled back). PostgreSQL asks in a transaction of its own:
-    /// every statement the runtime prepares goes in one, for transaction poolers (`db::postgres`).
-    #[doc(hidden)]
-    fn table_exists_alone<C: Store<Db = Self>>(
-        conn: &mut C,
-        table: &str,
-    ) -> impl Future<Output = QueryResult<bool>> + Send {
-        Self::table_exists(conn, table)
-    }
 
     /// The version recorded in `idempotent_schema`, without taking a lock; `None` when that table
     /// does not exist (as seen through the connection's own name resolution).
