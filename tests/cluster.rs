@@ -1592,6 +1592,81 @@ fn a_lock_wait_timeout_that_rolls_back_the_callers_transaction_says_so() {
     assert_eq!(count(&mut conn, "SELECT COUNT(*) AS n FROM done_jobs"), 0);
 }
 
+/// The same server setting at the job's end: the result's record (a statement of the runtime's
+/// own) waits for a row lock, here through a trigger on `done_jobs`, past
+/// `innodb_lock_wait_timeout`, and InnoDB rolls the whole transaction back. The call is the
+/// database's error at the record, retryable, nothing committed. Before, the runtime found the
+/// job's transaction gone and said that the body had rolled it back and gone on, "what it ran
+/// after may be committed", with the lock wait timeout lost.
+#[test]
+fn a_lock_wait_timeout_at_the_record_that_rolls_back_the_transaction_is_the_databases_error() {
+    let _serial = serial();
+    static RECORDED: idempotent_jobs::Job = idempotent_jobs::Job::new("recorded", "recorded:<n>");
+    let server = mariadb::MariaDb::start("record-timeout", &["--innodb-rollback-on-timeout"]);
+    let mut admin = MysqlConnection::establish(&server.url("mysql")).expect("the server");
+    admin
+        .batch_execute("CREATE DATABASE jobs")
+        .expect("a database");
+    let url = server.url("jobs");
+    let mut conn = MysqlConnection::establish(&url).expect("the database");
+    idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+    conn.batch_execute(
+        "CREATE TABLE held (id INT PRIMARY KEY, n INT) ENGINE = InnoDB; \
+         INSERT INTO held VALUES (1, 0); \
+         CREATE TRIGGER record_waits BEFORE UPDATE ON done_jobs FOR EACH ROW \
+         UPDATE held SET n = n + 1 WHERE id = 1; \
+         SET SESSION innodb_lock_wait_timeout = 1",
+    )
+    .expect("a trigger that waits");
+    let mut holder = MysqlConnection::establish(&url).expect("the holder");
+    holder
+        .batch_execute("BEGIN; UPDATE held SET n = n + 1 WHERE id = 1")
+        .expect("the holder holds the row");
+    let ran = idempotent_jobs::run(
+        &mut conn,
+        &RECORDED,
+        &idempotent_jobs::JobKey::new("recorded:1"),
+        |_conn| Ok::<_, idempotent_jobs::Error>(String::from("recorded")),
+    );
+    holder.batch_execute("ROLLBACK").expect("the holder ends");
+    let error = ran.expect_err("the record waited past innodb_lock_wait_timeout");
+    let shown = cluster_workers::with_causes(&error);
+    assert!(
+        matches!(
+            error,
+            idempotent_jobs::Error::Database {
+                step: idempotent_jobs::Step::Record,
+                ..
+            }
+        ) && shown.contains("Lock wait timeout")
+            && shown.contains("nothing of the job was committed"),
+        "{shown}"
+    );
+    assert!(error.is_retryable(), "{shown}");
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let done = diesel::sql_query("SELECT COUNT(*) AS n FROM done_jobs")
+        .get_result::<N>(&mut conn)
+        .expect("counting");
+    assert_eq!(done.n, 0, "nothing committed");
+    // The retry runs the job.
+    conn.batch_execute("DROP TRIGGER record_waits")
+        .expect("the trigger goes");
+    let again = idempotent_jobs::run(
+        &mut conn,
+        &RECORDED,
+        &idempotent_jobs::JobKey::new("recorded:1"),
+        |_conn| Ok::<_, idempotent_jobs::Error>(String::from("recorded")),
+    );
+    assert!(
+        matches!(&again, Ok(idempotent_jobs::Outcome::Ran(text)) if text == "recorded"),
+        "{again:?}"
+    );
+}
+
 /// A claim waiting for another run of its key, through PgBouncer, which ends it at its
 /// `query_timeout` (1 s) with its own `FATAL` "query timeout" and closes the client's connection:
 /// nothing of the call was committed, the connection is lost, and retrying (on a new connection)

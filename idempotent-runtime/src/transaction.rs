@@ -583,6 +583,11 @@ async fn in_own_transaction<S: Store, T>(
             }
         };
         match attempt.await {
+            // SQLite refuses the `BEGIN` inside a transaction the caller sent as text: the
+            // caller's, left open as it was.
+            Err(Outside::Failed(error)) if S::Db::inside_callers_transaction(&error) => {
+                return Err(Outside::InsideTransaction);
+            }
             Err(Outside::Failed(error)) if retry.failed::<S::Db>(&error).is_some() => {
                 retry.pause::<S>().await;
             }

@@ -195,6 +195,11 @@ pub trait Backend: Sized + 'static {
         conn: &mut Self::Conn,
         options: &idempotent_jobs::Prune,
     ) -> idempotent_jobs::PruneReport;
+    /// [`prune`](Self::prune), its error returned.
+    fn try_prune(
+        conn: &mut Self::Conn,
+        options: &idempotent_jobs::Prune,
+    ) -> Result<idempotent_jobs::PruneReport, Error>;
     fn keys_lookup(conn: &mut Self::Conn, key: &JobKey) -> Result<Option<KeyRecord>, Error>;
     fn keys_lookup_digest(
         conn: &mut Self::Conn,
@@ -633,6 +638,13 @@ macro_rules! sync_backend {
                 options: &idempotent_jobs::Prune,
             ) -> idempotent_jobs::PruneReport {
                 idempotent_jobs::prune(conn, options).expect("pruning")
+            }
+
+            fn try_prune(
+                conn: &mut Self::Conn,
+                options: &idempotent_jobs::Prune,
+            ) -> Result<idempotent_jobs::PruneReport, Error> {
+                idempotent_jobs::prune(conn, options)
             }
 
             fn keys_lookup(
@@ -1226,6 +1238,14 @@ macro_rules! async_backend {
                 c.runtime
                     .block_on(idempotent_jobs::prune_async(&mut c.conn, options))
                     .expect("pruning")
+            }
+
+            fn try_prune(
+                c: &mut Self::Conn,
+                options: &idempotent_jobs::Prune,
+            ) -> Result<idempotent_jobs::PruneReport, Error> {
+                c.runtime
+                    .block_on(idempotent_jobs::prune_async(&mut c.conn, options))
             }
 
             fn keys_lookup(c: &mut Self::Conn, key: &JobKey) -> Result<Option<KeyRecord>, Error> {

@@ -71,6 +71,13 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn calls_inside_a_callers_text_transaction_are_refused_and_change_nothing() {
+                holes::calls_inside_a_callers_text_transaction_are_refused_and_change_nothing::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn a_migration_with_no_time_limit_migrates() {
                 schema::a_migration_with_no_time_limit_migrates::<$backend>();
             }

@@ -791,12 +791,15 @@ impl Database for MysqlDb {
     }
 
     /// InnoDB rolls the whole transaction back on a deadlock (1213, also a Galera node's
-    /// brute-force abort) and on MariaDB's "record has changed" (1020). (A lock wait timeout
-    /// does so only with `innodb_rollback_on_timeout`, not asked here: it reads as before.)
+    /// brute-force abort), on MariaDB's "record has changed" (1020), and on a lock wait timeout
+    /// (1205) where the server runs with `innodb_rollback_on_timeout` (a setting read only at
+    /// its start, not asked here). Without that setting a lock wait timeout (or a statement's
+    /// time limit) undoes only the statement and the transaction is still open: the runtime then
+    /// finds it its own, and this answer is not asked for.
     fn rolled_back_whole(error: &DieselError) -> bool {
         matches!(
             Self::classify(error),
-            Fault::Deadlock | Fault::Serialization
+            Fault::Deadlock | Fault::Serialization | Fault::LockTimeout
         )
     }
 

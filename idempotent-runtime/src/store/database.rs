@@ -117,9 +117,10 @@ pub trait Database: Sized + Send + Sync + 'static {
     const KNOWS_SESSION_TRANSACTION: bool = false;
 
     /// Whether `error`, a statement's failure, rolled back the whole transaction by itself
-    /// (SQLite on a full disk, an I/O error or memory run out): where a statement of the
-    /// runtime's own fails so, the job's transaction ended with it, not by the body's doing. By
-    /// default never.
+    /// (SQLite on a full disk, an I/O error or memory run out; MySQL and MariaDB on a deadlock,
+    /// and on a lock wait timeout with `innodb_rollback_on_timeout`): where a statement of the
+    /// runtime's own fails so and the job's transaction is then found ended, it ended with that
+    /// statement, not by the body's doing. By default never.
     #[doc(hidden)]
     fn rolled_back_whole(error: &DieselError) -> bool {
         let _ = error;
