@@ -525,8 +525,14 @@ fn keys_forget<C: JobStore>(
     }
     let reason = reason.map_or_else(default_reason, str::to_owned);
     // Only the row shown (and confirmed): a run that renewed the lapsed key since is left.
-    let forgotten =
-        keys::forget_record(conn, &record, &reason).map_err(|e| db_failure(conn, cx.target, e))?;
+    let forgotten = keys::forget_record(conn, &record, &reason).map_err(|e| {
+        let unknown = matches!(e, Error::OutcomeUnknown { .. });
+        let mut failure = db_failure(conn, cx.target, e);
+        if unknown {
+            failure.message = a_forget_of_unknown_outcome(&failure.message, &named);
+        }
+        failure
+    })?;
     if !forgotten {
         return Err(changed_meanwhile(conn, &digest, &named));
     }
@@ -550,6 +556,20 @@ fn keys_forget<C: JobStore>(
         ));
     }
     Ok(())
+}
+
+/// The message of a forget whose `COMMIT` went unanswered. The library's "retrying is safe" holds
+/// for its own retry with the same record (`keys::forget_record` deletes only the run it was
+/// given); this command run again reads the key afresh and, where the first forget committed and
+/// a new run claimed the key since, would forget that run, which no one was shown.
+fn a_forget_of_unknown_outcome(message: &str, named: &str) -> String {
+    message.replacen(
+        "; retrying is safe",
+        &format!(
+            "; look at key {named} again (`keys show`) before forgetting it again: this command run again reads the key afresh, and where this forget committed and a run has claimed the key since, it would forget that run"
+        ),
+        1,
+    )
 }
 
 /// `idempotent-jobs CLI`, with the operating system's user when the environment names one.
@@ -1211,6 +1231,31 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             self.1.as_deref().map(|e| e as _)
         }
+    }
+
+    /// A forget whose `COMMIT` went unanswered does not tell the operator that running it again
+    /// is safe: run again, it would forget a run that claimed the key since.
+    #[test]
+    fn a_forget_of_unknown_outcome_does_not_call_a_rerun_safe() {
+        let error = Error::OutcomeUnknown {
+            action: "forgetting a key",
+            source: diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::ClosedConnection,
+                Box::new(String::from("server closed the connection")),
+            ),
+        };
+        let message = format!(
+            "lost the connection to the database at db: {}",
+            with_causes(&error)
+        );
+        assert!(message.contains("; retrying is safe"), "{message}");
+        let told = a_forget_of_unknown_outcome(&message, "`charge:1`");
+        assert!(!told.contains("safe"), "{told}");
+        assert!(
+            told.contains("may or may not have been committed")
+                && told.contains("look at key `charge:1` again (`keys show`)"),
+            "{told}"
+        );
     }
 
     #[test]

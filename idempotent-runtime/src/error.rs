@@ -876,10 +876,17 @@ fn stopped_at(
             ": taking its next batch failed".to_owned()
         };
     };
-    let recorded = if matches!(source, Error::OutcomeUnknown { .. }) {
+    let unknown = matches!(source, Error::OutcomeUnknown { .. });
+    let recorded = if unknown {
         "its record may or may not be committed"
     } else {
         "the database does not hold it"
+    };
+    // Where the record may have committed, what follows holds only if it did not.
+    let unless = if unknown {
+        "if it was not committed, "
+    } else {
+        ""
     };
     let then = if last_attempt {
         "it was its last allowed attempt, so once its lease lapses it is parked as one that may have been delivered"
@@ -888,6 +895,11 @@ fn stopped_at(
     } else {
         "once its lease lapses it is tried again, this attempt counted"
     };
+    let then = then.replacen(
+        "once its lease lapses",
+        &format!("{unless}once its lease lapses"),
+        1,
+    );
     if delivered {
         format!(": message {id} was delivered, and recording so failed ({recorded}); {then}")
     } else {
@@ -1072,6 +1084,34 @@ mod tests {
                 says_to_retry(&text),
                 error.is_retryable(),
                 "the message and is_retryable disagree: {text}"
+            );
+        }
+    }
+
+    /// A delivery whose record's `COMMIT` went unanswered: the record may have committed, and
+    /// then the message is delivered and neither sent again nor parked. The text says what
+    /// follows only for a record that did not commit (it said "once its lease lapses it is
+    /// parked" as a certainty).
+    #[test]
+    fn a_record_of_unknown_outcome_promises_nothing_of_what_follows() {
+        for (delivered, last_attempt) in
+            [(true, true), (true, false), (false, true), (false, false)]
+        {
+            let error = Error::RelayStopped {
+                report: crate::relay_report::RelayReport::default(),
+                message_id: Some("m-1".into()),
+                delivered,
+                last_attempt,
+                source: Box::new(Error::OutcomeUnknown {
+                    action: "recording a delivery",
+                    source: closed(),
+                }),
+            };
+            let text = error.to_string();
+            assert!(
+                text.contains("may or may not be committed)")
+                    && text.contains("if it was not committed, once its lease lapses"),
+                "{text}"
             );
         }
     }

@@ -1423,65 +1423,79 @@ pub fn a_body_that_committed_before_the_connection_died_is_no_unknown_outcome<B:
 
 /// Every call that runs in a transaction of its own (looking up, listing, counting and forgetting
 /// keys, pruning), made while the session holds a transaction the caller opened as text (`BEGIN`,
-/// which Diesel does not count) and wrote in: refused as `Error::InsideTransaction`, at once, and
-/// the caller's transaction is left as it was, open, to commit or roll back as the caller says.
-/// On SQLite the call's own `BEGIN` was refused ("cannot start a transaction within a
-/// transaction") and the call reported that as a failure of the database's (`Error::Keys`), where
-/// every other refusal inside a caller's transaction says what it is.
+/// which Diesel does not count), one that has written and one that has only read: refused as
+/// `Error::InsideTransaction`, at once, and the caller's transaction is left as it was, open, to
+/// commit or roll back as the caller says (its later write goes with its `ROLLBACK`).
+///
+/// Before: on SQLite the call's own `BEGIN` was refused ("cannot start a transaction within a
+/// transaction") and the call reported that as a failure of the database's (`Error::Keys`); on
+/// PostgreSQL, inside a caller's transaction that had only read, the call ran in it and its
+/// `COMMIT` ended it (the forget committed, the caller's later write autocommitted).
 pub fn calls_inside_a_callers_text_transaction_are_refused_and_change_nothing<B: Backend>() {
     use idempotent_jobs::{Prune, keys::KeyQuery};
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
     B::charge(&mut conn, "order-t", 4200, crate::handlers::Mode::Succeed).expect("the first run");
     let key = JobKey::new("charge:order-t");
-    B::execute(&mut conn, "BEGIN");
-    B::execute(
-        &mut conn,
-        "INSERT INTO charges (order_id, amount, charge_ref) VALUES ('callers', 1, 'callers')",
-    );
     let inside = |what: &str, result: Result<String, Error>| match result {
         Err(Error::InsideTransaction { .. }) => {}
         other => panic!("{what} inside the caller's transaction: {other:?}"),
     };
-    let started = Instant::now();
-    inside(
-        "lookup",
-        B::keys_lookup(&mut conn, &key).map(|r| format!("{r:?}")),
-    );
-    inside(
-        "forget",
-        B::keys_forget(&mut conn, &key).map(|r| format!("{r:?}")),
-    );
-    inside(
-        "list",
-        B::keys_list(&mut conn, &KeyQuery::default()).map(|r| format!("{r:?}")),
-    );
-    inside(
-        "job counts",
-        B::keys_job_counts(&mut conn).map(|r| format!("{r:?}")),
-    );
-    inside(
-        "prune",
-        B::try_prune(&mut conn, &Prune::default()).map(|r| format!("{r:?}")),
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "refused after {:?}",
-        started.elapsed()
-    );
-    // The caller's transaction is still open and still the caller's: its rollback undoes its row.
-    B::execute(&mut conn, "ROLLBACK");
-    let mut other = db.connect();
-    assert_eq!(
-        B::count_charges(&mut other, "callers"),
-        0,
-        "a call committed the caller's transaction"
-    );
-    assert!(
-        B::keys_lookup(&mut other, &key)
-            .expect("a lookup")
-            .is_some(),
-        "the key was forgotten"
-    );
+    for wrote in [false, true] {
+        B::execute(&mut conn, "BEGIN");
+        if wrote {
+            B::execute(
+                &mut conn,
+                "INSERT INTO charges (order_id, amount, charge_ref) VALUES ('callers', 1, 'c')",
+            );
+        } else {
+            assert_eq!(B::count_charges(&mut conn, "order-t"), 1);
+        }
+        let started = Instant::now();
+        inside(
+            "lookup",
+            B::keys_lookup(&mut conn, &key).map(|r| format!("{r:?}")),
+        );
+        inside(
+            "forget",
+            B::keys_forget(&mut conn, &key).map(|r| format!("{r:?}")),
+        );
+        inside(
+            "list",
+            B::keys_list(&mut conn, &KeyQuery::default()).map(|r| format!("{r:?}")),
+        );
+        inside(
+            "job counts",
+            B::keys_job_counts(&mut conn).map(|r| format!("{r:?}")),
+        );
+        inside(
+            "prune",
+            B::try_prune(&mut conn, &Prune::default()).map(|r| format!("{r:?}")),
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "refused after {:?}",
+            started.elapsed()
+        );
+        // The caller's transaction is still open and still the caller's: its rollback undoes its
+        // rows, the one written after the refusals too.
+        B::execute(
+            &mut conn,
+            "INSERT INTO charges (order_id, amount, charge_ref) VALUES ('callers', 2, 'c')",
+        );
+        B::execute(&mut conn, "ROLLBACK");
+        let mut other = db.connect();
+        assert_eq!(
+            B::count_charges(&mut other, "callers"),
+            0,
+            "a call ended the caller's transaction (wrote first: {wrote})"
+        );
+        assert!(
+            B::keys_lookup(&mut other, &key)
+                .expect("a lookup")
+                .is_some(),
+            "the key was forgotten (wrote first: {wrote})"
+        );
+    }
     assert_eq!(B::count_charges(&mut conn, "order-t"), 1);
 }

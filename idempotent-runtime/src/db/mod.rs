@@ -737,10 +737,12 @@ macro_rules! pending {
 
 /// Messages whose relay died while it held them (leased, lease lapsed, never marked).
 /// Why a message whose lease lapsed during its last allowed attempt is parked, as an SQL string
-/// literal: nothing tells whether it was delivered (the relay stopped, or its mark failed).
+/// literal: nothing tells whether it was delivered (the relay stopped, or its mark failed), nor,
+/// where the relay's process died or the `COMMIT` of its lease went unanswered, whether it was
+/// handed to the delivery function at all (every attempt of a batch is counted when it is leased).
 macro_rules! abandoned_reason {
     () => {
-        "'its lease lapsed during its last allowed delivery attempt (the relay stopped, or could not record the outcome): it may have been delivered'"
+        "'its lease lapsed during its last allowed delivery attempt (the relay stopped, or could not record the outcome): it may have been delivered, or, where the relay stopped before it reached this message of its batch, not tried at all'"
     };
 }
 

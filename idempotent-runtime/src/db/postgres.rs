@@ -353,9 +353,11 @@ shared_statements!();
 use super::shared::later;
 
 sql! {
-    // Whether this transaction has written: a `BEGIN` inside a transaction of the caller's is
-    // only a warning, and the transaction would then be the caller's.
-    WrittenAlready = "SELECT CAST(CASE WHEN txid_current_if_assigned() IS NULL THEN 0 ELSE 1 END AS BIGINT) AS n";
+    // Whether the transaction just begun is a caller's: a `BEGIN` inside a transaction of the
+    // caller's is only a warning. One that has written has an id; [`BEGIN_OWN`] marks one that
+    // it found begun before it, written or not (a job's `BEGIN` does not: a caller's transaction
+    // that has only read takes a job in, docs/second-run.md).
+    WrittenAlready = "SELECT CAST(CASE WHEN txid_current_if_assigned() IS NULL AND current_setting('idempotent.begun', true) IS DISTINCT FROM 'another' THEN 0 ELSE 1 END AS BIGINT) AS n";
     // `set_config(.., true)`: for this transaction only, whatever happens to it.
     BoundLockWait = "SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', ?, true) AS applied";
     RestoreLockWait = "SELECT set_config('lock_timeout', ?, true) AS previous";
@@ -889,11 +891,21 @@ const BEGIN_JOB: &str = concat!(
 /// when the release succeeded.
 const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", job_mark!(), "; COMMIT");
 
+/// A transaction of the runtime's own that is not a job (looking up and forgetting keys, a prune's
+/// batch, a relay's round): `BEGIN`, and in the same simple query a mark for this transaction
+/// only, `another` where the transaction began before this message (the caller's `BEGIN` sent as
+/// text, which made this one only a warning): the first statement of a transaction is the one
+/// whose `statement_timestamp()` (this message's arrival) is its `transaction_timestamp()`.
+/// [`WrittenAlready`] reads it, so that the runtime never runs, and commits, inside a caller's
+/// transaction that has only read.
+const BEGIN_OWN: &str = "BEGIN; SELECT set_config('idempotent.begun', \
+     CASE WHEN transaction_timestamp() = statement_timestamp() THEN 'own' ELSE 'another' END, true)";
+
 #[cfg(feature = "postgres")]
-sync_store!(diesel::PgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, one_batch: true);
+sync_store!(diesel::PgConnection, PostgresDb, begin: BEGIN_OWN, job: BEGIN_JOB, one_batch: true);
 
 #[cfg(feature = "async-postgres")]
-async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: "BEGIN", job: BEGIN_JOB, read_first_in_transaction: true, pipelined: pipeline_begin_job);
+async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: BEGIN_OWN, job: BEGIN_JOB, read_first_in_transaction: true, pipelined: pipeline_begin_job);
 
 /// [`Store::begin_job_pipelined`] on diesel-async's PostgreSQL connection: [`BEGIN_JOB`]
 /// and `first` sent together, one round trip; `None` inside a caller's transaction.
