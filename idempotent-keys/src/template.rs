@@ -327,6 +327,16 @@ fn parse_path(inner: &str) -> Result<Vec<Segment>, String> {
             continue;
         }
         match parse_ident(part) {
+            // `self` names a method's receiver, first; no field is named `self`, `Self`, `super`
+            // or `crate`, nor can one be written raw.
+            Some(name)
+                if matches!(name.as_str(), "self" | "Self" | "super" | "crate")
+                    && !(i == 0 && name == "self") =>
+            {
+                return Err(format!(
+                    "`{name}` in `<{inner}>` is not a parameter or field name: `{name}` is a keyword that no parameter or field can be named"
+                ));
+            }
             Some(name) => path.push(Segment::Name(name)),
             None => return Err(not_an_identifier(inner, part)),
         }
@@ -346,7 +356,13 @@ fn not_an_identifier(inner: &str, part: &str) -> String {
     };
     let fixed: String = part
         .chars()
-        .map(|c| if c.is_alphanumeric() { c } else { '_' })
+        .map(|c| {
+            if unicode_ident::is_xid_continue(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if fixed != part && parse_ident(&fixed).is_some() {
         let _ = write!(
@@ -364,9 +380,13 @@ fn parse_ident(part: &str) -> Option<String> {
         Some(name) => (true, name),
         None => (false, part),
     };
+    // Rust's identifiers: XID_Start or `_`, then XID_Continue (which holds the combining marks
+    // of many scripts, a virama, U+00B7, that are not alphanumeric).
     let mut chars = name.chars();
     let first = chars.next()?;
-    if !(first == '_' || first.is_alphabetic()) || !chars.all(|c| c == '_' || c.is_alphanumeric()) {
+    if !(first == '_' || unicode_ident::is_xid_start(first))
+        || !chars.all(unicode_ident::is_xid_continue)
+    {
         return None;
     }
     if name == "_" || (raw && matches!(name, "self" | "Self" | "super" | "crate")) {
@@ -471,6 +491,43 @@ mod tests {
         assert_eq!(paths[1], [Segment::Name("type".into())]);
         assert_eq!(paths[2], [Segment::Name("type".into())]);
         assert_eq!(paths[3], [Segment::Name("pair".into()), Segment::Index(0)]);
+    }
+
+    /// Every name Rust allows for a parameter or a field: XID_Start or `_`, then XID_Continue.
+    /// A Devanagari virama (U+094D) and a middle dot (U+00B7) are XID_Continue but not
+    /// alphanumeric: `<क्रम>` was "not a parameter name; did you mean `<क_रम>`?".
+    #[test]
+    fn every_identifier_rust_allows_is_a_name() {
+        let t = ok("a:<क्रम>:<col·lecció>:<numéro>:<job.ǅ_x>");
+        assert_eq!(
+            names(&t),
+            ["<क्रम>", "<col·lecció>", "<numéro>", "<job.ǅ_x>"]
+        );
+        assert!(errors("a:<x-y>")[0].contains("did you mean `<x_y>`?"));
+        assert!(errors("a:<·x>")[0].contains("is not a parameter name"));
+    }
+
+    /// `<self.id>` names a method's receiver; `super`, `crate`, `Self`, and `self` after the
+    /// first segment name nothing: a clear message (the attribute panicked on `<job.super>`,
+    /// making a raw identifier of it).
+    #[test]
+    fn keywords_that_no_name_can_be_are_refused() {
+        ok("a:<self.id>");
+        for source in [
+            "a:<job.super>",
+            "a:<job.crate>",
+            "a:<job.Self>",
+            "a:<job.self>",
+            "a:<super>",
+            "a:<r#crate>",
+        ] {
+            let message = &errors(source)[0];
+            assert!(
+                message.contains("is not a parameter or field name")
+                    || message.contains("is not a parameter name"),
+                "{source}: {message}"
+            );
+        }
     }
 
     #[test]

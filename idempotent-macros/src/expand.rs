@@ -437,7 +437,9 @@ impl Expansion<'_> {
             }
         });
         quote! {{
-            let #builder = #krate::#private::FingerprintBuilder::default();
+            // Not through the prelude's `Default`: a module may have `#[no_implicit_prelude]`.
+            let #builder =
+                <#krate::#private::FingerprintBuilder as ::core::default::Default>::default();
             #(#adds)*
             #call.fingerprint_result(#builder.finish())
         }}
