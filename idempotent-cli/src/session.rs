@@ -1,8 +1,8 @@
 //! What `verify` reads of the session besides the tables: a statement time limit so short that
 //! jobs' statements are cancelled.
 
-use diesel::QueryableByName;
-use diesel::sql_types::Text;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use diesel::{QueryableByName, sql_types::Text};
 
 /// Below this, `verify` warns of the session's statement time limit.
 const SHORT_SECONDS: f64 = 1.0;
@@ -32,6 +32,7 @@ impl StatementLimit {
 }
 
 /// A row of [`SessionLimits::statement_limit`]'s statement: the setting as the database shows it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(QueryableByName)]
 struct Row {
     #[diesel(sql_type = Text)]
@@ -40,6 +41,7 @@ struct Row {
 
 /// PostgreSQL's text of a time setting (`0`, `1ms`, `200ms`, `5s`, `10min`, `1h`, `1d`, `500us`)
 /// in seconds.
+#[cfg(any(feature = "postgres", test))]
 fn postgres_seconds(shown: &str) -> Option<f64> {
     let split = shown
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -68,6 +70,7 @@ pub trait SessionLimits {
 /// Reads the setting with `load`, in a transaction of its own, committed: in a MySQL session with
 /// `autocommit = 0` a bare read opens one that stays open, and `verify` would then refuse to run
 /// inside it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn read<C: diesel::Connection>(
     conn: &mut C,
     setting: &'static str,

@@ -688,6 +688,28 @@ pub enum Error {
         retryable: bool,
     },
 
+    /// A push inside a job failed with an error that rolled back the whole transaction the job
+    /// ran in, as the database then answered (MySQL and MariaDB: a deadlock, a Galera node's
+    /// abort, a lock wait timeout with `innodb_rollback_on_timeout`; SQLite: a full disk, an I/O
+    /// error): no message was recorded, nothing of the job is committed (nor of a caller's
+    /// transaction the job ran in), and a statement the body runs after this runs outside any
+    /// transaction, committed on its own (a second push among them). Return it; the job's retry
+    /// (a redelivery) runs it whole.
+    #[error(
+        "an outbox push to `{topic}` failed in the database{hint}, and the database rolled back the whole transaction the job ran in with it: no message was recorded and nothing of the job was committed (nor of a caller's transaction it ran in); return this error: a statement run after it (another push) runs outside any transaction and commits on its own{retry}",
+        hint = hint(source),
+        retry = if *retryable { "; a redelivery runs the job again, whole" } else { "" }
+    )]
+    OutboxPushRolledBackJob {
+        /// The message's topic.
+        topic: String,
+        /// Whether the failure passes (a deadlock, a lock wait): the job's retry can succeed.
+        retryable: bool,
+        /// The database's error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
     /// A table of the runtime's is missing where the connection finds its tables: `migrate` has
     /// not run on this database (or, on PostgreSQL, not into a schema on this connection's
     /// `search_path`, or into one this role may not use). Nothing was changed; a retry meets the
@@ -808,7 +830,8 @@ impl Error {
             Error::RelayStopped { source, .. } => source.is_retryable(),
             Error::Keys { retryable, .. }
             | Error::Prune { retryable, .. }
-            | Error::Outbox { retryable, .. } => *retryable,
+            | Error::Outbox { retryable, .. }
+            | Error::OutboxPushRolledBackJob { retryable, .. } => *retryable,
             _ => false,
         }
     }
@@ -830,6 +853,7 @@ impl Error {
             | Error::Keys { source, .. }
             | Error::OutcomeUnknown { source, .. }
             | Error::Outbox { source, .. }
+            | Error::OutboxPushRolledBackJob { source, .. }
             | Error::Verify(source) => source,
             Error::Migration { source, .. } => {
                 match source.downcast_ref::<diesel::result::Error>() {
@@ -990,6 +1014,16 @@ mod tests {
             Error::Outbox {
                 source: closed(),
                 retryable: false,
+            },
+            Error::OutboxPushRolledBackJob {
+                topic: "email".into(),
+                retryable: true,
+                source: closed(),
+            },
+            Error::OutboxPushRolledBackJob {
+                topic: "email".into(),
+                retryable: false,
+                source: closed(),
             },
             relay_stopped(true),
             relay_stopped(false),

@@ -214,7 +214,7 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
         })?;
     refuse_what_would_not_fit(conn, topic, &payload, &job.key_text).await?;
     let id = message_id(&job.digest, job.run(), topic, job.next_push());
-    S::Db::push(
+    let pushed = S::Db::push(
         conn,
         &NewMessage {
             message_id: &id,
@@ -223,9 +223,24 @@ async fn push_on<S: Store, T: Serialize + ?Sized>(
             job_key: &job.key_text,
         },
     )
-    .await
-    .map_err(failed::<S::Db>)?;
-    Ok(id)
+    .await;
+    match pushed {
+        Ok(()) => Ok(id),
+        // A failure that may have ended the job's whole transaction (a deadlock, SQLite's full
+        // disk), and did, as the database answers: "the statement changed nothing; retrying is
+        // safe" would have the body push again, outside any transaction.
+        Err(source)
+            if S::Db::rolled_back_whole(&source)
+                && S::Db::transaction_still_open(conn).await == Some(false) =>
+        {
+            Err(Error::OutboxPushRolledBackJob {
+                topic: topic.to_owned(),
+                retryable: S::Db::passes(&source),
+                source,
+            })
+        }
+        Err(source) => Err(failed::<S::Db>(source)),
+    }
 }
 
 /// Refuses, before anything is sent, a message the database would not hold whole: a topic longer

@@ -1886,6 +1886,54 @@ fn a_full_disk_at_the_record_inside_a_callers_transaction_says_the_callers_is_go
     );
 }
 
+/// A push inside a job that meets a full disk: SQLite rolls the job's whole transaction back with
+/// it. The push's error says so (`OutboxPushRolledBackJob`: nothing recorded, nothing of the job
+/// committed, return it, a push after it would commit on its own); it said `Error::Outbox`, "the
+/// statement changed nothing", as if the job could go on. A body that returns it commits
+/// nothing, and the retry, with room, runs the job and records its message.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_push_that_rolls_back_the_job_says_so() {
+    use crate::backends::Sqlite;
+    static NOTIFY: idempotent_jobs::Job = idempotent_jobs::Job::new("notify", "notify:<n>");
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    let outbox_rows = |conn: &mut <Sqlite as Backend>::Conn| {
+        Sqlite::query_i64(conn, "SELECT COUNT(*) AS n FROM outbox")
+    };
+    let before = outbox_rows(&mut conn);
+    leave_two_pages(&mut conn);
+    let seen = std::cell::RefCell::new(None);
+    let result: Result<idempotent_jobs::Outcome<()>, Error> =
+        idempotent_jobs::run(&mut conn, &NOTIFY, &JobKey::new("notify:1"), |conn| {
+            let error = idempotent_jobs::outbox::push(conn, "email", &"x".repeat(200_000))
+                .expect_err("the database is full");
+            *seen.borrow_mut() = Some(error.to_string());
+            Err(error)
+        });
+    let seen = seen.into_inner().expect("the body ran");
+    assert!(
+        seen.contains("rolled back the whole transaction the job ran in")
+            && !seen.contains("retrying is safe"),
+        "{seen}"
+    );
+    assert!(result.is_err(), "{result:?}");
+    Sqlite::execute(&mut conn, "PRAGMA max_page_count = 1073741823");
+    assert_eq!(
+        Sqlite::count_done(&mut conn),
+        0,
+        "nothing of the job committed"
+    );
+    assert_eq!(outbox_rows(&mut conn), before, "no message recorded");
+    let retried: idempotent_jobs::Outcome<()> =
+        idempotent_jobs::run(&mut conn, &NOTIFY, &JobKey::new("notify:1"), |conn| {
+            idempotent_jobs::outbox::push(conn, "email", &"x".repeat(200_000)).map(|_| ())
+        })
+        .expect("the retry, with room");
+    assert!(retried.is_ran());
+    assert_eq!(outbox_rows(&mut conn), before + 1);
+}
+
 /// Lets the SQLite file on `conn` grow by two pages at most: a larger write meets `SQLITE_FULL`.
 #[cfg(feature = "sqlite")]
 fn leave_two_pages(conn: &mut <crate::backends::Sqlite as Backend>::Conn) {
