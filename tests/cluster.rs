@@ -1523,6 +1523,21 @@ fn a_prune_under_statement_based_binary_logging_removes_every_lapsed_key() {
 
 // ---- a lock wait timeout that rolls back the caller's whole transaction ----------------------------
 
+/// A MariaDB server of the test's own with `innodb_rollback_on_timeout` (read only at its start),
+/// a database `jobs` migrated, its URL and a connection to it. The server stops when the first
+/// value drops.
+fn rolling_back_on_timeout(setup: &str) -> (mariadb::MariaDb, String, MysqlConnection) {
+    let server = mariadb::MariaDb::start(setup, &["--innodb-rollback-on-timeout"]);
+    let mut admin = MysqlConnection::establish(&server.url("mysql")).expect("the server");
+    admin
+        .batch_execute("CREATE DATABASE jobs")
+        .expect("a database");
+    let url = server.url("jobs");
+    let mut conn = MysqlConnection::establish(&url).expect("the database");
+    idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+    (server, url, conn)
+}
+
 /// With `innodb_rollback_on_timeout` a lock wait timeout rolls back the whole transaction, not
 /// the statement. A job called inside a caller's transaction, whose in-progress policy bounds the
 /// claim's wait for another run of its key, times out there: the caller's transaction is gone
@@ -1533,14 +1548,7 @@ fn a_prune_under_statement_based_binary_logging_removes_every_lapsed_key() {
 fn a_lock_wait_timeout_that_rolls_back_the_callers_transaction_says_so() {
     let _serial = serial();
     static BOUNDED: idempotent_jobs::Job = idempotent_jobs::Job::new("bounded", "bounded:<n>");
-    let server = mariadb::MariaDb::start("rollback-on-timeout", &["--innodb-rollback-on-timeout"]);
-    let mut admin = MysqlConnection::establish(&server.url("mysql")).expect("the server");
-    admin
-        .batch_execute("CREATE DATABASE jobs")
-        .expect("a database");
-    let url = server.url("jobs");
-    let mut conn = MysqlConnection::establish(&url).expect("the database");
-    idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+    let (_server, url, mut conn) = rolling_back_on_timeout("rollback-on-timeout");
     conn.batch_execute("CREATE TABLE caller_rows (id INT PRIMARY KEY) ENGINE = InnoDB")
         .expect("the caller's table");
     let key = idempotent_jobs::JobKey::new("bounded:1");
@@ -1602,14 +1610,7 @@ fn a_lock_wait_timeout_that_rolls_back_the_callers_transaction_says_so() {
 fn a_lock_wait_timeout_at_the_record_that_rolls_back_the_transaction_is_the_databases_error() {
     let _serial = serial();
     static RECORDED: idempotent_jobs::Job = idempotent_jobs::Job::new("recorded", "recorded:<n>");
-    let server = mariadb::MariaDb::start("record-timeout", &["--innodb-rollback-on-timeout"]);
-    let mut admin = MysqlConnection::establish(&server.url("mysql")).expect("the server");
-    admin
-        .batch_execute("CREATE DATABASE jobs")
-        .expect("a database");
-    let url = server.url("jobs");
-    let mut conn = MysqlConnection::establish(&url).expect("the database");
-    idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+    let (_server, url, mut conn) = rolling_back_on_timeout("record-timeout");
     conn.batch_execute(
         "CREATE TABLE held (id INT PRIMARY KEY, n INT) ENGINE = InnoDB; \
          INSERT INTO held VALUES (1, 0); \

@@ -525,14 +525,8 @@ fn keys_forget<C: JobStore>(
     }
     let reason = reason.map_or_else(default_reason, str::to_owned);
     // Only the row shown (and confirmed): a run that renewed the lapsed key since is left.
-    let forgotten = keys::forget_record(conn, &record, &reason).map_err(|e| {
-        let unknown = matches!(e, Error::OutcomeUnknown { .. });
-        let mut failure = db_failure(conn, cx.target, e);
-        if unknown {
-            failure.message = a_forget_of_unknown_outcome(&failure.message, &named);
-        }
-        failure
-    })?;
+    let forgotten = keys::forget_record(conn, &record, &reason)
+        .map_err(|e| forget_failed(conn, cx.target, e, &named))?;
     if !forgotten {
         return Err(changed_meanwhile(conn, &digest, &named));
     }
@@ -556,6 +550,17 @@ fn keys_forget<C: JobStore>(
         ));
     }
     Ok(())
+}
+
+/// A forget's failure, told as [`db_failure`] tells it; one whose `COMMIT` went unanswered with
+/// [`a_forget_of_unknown_outcome`]'s advice.
+fn forget_failed<C: JobStore>(conn: &mut C, target: &Target, error: Error, named: &str) -> Failure {
+    let unknown = matches!(error, Error::OutcomeUnknown { .. });
+    let mut failure = db_failure(conn, target, error);
+    if unknown {
+        failure.message = a_forget_of_unknown_outcome(&failure.message, named);
+    }
+    failure
 }
 
 /// The message of a forget whose `COMMIT` went unanswered. The library's "retrying is safe" holds

@@ -1313,13 +1313,27 @@ async fn attempt_claim<S: Store>(
         ),
         other => other,
     };
-    let (error, previous) = match claimed {
+    match claimed {
         Ok(state) => {
             transaction.hand_over();
-            return Ok((nesting, state));
+            Ok((nesting, state))
         }
-        Err(failed) => failed,
-    };
+        Err((error, previous)) => {
+            Err(claim_not_taken(transaction, nesting, call, retry, error, previous).await)
+        }
+    }
+}
+
+/// Ends a job's transaction whose claim failed with `error`, the lock wait `previous` to a bound
+/// on it put back, and says what the attempt came to.
+async fn claim_not_taken<S: Store, R: Fn(&mut S) -> &mut S>(
+    mut transaction: Transaction<'_, S, S, R>,
+    nesting: Nesting,
+    call: &Call,
+    retry: &Retry,
+    error: diesel::result::Error,
+    previous: Option<String>,
+) -> Attempt {
     // MySQL's setting is the session's: put back while the transaction's guard still holds the
     // connection, so that a call dropped during it leaves the connection marked broken (a pool
     // drops it), never in use with the bound, or with the answer unread. Where a failed
@@ -1343,23 +1357,23 @@ async fn attempt_claim<S: Store>(
     if callers_gone {
         // Before the in-progress bound's answer: a lock wait timeout that rolled back the whole
         // transaction (`innodb_rollback_on_timeout`) took the caller's work with it.
-        return Err(Attempt::Over(Error::CallersTransactionRolledBack {
+        return Attempt::Over(Error::CallersTransactionRolledBack {
             job: call.job.name(),
             key: call.key_text.clone(),
             step: Step::Claim,
             outside: false,
             retryable: S::Db::passes(&error),
             source: Some(error),
-        }));
+        });
     }
     if call.in_progress.is_some() && S::Db::classify(&error) == crate::store::Fault::LockTimeout {
-        return Err(Attempt::Over(in_progress(call, retry.elapsed())));
+        return Attempt::Over(in_progress(call, retry.elapsed()));
     }
     if nesting == Nesting::Savepoint {
         // Only the caller can retry a failure inside its transaction.
-        return Err(Attempt::Over(call.database::<S::Db>(Step::Claim, error)));
+        return Attempt::Over(call.database::<S::Db>(Step::Claim, error));
     }
-    Err(Attempt::Failed(Step::Claim, error))
+    Attempt::Failed(Step::Claim, error)
 }
 
 /// The error of a claim that will not be retried (any more): the in-progress bound spent, the
