@@ -20,7 +20,8 @@
  * MAXFAULT crashes and failures in all (each crash point, failed statement, failed send, give-up
  * and lost commit spends one), MAXLAPSE keep lapses, NFORGET forgets, NPRUNE prune batches,
  * MAXATT the relay's max_attempts. Mutants: MUTANT_FORGET_BY_DIGEST, MUTANT_RENEW_WITHOUT_LOCK,
- * MUTANT_READ_FIRST_STALE, MUTANT_CLAIM_OWN_TXN, MUTANT_MARK_BEFORE_SEND.
+ * MUTANT_READ_FIRST_STALE, MUTANT_CLAIM_OWN_TXN, MUTANT_MARK_BEFORE_SEND,
+ * MUTANT_TAKE_AT_LAST_ATTEMPT.
  */
 
 #ifndef NW
@@ -427,9 +428,10 @@ proctype Relay(byte r) {
 
 end_idle:
   /* outbox.rs Relay::round -> db/postgres.rs lease: ParkAbandoned (lease lapsed, attempts spent),
-   * then TakeAbandoned (one whose relay died), else TakePending; attempts + 1, lease_owner set.
-   * The owner is the round's token: one per incarnation of the relay here, whose rounds are
-   * sequential. Batches of one message. */
+   * then TakeAbandoned (one whose relay died, below its last attempt), else TakePending;
+   * attempts + 1, lease_owner set. The owner is the round's token: one per incarnation of the
+   * relay here, whose rounds are sequential. Batches of one message. The park and the take are
+   * two statements, each reading the clock: a lease can lapse between them. */
   atomic {
     ANY_LEASABLE;
     i = 1;
@@ -441,12 +443,19 @@ end_idle:
          fi;
          i++
     :: else -> break
-    od;
+    od
+  }
+  atomic {
     t = 0; i = 1;
     do
     :: i < MAXTOK && t == 0 ->
          if
+#ifdef MUTANT_TAKE_AT_LAST_ATTEMPT
+         /* MUTANT: an abandoned message is taken whatever its attempts */
          :: ob_st[i] == OB_LEASED && ob_lapsed[i] -> t = i
+#else
+         :: ob_st[i] == OB_LEASED && ob_lapsed[i] && ob_att[i] < MAXATT -> t = i
+#endif
          :: else -> skip
          fi;
          i++
@@ -465,7 +474,9 @@ end_idle:
     i = 0;
     if
     :: t != 0 -> ob_st[t] = OB_LEASED; ob_owner[t] = owner; ob_lapsed[t] = 0; ob_att[t]++;
-         printf("relay %d (owner %d) leases message %d, attempt %d\n", r, owner, t, ob_att[t])
+         printf("relay %d (owner %d) leases message %d, attempt %d\n", r, owner, t, ob_att[t]);
+         /* INVARIANT: no message is tried more often than max_attempts */
+         assert(ob_att[t] <= MAXATT)
     :: else -> goto end_idle
     fi;
 #ifndef MUTANT_MARK_BEFORE_SEND

@@ -87,6 +87,7 @@ fn checks(full: bool) -> Vec<Check> {
         ("MUTANT_READ_FIRST_STALE", jobs),
         ("MUTANT_CLAIM_OWN_TXN", jobs),
         ("MUTANT_MARK_BEFORE_SEND", outbox),
+        ("MUTANT_TAKE_AT_LAST_ATTEMPT", outbox),
     ] {
         checks.push(Check {
             name: mutant.to_owned(),

@@ -11,6 +11,7 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
+use crate::secret::scrub_text;
 use crate::table::printable;
 
 /// The target of the runtime's key events.
@@ -19,13 +20,14 @@ const TARGET: &str = "idempotent_jobs::keys";
 /// Installs the subscriber for this process.
 pub fn install() {
     // Fails only if one is installed already, which nothing else here does.
-    let _ = tracing::subscriber::set_global_default(KeyEvents);
+    let _ = tracing::subscriber::set_global_default(KeyEvents(|line: String| eprintln!("{line}")));
 }
 
-/// Prints the runtime's key events (info and above) on stderr.
-struct KeyEvents;
+/// Hands each of the runtime's key events (info and above), as one line, to its function: the
+/// process's prints it on stderr.
+struct KeyEvents<W>(W);
 
-impl Subscriber for KeyEvents {
+impl<W: Fn(String) + Send + Sync + 'static> Subscriber for KeyEvents<W> {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
         metadata.is_event() && metadata.target() == TARGET && *metadata.level() <= Level::INFO
     }
@@ -42,11 +44,11 @@ impl Subscriber for KeyEvents {
     fn event(&self, event: &Event<'_>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
-        eprintln!(
+        (self.0)(format!(
             "audit: {} ({})",
             printable(&fields.message),
             printable(fields.rest.trim_start())
-        );
+        ));
     }
 
     fn enter(&self, _: &Id) {}
@@ -63,12 +65,25 @@ struct Fields {
     rest: String,
 }
 
+impl Fields {
+    /// ` name=value`, the value as the event wrote it; an error's text (a forget of unknown outcome
+    /// carries the database's) with its secrets hidden, as every other error the CLI prints.
+    fn push(&mut self, field: &Field, value: String) {
+        let value = if field.name() == "error" {
+            scrub_text(&value)
+        } else {
+            value
+        };
+        let _ = write!(self.rest, " {}={value}", field.name());
+    }
+}
+
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
             self.message = value.to_owned();
         } else {
-            let _ = write!(self.rest, " {}={value:?}", field.name());
+            self.push(field, format!("{value:?}"));
         }
     }
 
@@ -76,7 +91,57 @@ impl Visit for Fields {
         if field.name() == "message" {
             self.message = format!("{value:?}");
         } else {
-            let _ = write!(self.rest, " {}={value:?}", field.name());
+            self.push(field, format!("{value:?}"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The audit lines of the events `emit` makes.
+    fn lines(emit: impl FnOnce()) -> Vec<String> {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        let subscriber = KeyEvents(move |line: String| sink.lock().unwrap().push(line));
+        tracing::subscriber::with_default(subscriber, emit);
+        lines.lock().unwrap().clone()
+    }
+
+    /// A forget of unknown outcome carries the database's error; a password in it (a connection
+    /// string quoted by a driver or a proxy) is hidden. Before, the line printed it.
+    #[test]
+    fn an_audited_error_hides_its_secrets() {
+        let error = "the connection to postgres://app:hunter2@db/jobs failed (password=hunter2)";
+        let lines = lines(|| {
+            tracing::warn!(
+                target: "idempotent_jobs::keys",
+                job = "invoice",
+                key = "invoice:2026-11:42",
+                reason = "refund",
+                %error,
+                "may have forgotten a key"
+            );
+        });
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(!lines[0].contains("hunter2"), "{}", lines[0]);
+        assert!(
+            lines[0].contains("may have forgotten a key")
+                && lines[0].contains("key=\"invoice:2026-11:42\"")
+                && lines[0].contains("reason=\"refund\"")
+                && lines[0].contains("postgres://"),
+            "{}",
+            lines[0]
+        );
+    }
+
+    /// Events of other targets are not printed.
+    #[test]
+    fn only_the_key_events_are_printed() {
+        let lines = lines(|| tracing::warn!(target: "idempotent_jobs::relay", "relayed"));
+        assert!(lines.is_empty(), "{lines:?}");
     }
 }

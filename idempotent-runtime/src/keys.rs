@@ -540,7 +540,7 @@ fn keys_error<S: Store>(
 ) -> impl Fn(Outside) -> Error + Copy {
     move |outside| match outside {
         Outside::InsideTransaction => Error::InsideTransaction { what },
-        Outside::NotMigrated(table) => Error::NotMigrated { table },
+        Outside::NotMigrated(table, _) => Error::NotMigrated { table },
         Outside::Failed(source) => Error::Keys {
             action,
             retryable: S::Db::passes(&source),

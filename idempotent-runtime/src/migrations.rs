@@ -204,7 +204,7 @@ pub(crate) async fn verify<S: Store>(conn: &mut S) -> Result<(), Error> {
         crate::transaction::Outside::InsideTransaction => Error::InsideTransaction {
             what: "verify the runtime's tables",
         },
-        crate::transaction::Outside::NotMigrated(table) => Error::NotMigrated { table },
+        crate::transaction::Outside::NotMigrated(table, _) => Error::NotMigrated { table },
         crate::transaction::Outside::Failed(source)
         | crate::transaction::Outside::CommitUnknown(source) => Error::Verify(source),
     })?;

@@ -1122,7 +1122,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 fn outbox_error<D: Database>(what: &'static str) -> impl Fn(Outside) -> Error + Copy {
     move |outside| match outside {
         Outside::InsideTransaction => Error::InsideTransaction { what },
-        Outside::NotMigrated(table) => Error::NotMigrated { table },
+        Outside::NotMigrated(table, _) => Error::NotMigrated { table },
         Outside::Failed(source) => failed::<D>(source),
         Outside::CommitUnknown(source) => Error::OutcomeUnknown {
             action: what,
@@ -1166,7 +1166,7 @@ fn stopped_after(before: RelayReport, error: Error) -> Error {
 fn relay_error<D: Database>(outside: Outside) -> Error {
     match outside {
         Outside::InsideTransaction => Error::RelayInsideTransaction,
-        Outside::NotMigrated(table) => Error::NotMigrated { table },
+        Outside::NotMigrated(table, _) => Error::NotMigrated { table },
         Outside::Failed(source) => failed::<D>(source),
         Outside::CommitUnknown(source) => Error::OutcomeUnknown {
             action: "relaying the outbox",

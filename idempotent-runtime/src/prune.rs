@@ -155,11 +155,16 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    /// The error of a prune that stopped at a batch, with what the batches before it deleted.
+    /// The error of a prune that stopped at a batch, with what the batches before it deleted. A
+    /// table missing at the first batch is [`Error::NotMigrated`], "nothing was changed"; one
+    /// dropped after a batch deleted rows is the prune's error, which counts them.
     fn error<S: Store>(&self, outside: Outside, asked: &'static str, report: PruneReport) -> Error {
         let (source, outcome_unknown) = match outside {
             Outside::InsideTransaction => return Error::InsideTransaction { what: asked },
-            Outside::NotMigrated(table) => return Error::NotMigrated { table },
+            Outside::NotMigrated(table, _) if report.batches == 0 => {
+                return Error::NotMigrated { table };
+            }
+            Outside::NotMigrated(_, source) => (source, false),
             Outside::Failed(source) => (source, false),
             Outside::CommitUnknown(source) => (source, true),
         };

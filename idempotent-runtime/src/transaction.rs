@@ -430,8 +430,9 @@ pub(crate) enum Outside {
     /// committed it or not.
     CommitUnknown(diesel::result::Error),
     /// The table the statements work on is not there: `migrate` has not run
-    /// ([`Error::NotMigrated`](crate::error::Error::NotMigrated)).
-    NotMigrated(&'static str),
+    /// ([`Error::NotMigrated`](crate::error::Error::NotMigrated)), or it was dropped since. The
+    /// statement's error, for a caller that changed something before it (a prune's later batch).
+    NotMigrated(&'static str, diesel::result::Error),
 }
 
 impl From<diesel::result::Error> for Outside {
@@ -517,7 +518,7 @@ pub(crate) async fn outside_transactions_told<S: Store, T>(
                 && !S::Db::connection_lost(&error)
                 && matches!(S::Db::table_exists_alone(conn, table).await, Ok(false)) =>
         {
-            Err(Outside::NotMigrated(table))
+            Err(Outside::NotMigrated(table, error))
         }
         result => result,
     }

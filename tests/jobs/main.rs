@@ -518,6 +518,14 @@ macro_rules! effects_tests {
             }
 
             #[test]
+            fn a_message_at_its_last_attempt_is_never_taken_again() {
+                crate::outbox_faults::a_message_at_its_last_attempt_is_never_taken_again::<
+                    $backend,
+                    _,
+                >();
+            }
+
+            #[test]
             fn a_relay_that_stops_says_what_it_did() {
                 crate::outbox_faults::a_relay_that_stops_says_what_it_did::<$backend, _>();
             }

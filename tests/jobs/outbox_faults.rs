@@ -372,6 +372,138 @@ where
     );
 }
 
+/// A lease parks the messages whose lease lapsed at their last allowed attempt, then takes one
+/// whose lease lapsed: two statements, each reading the clock. A lease at its last attempt that
+/// lapsed between them was taken again, an attempt past `max_attempts`. Here the park is made
+/// slow (a trigger on the row it parks sleeps 1.2 s) and message 1's lease lapses during it,
+/// at its last attempt (`max_attempts(1)`). Before: the round delivered order-1 a second time,
+/// its attempts 2. Now it is not taken; the next round parks it.
+pub fn a_message_at_its_last_attempt_is_never_taken_again<B, C>()
+where
+    B: Backend<Conn = C>,
+    C: TestConn + 'static,
+{
+    let (_db, mut conn) = three_receipts::<B, C>();
+    slow_park::<B, C>(&mut conn);
+    let (dead, lapse_soon) = match B::SERVER {
+        harness::Server::Sqlite => (
+            "'2000-01-01 00:00:00.000'",
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', '+0.4 seconds')",
+        ),
+        harness::Server::Postgres => (
+            "TIMESTAMP '2000-01-01 00:00:00'",
+            "(clock_timestamp() AT TIME ZONE 'UTC') + INTERVAL '400 milliseconds'",
+        ),
+        harness::Server::Mysql => (
+            "TIMESTAMP '2000-01-01 00:00:00'",
+            "TIMESTAMPADD(MICROSECOND, 400000, UTC_TIMESTAMP(6))",
+        ),
+    };
+    // Message 2: its relay died at its last attempt long ago (the park's row). Message 1: at its
+    // last attempt, its lease lapsing during the park.
+    B::execute(
+        &mut conn,
+        &format!(
+            "UPDATE outbox SET lease_owner = 'dead-relay', attempts = 1, lease_until = {dead} WHERE id = 2"
+        ),
+    );
+    B::execute(
+        &mut conn,
+        &format!(
+            "UPDATE outbox SET lease_owner = 'dead-relay', attempts = 1, lease_until = {lapse_soon} WHERE id = 1"
+        ),
+    );
+    let relay = Relay::new()
+        .batch_size(3)
+        .max_attempts(1)
+        .lease(Duration::from_secs(60));
+    let mut delivered = Vec::new();
+    let report = relay
+        .run_once(&mut conn, |message| -> Result<(), String> {
+            delivered.push((order_of(message), message.attempts()));
+            Ok(())
+        })
+        .expect("a round");
+    assert_eq!(
+        report.parked, 1,
+        "the park (message 2) began before message 1's lease lapsed: {report:?}"
+    );
+    assert!(
+        delivered.iter().all(|(order, _)| order != "order-1"),
+        "order-1, at its last attempt, was taken again: {delivered:?}"
+    );
+    assert_eq!(delivered, [("order-3".to_owned(), 1)], "{report:?}");
+    relay
+        .run_once(&mut conn, |message| -> Result<(), String> {
+            panic!("nothing is left to deliver: {}", order_of(message))
+        })
+        .expect("the next round");
+    let mut parked: Vec<(String, u32)> = outbox::parked(&mut conn)
+        .expect("parked")
+        .iter()
+        .map(|m| (order_of(m), m.attempts()))
+        .collect();
+    parked.sort();
+    assert_eq!(
+        parked,
+        [("order-1".to_owned(), 1), ("order-2".to_owned(), 1)],
+        "both parked at their one attempt"
+    );
+}
+
+/// A park that takes 1.2 s: a trigger on the row it parks sleeps (on SQLite through a function
+/// registered on this connection).
+fn slow_park<B, C>(conn: &mut C)
+where
+    B: Backend<Conn = C>,
+    C: TestConn + 'static,
+{
+    match B::SERVER {
+        harness::Server::Sqlite => {
+            #[cfg(feature = "sqlite")]
+            {
+                #[diesel::declare_sql_function]
+                extern "SQL" {
+                    fn sleep_ms(ms: diesel::sql_types::Integer) -> diesel::sql_types::Integer;
+                }
+                let sqlite = (conn as &mut dyn std::any::Any)
+                    .downcast_mut::<diesel::SqliteConnection>()
+                    .expect("the SQLite backend's connection");
+                sleep_ms_utils::register_impl(sqlite, |ms: i32| {
+                    std::thread::sleep(Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+                    ms
+                })
+                .expect("register sleep_ms");
+            }
+            B::execute(
+                conn,
+                "CREATE TRIGGER slow_park AFTER UPDATE OF parked_at ON outbox \
+                 WHEN NEW.parked_at IS NOT NULL AND OLD.parked_at IS NULL \
+                 BEGIN SELECT sleep_ms(1200); END",
+            );
+        }
+        harness::Server::Postgres => {
+            B::execute(
+                conn,
+                "CREATE FUNCTION slow_park() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN PERFORM pg_sleep(1.2); RETURN NEW; END $$",
+            );
+            B::execute(
+                conn,
+                "CREATE TRIGGER slow_park BEFORE UPDATE ON outbox FOR EACH ROW \
+                 WHEN (NEW.parked_at IS NOT NULL AND OLD.parked_at IS NULL) \
+                 EXECUTE FUNCTION slow_park()",
+            );
+        }
+        harness::Server::Mysql => B::execute(
+            conn,
+            "CREATE TRIGGER slow_park BEFORE UPDATE ON outbox FOR EACH ROW \
+             BEGIN IF NEW.parked_at IS NOT NULL AND OLD.parked_at IS NULL THEN \
+             DO SLEEP(1.2); END IF; END",
+        ),
+    }
+}
+
 /// The triggers of [`refuse_mark`], for message `id`: `(install, remove)`.
 fn refuse_mark_of(server: crate::harness::Server, id: i64) -> (Vec<String>, Vec<String>) {
     let (install, remove) = refuse_mark(server);

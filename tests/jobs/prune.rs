@@ -132,6 +132,60 @@ fn a_prune_of_no_batches_deletes_nothing() {
     assert_eq!((report.removed, report.batches), (8, 2), "{report:?}");
 }
 
+/// A prune whose table is dropped after its first batch committed says what that batch deleted.
+/// Before, the second batch's missing table was `Error::NotMigrated`, "nothing was changed", and
+/// the 1,000 rows the first batch had deleted were in no report.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_prune_that_loses_its_table_midway_counts_what_it_deleted() {
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    lapsed::<Sqlite>(&mut conn, "lapsed", 1500);
+    let mut dropper = db.connect();
+    // Its reads wait out the prune's commits.
+    Sqlite::execute(&mut dropper, "PRAGMA busy_timeout = 10000");
+    let outcome = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            // The first batch's commit, then the table gone during the pause after it.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Sqlite::count_done(&mut dropper) > 500 {
+                assert!(Instant::now() < deadline, "the first batch never committed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Sqlite::execute(&mut dropper, "DROP TABLE done_jobs");
+        });
+        Sqlite::try_prune(
+            &mut conn,
+            &Prune::default()
+                .batch_size(1_000)
+                .pace(0)
+                .pause(Duration::from_secs(2)),
+        )
+    });
+    match outcome {
+        Err(error @ idempotent_jobs::Error::Prune { .. }) => {
+            let idempotent_jobs::Error::Prune {
+                removed, batches, ..
+            } = &error
+            else {
+                unreachable!()
+            };
+            assert_eq!((*removed, *batches), (1_000, 1), "{error}");
+            let text = error.to_string();
+            assert!(
+                text.contains("1000 deleted in 1 batch(es) before it stay deleted")
+                    && !text.contains("nothing was changed"),
+                "{text}"
+            );
+        }
+        other => {
+            panic!("the second batch found no table, after the first deleted 1,000 rows: {other:?}")
+        }
+    }
+}
+
 /// Inserts `rows` claims of the job `job` that lapsed in 2000.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 fn lapsed<B: Backend>(conn: &mut B::Conn, job: &str, rows: u32) {

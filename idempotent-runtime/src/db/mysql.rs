@@ -205,10 +205,12 @@ sql! {
         "SELECT id, CAST(available_at AS CHAR) AS available FROM outbox", through_leased!(), " WHERE ", abandoned!(),
         " AND ", after_candidate!(), " ORDER BY available_at, id LIMIT 8" // ID_CHUNK
     );
-    // One abandoned message at a time (it may be the one that stopped the relay).
+    // One abandoned message at a time (it may be the one that stopped the relay). One at its last
+    // attempt is not taken (`attempts < ?`, the relay's `max_attempts`): its lease can lapse
+    // between the park's clock and this one's, and the next lease parks it.
     LockAbandoned = concat!(
         "SELECT id FROM outbox FORCE INDEX (PRIMARY) WHERE id IN ", id_list!(), " AND ",
-        abandoned!(), " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+        abandoned!(), " AND attempts < ? ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
     );
     PendingCandidates = concat!(
         "SELECT id, CAST(available_at AS CHAR) AS available FROM outbox FORCE INDEX (outbox_pending) WHERE ", pending!(),
@@ -413,9 +415,12 @@ fn ids<R: HasId>(chunk: &[R]) -> IdList<ID_CHUNK> {
     IdList::new(chunk.iter().map(HasId::id))
 }
 
-/// Locks and returns one message whose relay died while it held it (none if every such message
-/// is locked by another relay's lease).
-async fn abandoned_one<C: Store<Db = MysqlDb>>(conn: &mut C) -> QueryResult<Vec<Id>> {
+/// Locks and returns one message whose relay died while it held it, below `max_attempts` (none if
+/// every such message is locked by another relay's lease).
+async fn abandoned_one<C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+    max_attempts: i32,
+) -> QueryResult<Vec<Id>> {
     let mut after = Candidate::first();
     loop {
         let candidates: Vec<Candidate> = conn
@@ -426,7 +431,10 @@ async fn abandoned_one<C: Store<Db = MysqlDb>>(conn: &mut C) -> QueryResult<Vec<
         };
         after = last.clone();
         let locked: Vec<Id> = conn
-            .load(Statement::<LockAbandoned, _>::new((ids(&candidates),)))
+            .load(Statement::<LockAbandoned, _>::new((
+                ids(&candidates),
+                bind::<Integer, _>(max_attempts),
+            )))
             .await?;
         if !locked.is_empty() {
             return Ok(locked);
@@ -975,7 +983,7 @@ impl Database for MysqlDb {
             }
         }
         // One abandoned message, alone; else up to `limit` pending ones.
-        let mut taken = abandoned_one(conn).await?;
+        let mut taken = abandoned_one(conn, lease.max_attempts).await?;
         if taken.is_empty() {
             let limit = usize::try_from(lease.limit).unwrap_or(0);
             let mut after = Candidate::first();

@@ -83,10 +83,12 @@ sql! {
          last_error = ", abandoned_reason!(), " WHERE ", abandoned!(), " AND attempts >= ?"
     );
     // In the order of `outbox_leased` (schema version 4: `lease_until, id` of the leased messages
-    // alone): the messages not leased, however many are due or backing off, are never read.
+    // alone): the messages not leased, however many are due or backing off, are never read. One
+    // at its last attempt is not taken (`attempts < ?`, the relay's `max_attempts`): its lease can
+    // lapse between `ParkAbandoned`'s clock and this one's, and the next lease parks it.
     TakeAbandoned = concat!(
         "UPDATE outbox SET lease_owner = ?, lease_until = ", now_plus!(), ", attempts = attempts + 1 \
-         WHERE id = (SELECT id FROM outbox WHERE ", abandoned!(), " ORDER BY lease_until, id LIMIT 1)"
+         WHERE id = (SELECT id FROM outbox WHERE ", abandoned!(), " AND attempts < ? ORDER BY lease_until, id LIMIT 1)"
     );
     // In the order of `outbox_pending` (`available_at, id`: the order in which messages became
     // available, pushed or at the end of their backoff), which the index reads and stops at the
@@ -315,6 +317,7 @@ impl Database for SqliteDb {
                 bind::<Text, _>(lease.owner),
                 bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
                 bind::<Nullable<BigInt>, _>(Some(lease.lease_micros)),
+                bind::<Integer, _>(lease.max_attempts),
             )))
             .await?;
         if abandoned == 0 {
