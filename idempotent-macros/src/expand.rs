@@ -262,7 +262,6 @@ impl Expansion<'_> {
         let private = private_module();
         let krate = self.krate();
         let compared = quote! {
-            #[allow(unused_imports)]
             use #krate::#private::{ComparedByEq as _, ComparedByShape as _};
         };
         let (first, last) = first_and_last(&self.handler.output.ty.to_token_stream());

@@ -8,6 +8,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens as _, quote, quote_spanned};
 use syn::Ident;
+use syn::ext::IdentExt as _;
 
 use super::{Expansion, located, private_module, respan};
 
@@ -44,12 +45,16 @@ impl Expansion<'_> {
              handler as `{name}(..)` does and says whether it ran or replayed."
         );
         quote! {
+            // No `allow(non_camel_case_types)` for the snake-case names below: rustc does not
+            // report that lint in an attribute macro's tokens, and an `allow` would be an error in
+            // a crate that forbids it.
             #(#cfgs)*
             #[doc(hidden)]
-            #[allow(non_camel_case_types)]
             #vis struct #hidden {}
 
             #(#cfgs)*
+            // A deprecated handler, or its deprecated parameter types, warn where the user wrote
+            // them, not again in the companion that calls and repeats them.
             #[allow(deprecated)]
             #(#allows)*
             impl #hidden {
@@ -68,7 +73,6 @@ impl Expansion<'_> {
             #(#cfgs)*
             #(#deprecated)*
             #[doc = #doc]
-            #[allow(non_camel_case_types)]
             #vis type #alias = #hidden;
         }
     }
@@ -104,12 +108,17 @@ impl Expansion<'_> {
         } = self.key_generics();
         let writer = Ident::new("__idempotent_writer", Span::mixed_site());
         let build = self.build_key(krate, &writer, true);
+        // The parameters are the handler's, as written: a lint about their names is reported at
+        // the handler. Allowed only where one would fire: an `allow` is an error in a crate that
+        // forbids the lint.
+        let allow = params
+            .iter()
+            .any(|param| !is_snake_case(&param.ident.unraw().to_string()))
+            .then(|| quote!(#[allow(non_snake_case)]));
         quote! {
             /// The key a call with these inputs claims, escaped as the handler escapes it.
             #[must_use]
-            // The parameters are the handler's, as written: a lint about their names is reported
-            // at the handler.
-            #[allow(non_snake_case)]
+            #allow
             #vis fn key #generics (#(#inputs),*) -> #krate::#private::JobKey #where_clause {
                 #build
             }
@@ -303,6 +312,23 @@ fn idents_in(tokens: TokenStream, into: &mut std::collections::HashSet<String>) 
             _ => {}
         }
     }
+}
+
+/// Whether rustc's `non_snake_case` takes `ident` for snake case: no uppercase letter, and no
+/// two underscores in a row but at its ends.
+fn is_snake_case(ident: &str) -> bool {
+    let mut underscore_allowed = true;
+    ident.trim_matches('_').chars().all(|c| match c {
+        '_' if !underscore_allowed => false,
+        '_' => {
+            underscore_allowed = false;
+            true
+        }
+        c => {
+            underscore_allowed = true;
+            !c.is_uppercase()
+        }
+    })
 }
 
 /// The handler's lint levels that silence a lint (`allow`, and `expect` as an `allow`, also under
