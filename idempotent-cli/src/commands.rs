@@ -1054,9 +1054,12 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         // database error (5), as it was before verify could tell.
         let schema = schema_failure(target, &problems);
         let message = format!("{failed}\nand verify finds: {}", schema.message);
-        let of_the_tables = problems
-            .iter()
-            .any(|p| !matches!(p, SchemaProblem::ReadOnly { .. }));
+        let of_the_tables = problems.iter().any(|p| {
+            !matches!(
+                p,
+                SchemaProblem::ReadOnly { .. } | SchemaProblem::SessionCharset { .. }
+            )
+        });
         return match changed_something(&error) || steps_committed(target, &error) || !of_the_tables
         {
             true => Failure::new(Code::Database, message),

@@ -269,6 +269,9 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
     if present.contains(&"done_jobs") {
         problems.extend(cannot_write(conn).await?);
     }
+    if let Some(found) = S::Db::session_charset(conn).await? {
+        problems.push(SchemaProblem::SessionCharset { found });
+    }
     Ok(problems)
 }
 

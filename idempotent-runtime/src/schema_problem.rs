@@ -53,6 +53,14 @@ pub enum SchemaProblem {
         /// The database's refusal.
         why: String,
     },
+    /// The session converts text through a character set other than utf8mb4 (MySQL/MariaDB: a
+    /// `SET NAMES latin1`, or a `SET character_set_client`, `_connection` or `_results`, after
+    /// Diesel set utf8mb4 at connect): keys, results and outbox messages would be stored converted
+    /// and read back changed on other sessions, or refused. `found` names the settings.
+    SessionCharset {
+        /// The settings that are not utf8mb4, as `name = value`.
+        found: String,
+    },
     /// The schema was made by a newer release.
     Newer {
         /// The version recorded.
@@ -110,6 +118,10 @@ impl std::fmt::Display for SchemaProblem {
             SchemaProblem::ReadOnly { why } => write!(
                 f,
                 "this connection cannot write ({why}): every job's claim would fail; connect where writes are accepted (the primary; a SQLite file opened for writing), or turn off the read-only setting of this session, role or user (PostgreSQL: default_transaction_read_only; MySQL: read_only, transaction_read_only)"
+            ),
+            SchemaProblem::SessionCharset { found } => write!(
+                f,
+                "this session's character set is not utf8mb4 ({found}): keys, results and outbox messages would be stored converted through it and read back changed on other sessions (`é` as `Ã©`), or refused; keep the character set Diesel sets when it connects (utf8mb4): drop the `SET NAMES` or `SET character_set_...` of the pool's connection hook, or of the code that runs before the jobs"
             ),
             SchemaProblem::Newer { found, known } => write!(
                 f,

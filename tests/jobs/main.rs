@@ -662,6 +662,13 @@ macro_rules! mysql_tests {
             }
 
             #[test]
+            fn verify_names_a_session_character_set_that_is_not_utf8mb4() {
+                crate::schema::verify_names_a_session_character_set_that_is_not_utf8mb4::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn an_interrupted_step_resumes() {
                 crate::schema::an_interrupted_step_resumes::<$backend>();
             }

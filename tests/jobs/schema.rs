@@ -226,6 +226,59 @@ pub fn verify_lists_what_is_missing<B: Backend>() {
     B::verify(&mut conn).expect("ready");
 }
 
+/// MySQL/MariaDB: a session whose character set is not utf8mb4 (a pool's connection hook that
+/// runs `SET NAMES latin1`) stores keys, results and messages converted through it, read back
+/// changed on other sessions. `verify`, run on such a connection before the jobs, names the
+/// settings; `binary` (which converts nothing) and no `character_set_results` pass.
+pub fn verify_names_a_session_character_set_that_is_not_utf8mb4<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::verify(&mut conn).expect("Diesel's own session: utf8mb4");
+    for (set, found) in [
+        (
+            "SET NAMES latin1",
+            "character_set_client = latin1, character_set_connection = latin1, character_set_results = latin1",
+        ),
+        (
+            "SET character_set_client = cp1251",
+            "character_set_client = cp1251",
+        ),
+        (
+            "SET character_set_connection = utf8mb3",
+            "character_set_connection = utf8mb3",
+        ),
+        (
+            "SET character_set_results = latin1",
+            "character_set_results = latin1",
+        ),
+    ] {
+        B::execute(&mut conn, set);
+        match B::verify(&mut conn) {
+            Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+                assert_eq!(
+                    problems,
+                    [idempotent_jobs::SchemaProblem::SessionCharset {
+                        found: found.to_owned()
+                    }],
+                    "after {set}"
+                );
+                assert!(
+                    problems[0].to_string().contains("utf8mb4"),
+                    "{}",
+                    problems[0]
+                );
+            }
+            other => panic!("after {set}: {other:?}"),
+        }
+        B::execute(&mut conn, "SET NAMES utf8mb4");
+    }
+    for set in ["SET NAMES binary", "SET character_set_results = NULL"] {
+        B::execute(&mut conn, set);
+        B::verify(&mut conn).unwrap_or_else(|error| panic!("after {set}: {error}"));
+        B::execute(&mut conn, "SET NAMES utf8mb4");
+    }
+}
+
 /// While another migration holds the lock, `migrate` waits at most its timeout, then says so and
 /// changes nothing.
 pub fn a_held_migration_lock_times_out_clearly<B: Backend>(hold: &str, release: &str) {

@@ -335,6 +335,16 @@ sql! {
     // one at any time. The `/*M! ... */` parts are MariaDB's only (MySQL reads them as comments):
     // MariaDB reads `@@in_transaction = 1 OR (FALSE AND @@autocommit = 0)`, MySQL `@@autocommit = 0`.
     SessionInTransaction = concat!("SELECT CAST(/*M! @@in_transaction = 1 OR (FALSE AND */ @@autocommit = 0 /*M! ) */ AS SIGNED) AS n", every_row!());
+    // The character set settings that are not utf8mb4 (nor binary, which converts nothing), as
+    // `name = value`, joined; '' when none is.
+    SessionCharset = concat!(
+        "SELECT CAST(CONCAT_WS(', ', \
+         IF(@@character_set_client IN ('utf8mb4', 'binary'), NULL, CONCAT('character_set_client = ', @@character_set_client)), \
+         IF(@@character_set_connection IN ('utf8mb4', 'binary'), NULL, CONCAT('character_set_connection = ', @@character_set_connection)), \
+         IF(COALESCE(@@character_set_results, 'binary') IN ('utf8mb4', 'binary'), NULL, CONCAT('character_set_results = ', @@character_set_results))) \
+         AS CHAR) AS previous",
+        every_row!()
+    );
     LockWaitTimeout = concat!("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous", every_row!());
     // Prepared, like every other statement: one round trip, where a text batch takes three on the
     // sync connection.
@@ -1074,6 +1084,16 @@ impl Database for MysqlDb {
 
     async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
         Ok("this connection's database (or this user holds no privilege on it)".to_owned())
+    }
+
+    async fn session_charset<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<String>> {
+        let rows: Vec<crate::store::SettingRow> =
+            conn.load(Statement::<SessionCharset, _>::new(())).await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|row| row.previous)
+            .filter(|found| !found.is_empty()))
     }
 
     /// MySQL checks the privileges of a statement when it explains it, without running it.

@@ -371,6 +371,18 @@ pub trait Database: Sized + Send + Sync + 'static {
         }
     }
 
+    /// The session's character set settings that would change the text the runtime stores and
+    /// reads back, as `name = value` (MySQL/MariaDB: any of `character_set_client`,
+    /// `_connection`, `_results` that is not utf8mb4); `None` where all is well, and on the other
+    /// databases.
+    #[doc(hidden)]
+    fn session_charset<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Option<String>>> + Send {
+        let _ = conn;
+        async { Ok(None) }
+    }
+
     /// The privileges a worker needs on the `present` tables that this connection lacks.
     #[doc(hidden)]
     fn missing_privileges<C: Store<Db = Self>>(
