@@ -72,6 +72,32 @@ pub(crate) const TABLES: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// A column each runtime table has had since the step that created it, and an application's table
+/// of the same name hardly has: a table without it is not the runtime's (an application's own
+/// `outbox`), and `migrate` does not take it for a step made.
+const SIGNATURES: &[(&str, &str)] = &[("done_jobs", "key_digest"), ("outbox", "message_id")];
+
+/// A table named like one of the runtime's that is not the runtime's: `Some(problem)` when `table`
+/// is there without its signature column ([`SIGNATURES`]).
+async fn foreign<S: Store>(
+    conn: &mut S,
+    table: &'static str,
+) -> diesel::QueryResult<Option<SchemaProblem>> {
+    let Some((_, column)) = SIGNATURES.iter().find(|(name, _)| *name == table) else {
+        return Ok(None);
+    };
+    if !S::Db::table_exists(conn, table).await? {
+        return Ok(None);
+    }
+    let columns = S::Db::table_columns(conn, table).await?;
+    Ok(
+        (!columns.iter().any(|c| c == column)).then_some(SchemaProblem::ForeignTable {
+            table,
+            lacks: column,
+        }),
+    )
+}
+
 /// How long `migrate` waits for another migration's lock before it gives up, unless told.
 pub(crate) const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
@@ -223,6 +249,11 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
     let hidden = !problems.is_empty();
     let mut present = Vec::new();
     for (table, expected) in TABLES {
+        if let Some(problem) = foreign(conn, table).await? {
+            // Its columns are not the runtime's to list, nor to probe privileges on.
+            problems.push(problem);
+            continue;
+        }
         if !S::Db::table_exists(conn, table).await? {
             if !hidden {
                 problems.push(SchemaProblem::MissingTable {
@@ -439,6 +470,20 @@ pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> R
         .iter()
         .filter(|step| step.version > version.unwrap_or(0))
     {
+        // A table of the step's name that is not the runtime's: refused before anything is
+        // changed (taken for the step made, its version was recorded, and every later step failed
+        // on its missing columns, for good).
+        let creates = step.column.is_none() && step.routines.is_empty() && step.indexes.is_empty();
+        if creates
+            && let Some(problem) = foreign(conn, step.table)
+                .await
+                .map_err(failed(step.table))?
+        {
+            return Err(Error::Migration {
+                table: step.table,
+                source: Box::new(problem),
+            });
+        }
         pending.push((
             step,
             step_made(conn, step).await.map_err(failed(step.table))?,

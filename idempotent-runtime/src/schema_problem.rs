@@ -53,6 +53,15 @@ pub enum SchemaProblem {
         /// The database's refusal.
         why: String,
     },
+    /// A table has the name of one of the runtime's but is not the runtime's (an application's own
+    /// `outbox`): it lacks the column `lacks` the runtime's has always had. `migrate` refuses to
+    /// take it for its own.
+    ForeignTable {
+        /// The table.
+        table: &'static str,
+        /// The runtime's column it lacks.
+        lacks: &'static str,
+    },
     /// The session converts text through a character set other than utf8mb4 (MySQL/MariaDB: a
     /// `SET NAMES latin1`, or a `SET character_set_client`, `_connection` or `_results`, after
     /// Diesel set utf8mb4 at connect): keys, results and outbox messages would be stored converted
@@ -118,6 +127,10 @@ impl std::fmt::Display for SchemaProblem {
             SchemaProblem::ReadOnly { why } => write!(
                 f,
                 "this connection cannot write ({why}): every job's claim would fail; connect where writes are accepted (the primary; a SQLite file opened for writing), or turn off the read-only setting of this session, role or user (PostgreSQL: default_transaction_read_only; MySQL: read_only, transaction_read_only)"
+            ),
+            SchemaProblem::ForeignTable { table, lacks } => write!(
+                f,
+                "a table `{table}` is there that is not the runtime's (it has no column `{lacks}`): the runtime's `{table}` cannot be made beside it; rename that table, or give the runtime a database (PostgreSQL: a schema) of its own, then run migrate"
             ),
             SchemaProblem::SessionCharset { found } => write!(
                 f,

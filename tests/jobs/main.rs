@@ -201,6 +201,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn migrate_refuses_an_applications_table_of_the_same_name() {
+                schema::migrate_refuses_an_applications_table_of_the_same_name::<$backend>();
+            }
+
+            #[test]
             fn verify_lists_what_is_missing() {
                 schema::verify_lists_what_is_missing::<$backend>();
             }

@@ -226,6 +226,70 @@ pub fn verify_lists_what_is_missing<B: Backend>() {
     B::verify(&mut conn).expect("ready");
 }
 
+/// An application's own table named `outbox` (a common name) is not the runtime's: `migrate`
+/// refuses before it changes anything, naming it, and says a retry meets the same; `verify` names
+/// it too. Before, `migrate` failed at the runtime's index on `lease_owner` with "calling migrate
+/// again resumes where this stopped", every time; on MariaDB (whose DDL commits by itself) it had
+/// recorded the outbox's steps as made, so even with the table renamed away no `migrate` could
+/// ever make the runtime's; and MariaDB's `verify` failed on the unknown column.
+pub fn migrate_refuses_an_applications_table_of_the_same_name<B: Backend>() {
+    let db = Db::<B>::empty();
+    let mut conn = db.connect();
+    let text = match B::SERVER {
+        crate::harness::Server::Mysql => "VARCHAR(200)",
+        _ => "TEXT",
+    };
+    B::execute(
+        &mut conn,
+        &format!(
+            "CREATE TABLE outbox (id BIGINT PRIMARY KEY, topic {text}, payload {text}, sent_at {text})"
+        ),
+    );
+    B::execute(
+        &mut conn,
+        "INSERT INTO outbox (id, topic) VALUES (1, 'the application''s')",
+    );
+    let problem = idempotent_jobs::SchemaProblem::ForeignTable {
+        table: "outbox",
+        lacks: "message_id",
+    };
+    for _ in 0..2 {
+        match B::migrate(&mut conn) {
+            Err(error @ idempotent_jobs::Error::Migration { .. }) => {
+                let text = crate::harness::with_causes(&error);
+                assert!(
+                    text.contains("nothing was changed")
+                        && text.contains("not the runtime's")
+                        && !text.contains("resumes"),
+                    "{text}"
+                );
+            }
+            other => panic!("migrate over the application's outbox: {other:?}"),
+        }
+        let tables: Vec<String> = B::snapshot(&mut conn)
+            .table_names()
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            tables.len() == 1 && (tables[0] == "outbox" || tables[0].ends_with(".outbox")),
+            "nothing was made beside the application's table: {tables:?}"
+        );
+    }
+    match B::verify(&mut conn) {
+        Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+            assert!(problems.contains(&problem), "{problems:?}");
+        }
+        other => panic!("verify beside the application's outbox: {other:?}"),
+    }
+    let rename = match B::SERVER {
+        crate::harness::Server::Mysql => "RENAME TABLE outbox TO app_outbox",
+        _ => "ALTER TABLE outbox RENAME TO app_outbox",
+    };
+    B::execute(&mut conn, rename);
+    B::migrate(&mut conn).expect("the runtime's tables, once the name is free");
+    B::verify(&mut conn).expect("ready");
+}
+
 /// MySQL/MariaDB: a session whose character set is not utf8mb4 (a pool's connection hook that
 /// runs `SET NAMES latin1`) stores keys, results and messages converted through it, read back
 /// changed on other sessions. `verify`, run on such a connection before the jobs, names the
