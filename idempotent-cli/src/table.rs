@@ -79,20 +79,55 @@ impl Table {
     }
 }
 
-/// `text` safe to print on a terminal: control characters (a newline, an escape sequence) and
-/// the Unicode direction overrides are written as escapes, so that a key or an error text from
-/// the database can neither break a table's lines nor drive the terminal.
+/// `text` safe to print on a terminal: control characters (a newline, an escape sequence), the
+/// Unicode direction overrides and marks, and every character a terminal draws as nothing or
+/// hides (a zero-width space, a soft hyphen, a word joiner, a byte order mark, a variation
+/// selector) are written as escapes, so that a key or an error text from the database can neither
+/// break a table's lines nor drive the terminal, and two keys that differ only there never look
+/// alike.
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
+        if c.is_control() || invisible(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
     out
+}
+
+/// Unicode's default-ignorable code points (drawn as nothing) and its format characters
+/// (general category Cf; among them the direction overrides, isolates and marks), Unicode 16.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{34f}'
+            | '\u{600}'..='\u{605}'
+            | '\u{61c}'
+            | '\u{6dd}'
+            | '\u{70f}'
+            | '\u{890}'..='\u{891}'
+            | '\u{8e2}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
+    )
 }
 
 /// `text` cut to at most `max` terminal cells, with `…` at the end when cut.
@@ -117,6 +152,40 @@ pub fn truncate(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two keys that differ by a character drawn as nothing print differently. Before, a zero-width
+    /// space, the direction marks, a word joiner, a byte order mark or a soft hyphen were printed
+    /// as they are, and `keys list` showed two rows that looked the same.
+    #[test]
+    fn keys_that_differ_invisibly_print_differently() {
+        let plain = "invoice:2026-10:cust_481";
+        for hidden in [
+            '\u{200b}',
+            '\u{200c}',
+            '\u{200d}',
+            '\u{200e}',
+            '\u{200f}',
+            '\u{2060}',
+            '\u{2064}',
+            '\u{feff}',
+            '\u{ad}',
+            '\u{202e}',
+            '\u{2067}',
+            '\u{fe0f}',
+            '\u{e0041}',
+            '\u{3164}',
+        ] {
+            let other = format!("invoice:2026-10:cust{hidden}_481");
+            let shown = printable(&other);
+            assert_ne!(shown, printable(plain), "U+{:04X}", u32::from(hidden));
+            assert_eq!(
+                shown,
+                format!("invoice:2026-10:cust\\u{{{:x}}}_481", u32::from(hidden))
+            );
+        }
+        // Visible text is untouched.
+        assert_eq!(printable("Zürich 中 🦀 é"), "Zürich 中 🦀 é");
+    }
 
     #[test]
     fn aligns_columns() {
