@@ -269,6 +269,54 @@ pub fn another_jobs_key_is_an_error<B: Backend>() {
     assert!(changes.is_empty(), "{changes}");
 }
 
+/// The test kit's snapshot tells apart every two values of a column: its `assert_idempotent`
+/// passes a job only if no row changed, so a change it cannot see lets a job that is not
+/// idempotent pass. Before: MySQL/MariaDB `BIT` and spatial columns were cast to text, every byte
+/// that is not UTF-8 read as `?` (`BIT(8)` 128 and 130 alike: a counter bumped outside the job's
+/// transaction passed the kit); PostgreSQL's `float8` followed the session's own
+/// `extra_float_digits` (at -15, 0.1 and 0.11 alike).
+pub fn a_snapshot_sees_every_change<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let cases: &[(&str, &str, &str, &str)] = match B::SERVER {
+        crate::harness::Server::Mysql => &[
+            ("BIT(8)", "b'10000000'", "b'10000010'", ""),
+            ("BIT(16)", "b'1000000010000000'", "b'1000000110000001'", ""),
+            (
+                "POINT",
+                "POINT(1.1, 2.2)",
+                "POINT(1.1, 2.2000000000000006)",
+                "",
+            ),
+        ],
+        crate::harness::Server::Postgres => {
+            &[("float8", "0.1", "0.11", "SET extra_float_digits = -15")]
+        }
+        crate::harness::Server::Sqlite => &[],
+    };
+    for (i, (ty, old, new, session)) in cases.iter().enumerate() {
+        let table = format!("kit_{i}");
+        B::execute(
+            &mut conn,
+            &format!("CREATE TABLE {table} (id INT PRIMARY KEY, v {ty})"),
+        );
+        B::execute(&mut conn, &format!("INSERT INTO {table} VALUES (1, {old})"));
+        if !session.is_empty() {
+            B::execute(&mut conn, session);
+        }
+        let before = B::snapshot(&mut conn);
+        B::execute(
+            &mut conn,
+            &format!("UPDATE {table} SET v = {new} WHERE id = 1"),
+        );
+        let changes = B::snapshot(&mut conn).changes_since(&before);
+        assert!(
+            !changes.is_empty(),
+            "{ty} from {old} to {new} ({session}): the snapshot saw no change"
+        );
+    }
+}
+
 /// A stored result that no longer decodes (the result type changed) is a clear error, not a panic,
 /// and the job does not run again.
 pub fn undecodable_stored_result_is_an_error<B: Backend>() {

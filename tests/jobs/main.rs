@@ -628,6 +628,11 @@ macro_rules! server_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn a_snapshot_sees_every_change() {
+                crate::behaviour::a_snapshot_sees_every_change::<$backend>();
+            }
+
+            #[test]
             fn a_take_back_that_meets_a_passing_failure_is_retried() {
                 crate::truth::a_take_back_that_meets_a_passing_failure_is_retried::<$backend>();
             }

@@ -1132,7 +1132,20 @@ impl Database for MysqlDb {
             .iter()
             .map(|c| {
                 let column = super::backticked(&c.name);
-                if c.data_type.contains("binary") || c.data_type.contains("blob") {
+                // Bytes, not text: cast to text, every byte that is not UTF-8 reads as `?`, and
+                // `BIT(8)` 128 and 130 look alike. `BIT` and the spatial types are bytes too.
+                let bytes = [
+                    "binary",
+                    "blob",
+                    "bit",
+                    "geom",
+                    "point",
+                    "linestring",
+                    "polygon",
+                ]
+                .iter()
+                .any(|kind| c.data_type.to_ascii_lowercase().contains(kind));
+                if bytes {
                     format!("IFNULL(CONCAT('0x', HEX({column})), 'NULL')")
                 } else if c.data_type.eq_ignore_ascii_case("float") {
                     // `QUOTE` shows a FLOAT with 6 significant digits (12345.67 and 12345.68 are

@@ -860,9 +860,24 @@ impl Database for PostgresDb {
         conn: &mut C,
         table: &str,
     ) -> QueryResult<Vec<String>> {
+        // A `float8` as text follows the session's `extra_float_digits`: at a setting of the
+        // user's below 1, 0.1 and 0.11 read alike. The rows are read at 3 (every digit), and the
+        // session's own setting is put back (it is a number the server read back).
+        let previous: Vec<String> = conn
+            .text_rows("SELECT current_setting('extra_float_digits') AS row")
+            .await?;
+        let previous: i32 = previous
+            .first()
+            .and_then(|setting| setting.trim().parse().ok())
+            .unwrap_or(1);
+        conn.batch("SET extra_float_digits = 3").await?;
         // `table` comes from `table_names`, already quoted per part.
-        conn.text_rows(&format!("SELECT CAST(t AS text) AS row FROM {table} t"))
-            .await
+        let rows = conn
+            .text_rows(&format!("SELECT CAST(t AS text) AS row FROM {table} t"))
+            .await;
+        conn.batch(&format!("SET extra_float_digits = {previous}"))
+            .await?;
+        rows
     }
 }
 
