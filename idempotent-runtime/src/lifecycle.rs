@@ -998,7 +998,7 @@ async fn read_in_own_transaction<S: Store>(
         transaction.rollback().await;
         return Ok(None);
     }
-    let row = S::Db::done_row(transaction.store(), digest).await;
+    let row = S::Db::done_row_before_claim(transaction.store(), digest).await;
     // It read; nothing to commit.
     transaction.rollback().await;
     row

@@ -1499,3 +1499,59 @@ pub fn calls_inside_a_callers_text_transaction_are_refused_and_change_nothing<B:
     }
     assert_eq!(B::count_charges(&mut conn, "order-t"), 1);
 }
+
+/// SQLite with a shared cache and `PRAGMA read_uncommitted = 1` on the redelivery's connection:
+/// its read before the claim saw another connection's claim before that run committed, and
+/// replayed it. Here worker A's run claims the key, writes its charge and fails a second later
+/// (rolled back); worker B's redelivery of the same key, while A's run is open, said
+/// `Replayed(())` (its caller acknowledges, and the job never runs), with nothing committed. The
+/// read before the claim now answers only where the session reads committed rows; B's claim
+/// waits for A's run, then runs the job.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_read_of_uncommitted_rows_never_replays_a_run_that_did_not_commit() {
+    use diesel::Connection as _;
+    use idempotent_jobs::{Job, JobCall, Outcome};
+
+    use crate::backends::Sqlite;
+    use crate::handlers::TestConn as _;
+
+    static UNCOMMITTED: Job = Job::new("uncommitted_read", "uncommitted:<id>");
+    let db = Db::<Sqlite>::fresh();
+    let uri = format!("file:{}?cache=shared", db.locator());
+    let mut a = diesel::SqliteConnection::establish(&uri).expect("worker A");
+    let mut b = diesel::SqliteConnection::establish(&uri).expect("worker B");
+    Sqlite::execute(&mut b, "PRAGMA read_uncommitted = 1");
+    let key = JobKey::new("uncommitted:1");
+    let (claimed, told) = std::sync::mpsc::channel();
+    let (first, second) = std::thread::scope(|scope| {
+        let worker_a = scope.spawn(|| {
+            JobCall::new(&UNCOMMITTED, &key).run(&mut a, |conn| {
+                conn.insert_charge("order-u", 100, "a")?;
+                claimed.send(()).expect("the test");
+                std::thread::sleep(Duration::from_secs(1));
+                Err::<(), _>(TestError::Declined)
+            })
+        });
+        told.recv().expect("A's run claimed the key");
+        let second = JobCall::new(&UNCOMMITTED, &key)
+            .redelivered(true)
+            .run(&mut b, |conn| {
+                conn.insert_charge("order-u", 100, "b")?;
+                Ok::<(), TestError>(())
+            });
+        (worker_a.join().expect("worker A"), second)
+    });
+    assert!(matches!(first, Err(TestError::Declined)), "{first:?}");
+    assert!(
+        matches!(second, Ok(Outcome::Ran(()))),
+        "B's redelivery, while A's run was open and then rolled back: {second:?}"
+    );
+    let mut check = db.connect();
+    assert_eq!(
+        Sqlite::count_charges(&mut check, "order-u"),
+        1,
+        "B's charge"
+    );
+    assert_eq!(Sqlite::count_done(&mut check), 1, "B's claim");
+}

@@ -166,6 +166,17 @@ macro_rules! every_row {
 
 shared_statements!();
 
+sql! {
+    // A redelivery's read before its claim: no row where the session reads rows not committed
+    // (`PRAGMA read_uncommitted = 1`, which a shared cache obeys), so that the claim decides. It
+    // saw another connection's claim before that run committed, and replayed a run that then
+    // rolled back.
+    DoneReadFirst = concat!(
+        done_read!(),
+        " AND (SELECT read_uncommitted FROM pragma_read_uncommitted) = 0"
+    );
+}
+
 /// The microseconds bound in `now_plus!()`, which binds it twice (to test it for NULL first).
 fn later(micros: Option<i64>) -> crate::sql::Twice<Nullable<BigInt>, Option<i64>> {
     crate::sql::twice(micros)
@@ -173,6 +184,14 @@ fn later(micros: Option<i64>) -> crate::sql::Twice<Nullable<BigInt>, Option<i64>
 
 impl Database for SqliteDb {
     const FIRST_READ_IN_OWN_TRANSACTION: bool = true;
+
+    async fn done_row_before_claim<C: Store<Db = Self>>(
+        conn: &mut C,
+        digest: &[u8; 32],
+    ) -> QueryResult<Option<crate::store::DoneRow>> {
+        super::shared::done_row_by::<DoneReadFirst, _>(conn, digest).await
+    }
+
     const BEGIN_UNCOUNTED: &'static str = BEGIN;
     shared_methods!();
     migration_steps!(
