@@ -535,11 +535,13 @@ async fn in_own_transaction<S: Store, T>(
     }
     let mut retry = Retry::new();
     loop {
+        // A setting of the session's that `committed_reads_next` changed, put back below.
+        let mut to_put_back = false;
         let attempt = async {
             let (mut transaction, _) = match own {
                 Own::Look => Transaction::begin_deferred(&mut *conn, itself::<S>).await?,
                 Own::Committed => {
-                    S::Db::committed_reads_next(&mut *conn).await?;
+                    to_put_back = S::Db::committed_reads_next(&mut *conn).await?;
                     Transaction::begin_deferred(&mut *conn, itself::<S>).await?
                 }
                 Own::Prune { fewest_locks } => {
@@ -583,7 +585,11 @@ async fn in_own_transaction<S: Store, T>(
                 }
             }
         };
-        match attempt.await {
+        let attempt = attempt.await;
+        if to_put_back && let Err(error) = S::Db::committed_reads_done(&mut *conn).await {
+            tracing::warn!(%error, "putting back the session's reading of uncommitted rows failed");
+        }
+        match attempt {
             // SQLite refuses the `BEGIN` inside a transaction the caller sent as text: the
             // caller's, left open as it was.
             Err(Outside::Failed(error)) if S::Db::inside_callers_transaction(&error) => {

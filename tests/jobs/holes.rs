@@ -1504,9 +1504,10 @@ pub fn calls_inside_a_callers_text_transaction_are_refused_and_change_nothing<B:
 /// its read before the claim saw another connection's claim before that run committed, and
 /// replayed it. Here worker A's run claims the key, writes its charge and fails a second later
 /// (rolled back); worker B's redelivery of the same key, while A's run is open, said
-/// `Replayed(())` (its caller acknowledges, and the job never runs), with nothing committed. The
-/// read before the claim now answers only where the session reads committed rows; B's claim
-/// waits for A's run, then runs the job.
+/// `Replayed(())` (its caller acknowledges, and the job never runs), with nothing committed, and
+/// B's `keys::lookup` reported A's run. The read before the claim now answers only where the
+/// session reads committed rows, and B's claim waits for A's run, then runs the job; a look-up
+/// turns the session's setting off for its own transaction, and back on after it.
 #[cfg(feature = "sqlite")]
 #[test]
 fn a_read_of_uncommitted_rows_never_replays_a_run_that_did_not_commit() {
@@ -1534,6 +1535,12 @@ fn a_read_of_uncommitted_rows_never_replays_a_run_that_did_not_commit() {
             })
         });
         told.recv().expect("A's run claimed the key");
+        // A look-up reports only what is committed: it said A's run was done.
+        let looked = idempotent_jobs::keys::lookup(&mut b, &key);
+        assert!(
+            matches!(looked, Ok(None)),
+            "B's look-up while A's run was open, then rolled back: {looked:?}"
+        );
         let second = JobCall::new(&UNCOMMITTED, &key)
             .redelivered(true)
             .run(&mut b, |conn| {
@@ -1554,4 +1561,13 @@ fn a_read_of_uncommitted_rows_never_replays_a_run_that_did_not_commit() {
         "B's charge"
     );
     assert_eq!(Sqlite::count_done(&mut check), 1, "B's claim");
+    // The look-up read committed rows and put the session's own setting back.
+    let setting: Vec<i32> = diesel::RunQueryDsl::load(
+        diesel::dsl::sql::<diesel::sql_types::Integer>(
+            "SELECT read_uncommitted FROM pragma_read_uncommitted",
+        ),
+        &mut b,
+    )
+    .expect("the setting");
+    assert_eq!(setting, [1], "B's own read_uncommitted");
 }

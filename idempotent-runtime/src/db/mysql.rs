@@ -1041,8 +1041,11 @@ impl Database for MysqlDb {
         Ok(crate::store::Leased { parked, rows })
     }
 
-    async fn committed_reads_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
-        next_transaction_at::<RepeatableReadNext, _>(conn).await
+    async fn committed_reads_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+        // For the next transaction only: nothing to put back.
+        next_transaction_at::<RepeatableReadNext, _>(conn)
+            .await
+            .map(|()| false)
     }
 
     async fn schema_version<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i32>> {

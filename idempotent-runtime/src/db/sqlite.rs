@@ -185,6 +185,21 @@ fn later(micros: Option<i64>) -> crate::sql::Twice<Nullable<BigInt>, Option<i64>
 impl Database for SqliteDb {
     const FIRST_READ_IN_OWN_TRANSACTION: bool = true;
 
+    async fn committed_reads_next<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
+        let on = conn
+            .text_rows("SELECT CAST(read_uncommitted AS TEXT) AS row FROM pragma_read_uncommitted")
+            .await?;
+        if on.first().is_some_and(|setting| setting == "1") {
+            conn.batch("PRAGMA read_uncommitted = 0").await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn committed_reads_done<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<()> {
+        conn.batch("PRAGMA read_uncommitted = 1").await
+    }
+
     async fn done_row_before_claim<C: Store<Db = Self>>(
         conn: &mut C,
         digest: &[u8; 32],

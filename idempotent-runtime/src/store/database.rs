@@ -414,10 +414,22 @@ pub trait Database: Sized + Send + Sync + 'static {
     /// roll back) as done, and the outbox's counts its pushed messages; at SERIALIZABLE the
     /// lease's plain reads would take shared locks and wait for a running job's pushed message.
     /// READ COMMITTED is refused under statement-based binary logging; REPEATABLE READ never is.
-    /// Elsewhere nothing (PostgreSQL reads nothing uncommitted at any level, SQLite outside a
-    /// shared cache neither).
+    /// SQLite: `PRAGMA read_uncommitted = 0` where the session has it on (a shared cache obeys
+    /// it), put back by [`committed_reads_done`](Self::committed_reads_done) after the
+    /// transaction. Elsewhere nothing (PostgreSQL reads nothing uncommitted at any level).
+    /// Whether it changed a setting of the session's that is to be put back.
     #[doc(hidden)]
     fn committed_reads_next<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = conn;
+        std::future::ready(Ok(false))
+    }
+
+    /// After the transaction [`committed_reads_next`](Self::committed_reads_next) prepared, where
+    /// it changed the session's setting: puts it back.
+    #[doc(hidden)]
+    fn committed_reads_done<C: Store<Db = Self>>(
         conn: &mut C,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         let _ = conn;
