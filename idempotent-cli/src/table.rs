@@ -88,7 +88,9 @@ impl Table {
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() || invisible(c) {
+        // A backslash too: else a key holding the text `\u{200b}` would look like one holding
+        // the character.
+        if c.is_control() || invisible(c) || c == '\\' {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -183,6 +185,12 @@ mod tests {
                 format!("invoice:2026-10:cust\\u{{{:x}}}_481", u32::from(hidden))
             );
         }
+        // Nor does the escape look like the character: a key holding its text prints otherwise.
+        assert_ne!(
+            printable("invoice:2026-10:cust\u{200b}_481"),
+            printable("invoice:2026-10:cust\\u{200b}_481")
+        );
+        assert_eq!(printable("a\\b"), "a\\\\b");
         // Visible text is untouched.
         assert_eq!(printable("Zürich 中 🦀 é"), "Zürich 中 🦀 é");
     }

@@ -315,6 +315,35 @@ pub fn a_snapshot_sees_every_change<B: Backend>() {
             "{ty} from {old} to {new} ({session}): the snapshot saw no change"
         );
     }
+    if B::SERVER == crate::harness::Server::Postgres {
+        // The session's own setting is as it was, after snapshots outside a transaction.
+        let setting = "SELECT CAST(current_setting('extra_float_digits') AS BIGINT) AS n";
+        assert_eq!(B::query_i64(&mut conn, setting), -15);
+        // Inside a transaction whose setting is `LOCAL`: a snapshot that set its own and put back
+        // what it read made that a session setting, for good.
+        #[cfg(feature = "postgres")]
+        if let Some(pg) =
+            (&mut conn as &mut dyn std::any::Any).downcast_mut::<diesel::PgConnection>()
+        {
+            use diesel::Connection as _;
+            use diesel::connection::SimpleConnection as _;
+            pg.batch_execute("SET extra_float_digits = 1").expect("set");
+            pg.transaction(|pg| {
+                pg.batch_execute("SET LOCAL extra_float_digits = -15")?;
+                let before = idempotent_jobs::testing::Snapshot::take(pg)?;
+                pg.batch_execute("UPDATE kit_0 SET v = 0.12 WHERE id = 1")?;
+                let changes = idempotent_jobs::testing::Snapshot::take(pg)?.changes_since(&before);
+                assert!(!changes.is_empty(), "inside a transaction too");
+                diesel::QueryResult::Ok(())
+            })
+            .expect("the transaction");
+            assert_eq!(
+                B::query_i64(&mut conn, setting),
+                1,
+                "the LOCAL setting ended with its transaction"
+            );
+        }
+    }
 }
 
 /// A stored result that no longer decodes (the result type changed) is a clear error, not a panic,

@@ -861,23 +861,41 @@ impl Database for PostgresDb {
         table: &str,
     ) -> QueryResult<Vec<String>> {
         // A `float8` as text follows the session's `extra_float_digits`: at a setting of the
-        // user's below 1, 0.1 and 0.11 read alike. The rows are read at 3 (every digit), and the
-        // session's own setting is put back (it is a number the server read back).
-        let previous: Vec<String> = conn
-            .text_rows("SELECT current_setting('extra_float_digits') AS row")
-            .await?;
-        let previous: i32 = previous
-            .first()
-            .and_then(|setting| setting.trim().parse().ok())
-            .unwrap_or(1);
-        conn.batch("SET extra_float_digits = 3").await?;
+        // user's below 1, 0.1 and 0.11 read alike. The rows are read at 3 (every digit). Inside
+        // a transaction Diesel knows of, set `LOCAL` under a savepoint rolled back after the
+        // read, which puts back the setting as it was, `LOCAL` or not; outside one, set for the
+        // session and set back to what it read (a `BEGIN` of the read's own would end a
+        // transaction the session holds that Diesel does not know of).
+        let (open, close) = if conn.transaction_depth()? > 0 {
+            (
+                "SAVEPOINT idempotent_snapshot; SET LOCAL extra_float_digits = 3".to_owned(),
+                "ROLLBACK TO SAVEPOINT idempotent_snapshot; RELEASE SAVEPOINT idempotent_snapshot"
+                    .to_owned(),
+            )
+        } else {
+            let previous = conn
+                .text_rows("SELECT current_setting('extra_float_digits') AS row")
+                .await?;
+            // A number the server read back; anything else is not sent as SQL.
+            let previous: i32 = previous
+                .first()
+                .and_then(|setting| setting.trim().parse().ok())
+                .unwrap_or(1);
+            (
+                "SET extra_float_digits = 3".to_owned(),
+                format!("SET extra_float_digits = {previous}"),
+            )
+        };
+        conn.batch(&open).await?;
         // `table` comes from `table_names`, already quoted per part.
         let rows = conn
             .text_rows(&format!("SELECT CAST(t AS text) AS row FROM {table} t"))
             .await;
-        conn.batch(&format!("SET extra_float_digits = {previous}"))
-            .await?;
-        rows
+        // The read's own error first; else the end's.
+        let closed = conn.batch(&close).await;
+        let rows = rows?;
+        closed?;
+        Ok(rows)
     }
 }
 
