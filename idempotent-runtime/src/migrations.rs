@@ -98,6 +98,35 @@ async fn foreign<S: Store>(
     )
 }
 
+/// The step that creates `table` (not one that adds a column, an index or routines to it).
+fn creating_step<D: Database>(table: &str) -> Option<&'static Step> {
+    D::STEPS.iter().find(|step| {
+        step.table == table
+            && step.column.is_none()
+            && step.routines.is_empty()
+            && step.indexes.is_empty()
+    })
+}
+
+/// A table `idempotent_schema` records as made (its creating step at or below `version`) that is
+/// not there: dropped or renamed since. Every later step passes it by, so `migrate` would never
+/// make it again.
+async fn lost<S: Store>(conn: &mut S, version: i32) -> diesel::QueryResult<Option<SchemaProblem>> {
+    for (table, _) in TABLES {
+        let Some(step) = creating_step::<S::Db>(table).filter(|step| step.version <= version)
+        else {
+            continue;
+        };
+        if !S::Db::table_exists(conn, table).await? {
+            return Ok(Some(SchemaProblem::Lost {
+                table: step.table,
+                version: step.version,
+            }));
+        }
+    }
+    Ok(None)
+}
+
 /// How long `migrate` waits for another migration's lock before it gives up, unless told.
 pub(crate) const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
@@ -186,6 +215,20 @@ pub(crate) async fn run<S: Store>(
         crate::retry::retrying(conn, async |conn: &mut S| S::Db::schema_version(conn).await)
             .await
             .map_err(failed("idempotent_schema"))?;
+    if let Some(version) = current
+        && let Some(problem) = lost(conn, version)
+            .await
+            .map_err(failed("idempotent_schema"))?
+    {
+        // Nothing is changed, and calling again meets the same: the source says what to do.
+        return Err(Error::Migration {
+            table: match &problem {
+                SchemaProblem::Lost { table, .. } => table,
+                _ => "idempotent_schema",
+            },
+            source: Box::new(problem),
+        });
+    }
     let latest = latest::<S::Db>();
     if current == Some(latest) {
         return Ok(());
@@ -280,7 +323,22 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
         && !problems.iter().any(SchemaProblem::hides_the_version)
     {
         let latest = latest::<S::Db>();
-        match S::Db::schema_version(conn).await? {
+        let recorded = S::Db::schema_version(conn).await?;
+        if let Some(found) = recorded {
+            // A table the version records as made is lost, not a table `migrate` would make.
+            for problem in &mut problems {
+                if let SchemaProblem::MissingTable { table, .. } = problem
+                    && let Some(step) =
+                        creating_step::<S::Db>(table).filter(|step| step.version <= found)
+                {
+                    *problem = SchemaProblem::Lost {
+                        table: step.table,
+                        version: step.version,
+                    };
+                }
+            }
+        }
+        match recorded {
             Some(found) if found < latest => problems.push(SchemaProblem::Older {
                 found,
                 needed: latest,
@@ -472,12 +530,10 @@ pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> R
     {
         // A table of the step's name that is not the runtime's: refused before anything is
         // changed (taken for the step made, its version was recorded, and every later step failed
-        // on its missing columns, for good).
-        let creates = step.column.is_none() && step.routines.is_empty() && step.indexes.is_empty();
-        if creates
-            && let Some(problem) = foreign(conn, step.table)
-                .await
-                .map_err(failed(step.table))?
+        // on its missing columns, for good), whether the step makes it or adds to it.
+        if let Some(problem) = foreign(conn, step.table)
+            .await
+            .map_err(failed(step.table))?
         {
             return Err(Error::Migration {
                 table: step.table,

@@ -62,6 +62,15 @@ pub enum SchemaProblem {
         /// The runtime's column it lacks.
         lacks: &'static str,
     },
+    /// `idempotent_schema` records the step that made a table (`version`), but the table is not
+    /// there: dropped or renamed since. `migrate` passes recorded steps by, so it cannot make it
+    /// again until those versions are deleted; its `Display` gives the statement.
+    Lost {
+        /// The table.
+        table: &'static str,
+        /// The version of the step that made it.
+        version: i32,
+    },
     /// The session converts text through a character set other than utf8mb4 (MySQL/MariaDB: a
     /// `SET NAMES latin1`, or a `SET character_set_client`, `_connection` or `_results`, after
     /// Diesel set utf8mb4 at connect): keys, results and outbox messages would be stored converted
@@ -131,6 +140,10 @@ impl std::fmt::Display for SchemaProblem {
             SchemaProblem::ForeignTable { table, lacks } => write!(
                 f,
                 "a table `{table}` is there that is not the runtime's (it has no column `{lacks}`): the runtime's `{table}` cannot be made beside it; rename that table, or give the runtime a database (PostgreSQL: a schema) of its own, then run migrate"
+            ),
+            SchemaProblem::Lost { table, version } => write!(
+                f,
+                "`idempotent_schema` records version {version}, which made `{table}`, but `{table}` is not there (dropped or renamed since): migrate passes recorded versions by; as the schema's owner, delete the versions from {version} on (`DELETE FROM idempotent_schema WHERE version >= {version}`), then run migrate, which makes what is missing and records again what is there"
             ),
             SchemaProblem::SessionCharset { found } => write!(
                 f,

@@ -206,6 +206,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_table_lost_after_migrate_is_named_with_its_repair() {
+                schema::a_table_lost_after_migrate_is_named_with_its_repair::<$backend>();
+            }
+
+            #[test]
             fn verify_lists_what_is_missing() {
                 schema::verify_lists_what_is_missing::<$backend>();
             }

@@ -288,6 +288,75 @@ pub fn migrate_refuses_an_applications_table_of_the_same_name<B: Backend>() {
     B::execute(&mut conn, rename);
     B::migrate(&mut conn).expect("the runtime's tables, once the name is free");
     B::verify(&mut conn).expect("ready");
+
+    // A schema whose outbox step is recorded, with the application's table in its place (what an
+    // earlier build left) and a later outbox step (its index) pending: refused too, not "resumes".
+    B::execute(&mut conn, "DROP TABLE outbox");
+    B::execute(
+        &mut conn,
+        &format!(
+            "CREATE TABLE outbox (id BIGINT PRIMARY KEY, topic {text}, payload {text}, sent_at {text})"
+        ),
+    );
+    B::execute(&mut conn, "DELETE FROM idempotent_schema WHERE version > 3");
+    match B::migrate(&mut conn) {
+        Err(error @ idempotent_jobs::Error::Migration { .. }) => {
+            let text = crate::harness::with_causes(&error);
+            assert!(
+                text.contains("not the runtime's") && !text.contains("resumes"),
+                "{text}"
+            );
+        }
+        other => panic!("migrate with the outbox's index pending: {other:?}"),
+    }
+}
+
+/// A runtime table dropped (or renamed) after `migrate` made it: `idempotent_schema` still records
+/// the step, and `migrate` passes recorded steps by. Before: `verify` said the table was missing,
+/// "run migrate", and `migrate` returned `Ok(())` having made nothing, every time. Now both name
+/// the lost table and the statement that lets `migrate` make it again, and after that statement
+/// `migrate` does.
+pub fn a_table_lost_after_migrate_is_named_with_its_repair<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::execute(&mut conn, "DROP TABLE outbox");
+    match B::verify(&mut conn) {
+        Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+            assert_eq!(
+                problems,
+                [idempotent_jobs::SchemaProblem::Lost {
+                    table: "outbox",
+                    version: 2
+                }]
+            );
+        }
+        other => panic!("verify without the outbox: {other:?}"),
+    }
+    match B::migrate(&mut conn) {
+        Err(error @ idempotent_jobs::Error::Migration { .. }) => {
+            let text = crate::harness::with_causes(&error);
+            assert!(
+                text.contains("DELETE FROM idempotent_schema WHERE version >= 2")
+                    && text.contains("nothing was changed"),
+                "{text}"
+            );
+        }
+        other => panic!("migrate without the outbox: {other:?}"),
+    }
+    B::execute(
+        &mut conn,
+        "DELETE FROM idempotent_schema WHERE version >= 2",
+    );
+    B::migrate(&mut conn).expect("the outbox again");
+    B::verify(&mut conn).expect("ready");
+    assert_eq!(
+        B::query_i64(
+            &mut conn,
+            "SELECT COUNT(*) - MAX(version) AS n FROM idempotent_schema"
+        ),
+        0,
+        "every version recorded once"
+    );
 }
 
 /// MySQL/MariaDB: a session whose character set is not utf8mb4 (a pool's connection hook that
