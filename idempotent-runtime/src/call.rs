@@ -224,6 +224,7 @@ impl Call {
                 job.name(),
                 key_text.clone(),
                 connection,
+                fingerprint.as_ref().map(|f| *f.as_bytes()),
             ),
             key_text,
             digest,
@@ -307,6 +308,17 @@ impl Call {
             return Err(self.failed(Error::OwnKeyOnAnotherConnection {
                 job: self.job.name(),
                 key: self.key_text.clone(),
+            }));
+        }
+        // Other inputs than the enclosing run's, as a call at the top would be refused once that
+        // run committed (it ran, and said `Ran` with a value the key never replays).
+        if let (Some(enclosing), Some(ours)) = (&enclosing.fingerprint, &self.context.fingerprint)
+            && enclosing != ours
+        {
+            return Err(self.failed(Error::FingerprintMismatch {
+                job: self.job.name(),
+                key: self.key_text.clone(),
+                inputs: self.job.fingerprint_input_names().join(", "),
             }));
         }
         Ok(true)

@@ -31,6 +31,9 @@ pub(crate) struct JobContext {
     pub(crate) key_text: String,
     /// The address of the connection the job's transaction is open on.
     pub(crate) connection: usize,
+    /// The call's fingerprint, which a call of the job with its key from inside its body must
+    /// match.
+    pub(crate) fingerprint: Option<[u8; 32]>,
     /// This run's own id: outbox message ids derive from it, so a later run of the same key (after
     /// its claim lapsed, or was forgotten) never reuses an earlier run's ids. Made when first
     /// needed: a replay from its read before the claim never needs it.
@@ -46,6 +49,7 @@ impl JobContext {
         job: &'static str,
         key_text: String,
         connection: usize,
+        fingerprint: Option<[u8; 32]>,
     ) -> Arc<Self> {
         Arc::new(Self {
             key,
@@ -53,6 +57,7 @@ impl JobContext {
             job,
             key_text,
             connection,
+            fingerprint,
             run: std::sync::OnceLock::new(),
             pushes: AtomicU32::new(0),
         })

@@ -108,12 +108,59 @@ where
     let call = Call::new(job_call, connection)?;
     if call.inside_own_claim()? {
         // The enclosing run of this job holds the key on this connection: run as part of it.
-        return body(conn).await.map(Outcome::Ran);
+        return reentrant(conn, reach, &call, body).await;
     }
     let span = call.span();
     steps(conn, reach, &call, equal, body)
         .instrument(span)
         .await
+}
+
+/// A call of a job with its own key from inside its own run, on the same connection: part of that
+/// run, whose claim holds the key, in a savepoint of its own, so that a body that fails or panics
+/// leaves nothing of its own behind, as any failed call does (it ran bare, and a failed call's
+/// writes committed with the enclosing run). Its value is its body's; the enclosing run's is the
+/// one stored.
+async fn reentrant<Conn, S, R, T, E, F>(
+    conn: &mut Conn,
+    reach: R,
+    call: &Call,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    Conn: ?Sized,
+    S: Store,
+    R: Fn(&mut Conn) -> &mut S,
+    E: JobError,
+    F: AsyncFnOnce(&mut Conn) -> Result<T, E>,
+{
+    // Inside the enclosing run's transaction: nothing here commits, and a retry is that run's.
+    call.enclosing
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut transaction = match Transaction::begin(conn, reach).await {
+        Ok((transaction, _)) => transaction,
+        Err(source) => {
+            return Err(call
+                .failed(call.database::<S::Db>(Step::Begin, source))
+                .into());
+        }
+    };
+    match catch_panic(body(transaction.conn())).await {
+        Ok(Ok(value)) => match transaction.commit().await {
+            Ok(()) => Ok(Outcome::Ran(value)),
+            Err(source) => Err(call
+                .failed(call.database::<S::Db>(Step::Body, source))
+                .into()),
+        },
+        Ok(Err(error)) => {
+            transaction.rollback().await;
+            Err(error)
+        }
+        Err(panic) => {
+            transaction.rollback().await;
+            resume_unwind(panic)
+        }
+    }
 }
 
 /// What the steps between the claim and the commit produced.

@@ -1,13 +1,20 @@
 //! Whether a call ran its job or replayed an earlier run.
 
 /// The result of [`run`](crate::run): the job's value, and whether this call produced it.
+///
+/// Called on a connection with no transaction open, the job's own transaction has committed when
+/// the call returns. Called inside a transaction of the caller's, the job's work (or, for a
+/// replay, nothing) is part of that transaction: it commits or rolls back with it, and is
+/// committed only once the caller's transaction is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[must_use]
 pub enum Outcome<T> {
-    /// The key was free: the body ran and its effects committed with the claim.
+    /// The key was free: the body ran, and its effects and the claim are committed (inside a
+    /// caller's transaction: written in it, committed with it).
     Ran(T),
     /// The key was already claimed: the body did not run, nothing changed, and this is the value the
-    /// first run stored.
+    /// first run stored (inside a caller's transaction, a run that transaction may still roll
+    /// back).
     Replayed(T),
 }
 

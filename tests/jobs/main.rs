@@ -1408,6 +1408,23 @@ mod nested_jobs {
     }
 
     #[test]
+    fn a_job_calling_itself_fails_and_differs_as_any_call_does_sqlite() {
+        nested::a_job_calling_itself_fails_and_differs_as_any_call_does::<crate::backends::Sqlite>(
+        );
+    }
+
+    #[test]
+    fn a_job_calling_itself_fails_and_differs_as_any_call_does_postgres() {
+        nested::a_job_calling_itself_fails_and_differs_as_any_call_does::<crate::backends::Postgres>(
+        );
+    }
+
+    #[test]
+    fn a_job_calling_itself_fails_and_differs_as_any_call_does_mysql() {
+        nested::a_job_calling_itself_fails_and_differs_as_any_call_does::<crate::backends::Mysql>();
+    }
+
+    #[test]
     fn a_unit_job_whose_body_takes_its_claim_never_says_ran_sqlite() {
         nested::a_unit_job_whose_body_takes_its_claim_never_says_ran::<crate::backends::Sqlite>();
     }

@@ -492,3 +492,80 @@ where
         assert_eq!(count::<B>(&mut conn, tag), 1, "{tag}");
     }
 }
+
+/// A job that calls itself with its own key, on the same connection, from inside its body: the
+/// inner call is part of the enclosing run. Before, it ran its body bare: an inner call that
+/// returned `Err` left its writes to commit with the enclosing run (a retry loop in a handler
+/// that calls itself committed every failed attempt's charge), and one with other inputs said
+/// `Ran` with a value the key never replays, where the same call at the top is refused. Now the
+/// inner call runs in a savepoint of its own (its failure leaves nothing behind) and is refused
+/// with `FingerprintMismatch` when its inputs differ.
+pub fn a_job_calling_itself_fails_and_differs_as_any_call_does<B>()
+where
+    B: Backend,
+    B::Conn: diesel::Connection + JobStore,
+    diesel::query_builder::SqlQuery: diesel::query_dsl::methods::ExecuteDsl<B::Conn>,
+{
+    use idempotent_jobs::JobCall;
+    use idempotent_jobs::fingerprint::Fingerprint;
+
+    static PRICED: Job =
+        Job::new("nested_priced", "nested-priced:<n>").fingerprint_inputs(&["amount"]);
+    let db = fresh::<B>();
+    let mut conn = db.connect();
+    let priced = |amount: i64| {
+        Fingerprint::builder()
+            .input("amount", &amount)
+            .finish()
+            .expect("a number")
+    };
+    let key = JobKey::new("nested-priced:1");
+    let mut inner_failed = None;
+    let mut inner_other = None;
+    let outer = JobCall::new(&PRICED, &key)
+        .fingerprint(priced(100))
+        .run(&mut conn, |conn| {
+            write(conn, "outer")?;
+            inner_failed = Some(JobCall::new(&PRICED, &key).fingerprint(priced(100)).run(
+                conn,
+                |conn| {
+                    write(conn, "inner-failed")?;
+                    Err::<i64, _>(TestError::Declined)
+                },
+            ));
+            inner_other = Some(JobCall::new(&PRICED, &key).fingerprint(priced(999)).run(
+                conn,
+                |conn| {
+                    write(conn, "inner-other")?;
+                    Ok::<i64, TestError>(999)
+                },
+            ));
+            Ok::<i64, TestError>(100)
+        });
+    assert!(matches!(outer, Ok(Outcome::Ran(100))), "{outer:?}");
+    assert!(
+        matches!(inner_failed, Some(Err(TestError::Declined))),
+        "{inner_failed:?}"
+    );
+    assert_eq!(count::<B>(&mut conn, "outer"), 1);
+    assert_eq!(
+        count::<B>(&mut conn, "inner-failed"),
+        0,
+        "the inner call said Err: nothing of it is left"
+    );
+    assert!(
+        matches!(
+            inner_other,
+            Some(Err(TestError::Idempotent(
+                Error::FingerprintMismatch { .. }
+            )))
+        ),
+        "other inputs than the run's: {inner_other:?}"
+    );
+    assert_eq!(count::<B>(&mut conn, "inner-other"), 0, "nothing ran");
+    // At the top, the key replays the enclosing run's value.
+    let again = JobCall::new(&PRICED, &key)
+        .fingerprint(priced(100))
+        .run(&mut conn, |_| Ok::<i64, TestError>(0));
+    assert!(matches!(again, Ok(Outcome::Replayed(100))), "{again:?}");
+}
