@@ -228,11 +228,12 @@ fn forget_answer(app: &App, auth: &Auth, done: Result<Forgetting, Failure>) -> R
                 record.job,
                 record.digest_hex()
             ));
-            Redirect::to(&format!(
-                "/lookup?digest={}&notice=forgotten",
-                record.digest_hex()
-            ))
-            .into_response()
+            let done = app.notices.put(
+                "Forgot the key: the job's next delivery runs it again. The forget was written to the audit log.".to_owned(),
+                false,
+            );
+            let page = format!("/lookup?digest={}", record.digest_hex());
+            Redirect::to(&super::Notices::redirect(&page, done)).into_response()
         }
         Ok((_, false, _, Ok(true))) => refused(
             StatusCode::CONFLICT,
@@ -302,28 +303,6 @@ pub fn retry_all_form(app: &App, auth: &Auth, parked: usize) -> String {
     )
 }
 
-/// The notice a retry left in the query (numbers only are read from it).
-pub fn retry_notice(form: &Form) -> String {
-    let n: usize = form
-        .get("retried")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    match (form.get("notice"), n) {
-        (Some("retried"), n) => {
-            let s = if n == 1 { "" } else { "s" };
-            notice(
-                &format!("Un-parked {n} message{s}: the relay sends them again at its next round."),
-                false,
-            )
-        }
-        (Some("not-parked"), _) => notice(
-            "No parked message with that id: it was retried or delivered meanwhile.",
-            true,
-        ),
-        _ => String::new(),
-    }
-}
-
 /// `POST /outbox/retry`: un-parks one message (`message_id`) or all (`all=yes`).
 pub async fn retry(
     State(app): State<Arc<App>>,
@@ -362,7 +341,13 @@ pub async fn retry(
         })
         .await;
     match done {
-        Ok(0) if id.is_some() => Redirect::to("/outbox?notice=not-parked").into_response(),
+        Ok(0) if id.is_some() => {
+            let done = app.notices.put(
+                "No parked message with that id: it was retried or delivered meanwhile.".to_owned(),
+                true,
+            );
+            Redirect::to(&super::Notices::redirect("/outbox", done)).into_response()
+        }
         Ok(n) => {
             let mut line = format!("un-parked {n} message(s) ");
             let _ = match &id {
@@ -370,7 +355,12 @@ pub async fn retry(
                 None => write!(line, "(all)"),
             };
             audit(&format!("{line} from {peer} ({})", auth.who()));
-            Redirect::to(&format!("/outbox?notice=retried&retried={n}")).into_response()
+            let s = if n == 1 { "" } else { "s" };
+            let done = app.notices.put(
+                format!("Un-parked {n} message{s}: the relay sends them again at its next round."),
+                false,
+            );
+            Redirect::to(&super::Notices::redirect("/outbox", done)).into_response()
         }
         Err(failure) => failed(&app, &auth, &failure),
     }

@@ -146,7 +146,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// 32 random bytes from the operating system, in hex.
-fn random_hex() -> Result<String, getrandom::Error> {
+pub(crate) fn random_hex() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())

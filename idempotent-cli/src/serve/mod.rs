@@ -74,6 +74,54 @@ pub struct App {
     pool: Mutex<Vec<Conn>>,
     /// One per connection that may be open: [`POOL_SIZE`].
     permits: Arc<tokio::sync::Semaphore>,
+    /// What a write did, for the page it redirects to: shown once.
+    pub notices: Notices,
+}
+
+/// How long a write's notice waits for its page.
+const NOTICE_LIFETIME: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The notices of writes, each under a random id the write's redirect carries, shown once by the
+/// page it names. A notice is never read from the query itself: a link that says `notice=forgotten`
+/// or `retried=4000` would make the dashboard say a forget or a retry happened that did not, and a
+/// reload of the page a real one led to would say it again after another run claimed the key.
+#[derive(Default)]
+pub struct Notices(Mutex<std::collections::HashMap<String, (String, bool, std::time::Instant)>>);
+
+impl Notices {
+    /// Keeps `text` (an error's, if `error`) for the page; its id, for the redirect (`None` where
+    /// no random id could be made: the page then shows no notice).
+    pub fn put(&self, text: String, error: bool) -> Option<String> {
+        let id = auth::random_hex().ok()?;
+        let mut notices = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        notices.retain(|_, (_, _, at)| at.elapsed() < NOTICE_LIFETIME);
+        notices.insert(id.clone(), (text, error, std::time::Instant::now()));
+        Some(id)
+    }
+
+    /// The notice box of the id the query carries (`done`), once: empty for none, an unknown id
+    /// or one shown already.
+    pub fn take(&self, form: &actions::Form) -> String {
+        let Some(id) = form.get("done") else {
+            return String::new();
+        };
+        let mut notices = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match notices.remove(id) {
+            Some((text, error, at)) if at.elapsed() < NOTICE_LIFETIME => html::notice(&text, error),
+            _ => String::new(),
+        }
+    }
+
+    /// `path` with the notice's id, where there is one.
+    pub fn redirect(path: &str, id: Option<String>) -> String {
+        match id {
+            Some(id) => {
+                let joint = if path.contains('?') { '&' } else { '?' };
+                format!("{path}{joint}done={id}")
+            }
+            None => path.to_owned(),
+        }
+    }
 }
 
 impl App {
@@ -310,6 +358,7 @@ async fn listen(
         pool: Mutex::new(vec![limit_waits(first)]),
         permits: Arc::new(tokio::sync::Semaphore::new(POOL_SIZE)),
         target,
+        notices: Notices::default(),
     });
     let mode = if app.writes {
         "writes allowed"

@@ -501,7 +501,7 @@ pub async fn lookup(
     RawQuery(query): RawQuery,
 ) -> Response {
     let form = Form::parse(query.unwrap_or_default().as_bytes());
-    let mut body = lookup_notice(&form);
+    let mut body = app.notices.take(&form);
     body.push_str(&lookup_forms(&form));
     match asked(&form) {
         Asked::Form => {}
@@ -556,17 +556,6 @@ fn find<C: JobStore>(
         None => None,
     };
     Ok(Found::Missing(near))
-}
-
-/// The notice an action left in the query (fixed texts only: nothing from the query is shown).
-fn lookup_notice(form: &Form) -> String {
-    match form.get("notice") {
-        Some("forgotten") => notice(
-            "Forgot the key: the job's next delivery runs it again. The forget was written to the audit log.",
-            false,
-        ),
-        _ => String::new(),
-    }
 }
 
 /// The three look-up forms, filled in with what was asked.
@@ -715,7 +704,7 @@ pub async fn outbox(
         Ok(loaded) => loaded,
         Err(failure) => return failed(&app, &auth, &failure),
     };
-    let mut body = super::actions::retry_notice(&form);
+    let mut body = app.notices.take(&form);
     body.push_str(&outbox_summary(&counts).replacen("<h2>Outbox</h2>", "<h2>Counts</h2>", 1));
     body.push_str("<h2 id=\"parked\">Parked messages</h2>");
     if parked.is_empty() {
