@@ -216,9 +216,8 @@ pub(crate) async fn run<S: Store>(
             .await
             .map_err(failed("idempotent_schema"))?;
     if let Some(version) = current
-        && let Some(problem) = lost(conn, version)
-            .await
-            .map_err(failed("idempotent_schema"))?
+        && let Some(problem) =
+            outside_migration(conn, async |conn: &mut S| lost(conn, version).await).await?
     {
         // Nothing is changed, and calling again meets the same: the source says what to do.
         return Err(Error::Migration {
@@ -401,17 +400,27 @@ async fn hidden_by<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProb
 /// `BEGIN DEFERRED`: a migration holding the write lock is waited for by `migrate`'s own, bounded
 /// wait, not here).
 async fn hidden_outside_migration<S: Store>(conn: &mut S) -> Result<Vec<SchemaProblem>, Error> {
+    outside_migration(conn, async |conn: &mut S| hidden_by(conn).await).await
+}
+
+/// `check`'s reads before `migrate` takes its lock, in a transaction as [`hidden_outside_migration`]'s
+/// (outside one, behind PgBouncer in transaction mode, a statement prepared on one server
+/// connection ran on another: "prepared statement does not exist").
+async fn outside_migration<S: Store, T>(
+    conn: &mut S,
+    check: impl AsyncFnOnce(&mut S) -> diesel::QueryResult<T>,
+) -> Result<T, Error> {
     use crate::transaction::{Transaction, itself};
     let (mut transaction, _) = Transaction::begin_deferred(&mut *conn, itself::<S>)
         .await
         .map_err(failed("idempotent_schema"))?;
-    match hidden_by(transaction.store()).await {
-        Ok(hidden) => {
+    match check(transaction.store()).await {
+        Ok(found) => {
             transaction
                 .commit()
                 .await
                 .map_err(failed("idempotent_schema"))?;
-            Ok(hidden)
+            Ok(found)
         }
         Err(error) => {
             transaction.rollback().await;
