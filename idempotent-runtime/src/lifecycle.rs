@@ -541,7 +541,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 let store = self.transaction.store();
                 // A plain `BEGIN` (on SQLite a deferred one, which takes no lock until written),
                 // with Diesel's savepoints of a caller nested deeper, for its rollbacks to find.
-                match store.batch(&stand_in(enclosing)).await {
+                match store.batch(&stand_in::<S::Db>(enclosing)).await {
                     Ok(()) => store.count_transactions(enclosing),
                     Err(error) => {
                         tracing::warn!(%error, "opening a transaction for the caller's to end failed");
@@ -790,8 +790,8 @@ async fn take_back_after_callers_end<S: Store>(
 /// Diesel's count of `enclosing` transactions: `BEGIN`, and Diesel's savepoints of the levels past
 /// the first (`diesel_savepoint_1` ..), so that each of the caller's rollbacks finds its own and
 /// Diesel returns the caller's error.
-fn stand_in(enclosing: u32) -> String {
-    let mut sql = String::from("BEGIN");
+fn stand_in<D: Database>(enclosing: u32) -> String {
+    let mut sql = String::from(D::BEGIN);
     for level in 1..enclosing {
         sql.push_str(&format!("; SAVEPOINT diesel_savepoint_{level}"));
     }
@@ -829,7 +829,7 @@ async fn claim_is_there_uncounted<S: Store>(
     store: &mut S,
     call: &Call,
 ) -> diesel::QueryResult<bool> {
-    store.batch("BEGIN").await?;
+    store.batch(S::Db::BEGIN).await?;
     let row = S::Db::lookup_key(store, &call.digest).await;
     if let Err(error) = store.batch(S::Db::ROLLBACK).await {
         tracing::debug!(%error, "ending the read of the claim failed");

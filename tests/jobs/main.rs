@@ -677,6 +677,11 @@ macro_rules! mysql_tests {
             }
 
             #[test]
+            fn every_call_works_in_a_session_of_sql_mode_oracle() {
+                crate::truth::every_call_works_in_a_session_of_sql_mode_oracle::<$backend>();
+            }
+
+            #[test]
             fn verify_names_a_session_character_set_that_is_not_utf8mb4() {
                 crate::schema::verify_names_a_session_character_set_that_is_not_utf8mb4::<
                     $backend,
@@ -1261,6 +1266,7 @@ where
             .iter()
             .all(|s| !s.contains("SAVEPOINT idempotent_job")
                 || s.starts_with("BEGIN")
+                || s.contains("START TRANSACTION")
                 || s.starts_with("CALL")),
         "a replay set or released the job's savepoint: {statements:?}"
     );
@@ -1359,7 +1365,11 @@ where
     // key is read outside any) ends with its rollback, and nothing is begun after it.
     let begun = sent
         .iter()
-        .filter(|s| s.contains("BEGIN") || s.starts_with("CALL idempotent_begin"))
+        .filter(|s| {
+            s.contains("BEGIN")
+                || s.contains("START TRANSACTION")
+                || s.starts_with("CALL idempotent_begin")
+        })
         .count();
     assert_eq!(begun, 1, "{sent:?}");
     assert!(

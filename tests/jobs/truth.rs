@@ -1490,6 +1490,88 @@ pub fn an_unfinished_claim_is_finished_where_empty_strings_read_as_null<B: Backe
     );
 }
 
+/// MariaDB's `sql_mode = 'ORACLE'` reads `BEGIN` as the start of a PL/SQL block (error 1064):
+/// jobs got through (the job procedures open their transaction with `START TRANSACTION`), but
+/// every call that opens a transaction of the runtime's own failed in such a session, every time:
+/// `migrate` (saying a retry resumes), `verify`, the keys API, prune, and the relay, which could
+/// never deliver. The README lists the mode among the sessions the runtime works in. Not MySQL 8
+/// (no such mode).
+pub fn every_call_works_in_a_session_of_sql_mode_oracle<B: Backend>() {
+    use idempotent_jobs::{Prune, keys::KeyQuery};
+
+    let db = Db::<B>::empty();
+    let mut session = db.connect();
+    B::execute(&mut session, "SET SESSION sql_mode = 'ORACLE'");
+    let mut wrong = Vec::new();
+    if let Err(error) = B::migrate(&mut session) {
+        wrong.push(format!("migrate: {error}"));
+    }
+    let mut plain = db.connect();
+    B::prepare(&mut plain);
+    let order = harness::unique_name("oracle");
+    if let Err(error) = B::verify(&mut session) {
+        wrong.push(format!("verify: {error}"));
+    }
+    let ran = B::charge(&mut session, &order, 5, crate::handlers::Mode::Succeed);
+    let replay = B::charge(&mut session, &order, 5, crate::handlers::Mode::Succeed);
+    if ran.is_err() || ran.as_ref().ok() != replay.as_ref().ok() {
+        wrong.push(format!("the job: {ran:?}, its replay: {replay:?}"));
+    }
+    let key = JobKey::new(format!("charge:{order}"));
+    match B::keys_lookup(&mut session, &key) {
+        Ok(Some(_)) => {}
+        other => wrong.push(format!("lookup: {other:?}")),
+    }
+    match B::keys_list(&mut session, &KeyQuery::default().job("charge")) {
+        Ok(rows) if rows.len() == 1 => {}
+        other => wrong.push(format!("list: {other:?}")),
+    }
+    // A message as a job's `outbox::push` writes it.
+    B::execute(
+        &mut plain,
+        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
+         VALUES ('msg_oracle', 'receipt', '1', 'charge:oracle', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    );
+    let pushed = B::query_i64(&mut plain, "SELECT COUNT(*) AS n FROM outbox");
+    let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        B::drain_outbox(&mut session)
+    }))
+    .unwrap_or_else(|_| {
+        wrong.push("the relay failed (its panic is above)".to_owned());
+        Vec::new()
+    });
+    if delivered.is_empty() {
+        wrong.push(format!("the relay delivered none of {pushed}"));
+    }
+    assert_eq!(
+        B::query_i64(
+            &mut plain,
+            "SELECT COUNT(*) AS n FROM outbox WHERE delivered_at IS NULL"
+        ),
+        pushed - i64::try_from(delivered.len()).expect("a count"),
+        "what the relay reported is what the outbox holds"
+    );
+    match B::keys_forget(&mut session, &key) {
+        Ok(true) => {}
+        other => wrong.push(format!("forget: {other:?}")),
+    }
+    assert_eq!(
+        B::count_done(&mut plain),
+        i64::from(wrong.iter().any(|w| w.starts_with("forget"))),
+        "what the forget reported is what done_jobs holds"
+    );
+    B::hourly(&mut plain, &order).expect("an hourly job");
+    B::execute(
+        &mut plain,
+        "UPDATE done_jobs SET expires_at = TIMESTAMP '2000-01-01 00:00:00'",
+    );
+    match B::try_prune(&mut session, &Prune::default()) {
+        Ok(report) if report.removed == 1 => {}
+        other => wrong.push(format!("prune: {other:?}")),
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// A result whose JSON reads back as another value: serde_json writes a NaN or infinite float as
 /// `null`, which an `Option<f64>` reads back as `None`. Before, the run returned `Ran(Some(NaN))`
 /// and every replay `Replayed(None)`, a value the first run never returned; now the run fails

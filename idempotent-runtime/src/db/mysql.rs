@@ -640,6 +640,7 @@ const ROLLBACK: &str = "ROLLBACK AND NO CHAIN NO RELEASE";
 
 impl Database for MysqlDb {
     shared_methods!();
+    const BEGIN: &'static str = "START TRANSACTION";
     const COMMIT: &'static str = COMMIT;
     const ROLLBACK: &'static str = ROLLBACK;
     const RELEASE_AND_COMMIT: &'static str =
@@ -1286,12 +1287,20 @@ impl<S: Store> Drop for SessionLock<'_, S> {
     }
 }
 
+/// How a transaction of the runtime's own begins as text: `START TRANSACTION`, which every
+/// `sql_mode` reads as itself (MariaDB's `ORACLE` reads `BEGIN` as the start of a PL/SQL block,
+/// error 1064).
+const BEGIN: &str = <MysqlDb as crate::store::Database>::BEGIN;
+
 /// How a job's own transaction begins: with the job's savepoint, which every statement that ends
 /// or replaces the transaction (an implicit commit, `START TRANSACTION`, ...) removes; see
 /// `Store::begin_job`.
 /// Refused first, with nothing begun, on a session that holds a transaction of its own
 /// (`nothing_open!()`).
-const BEGIN_JOB: &str = concat!(nothing_open!(), "; BEGIN; SAVEPOINT idempotent_job");
+const BEGIN_JOB: &str = concat!(
+    nothing_open!(),
+    "; START TRANSACTION; SAVEPOINT idempotent_job"
+);
 /// The message of the duplicate-key error `idempotent_begin_and_claim` raises after rolling back
 /// (see `004_job_procedures.sql`); a procedure made before it did, which left the transaction
 /// open, raised the server's own.
@@ -1395,7 +1404,7 @@ fn refuses_prepared(error: &DieselError) -> bool {
 }
 
 #[cfg(feature = "mysql")]
-sync_store!(diesel::MysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit, pipelined: prepared::begin_job_claiming, failed_read: forget_prepared_statements);
+sync_store!(diesel::MysqlConnection, MysqlDb, begin: BEGIN, job: BEGIN_JOB, transactions: prepared::begin, prepared::begin_job, prepared::commit, prepared::rollback, one_batch: savepoints_as_text() || procedures_callable(), finish: prepared::release_and_commit, pipelined: prepared::begin_job_claiming, failed_read: forget_prepared_statements);
 
 /// Empties the connection's prepared statement cache, closing each statement; the next run of
 /// each prepares it afresh (see `Store::after_failed_read`). libmariadb leaves a statement whose
@@ -1433,7 +1442,7 @@ pub(crate) mod prepared {
     use crate::store::Nesting;
 
     sql! {
-        Begin = "BEGIN";
+        Begin = "START TRANSACTION";
         Commit = "COMMIT AND NO CHAIN NO RELEASE";
         Rollback = "ROLLBACK AND NO CHAIN NO RELEASE";
         CallBeginJob = "CALL idempotent_begin_job()";
@@ -1653,7 +1662,7 @@ pub(crate) mod prepared {
 }
 
 #[cfg(feature = "async-mysql")]
-async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: "BEGIN", job: BEGIN_JOB, cancel_safe: false);
+async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: BEGIN, job: BEGIN_JOB, cancel_safe: false);
 
 #[cfg(all(test, feature = "mysql"))]
 mod tests {

@@ -179,11 +179,16 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const ROLLBACK: &'static str = "ROLLBACK";
 
+    /// How the runtime begins a transaction as text. MySQL and MariaDB: `START TRANSACTION`,
+    /// which MariaDB's `sql_mode = 'ORACLE'` does not read as the start of a PL/SQL block.
+    #[doc(hidden)]
+    const BEGIN: &'static str = "BEGIN";
+
     /// How the runtime begins, as text, a transaction of its own that Diesel does not count
     /// (a take-back after a statement of the body ended a caller's transaction, which Diesel
     /// still counts). SQLite: its `BEGIN IMMEDIATE` with the busy timeout set first.
     #[doc(hidden)]
-    const BEGIN_UNCOUNTED: &'static str = "BEGIN";
+    const BEGIN_UNCOUNTED: &'static str = Self::BEGIN;
 
     /// The job's savepoint released and the transaction committed in one text batch, the commit
     /// only when the release succeeded; see [`COMMIT`](Self::COMMIT).
