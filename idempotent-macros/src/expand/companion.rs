@@ -115,10 +115,17 @@ impl Expansion<'_> {
             .iter()
             .any(|param| !is_snake_case(&param.ident.unraw().to_string()))
             .then(|| quote!(#[allow(non_snake_case)]));
+        // Each input by reference, as the handler's `&String` or `&Cow<str>` would not be: clippy's
+        // `ptr_arg` (on by default) flags those, at the attribute.
+        let owned = params
+            .iter()
+            .any(|param| owned_text_or_list(&param.ty))
+            .then(|| quote!(#[allow(clippy::ptr_arg)]));
         quote! {
             /// The key a call with these inputs claims, escaped as the handler escapes it.
             #[must_use]
             #allow
+            #owned
             #vis fn key #generics (#(#inputs),*) -> #krate::#private::JobKey #where_clause {
                 #build
             }
@@ -417,6 +424,35 @@ struct OutcomeParam {
     cfg: Option<TokenStream>,
 }
 
+/// Whether `ty` is one that clippy's `ptr_arg` flags behind a `&`: `String`, `Vec`, `PathBuf`
+/// or `Cow`, by the last segment of its path.
+fn owned_text_or_list(ty: &syn::Type) -> bool {
+    match crate::signature::strip_groups(ty) {
+        syn::Type::Path(path) => path.path.segments.last().is_some_and(|segment| {
+            ["String", "Vec", "PathBuf", "Cow"]
+                .iter()
+                .any(|name| segment.ident == name)
+        }),
+        _ => false,
+    }
+}
+
+/// `ident` with the hygiene of the attribute's own names, where the user wrote it. A mixed-site
+/// span reads its identifier in this crate's edition: a name the user's edition allows that
+/// this one reserves (`gen` in 2021, `async`, `await`, `dyn` and `try` in 2015) is made raw.
+fn hygienic(ident: &Ident) -> Ident {
+    use syn::ext::IdentExt as _;
+    let span = Span::mixed_site().located_at(ident.span());
+    let name = ident.unraw().to_string();
+    if ["gen", "async", "await", "dyn", "try"].contains(&name.as_str()) {
+        Ident::new_raw(&name, span)
+    } else {
+        let mut ident = ident.clone();
+        ident.set_span(span);
+        ident
+    }
+}
+
 /// `outcome`'s parameters: the handler's, each bound to a name (of `outcome`'s own: a parameter
 /// named like the handler would otherwise shadow it in the call), with their `#[cfg]`s.
 fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
@@ -437,11 +473,7 @@ fn outcome_parameters(sig: &syn::Signature) -> Vec<OutcomeParam> {
     for (index, input) in sig.inputs.iter().enumerate() {
         if let syn::FnArg::Typed(typed) = input {
             let ident = match &*typed.pat {
-                syn::Pat::Ident(pat) if pat.subpat.is_none() => {
-                    let mut ident = pat.ident.clone();
-                    ident.set_span(Span::mixed_site().located_at(pat.ident.span()));
-                    ident
-                }
+                syn::Pat::Ident(pat) if pat.subpat.is_none() => hygienic(&pat.ident),
                 _ => {
                     let mut name = format!("__arg{index}");
                     while taken.contains(&name) {
