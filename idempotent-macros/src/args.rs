@@ -131,6 +131,14 @@ impl Args {
                         "the job name cannot be empty",
                     ));
                 }
+                if let Some(control) = value.value().chars().find(|c| c.is_control()) {
+                    return Err(syn::Error::new(
+                        value.span(),
+                        format!(
+                            "the job name holds the control character {control:?}: PostgreSQL refuses `\\0` in text, so every call would fail there, and the others would print the name broken; give a name without one"
+                        ),
+                    ));
+                }
                 let chars = value.value().chars().count();
                 if chars > MAX_NAME_CHARS {
                     return Err(syn::Error::new(

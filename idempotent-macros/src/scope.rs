@@ -211,6 +211,8 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
             // `const _: () = { impl A { .. } };`
             Item::Const(constant) => walk_expr(&constant.expr, summary),
             Item::Static(statik) => walk_expr(&statik.expr, summary),
+            // `cfg_if! { if #[cfg(unix)] { impl A { .. } } }`
+            Item::Macro(call) => walk_macro(&call.mac.tokens, summary),
             _ => {}
         }
     }
@@ -249,7 +251,8 @@ fn walk_block(block: &syn::Block, summary: &mut Summary) {
                 }
             }
             Stmt::Expr(expr, _) => walk_expr(expr, summary),
-            Stmt::Item(_) | Stmt::Macro(_) => {}
+            Stmt::Macro(call) => walk_macro(&call.mac.tokens, summary),
+            Stmt::Item(_) => {}
         }
     }
 }
@@ -273,12 +276,43 @@ fn walk_expr(expr: &syn::Expr, summary: &mut Summary) {
             }
         }
         Expr::Closure(closure) => walk_expr(&closure.body, summary),
+        // `thread::spawn(move || { impl A { .. } })`
+        Expr::Call(call) => call.args.iter().for_each(|arg| walk_expr(arg, summary)),
+        Expr::MethodCall(call) => {
+            walk_expr(&call.receiver, summary);
+            call.args.iter().for_each(|arg| walk_expr(arg, summary));
+        }
+        Expr::Paren(inner) => walk_expr(&inner.expr, summary),
+        Expr::Macro(call) => walk_macro(&call.mac.tokens, summary),
         Expr::Match(matched) => {
             for arm in &matched.arms {
                 walk_expr(&arm.body, summary);
             }
         }
         _ => {}
+    }
+}
+
+/// The items a macro call's tokens hold, where they read as items (`cfg_if!`'s branches, a
+/// `tokio::select!` arm's block): the tokens themselves, or else each group of braces inside them.
+/// Tokens that are not Rust until the macro expands them (a `macro_rules!` definition's `$name`s)
+/// are not read: a handler there is found by the name and signature, or its place is unknown.
+fn walk_macro(tokens: &proc_macro2::TokenStream, summary: &mut Summary) {
+    if let Ok(file) = syn::parse2::<syn::File>(tokens.clone()) {
+        let items: Vec<&Item> = file.items.iter().collect();
+        walk_items(&items, summary);
+        return;
+    }
+    for tree in tokens.clone() {
+        if let proc_macro2::TokenTree::Group(group) = tree {
+            if group.delimiter() == proc_macro2::Delimiter::Brace
+                && let Ok(block) = syn::parse2::<syn::Block>(group.to_token_stream())
+            {
+                walk_block(&block, summary);
+                continue;
+            }
+            walk_macro(&group.stream(), summary);
+        }
     }
 }
 

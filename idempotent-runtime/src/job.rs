@@ -60,12 +60,17 @@ impl Job {
     ///
     /// # Panics
     ///
-    /// When `name` is longer than [`MAX_NAME_CHARS`](Self::MAX_NAME_CHARS): in a `static` (as
+    /// When `name` is longer than [`MAX_NAME_CHARS`](Self::MAX_NAME_CHARS), or holds a control
+    /// character (PostgreSQL refuses a `NUL` in text: every call would fail): in a `static` (as
     /// the attribute declares it) that is a compile error.
     pub const fn new(name: &'static str, template: &'static str) -> Self {
         assert!(
             chars(name) <= Self::MAX_NAME_CHARS,
             "a job name is at most 255 characters (done_jobs.job_name on MySQL); give the job a shorter `name`"
+        );
+        assert!(
+            !has_control(name),
+            "a job name cannot hold a control character (NUL, a line break, ...): PostgreSQL refuses NUL in text, and the others would print the name broken"
         );
         Self {
             name,
@@ -210,6 +215,24 @@ impl WhileInProgress {
 
 /// The characters of `text`, counted in a `const fn`: its bytes that do not continue a UTF-8
 /// sequence.
+/// Whether `text` holds a control character: C0 (`U+0000`..`U+001F`), `DEL`, or C1
+/// (`U+0080`..`U+009F`, encoded `C2 80`..`C2 9F`), as `char::is_control` says.
+const fn has_control(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let byte = bytes[i];
+        if byte < 0x20 || byte == 0x7F {
+            return true;
+        }
+        if byte == 0xC2 && i + 1 < bytes.len() && bytes[i + 1] >= 0x80 && bytes[i + 1] <= 0x9F {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 const fn chars(text: &str) -> usize {
     let bytes = text.as_bytes();
     let (mut i, mut n) = (0, 0);
@@ -220,4 +243,30 @@ const fn chars(text: &str) -> usize {
         i += 1;
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Job, has_control};
+
+    /// The `const` check says what `char::is_control` says, for every character alone and
+    /// between others.
+    #[test]
+    fn a_control_character_is_found_wherever_it_is() {
+        for c in (0..=u32::from(char::MAX)).filter_map(char::from_u32) {
+            let mut buffer = [0; 4];
+            assert_eq!(
+                has_control(c.encode_utf8(&mut buffer)),
+                c.is_control(),
+                "{c:?}"
+            );
+            assert_eq!(has_control(&format!("a{c}é")), c.is_control(), "{c:?}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a job name cannot hold a control character")]
+    fn a_name_with_a_nul_is_refused() {
+        let _ = Job::new("nul\0name", "nul:<id>");
+    }
 }
