@@ -268,9 +268,11 @@ sql! {
          every_row!());
     RoutineExists = concat!("SELECT COUNT(*) AS n FROM information_schema.routines \
          WHERE routine_schema = DATABASE() AND routine_name = ? AND routine_type = 'PROCEDURE'", every_row!());
+    // MariaDB lists a system-versioned table as `SYSTEM VERSIONED` (its current rows are what a
+    // `SELECT` reads).
     TableNames = concat!(
         "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' ORDER BY 1",
+         WHERE table_schema = DATABASE() AND table_type IN ('BASE TABLE', 'SYSTEM VERSIONED') ORDER BY 1",
         every_row!()
     );
     TableColumns = concat!(
