@@ -1057,7 +1057,9 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         let of_the_tables = problems.iter().any(|p| {
             !matches!(
                 p,
-                SchemaProblem::ReadOnly { .. } | SchemaProblem::SessionCharset { .. }
+                SchemaProblem::ReadOnly { .. }
+                    | SchemaProblem::SessionCharset { .. }
+                    | SchemaProblem::SessionClock { .. }
             )
         });
         return match changed_something(&error) || steps_committed(target, &error) || !of_the_tables

@@ -360,6 +360,9 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
     if let Some(found) = S::Db::session_charset(conn).await? {
         problems.push(SchemaProblem::SessionCharset { found });
     }
+    if let Some(offset_seconds) = S::Db::session_clock_offset(conn).await? {
+        problems.push(SchemaProblem::SessionClock { offset_seconds });
+    }
     Ok(problems)
 }
 

@@ -79,6 +79,14 @@ pub enum SchemaProblem {
         /// The settings that are not utf8mb4, as `name = value`.
         found: String,
     },
+    /// The session's clock is set apart from the server's (MySQL/MariaDB: `SET timestamp`). The
+    /// database's clock the runtime reads (`UTC_TIMESTAMP()`) follows it: this session would
+    /// take keys still kept for lapsed (and run their jobs again), or lapsed ones for kept, and
+    /// prune keys other sessions keep.
+    SessionClock {
+        /// How far the session's clock is ahead of the server's, in seconds (behind: negative).
+        offset_seconds: i64,
+    },
     /// The schema was made by a newer release.
     Newer {
         /// The version recorded.
@@ -148,6 +156,16 @@ impl std::fmt::Display for SchemaProblem {
             SchemaProblem::SessionCharset { found } => write!(
                 f,
                 "this session's character set is not utf8mb4 ({found}): keys, results and outbox messages would be stored converted through it and read back changed on other sessions (`é` as `Ã©`), or refused; keep the character set Diesel sets when it connects (utf8mb4): drop the `SET NAMES` or `SET character_set_...` of the pool's connection hook, or of the code that runs before the jobs"
+            ),
+            SchemaProblem::SessionClock { offset_seconds } => write!(
+                f,
+                "this session's clock is set {} s {} the server's (`SET timestamp`), and the database's clock the runtime reads follows it: jobs here would take keys still kept for lapsed and run again, and prune keys other sessions keep; run `SET timestamp = DEFAULT` (in the pool's connection hook, or after the code that set it) before jobs",
+                offset_seconds.unsigned_abs(),
+                if *offset_seconds > 0 {
+                    "ahead of"
+                } else {
+                    "behind"
+                }
             ),
             SchemaProblem::Newer { found, known } => write!(
                 f,

@@ -682,6 +682,11 @@ macro_rules! mysql_tests {
             }
 
             #[test]
+            fn verify_names_a_session_clock_of_its_own() {
+                crate::schema::verify_names_a_session_clock_of_its_own::<$backend>();
+            }
+
+            #[test]
             fn verify_names_a_session_character_set_that_is_not_utf8mb4() {
                 crate::schema::verify_names_a_session_character_set_that_is_not_utf8mb4::<
                     $backend,

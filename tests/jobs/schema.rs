@@ -412,6 +412,41 @@ pub fn verify_names_a_session_character_set_that_is_not_utf8mb4<B: Backend>() {
     }
 }
 
+/// A session whose clock is set (`SET timestamp`): `UTC_TIMESTAMP()`, the database's clock the
+/// runtime reads, follows it. Such a session ran a job twice within its `keep` and pruned keys
+/// other sessions still kept, and `verify` said all was well. It names the clock now.
+pub fn verify_names_a_session_clock_of_its_own<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::verify(&mut conn).expect("a session as Diesel connects it");
+    for (set, ahead) in [
+        ("SET timestamp = UNIX_TIMESTAMP() + 7200", true),
+        ("SET timestamp = UNIX_TIMESTAMP() - 86400", false),
+    ] {
+        B::execute(&mut conn, set);
+        match B::verify(&mut conn) {
+            Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+                assert!(
+                    matches!(
+                        problems.as_slice(),
+                        [idempotent_jobs::SchemaProblem::SessionClock { offset_seconds }]
+                            if (*offset_seconds > 0) == ahead && offset_seconds.abs() >= 7000
+                    ),
+                    "after {set}: {problems:?}"
+                );
+                assert!(
+                    problems[0].to_string().contains("SET timestamp = DEFAULT"),
+                    "{}",
+                    problems[0]
+                );
+            }
+            other => panic!("after {set}: {other:?}"),
+        }
+    }
+    B::execute(&mut conn, "SET timestamp = DEFAULT");
+    B::verify(&mut conn).expect("the clock back");
+}
+
 /// While another migration holds the lock, `migrate` waits at most its timeout, then says so and
 /// changes nothing.
 pub fn a_held_migration_lock_times_out_clearly<B: Backend>(hold: &str, release: &str) {

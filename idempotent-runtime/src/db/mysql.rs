@@ -347,6 +347,12 @@ sql! {
          AS CHAR) AS previous",
         every_row!()
     );
+    // How far the session's clock (`NOW()`, which `SET timestamp` sets, as it does
+    // `UTC_TIMESTAMP()`) is from the server's (`SYSDATE()`, which it does not), in microseconds.
+    SessionClockOffset = concat!(
+        "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), NOW(6)) AS SIGNED) AS n",
+        every_row!()
+    );
     LockWaitTimeout = concat!("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous", every_row!());
     // Prepared, like every other statement: one round trip, where a text batch takes three on the
     // sync connection.
@@ -1100,6 +1106,17 @@ impl Database for MysqlDb {
             .next()
             .map(|row| row.previous)
             .filter(|found| !found.is_empty()))
+    }
+
+    async fn session_clock_offset<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<i64>> {
+        let rows: Vec<TableCount> = conn
+            .load(Statement::<SessionClockOffset, _>::new(()))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|row| row.n / 1_000_000)
+            .filter(|seconds| *seconds != 0))
     }
 
     /// MySQL checks the privileges of a statement when it explains it, without running it.

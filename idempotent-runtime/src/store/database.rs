@@ -388,6 +388,17 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// How far, in whole seconds, the session's clock is set apart from the server's (MySQL/MariaDB:
+    /// `SET timestamp`, which the database's clock the runtime reads follows), where it is by a
+    /// second or more; `None` where it is not, and on the other databases.
+    #[doc(hidden)]
+    fn session_clock_offset<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Option<i64>>> + Send {
+        let _ = conn;
+        async { Ok(None) }
+    }
+
     /// The privileges a worker needs on the `present` tables that this connection lacks.
     #[doc(hidden)]
     fn missing_privileges<C: Store<Db = Self>>(
