@@ -126,10 +126,15 @@ fn wants_companion(handler: &signature::Handler<'_>, args: &args::Args, cx: &ctx
             taken_by: Some(kind),
         } => {
             let name = &handler.item.sig.ident;
+            let or = if kind == scope::CRATE_IN_A_PATH {
+                format!("write those paths from the root (`::{name}::..`)")
+            } else {
+                "rename one of the two".to_owned()
+            };
             cx.error_at(
                 name.span(),
                 format!(
-                    "`{name}` is also the name of {kind} here, and the companion that `#[idempotent_job]` gives a free function takes the function's name among types and modules; add `no_companion` to the attribute (the function itself is the job), or rename one of the two"
+                    "`{name}` is also the name of {kind} here, and the companion that `#[idempotent_job]` gives a free function takes the function's name among types and modules; add `no_companion` to the attribute (the function itself is the job), or {or}"
                 ),
             );
             false

@@ -322,6 +322,46 @@ fn walk_macro(tokens: &proc_macro2::TokenStream, summary: &mut Summary) {
 /// its last segment, an `as` or a `{self}`), whatever namespace the imported item is in: a type or
 /// a module conflicts with the companion, and a function with the handler itself.
 fn taken_by(items: &[&Item], name: &syn::Ident) -> Option<&'static str> {
+    declared(items, name).or_else(|| {
+        items
+            .iter()
+            .filter(|item| !matches!(item, Item::Mod(_)))
+            .any(|item| path_root(item.to_token_stream(), name))
+            .then_some(CRATE_IN_A_PATH)
+    })
+}
+
+/// What takes a function's name when code of its module reaches a crate of that name by a path.
+pub const CRATE_IN_A_PATH: &str = "a crate that code in this module names in a path";
+
+/// Whether `tokens` hold a path that starts at `name` and goes on past it to something other than
+/// the companion's own `key`, `job` and `outcome` (`metrics::counter!`, `url::Url::parse`): a name
+/// no item here declares, so a crate's (or a module's of the prelude). The companion, a type of
+/// that name, would hide it. Items of nested modules are not looked into: they do not see it.
+fn path_root(tokens: proc_macro2::TokenStream, name: &syn::Ident) -> bool {
+    use proc_macro2::TokenTree;
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    trees.iter().enumerate().any(|(i, tree)| match tree {
+        TokenTree::Group(group) => path_root(group.stream(), name),
+        TokenTree::Ident(ident) if ident == name => {
+            let separator = |at: usize| {
+                matches!(
+                    (trees.get(at), trees.get(at + 1)),
+                    (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+                        if a.as_char() == ':' && b.as_char() == ':'
+                )
+            };
+            let rooted = i < 2 || !separator(i - 2);
+            let after = matches!(trees.get(i + 3), Some(TokenTree::Ident(next))
+                if !["key", "job", "outcome"].iter().any(|own| next == own));
+            rooted && separator(i + 1) && after
+        }
+        _ => false,
+    })
+}
+
+/// The kind of the item among `items` that declares or imports `name` among types and modules.
+fn declared(items: &[&Item], name: &syn::Ident) -> Option<&'static str> {
     items.iter().find_map(|item| {
         let (attrs, taken, kind) = match item {
             Item::Mod(item) => (&item.attrs, item.ident == *name, "a module"),
@@ -418,6 +458,57 @@ mod tests {
             ),
             Place::Associated
         );
+    }
+
+    #[test]
+    fn a_crate_reached_by_a_path_in_the_module_takes_it() {
+        const CRATE: Place = Place::Free {
+            taken_by: Some(super::CRATE_IN_A_PATH),
+        };
+        for (source, name) in [
+            ("fn url(raw: &str) { let _ = url::Url::parse(raw); }", "url"),
+            (
+                "fn metrics(day: &str) { metrics::counter!(\"d\"); }",
+                "metrics",
+            ),
+            (
+                "#[derive(serde::Serialize)] struct A; fn serde(id: u64) {}",
+                "serde",
+            ),
+            (
+                "fn serde(id: u64) {} fn f() -> Option<serde::de::IgnoredAny> { None }",
+                "serde",
+            ),
+        ] {
+            assert_eq!(place(source, name), CRATE, "{source}");
+        }
+        for (source, name) in [
+            // The companion's own paths, a global path, one through another root, a crate reached
+            // in a nested module only, and a field.
+            (
+                "fn send(id: u64) {} fn f() { send::outcome(c, 1); send::key(&1); send::job(); }",
+                "send",
+            ),
+            (
+                "fn url(raw: &str) { let _ = ::url::Url::parse(raw); }",
+                "url",
+            ),
+            (
+                "fn url(raw: &str) { let _ = crate::url::Url::parse(raw); }",
+                "url",
+            ),
+            (
+                "fn url(raw: &str) {} mod inner { fn f() { let _ = url::Url::parse(\"\"); } }",
+                "url",
+            ),
+            ("fn url(raw: &str) { let _ = raw.url; }", "url"),
+        ] {
+            assert_eq!(
+                place(source, name),
+                Place::Free { taken_by: None },
+                "{source}"
+            );
+        }
     }
 
     #[test]
