@@ -12,7 +12,8 @@ use crate::store;
     message = "`{Self}` is not a database connection `idempotent-jobs` can claim jobs on",
     label = "a job needs a Diesel connection here",
     note = "use `SqliteConnection`, `PgConnection` or `MysqlConnection` (each behind its cargo feature), or a pooled connection that derefs to one",
-    note = "if it is a diesel-async connection, make the handler an `async fn`"
+    note = "if it is a diesel-async connection, make the handler an `async fn`",
+    note = "for a type parameter, bound it by this trait: `C: idempotent_jobs::JobStore` (`diesel::Connection` is not enough)"
 )]
 pub trait JobStore: diesel::Connection + Sealed + 'static {
     /// The runtime's view of the connection: itself.
@@ -41,7 +42,8 @@ pub trait Sealed {}
     message = "`{Self}` is not an async database connection `idempotent-jobs` can claim jobs on",
     label = "an async job needs a diesel-async connection here",
     note = "use `AsyncPgConnection`, `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>` (features `async-postgres`, `async-mysql`, `async-sqlite`), or a pooled connection that derefs to one",
-    note = "if it is a sync Diesel connection, make the handler a plain `fn` (remove `async`)"
+    note = "if it is a sync Diesel connection, make the handler a plain `fn` (remove `async`)",
+    note = "for a type parameter, bound it by this trait: `C: idempotent_jobs::AsyncJobStore` (`diesel_async::AsyncConnection` is not enough)"
 )]
 pub trait AsyncJobStore: diesel_async::AsyncConnection + Sealed + 'static {
     /// The runtime's view of the connection: itself.

@@ -223,6 +223,24 @@ impl Expansion<'_> {
                 respan(err.to_token_stream()),
                 None,
             ),
+            // A generic handler's `outcome` is called with its turbofish (`load::outcome::<X>`),
+            // which must name all of `outcome`'s type parameters: `T` and `E` are the return
+            // type's `JobResult` items there, not parameters of their own.
+            None if generics
+                .params
+                .iter()
+                .any(|param| !matches!(param, syn::GenericParam::Lifetime(_))) =>
+            {
+                let ret = respan(self.handler.output.ty.to_token_stream());
+                let private = private_module();
+                let krate = self.krate();
+                predicates.push(quote!(#ret: #krate::#private::JobResult));
+                (
+                    self.result_item("Ok"),
+                    self.result_item("Err"),
+                    Some(quote!(<#ret as #krate::#private::JobResult>::into_result)),
+                )
+            }
             None => {
                 let parts = self.alias_parts();
                 generic_params.extend([parts.ok.clone(), parts.err.clone()]);

@@ -118,6 +118,16 @@ fn found_by_type(sig: &syn::Signature, params: &[Param], cx: &Ctxt) -> Option<us
     match candidates.as_slice() {
         [only] => Some(*only),
         [] => {
+            if let Some(unnamed) = unnamed_connection(sig) {
+                cx.error_at(
+                    unnamed,
+                    format!(
+                        "`{}`'s connection parameter is `_`: the attribute passes the connection to the runtime by its name; name it (`conn: &mut ..`), with `let _ = conn;` in the body if the body does not use it",
+                        sig.ident
+                    ),
+                );
+                return None;
+            }
             cx.error_at(
                 sig.paren_token.span.join(),
                 format!(
@@ -294,4 +304,16 @@ fn plainly_not_a_connection(ty: &Type) -> bool {
         | Type::Ptr(_) => true,
         _ => false,
     }
+}
+
+/// The span of a parameter `_: &mut <a connection>` (a pattern, so not among the named parameters).
+fn unnamed_connection(sig: &syn::Signature) -> Option<proc_macro2::Span> {
+    sig.inputs.iter().find_map(|input| match input {
+        syn::FnArg::Typed(typed)
+            if matches!(&*typed.pat, syn::Pat::Wild(_)) && looks_like_connection(&typed.ty) =>
+        {
+            Some(syn::spanned::Spanned::span(&typed.pat))
+        }
+        _ => None,
+    })
 }
