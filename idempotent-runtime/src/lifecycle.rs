@@ -235,6 +235,13 @@ where
             job.finish_replay(first_done_micros).await?;
             Ok(Outcome::Replayed(value))
         }
+        Ok(Produced::Ran(_, Ok(_)))
+            if !S::STATEMENTS_CANCEL_SAFE
+                && !S::Db::answers_in_step(job.transaction.store(), call.context.claim_token())
+                    .await =>
+        {
+            Err(call.failed(job.out_of_step().await).into())
+        }
         Ok(Produced::Ran(value, Ok(json))) => {
             job.record_and_commit(json.as_deref(), stores_result)
                 .await
@@ -327,6 +334,42 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             None => call.finished(Ending::Replayed),
         }
         Ok(())
+    }
+
+    /// A body that returned `Ok` after it dropped a statement of its own midway (a `timeout` around
+    /// a query), on a connection whose statements are not cancel-safe: that statement's answer
+    /// comes after the runtime's next statement is sent, and would be read as its answer (the
+    /// commit's). The transaction is broken off (`Transaction::break_off`): rolled back, the
+    /// connection marked broken. Inside a caller's transaction that `ROLLBACK` ends the caller's
+    /// too.
+    async fn out_of_step(&mut self) -> Error {
+        self.transaction.break_off().await;
+        let source = diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new(
+                "the body dropped a statement of its own before its answer came (a timeout around a query), and the connection's answers fell out of step with its statements: the job's transaction was rolled back and the connection is marked broken; run the job again on another connection"
+                    .to_owned(),
+            ),
+        );
+        let call = self.call;
+        if self.nesting == Nesting::Savepoint {
+            return Error::CallersTransactionRolledBack {
+                job: call.job.name(),
+                key: call.key_text.clone(),
+                step: Step::Body,
+                outside: false,
+                retryable: true,
+                source: Some(source),
+            };
+        }
+        Error::Database {
+            job: call.job.name(),
+            key: call.key_text.clone(),
+            step: Step::Body,
+            enclosing: false,
+            retryable: true,
+            source,
+        }
     }
 
     /// Records the result and commits, when the transaction is still the job's own.

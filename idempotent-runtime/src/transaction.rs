@@ -374,6 +374,18 @@ impl<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> Transaction<'a, Con
         self.open = false;
     }
 
+    /// Ends the transaction on a connection whose answers are out of step with its statements
+    /// (`Database::answers_in_step`): a `ROLLBACK` sent as text, which the server runs after what
+    /// is pending whatever answer is read for it, and the connection marked broken (a pool
+    /// discards it; a later call on it fails), since no answer read from it can be trusted.
+    pub(crate) async fn break_off(&mut self) {
+        if let Err(error) = self.store().batch(S::Db::ROLLBACK).await {
+            tracing::debug!(%error, "the rollback on a connection out of step read an error, perhaps another statement's");
+        }
+        self.store().abandon(Unfinished::Transaction);
+        self.open = false;
+    }
+
     /// Arms the guard again (or disarms it) around statements the runtime sends after the job's
     /// own transaction ended, which a dropped future must not leave half done: a transaction of
     /// the runtime's begun as text, which Diesel does not count.

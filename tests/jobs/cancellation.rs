@@ -378,6 +378,94 @@ impl<F: std::future::Future + ?Sized> std::future::Future for DropAfter<F> {
     }
 }
 
+/// A body that drops a statement of its own midway (a `timeout` around an `UPDATE` that waits for
+/// a row lock), then returns `Ok`, on diesel-async's MySQL connection: the statement's answer (a
+/// lock wait timeout) comes after the runtime's next statement is sent. Before, the runtime read
+/// it as the commit's answer: the call said "nothing of the job was committed; retrying is safe"
+/// while the work and the claim were committed, and the next call on the connection read stale
+/// answers (it ran the body of the key already done). Now the runtime finds the answers out of
+/// step before it commits: the job is rolled back, the connection marked broken, and the call
+/// says so; a redelivery on another connection runs the job once.
+#[cfg(feature = "async-mysql")]
+#[test]
+fn a_statement_the_body_drops_is_found_before_the_commit() {
+    use crate::backends::AsyncMysql;
+    use diesel_async::TransactionManager as _;
+    static DROPS: idempotent_jobs::Job = idempotent_jobs::Job::new("drops", "drops:<n>");
+    async fn job(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        key: &idempotent_jobs::JobKey,
+    ) -> Result<idempotent_jobs::Outcome<()>, TestError> {
+        use diesel_async::RunQueryDsl as _;
+        idempotent_jobs::run_async(conn, &DROPS, key, async |c| {
+            diesel::sql_query("INSERT INTO drops_work (n) VALUES (1)")
+                .execute(c)
+                .await?;
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_millis(100),
+                diesel::sql_query("UPDATE drops_lock SET v = v + 1 WHERE id = 1").execute(c),
+            )
+            .await;
+            Ok::<_, TestError>(())
+        })
+        .await
+    }
+    let db = Db::<AsyncMysql>::fresh();
+    let mut checker = db.connect();
+    <AsyncMysql as Backend>::execute(&mut checker, "CREATE TABLE drops_work (n INT)");
+    <AsyncMysql as Backend>::execute(
+        &mut checker,
+        "CREATE TABLE drops_lock (id INT PRIMARY KEY, v INT)",
+    );
+    <AsyncMysql as Backend>::execute(&mut checker, "INSERT INTO drops_lock VALUES (1, 0)");
+    let mut holder = db.connect();
+    <AsyncMysql as Backend>::execute(&mut holder, "BEGIN");
+    <AsyncMysql as Backend>::execute(&mut holder, "UPDATE drops_lock SET v = 10 WHERE id = 1");
+    let mut worker = db.connect();
+    <AsyncMysql as Backend>::execute(&mut worker, "SET SESSION innodb_lock_wait_timeout = 1");
+    let key = idempotent_jobs::JobKey::new("drops:1");
+    let first = worker.runtime.block_on(job(&mut worker.conn, &key));
+    let held = |checker: &mut AsyncConn<_>| {
+        (
+            <AsyncMysql as Backend>::query_i64(checker, "SELECT COUNT(*) AS n FROM drops_work"),
+            <AsyncMysql as Backend>::query_i64(checker, "SELECT COUNT(*) AS n FROM done_jobs"),
+        )
+    };
+    match &first {
+        Ok(idempotent_jobs::Outcome::Ran(())) => {
+            assert_eq!(held(&mut checker), (1, 1), "it said Ran");
+        }
+        Err(TestError::Idempotent(error)) => {
+            assert_eq!(
+                held(&mut checker),
+                (0, 0),
+                "it said {error}, and what is held is not that"
+            );
+            assert!(error.is_retryable(), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The next call on the same connection: refused (broken), or run truthfully.
+    let broken = <diesel_async::AsyncMysqlConnection as diesel_async::AsyncConnection>::TransactionManager::is_broken_transaction_manager(
+        &mut worker.conn,
+    );
+    let again = worker.runtime.block_on(job(&mut worker.conn, &key));
+    assert!(
+        broken || matches!(again, Ok(idempotent_jobs::Outcome::Replayed(()))),
+        "a call on the connection after the first ({first:?}): {again:?}"
+    );
+    <AsyncMysql as Backend>::execute(&mut holder, "ROLLBACK");
+    // A redelivery on another connection: the job's work, once in all.
+    let mut fresh = db.connect();
+    let redelivered = fresh.runtime.block_on(job(&mut fresh.conn, &key));
+    assert!(redelivered.is_ok(), "{redelivered:?}");
+    assert_eq!(
+        held(&mut checker),
+        (1, 1),
+        "{first:?}, then {redelivered:?}"
+    );
+}
+
 /// A job with `in_progress = "fail"` on diesel-async's MySQL connection, whose claim waits for a
 /// row another session holds, bounded by a lock wait timeout of 1 s the runtime sets for it:
 /// dropped at each of its `.await`s in turn (a `timeout`, a `select!`), the connection is either

@@ -353,6 +353,8 @@ sql! {
         "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), NOW(6)) AS SIGNED) AS n",
         every_row!()
     );
+    // Its bound value back: whether the connection's answers are in step (`answers_in_step`).
+    Echo = concat!("SELECT CAST(? AS SIGNED) AS n", every_row!());
     LockWaitTimeout = concat!("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS previous", every_row!());
     // Prepared, like every other statement: one round trip, where a text batch takes three on the
     // sync connection.
@@ -864,6 +866,13 @@ impl Database for MysqlDb {
 
     // `done_jobs` is `ENGINE = InnoDB`: warning 1196 is about the body's other tables.
     const PARTIAL_ROLLBACK_MAY_KEEP_THE_CLAIM: bool = false;
+
+    async fn answers_in_step<C: Store<Db = Self>>(conn: &mut C, nonce: i64) -> bool {
+        let echoed: QueryResult<Vec<TableCount>> = conn
+            .load(Statement::<Echo, _>::new((bind::<BigInt, _>(nonce),)))
+            .await;
+        matches!(echoed.as_deref(), Ok([row]) if row.n == nonce)
+    }
 
     async fn session_in_transaction<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {
         let rows: Vec<TableCount> = conn

@@ -156,6 +156,20 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { None }
     }
 
+    /// Whether the connection's answers are in step with its statements: a statement that echoes
+    /// `nonce` reads it back. Asked after a job's body, before the runtime's next statement, where
+    /// statements are not cancel-safe (`Store::STATEMENTS_CANCEL_SAFE`: diesel-async's MySQL
+    /// connection), so that a statement the body dropped midway, whose answer comes later, is
+    /// found before that answer is read as the commit's. `true` elsewhere, with nothing sent.
+    #[doc(hidden)]
+    fn answers_in_step<C: Store<Db = Self>>(
+        conn: &mut C,
+        nonce: i64,
+    ) -> impl Future<Output = bool> + Send {
+        let _ = (conn, nonce);
+        async { true }
+    }
+
     /// Whether the session holds a transaction that Diesel does not know of, before a transaction
     /// of the runtime's own begins (MySQL with `autocommit = 0` and statements pending: a `BEGIN`
     /// would commit them).
