@@ -205,51 +205,13 @@ where
     tracing::debug!(?nesting, replay = claimed.is_some(), "claimed key");
     let first_done_micros = claimed.as_ref().map(|row| row.done_at_micros);
     let produced = produce(&mut transaction, call, claimed, equal, body).await;
-    let mut job = JobEnd {
+    let job = JobEnd {
         transaction,
         call,
         nesting,
         stores_result,
     };
-    match produced {
-        Err(panic) => {
-            if let Some(error) = job.end_unfinished(true).await.error(call) {
-                tracing::error!(%error, "the job's body panicked");
-            }
-            call.finished(Ending::Panicked);
-            resume_unwind(panic)
-        }
-        Ok(Produced::Failed(error)) => match job.end_unfinished(true).await.error(call) {
-            None => {
-                call.finished(Ending::Failed);
-                Err(error)
-            }
-            Some(ended) => Err(call.failed(ended).into()),
-        },
-        Ok(Produced::Ran(_, Err(error))) => Err(job.fail_after_body(error).await.into()),
-        Ok(Produced::Replayed(Err(error))) => {
-            job.transaction.rollback().await;
-            Err(call.failed(error).into())
-        }
-        Ok(Produced::Replayed(Ok(value))) => {
-            job.finish_replay(first_done_micros).await?;
-            Ok(Outcome::Replayed(value))
-        }
-        Ok(Produced::Ran(_, Ok(_)))
-            if !S::STATEMENTS_CANCEL_SAFE
-                && !S::Db::answers_in_step(job.transaction.store(), call.context.claim_token())
-                    .await =>
-        {
-            Err(call.failed(job.out_of_step().await).into())
-        }
-        Ok(Produced::Ran(value, Ok(json))) => {
-            job.record_and_commit(json.as_deref(), stores_result)
-                .await
-                .map_err(|error| call.failed(error))?;
-            call.finished(Ending::Ran);
-            Ok(Outcome::Ran(value))
-        }
-    }
+    job.end(produced, first_done_micros).await
 }
 
 /// Refuses, before anything is sent, a key larger than the database takes in the claim's statement
@@ -312,6 +274,54 @@ struct JobEnd<'t, 'c, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> {
 }
 
 impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S, R> {
+    /// Ends the job after its body (or its replay): commits what ran, rolls back what failed,
+    /// and says which.
+    async fn end<T: JobOutput, E: JobError>(
+        mut self,
+        produced: Result<Produced<T, E>, Box<dyn std::any::Any + Send>>,
+        first_done_micros: Option<i64>,
+    ) -> Result<Outcome<T>, E> {
+        let call = self.call;
+        // A body that returned `Ok`: before its record and commit. After one that failed, the
+        // rollback's reads find an answer out of step (the connection ends broken).
+        if matches!(produced, Ok(Produced::Ran(..))) && !self.in_step().await {
+            let error = self.out_of_step().await;
+            return Err(call.failed(error).into());
+        }
+        match produced {
+            Err(panic) => {
+                if let Some(error) = self.end_unfinished(true).await.error(call) {
+                    tracing::error!(%error, "the job's body panicked");
+                }
+                call.finished(Ending::Panicked);
+                resume_unwind(panic)
+            }
+            Ok(Produced::Failed(error)) => match self.end_unfinished(true).await.error(call) {
+                None => {
+                    call.finished(Ending::Failed);
+                    Err(error)
+                }
+                Some(ended) => Err(call.failed(ended).into()),
+            },
+            Ok(Produced::Ran(_, Err(error))) => Err(self.fail_after_body(error).await.into()),
+            Ok(Produced::Replayed(Err(error))) => {
+                self.transaction.rollback().await;
+                Err(call.failed(error).into())
+            }
+            Ok(Produced::Replayed(Ok(value))) => {
+                self.finish_replay(first_done_micros).await?;
+                Ok(Outcome::Replayed(value))
+            }
+            Ok(Produced::Ran(value, Ok(json))) => {
+                self.record_and_commit(json.as_deref(), self.stores_result)
+                    .await
+                    .map_err(|error| call.failed(error))?;
+                call.finished(Ending::Ran);
+                Ok(Outcome::Ran(value))
+            }
+        }
+    }
+
     /// Ends a replay's transaction (it wrote nothing) and counts the replay; `first_done_micros`:
     /// when the replayed run committed.
     async fn finish_replay(&mut self, first_done_micros: Option<i64>) -> Result<(), Error> {
@@ -336,10 +346,19 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         Ok(())
     }
 
-    /// A body that returned `Ok` after it dropped a statement of its own midway (a `timeout` around
-    /// a query), on a connection whose statements are not cancel-safe: that statement's answer
-    /// comes after the runtime's next statement is sent, and would be read as its answer (the
-    /// commit's). The transaction is broken off (`Transaction::break_off`): rolled back, the
+    /// Whether the connection's answers are in step with its statements after the body
+    /// (`Database::answers_in_step`), where its statements are not cancel-safe; `true` with
+    /// nothing sent elsewhere.
+    async fn in_step(&mut self) -> bool {
+        S::STATEMENTS_CANCEL_SAFE
+            || S::Db::answers_in_step(self.transaction.store(), self.call.context.claim_token())
+                .await
+    }
+
+    /// A body that returned `Ok` after it dropped a statement of its own midway (a `timeout`
+    /// around a query), on a connection whose statements are not cancel-safe: that statement's
+    /// answer comes after the runtime's next statement is sent, and would be read as its answer
+    /// (the commit's). The transaction is broken off (`Transaction::break_off`): rolled back, the
     /// connection marked broken. Inside a caller's transaction that `ROLLBACK` ends the caller's
     /// too.
     async fn out_of_step(&mut self) -> Error {

@@ -466,6 +466,99 @@ fn a_statement_the_body_drops_is_found_before_the_commit() {
     );
 }
 
+/// As above, but the body returns `Err`, and the dropped statement's answer comes just after the
+/// drop (the lock is let go at 150 ms; 120, 250 and 400 ms measured alike): the call returns the
+/// body's error with nothing committed, and a key done before on that connection is never run
+/// again there (the rollback's reads find the answers out of step, and the connection ends
+/// broken). It held before the check after a body that returned `Ok`, too.
+#[cfg(feature = "async-mysql")]
+#[test]
+fn a_statement_a_failing_body_drops_leaves_no_answer_behind() {
+    use crate::backends::AsyncMysql;
+    use diesel_async::TransactionManager as _;
+    static DROPS: idempotent_jobs::Job = idempotent_jobs::Job::new("drops", "drops:<n>");
+    async fn job(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        key: &idempotent_jobs::JobKey,
+        fail: bool,
+    ) -> Result<idempotent_jobs::Outcome<()>, TestError> {
+        use diesel_async::RunQueryDsl as _;
+        idempotent_jobs::run_async(conn, &DROPS, key, async |c| {
+            diesel::sql_query(format!(
+                "INSERT INTO drops_work (k) VALUES ('{}')",
+                key.as_str()
+            ))
+            .execute(c)
+            .await?;
+            if fail {
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_millis(100),
+                    diesel::sql_query("UPDATE drops_lock SET v = v + 1 WHERE id = 1").execute(c),
+                )
+                .await;
+                return Err(TestError::Declined);
+            }
+            Ok(())
+        })
+        .await
+    }
+    let db = Db::<AsyncMysql>::fresh();
+    let mut checker = db.connect();
+    <AsyncMysql as Backend>::execute(&mut checker, "CREATE TABLE drops_work (k VARCHAR(64))");
+    <AsyncMysql as Backend>::execute(
+        &mut checker,
+        "CREATE TABLE drops_lock (id INT PRIMARY KEY, v INT)",
+    );
+    <AsyncMysql as Backend>::execute(&mut checker, "INSERT INTO drops_lock VALUES (1, 0)");
+    let mut worker = db.connect();
+    let done = idempotent_jobs::JobKey::new("drops:done");
+    let first = worker.runtime.block_on(job(&mut worker.conn, &done, false));
+    assert!(
+        matches!(first, Ok(idempotent_jobs::Outcome::Ran(()))),
+        "{first:?}"
+    );
+    let mut holder = db.connect();
+    <AsyncMysql as Backend>::execute(&mut holder, "BEGIN");
+    <AsyncMysql as Backend>::execute(&mut holder, "UPDATE drops_lock SET v = 10 WHERE id = 1");
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        <AsyncMysql as Backend>::execute(&mut holder, "ROLLBACK");
+    });
+    let failing = idempotent_jobs::JobKey::new("drops:failing");
+    let failed = worker
+        .runtime
+        .block_on(job(&mut worker.conn, &failing, true));
+    release.join().expect("the holder");
+    let rows = |checker: &mut AsyncConn<_>, key: &str| {
+        <AsyncMysql as Backend>::query_i64(
+            checker,
+            &format!("SELECT COUNT(*) AS n FROM drops_work WHERE k = '{key}'"),
+        )
+    };
+    assert!(matches!(failed, Err(TestError::Declined)), "{failed:?}");
+    assert_eq!(
+        rows(&mut checker, "drops:failing"),
+        0,
+        "the failed run committed"
+    );
+    // The connection, broken or not, never runs the done key's body again.
+    for _ in 0..3 {
+        let again = worker.runtime.block_on(job(&mut worker.conn, &done, false));
+        let broken = <diesel_async::AsyncMysqlConnection as diesel_async::AsyncConnection>::TransactionManager::is_broken_transaction_manager(
+            &mut worker.conn,
+        );
+        assert!(
+            broken || matches!(again, Ok(idempotent_jobs::Outcome::Replayed(()))),
+            "after the failed run ({failed:?}): {again:?}"
+        );
+        assert_eq!(
+            rows(&mut checker, "drops:done"),
+            1,
+            "the done key's body ran again: {again:?}"
+        );
+    }
+}
+
 /// A job with `in_progress = "fail"` on diesel-async's MySQL connection, whose claim waits for a
 /// row another session holds, bounded by a lock wait timeout of 1 s the runtime sets for it:
 /// dropped at each of its `.await`s in turn (a `timeout`, a `select!`), the connection is either
