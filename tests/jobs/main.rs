@@ -677,8 +677,8 @@ macro_rules! mysql_tests {
             }
 
             #[test]
-            fn every_call_works_in_a_session_of_sql_mode_oracle() {
-                crate::truth::every_call_works_in_a_session_of_sql_mode_oracle::<$backend>();
+            fn every_call_works_in_sessions_of_their_own() {
+                crate::truth::every_call_works_in_sessions_of_their_own::<$backend>();
             }
 
             #[test]
