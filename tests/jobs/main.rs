@@ -633,6 +633,11 @@ macro_rules! server_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn every_call_works_in_sessions_of_their_own() {
+                crate::truth::every_call_works_in_sessions_of_their_own::<$backend>();
+            }
+
+            #[test]
             fn a_snapshot_sees_every_change() {
                 crate::behaviour::a_snapshot_sees_every_change::<$backend>();
             }
@@ -674,11 +679,6 @@ macro_rules! mysql_tests {
                 crate::truth::an_unfinished_claim_is_finished_where_empty_strings_read_as_null::<
                     $backend,
                 >();
-            }
-
-            #[test]
-            fn every_call_works_in_sessions_of_their_own() {
-                crate::truth::every_call_works_in_sessions_of_their_own::<$backend>();
             }
 
             #[test]

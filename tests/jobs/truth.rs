@@ -1499,22 +1499,27 @@ pub fn an_unfinished_claim_is_finished_where_empty_strings_read_as_null<B: Backe
 /// deliver.
 pub fn every_call_works_in_sessions_of_their_own<B: Backend>() {
     let mut wrong = Vec::new();
-    for setting in [
-        "SET SESSION sql_mode = 'ORACLE'",
-        "SET SESSION sql_mode = 'ANSI_QUOTES'",
-        "SET SESSION sql_mode = 'ANSI'",
-        "SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'",
-        "SET SESSION sql_mode = ''",
-        "SET SESSION completion_type = 'CHAIN'",
-        "SET SESSION completion_type = 'RELEASE'",
-        "SET SESSION tx_isolation = 'SERIALIZABLE'",
-        "SET SESSION tx_isolation = 'READ-UNCOMMITTED'",
-        "SET SESSION max_statement_time = 10",
-        "SET SESSION div_precision_increment = 0",
-        "SET SESSION max_sort_length = 8",
-        "SET NAMES utf8mb4 COLLATE utf8mb4_bin",
-        "SET SESSION sql_select_limit = 0",
-    ] {
+    let settings: &[&str] = match B::SERVER {
+        Server::Postgres => &[
+            "SET default_transaction_isolation = 'serializable'",
+            "SET default_transaction_isolation = 'repeatable read'",
+            "SET TimeZone = 'Pacific/Kiritimati'",
+            "SET DateStyle = 'SQL, DMY'",
+            "SET IntervalStyle = 'sql_standard'",
+            "SET bytea_output = 'escape'",
+            "SET standard_conforming_strings = off",
+            "SET extra_float_digits = -15",
+            "SET statement_timeout = '10s'",
+            "SET lock_timeout = '1s'",
+            "SET idle_in_transaction_session_timeout = '10s'",
+            "SET session_replication_role = 'replica'",
+            "SET enable_indexscan = off",
+            "SET client_min_messages = 'debug5'",
+        ],
+        Server::Mysql => MYSQL_SESSIONS,
+        Server::Sqlite => &[],
+    };
+    for setting in settings {
         wrong.extend(
             every_call_in_a_session::<B>(setting)
                 .into_iter()
@@ -1523,6 +1528,24 @@ pub fn every_call_works_in_sessions_of_their_own<B: Backend>() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// The MySQL/MariaDB sessions of [`every_call_works_in_sessions_of_their_own`].
+const MYSQL_SESSIONS: &[&str] = &[
+    "SET SESSION sql_mode = 'ORACLE'",
+    "SET SESSION sql_mode = 'ANSI_QUOTES'",
+    "SET SESSION sql_mode = 'ANSI'",
+    "SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'",
+    "SET SESSION sql_mode = ''",
+    "SET SESSION completion_type = 'CHAIN'",
+    "SET SESSION completion_type = 'RELEASE'",
+    "SET SESSION tx_isolation = 'SERIALIZABLE'",
+    "SET SESSION tx_isolation = 'READ-UNCOMMITTED'",
+    "SET SESSION max_statement_time = 10",
+    "SET SESSION div_precision_increment = 0",
+    "SET SESSION max_sort_length = 8",
+    "SET NAMES utf8mb4 COLLATE utf8mb4_bin",
+    "SET SESSION sql_select_limit = 0",
+];
 
 /// What went wrong with each call of the API in a session with `setting`.
 fn every_call_in_a_session<B: Backend>(setting: &str) -> Vec<String> {
@@ -1556,10 +1579,17 @@ fn every_call_in_a_session<B: Backend>(setting: &str) -> Vec<String> {
         other => wrong.push(format!("list: {other:?}")),
     }
     // A message as a job's `outbox::push` writes it.
+    // Now in UTC, as the runtime writes it (a `TIMESTAMP` without a zone on PostgreSQL).
+    let now = match B::SERVER {
+        Server::Postgres => "(CURRENT_TIMESTAMP AT TIME ZONE 'UTC')",
+        _ => "UTC_TIMESTAMP(6)",
+    };
     B::execute(
         &mut plain,
-        "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
-         VALUES ('msg_oracle', 'receipt', '1', 'charge:oracle', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+        &format!(
+            "INSERT INTO outbox (message_id, topic, payload, job_key, created_at, available_at) \
+             VALUES ('msg_session', 'receipt', '1', 'charge:session', {now}, {now})"
+        ),
     );
     let pushed = B::query_i64(&mut plain, "SELECT COUNT(*) AS n FROM outbox");
     let delivered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
