@@ -67,17 +67,31 @@ pub trait SessionLimits {
     fn statement_limit(&mut self) -> Option<StatementLimit>;
 }
 
-/// Reads the setting with `load`, in a transaction of its own, committed: in a MySQL session with
-/// `autocommit = 0` a bare read opens one that stays open, and `verify` would then refuse to run
-/// inside it.
+/// Reads the setting with `load`, in a transaction of its own begun with `begin`, committed: in a
+/// MySQL session with `autocommit = 0` a bare read opens one that stays open, and `verify` would
+/// then refuse to run inside it. MySQL's `begin` is `START TRANSACTION`: MariaDB's `sql_mode =
+/// 'ORACLE'` reads Diesel's `BEGIN` as the start of a PL/SQL block.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-fn read<C: diesel::Connection>(
+fn read<C>(
     conn: &mut C,
+    begin: &str,
     setting: &'static str,
     seconds: fn(&str) -> Option<f64>,
     load: impl FnOnce(&mut C) -> diesel::QueryResult<Vec<Row>>,
-) -> Option<StatementLimit> {
-    let rows = conn.transaction(load).ok()?;
+) -> Option<StatementLimit>
+where
+    C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+{
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    AnsiTransactionManager::begin_transaction_sql(conn, begin).ok()?;
+    let rows = match load(conn) {
+        Ok(rows) => AnsiTransactionManager::commit_transaction(conn).map(|()| rows),
+        Err(error) => {
+            let _ = AnsiTransactionManager::rollback_transaction(conn);
+            Err(error)
+        }
+    }
+    .ok()?;
     let shown = rows.into_iter().next()?.shown;
     Some(StatementLimit {
         setting,
@@ -93,14 +107,20 @@ impl SessionLimits for diesel::PgConnection {
         use diesel::connection::SimpleConnection;
         // A limit of 1ms may cancel the read itself: lifted for this transaction, and the
         // session's value read as RESET gives it back (the role's, the URL's options).
-        read(self, "statement_timeout", postgres_seconds, |conn| {
-            conn.batch_execute("SET LOCAL statement_timeout = 0")?;
-            diesel::sql_query(
-                "SELECT reset_val || COALESCE(unit, '') AS shown FROM pg_settings \
+        read(
+            self,
+            "BEGIN",
+            "statement_timeout",
+            postgres_seconds,
+            |conn| {
+                conn.batch_execute("SET LOCAL statement_timeout = 0")?;
+                diesel::sql_query(
+                    "SELECT reset_val || COALESCE(unit, '') AS shown FROM pg_settings \
                  WHERE name = 'statement_timeout'",
-            )
-            .load(conn)
-        })
+                )
+                .load(conn)
+            },
+        )
     }
 }
 
@@ -111,6 +131,7 @@ impl SessionLimits for diesel::MysqlConnection {
         // MariaDB's, in seconds; MySQL has no such variable, and the read fails.
         read(
             self,
+            "START TRANSACTION",
             "max_statement_time",
             |shown| shown.parse().ok(),
             |conn| {

@@ -62,16 +62,42 @@ pub trait Hourly {
     fn alive(&mut self) -> bool;
 }
 
-/// Implements [`Hourly`] for a connection type with its two statements.
+/// `read` in a transaction of its own begun with `begin`, committed (rolled back when it failed).
+fn in_transaction<C, T>(
+    conn: &mut C,
+    begin: &str,
+    read: impl FnOnce(&mut C) -> Result<T, Failed>,
+) -> Result<T, Failed>
+where
+    C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+{
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    AnsiTransactionManager::begin_transaction_sql(conn, begin)?;
+    match read(conn) {
+        Ok(rows) => {
+            AnsiTransactionManager::commit_transaction(conn)?;
+            Ok(rows)
+        }
+        Err(failed) => {
+            // A rollback that fails marks the connection broken; the read's error is the one.
+            let _ = AnsiTransactionManager::rollback_transaction(conn);
+            Err(failed)
+        }
+    }
+}
+
+/// Implements [`Hourly`] for a connection type with the text that begins a transaction there
+/// (MySQL: `START TRANSACTION`, which MariaDB's `sql_mode = 'ORACLE'` does not read as a PL/SQL
+/// block, as it does `BEGIN`) and its two statements.
 macro_rules! hourly {
-    ($conn:ty, $keys:expr, $delivered:expr) => {
+    ($conn:ty, $begin:expr, $keys:expr, $delivered:expr) => {
         impl Hourly for $conn {
             // Each in a transaction of its own, committed: in a session with `autocommit = 0`
             // a bare read opens one that stays open, and the pooled connection would go back
             // holding it. A failed statement is read before its transaction rolls back.
             fn keys_per_hour(&mut self) -> Result<Vec<HourRow>, Failed> {
                 use diesel::RunQueryDsl;
-                diesel::Connection::transaction(self, |conn| {
+                in_transaction(self, $begin, |conn| {
                     diesel::sql_query($keys)
                         .load(conn)
                         .map_err(|e| Failed::read(conn, e))
@@ -80,7 +106,7 @@ macro_rules! hourly {
 
             fn delivered_per_hour(&mut self) -> Result<Vec<HourRow>, Failed> {
                 use diesel::RunQueryDsl;
-                diesel::Connection::transaction(self, |conn| {
+                in_transaction(self, $begin, |conn| {
                     diesel::sql_query($delivered)
                         .load(conn)
                         .map_err(|e| Failed::read(conn, e))
@@ -97,6 +123,7 @@ macro_rules! hourly {
 #[cfg(feature = "postgres")]
 hourly!(
     diesel::PgConnection,
+    "BEGIN",
     "SELECT job_name AS series, \
      CAST(FLOOR(EXTRACT(EPOCH FROM ((now() AT TIME ZONE 'UTC') - done_at)) / 3600) AS BIGINT) AS hours_ago, \
      COUNT(*) AS n FROM done_jobs \
@@ -111,6 +138,7 @@ hourly!(
 #[cfg(feature = "mysql")]
 hourly!(
     diesel::MysqlConnection,
+    "START TRANSACTION",
     "SELECT job_name AS series, TIMESTAMPDIFF(HOUR, done_at, UTC_TIMESTAMP(6)) AS hours_ago, \
      COUNT(*) AS n FROM done_jobs WHERE done_at >= UTC_TIMESTAMP(6) - INTERVAL 168 HOUR GROUP BY 1, 2 \
      LIMIT 18446744073709551615",
@@ -122,6 +150,7 @@ hourly!(
 #[cfg(feature = "sqlite")]
 hourly!(
     diesel::SqliteConnection,
+    "BEGIN",
     "SELECT job_name AS series, CAST((julianday('now') - julianday(done_at)) * 24 AS INTEGER) AS hours_ago, \
      COUNT(*) AS n FROM done_jobs WHERE julianday(done_at) >= julianday('now') - 7 GROUP BY 1, 2",
     "SELECT topic AS series, CAST((julianday('now') - julianday(delivered_at)) * 24 AS INTEGER) AS hours_ago, \
@@ -147,12 +176,45 @@ mod tests {
     /// was refused ("the connection is inside a transaction"). They now end what they open.
     #[test]
     fn the_hourly_reads_leave_no_transaction_open_where_autocommit_is_off() {
+        assert_eq!(
+            hourly_in_a_session("SET autocommit = 0"),
+            0,
+            "the chart reads left a transaction open"
+        );
+    }
+
+    /// MariaDB's `sql_mode = 'ORACLE'` reads `BEGIN` as the start of a PL/SQL block: the chart
+    /// reads' transactions, begun by Diesel's `BEGIN`, failed there (error 1064).
+    #[test]
+    fn the_hourly_reads_work_where_sql_mode_is_oracle() {
+        assert_eq!(hourly_in_a_session("SET SESSION sql_mode = 'ORACLE'"), 0);
+    }
+
+    /// The session's statement limit, which the CLI warns of, read where `sql_mode = 'ORACLE'`
+    /// (its transaction was begun with Diesel's `BEGIN`, refused there: no limit was shown).
+    #[test]
+    fn the_session_limit_is_read_where_sql_mode_is_oracle() {
+        use crate::session::SessionLimits as _;
+        let base = std::env::var("IDEMPOTENT_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let mut conn = MysqlConnection::establish(&base).unwrap_or_else(|e| {
+            panic!("MariaDB at {base}: {e}; scripts/test starts it (or set IDEMPOTENT_MYSQL_URL)")
+        });
+        conn.batch_execute("SET SESSION sql_mode = 'ORACLE'; SET SESSION max_statement_time = 0.5")
+            .expect("the session's settings");
+        let limit = conn.statement_limit();
+        assert_eq!(limit.map(|limit| limit.shown).as_deref(), Some("0.5"));
+    }
+
+    /// Both chart reads in a session with `setting`, on a database of the test's own; whether a
+    /// transaction is open after them.
+    fn hourly_in_a_session(setting: &str) -> i64 {
         let base = std::env::var("IDEMPOTENT_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
         let mut admin = MysqlConnection::establish(&base).unwrap_or_else(|e| {
             panic!("MariaDB at {base}: {e}; scripts/test starts it (or set IDEMPOTENT_MYSQL_URL)")
         });
-        let name = format!("hourly_{}", std::process::id());
+        let name = format!("hourly_{}_{}", std::process::id(), setting.len());
         admin
             .batch_execute(&format!(
                 "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
@@ -162,10 +224,15 @@ mod tests {
         let mut conn =
             MysqlConnection::establish(&format!("{server}/{name}")).expect("a connection");
         idempotent_runtime::migrate(&mut conn).expect("the runtime's tables");
-        conn.batch_execute("SET autocommit = 0")
-            .expect("autocommit off");
-        conn.keys_per_hour().expect("keys per hour");
-        conn.delivered_per_hour().expect("delivered per hour");
+        conn.batch_execute(setting).expect("the session's setting");
+        let keys = conn
+            .keys_per_hour()
+            .map(drop)
+            .map_err(|e| e.error.to_string());
+        let delivered = conn
+            .delivered_per_hour()
+            .map(drop)
+            .map_err(|e| e.error.to_string());
         let open: Vec<Open> = diesel::sql_query("SELECT CAST(@@in_transaction AS SIGNED) AS n")
             .load(&mut conn)
             .expect("@@in_transaction");
@@ -173,6 +240,8 @@ mod tests {
         admin
             .batch_execute(&format!("DROP DATABASE {name}"))
             .expect("dropping the test's database");
-        assert_eq!(open[0].n, 0, "the chart reads left a transaction open");
+        keys.expect("keys per hour");
+        delivered.expect("delivered per hour");
+        open[0].n
     }
 }
