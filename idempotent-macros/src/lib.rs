@@ -127,7 +127,9 @@ fn wants_companion(handler: &signature::Handler<'_>, args: &args::Args, cx: &ctx
         } => {
             let name = &handler.item.sig.ident;
             let or = if kind == scope::CRATE_IN_A_PATH {
-                format!("write those paths from the root (`::{name}::..`)")
+                format!(
+                    "rename the function (for a crate, writing its paths from the root, `::{name}::..`, also does)"
+                )
             } else {
                 "rename one of the two".to_owned()
             };

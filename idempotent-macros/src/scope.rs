@@ -60,6 +60,12 @@ struct Region {
 struct Summary {
     functions: Vec<Found>,
     regions: Vec<Region>,
+    /// For each function of `functions` (same index): whether code of its scope names its name as
+    /// the root of a path (`url::Url::parse`), other than to its companion.
+    rooted: Vec<bool>,
+    /// Every name a `use`, `mod` or `extern crate` of the file binds, at any depth: a path rooted
+    /// there may reach that, not a crate.
+    bound: std::collections::HashSet<String>,
 }
 
 thread_local! {
@@ -150,6 +156,16 @@ fn summarise(source: &str) -> Option<Summary> {
     let mut summary = Summary::default();
     let items: Vec<&Item> = file.items.iter().collect();
     walk_items(&items, &mut summary);
+    for (found, rooted) in summary.functions.iter_mut().zip(&summary.rooted) {
+        if *rooted
+            && !summary.bound.contains(&found.name)
+            && found.place == (Place::Free { taken_by: None })
+        {
+            found.place = Place::Free {
+                taken_by: Some(CRATE_IN_A_PATH),
+            };
+        }
+    }
     Some(summary)
 }
 
@@ -168,7 +184,9 @@ fn region(summary: &mut Summary, braces: &syn::token::Brace, place: Place) {
 }
 
 fn walk_items(items: &[&Item], summary: &mut Summary) {
+    let roots = path_roots(items);
     for item in items {
+        bind_names(item, &mut summary.bound);
         match item {
             Item::Fn(function) => {
                 summary.functions.push(Found {
@@ -179,6 +197,9 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
                         taken_by: taken_by(items, &function.sig.ident),
                     },
                 });
+                summary
+                    .rooted
+                    .push(roots.contains(&function.sig.ident.to_string()));
                 walk_block(&function.block, summary);
             }
             Item::Mod(module) => {
@@ -193,6 +214,7 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
                 for item in &block.items {
                     if let ImplItem::Fn(function) = item {
                         summary.functions.push(associated(&function.sig));
+                        summary.rooted.push(false);
                         walk_block(&function.block, summary);
                     }
                 }
@@ -204,6 +226,7 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
                         && let Some(body) = &function.default
                     {
                         summary.functions.push(associated(&function.sig));
+                        summary.rooted.push(false);
                         walk_block(body, summary);
                     }
                 }
@@ -322,42 +345,109 @@ fn walk_macro(tokens: &proc_macro2::TokenStream, summary: &mut Summary) {
 /// its last segment, an `as` or a `{self}`), whatever namespace the imported item is in: a type or
 /// a module conflicts with the companion, and a function with the handler itself.
 fn taken_by(items: &[&Item], name: &syn::Ident) -> Option<&'static str> {
-    declared(items, name).or_else(|| {
-        items
-            .iter()
-            .filter(|item| !matches!(item, Item::Mod(_)))
-            .any(|item| path_root(item.to_token_stream(), name))
-            .then_some(CRATE_IN_A_PATH)
-    })
+    declared(items, name)
 }
 
 /// What takes a function's name when code of its module reaches a crate of that name by a path.
-pub const CRATE_IN_A_PATH: &str = "a crate that code in this module names in a path";
+pub const CRATE_IN_A_PATH: &str =
+    "a crate (or a module a glob import brings) that code in this module names in a path";
 
-/// Whether `tokens` hold a path that starts at `name` and goes on past it to something other than
-/// the companion's own `key`, `job` and `outcome` (`metrics::counter!`, `url::Url::parse`): a name
-/// no item here declares, so a crate's (or a module's of the prelude). The companion, a type of
-/// that name, would hide it. Items of nested modules are not looked into: they do not see it.
-fn path_root(tokens: proc_macro2::TokenStream, name: &syn::Ident) -> bool {
+/// The names that start a path in `items` and go on past it to something other than a
+/// companion's own `key`, `job` and `outcome` (`metrics::counter!`, `url::Url::parse`): a name
+/// no item of the file binds is a crate's (or a glob import's), which a companion of that name
+/// would hide. Items of nested modules are not looked into (they do not see the companion), nor
+/// items under `#[cfg]` (they may not exist in this build), nor a macro's `$name` or `quote!`'s
+/// `#name`.
+fn path_roots(items: &[&Item]) -> std::collections::HashSet<String> {
+    let mut roots = std::collections::HashSet::new();
+    for item in items {
+        if matches!(item, Item::Mod(_)) || conditional(item) {
+            continue;
+        }
+        collect_roots(item.to_token_stream(), &mut roots);
+    }
+    roots
+}
+
+/// Whether `item` is under `#[cfg]` (or `#[cfg_attr]`).
+fn conditional(item: &Item) -> bool {
+    let attrs: &[syn::Attribute] = match item {
+        Item::Fn(item) => &item.attrs,
+        Item::Impl(item) => &item.attrs,
+        Item::Const(item) => &item.attrs,
+        Item::Static(item) => &item.attrs,
+        Item::Struct(item) => &item.attrs,
+        Item::Enum(item) => &item.attrs,
+        Item::Trait(item) => &item.attrs,
+        Item::Macro(item) => &item.attrs,
+        Item::Type(item) => &item.attrs,
+        _ => &[],
+    };
+    attrs
+        .iter()
+        .any(|attr| attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr"))
+}
+
+/// [`path_roots`] of one token stream, into `roots`.
+fn collect_roots(tokens: proc_macro2::TokenStream, roots: &mut std::collections::HashSet<String>) {
     use proc_macro2::TokenTree;
     let trees: Vec<TokenTree> = tokens.into_iter().collect();
-    trees.iter().enumerate().any(|(i, tree)| match tree {
-        TokenTree::Group(group) => path_root(group.stream(), name),
-        TokenTree::Ident(ident) if ident == name => {
-            let separator = |at: usize| {
-                matches!(
-                    (trees.get(at), trees.get(at + 1)),
-                    (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
-                        if a.as_char() == ':' && b.as_char() == ':'
-                )
-            };
-            let rooted = i < 2 || !separator(i - 2);
-            let after = matches!(trees.get(i + 3), Some(TokenTree::Ident(next))
-                if !["key", "job", "outcome"].iter().any(|own| next == own));
-            rooted && separator(i + 1) && after
+    let punct = |at: Option<usize>, c: char| matches!(at.and_then(|at| trees.get(at)), Some(TokenTree::Punct(p)) if p.as_char() == c);
+    for (i, tree) in trees.iter().enumerate() {
+        match tree {
+            TokenTree::Group(group) => collect_roots(group.stream(), roots),
+            TokenTree::Ident(ident) => {
+                let before = |back: usize| i.checked_sub(back);
+                // Not `a::name`, `$name` nor `#name`.
+                let after_separator = punct(before(1), ':') && punct(before(2), ':');
+                let interpolated = punct(before(1), '$') || punct(before(1), '#');
+                let rooted = !(after_separator || interpolated);
+                let continues = punct(Some(i + 1), ':')
+                    && punct(Some(i + 2), ':')
+                    && matches!(trees.get(i + 3), Some(TokenTree::Ident(next))
+                        if !["key", "job", "outcome"].iter().any(|own| next == own));
+                if rooted && continues {
+                    roots.insert(syn::ext::IdentExt::unraw(ident).to_string());
+                }
+            }
+            _ => {}
         }
-        _ => false,
-    })
+    }
+}
+
+/// Adds the names `item` binds by a `use`, a `mod` or an `extern crate`, and those of the items
+/// inside it at any depth, to `bound`.
+fn bind_names(item: &Item, bound: &mut std::collections::HashSet<String>) {
+    struct Binder<'a>(&'a mut std::collections::HashSet<String>);
+    impl Binder<'_> {
+        fn tree(&mut self, tree: &syn::UseTree) {
+            match tree {
+                syn::UseTree::Path(path) => self.tree(&path.tree),
+                syn::UseTree::Name(leaf) => {
+                    self.0.insert(leaf.ident.to_string());
+                }
+                syn::UseTree::Rename(rename) => {
+                    self.0.insert(rename.rename.to_string());
+                }
+                syn::UseTree::Glob(_) => {}
+                syn::UseTree::Group(group) => group.items.iter().for_each(|tree| self.tree(tree)),
+            }
+        }
+    }
+    match item {
+        Item::Use(item) => Binder(bound).tree(&item.tree),
+        Item::Mod(item) => {
+            bound.insert(item.ident.to_string());
+        }
+        Item::ExternCrate(item) => {
+            let name = item
+                .rename
+                .as_ref()
+                .map_or(&item.ident, |(_, rename)| rename);
+            bound.insert(name.to_string());
+        }
+        _ => {}
+    }
 }
 
 /// The kind of the item among `items` that declares or imports `name` among types and modules.
@@ -502,6 +592,28 @@ mod tests {
                 "url",
             ),
             ("fn url(raw: &str) { let _ = raw.url; }", "url"),
+            // A name the file binds otherwise (a block's `use`, a module in a body), a macro's
+            // `$name`, `quote!`'s `#name`, and code under `#[cfg]`.
+            (
+                "fn time(id: u64) {} fn f() { use std::time; time::Instant::now(); }",
+                "time",
+            ),
+            (
+                "fn report(id: u64) {} fn f() -> u8 { mod report { pub fn l() -> u8 { 3 } } report::l() }",
+                "report",
+            ),
+            (
+                "fn url(raw: &str) {} macro_rules! m { ($url:ident) => { $url::default() }; }",
+                "url",
+            ),
+            (
+                "fn url(raw: &str) {} fn f() { quote!(#url::new()); }",
+                "url",
+            ),
+            (
+                "fn url(raw: &str) {} #[cfg(feature = \"x\")] fn f() { url::Url::parse(\"\"); }",
+                "url",
+            ),
         ] {
             assert_eq!(
                 place(source, name),

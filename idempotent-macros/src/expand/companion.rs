@@ -224,13 +224,11 @@ impl Expansion<'_> {
                 None,
             ),
             // A generic handler's `outcome` is called with its turbofish (`load::outcome::<X>`),
-            // which must name all of `outcome`'s type parameters: `T` and `E` are the return
-            // type's `JobResult` items there, not parameters of their own.
-            None if generics
-                .params
-                .iter()
-                .any(|param| !matches!(param, syn::GenericParam::Lifetime(_))) =>
-            {
+            // which must name all of `outcome`'s type parameters: where the return type names one
+            // of the handler's, `T` and `E` are its `JobResult` items, not parameters of their
+            // own. (Where it names none, a bound on it would be checked where it is written: a
+            // second error for a return type that is no `Result`.)
+            None if self.return_type_names_a_parameter() => {
                 let ret = respan(self.handler.output.ty.to_token_stream());
                 let private = private_module();
                 let krate = self.krate();
@@ -295,6 +293,23 @@ impl Expansion<'_> {
             let cfg = (!conditional.is_empty()).then(|| quote!(#[cfg(all(#(#predicates),*))]));
             (cfg, call)
         })
+    }
+
+    /// Whether the return type names one of the handler's type or const parameters.
+    fn return_type_names_a_parameter(&self) -> bool {
+        let mut named = std::collections::HashSet::new();
+        idents_in(self.handler.output.ty.to_token_stream(), &mut named);
+        self.handler
+            .item
+            .sig
+            .generics
+            .params
+            .iter()
+            .any(|param| match param {
+                syn::GenericParam::Type(param) => named.contains(&param.ident.to_string()),
+                syn::GenericParam::Const(param) => named.contains(&param.ident.to_string()),
+                syn::GenericParam::Lifetime(_) => false,
+            })
     }
 
     /// `T` and `E` of a return type not spelled `Result<T, E>` (an alias of one): parameters of
