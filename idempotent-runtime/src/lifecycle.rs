@@ -284,9 +284,19 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         let call = self.call;
         // A body that returned `Ok`: before its record and commit. After one that failed, the
         // rollback's reads find an answer out of step (the connection ends broken).
-        if matches!(produced, Ok(Produced::Ran(..))) && !self.in_step().await {
-            let error = self.out_of_step().await;
-            return Err(call.failed(error).into());
+        if matches!(produced, Ok(Produced::Ran(..))) {
+            match self.in_step().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    let error = self.out_of_step().await;
+                    return Err(call.failed(error).into());
+                }
+                // As where the record met it: the echo is the first statement after the body.
+                Err(source) => {
+                    let error = call.database::<S::Db>(Step::Record, source);
+                    return Err(call.failed(self.fail_after_body(error).await).into());
+                }
+            }
         }
         match produced {
             Err(panic) => {
@@ -347,12 +357,13 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     }
 
     /// Whether the connection's answers are in step with its statements after the body
-    /// (`Database::answers_in_step`), where its statements are not cancel-safe; `true` with
-    /// nothing sent elsewhere.
-    async fn in_step(&mut self) -> bool {
-        S::STATEMENTS_CANCEL_SAFE
-            || S::Db::answers_in_step(self.transaction.store(), self.call.context.claim_token())
-                .await
+    /// (`Database::answers_in_step`), where its statements are not cancel-safe; `Ok(true)` with
+    /// nothing sent elsewhere. An error is the echo's own (a deadlock, a lost connection).
+    async fn in_step(&mut self) -> diesel::QueryResult<bool> {
+        if S::STATEMENTS_CANCEL_SAFE {
+            return Ok(true);
+        }
+        S::Db::answers_in_step(self.transaction.store(), self.call.context.claim_token()).await
     }
 
     /// A body that returned `Ok` after it dropped a statement of its own midway (a `timeout`

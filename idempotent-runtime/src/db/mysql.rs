@@ -867,11 +867,23 @@ impl Database for MysqlDb {
     // `done_jobs` is `ENGINE = InnoDB`: warning 1196 is about the body's other tables.
     const PARTIAL_ROLLBACK_MAY_KEEP_THE_CLAIM: bool = false;
 
-    async fn answers_in_step<C: Store<Db = Self>>(conn: &mut C, nonce: i64) -> bool {
-        let echoed: QueryResult<Vec<TableCount>> = conn
-            .load(Statement::<Echo, _>::new((bind::<BigInt, _>(nonce),)))
-            .await;
-        matches!(echoed.as_deref(), Ok([row]) if row.n == nonce)
+    async fn answers_in_step<C: Store<Db = Self>>(conn: &mut C, nonce: i64) -> QueryResult<bool> {
+        async fn echo<C: Store<Db = MysqlDb>>(conn: &mut C, nonce: i64) -> QueryResult<bool> {
+            let echoed: Vec<TableCount> = conn
+                .load(Statement::<Echo, _>::new((bind::<BigInt, _>(nonce),)))
+                .await?;
+            Ok(matches!(echoed.as_slice(), [row] if row.n == nonce))
+        }
+        match echo(conn, nonce).await {
+            Err(error) if !Self::connection_lost(&error) => {
+                match echo(conn, nonce.wrapping_add(1)).await {
+                    Ok(true) => Err(error),
+                    Err(lost) if Self::connection_lost(&lost) => Err(lost),
+                    _ => Ok(false),
+                }
+            }
+            answered => answered,
+        }
     }
 
     async fn session_in_transaction<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<bool> {

@@ -160,14 +160,18 @@ pub trait Database: Sized + Send + Sync + 'static {
     /// `nonce` reads it back. Asked after a job's body, before the runtime's next statement, where
     /// statements are not cancel-safe (`Store::STATEMENTS_CANCEL_SAFE`: diesel-async's MySQL
     /// connection), so that a statement the body dropped midway, whose answer comes later, is
-    /// found before that answer is read as the commit's. `true` elsewhere, with nothing sent.
+    /// found before that answer is read as the commit's. `Ok(true)` elsewhere, with nothing sent.
+    ///
+    /// An error read for the echo is another statement's answer, or the echo's own (a deadlock, a
+    /// Galera brute-force abort of the transaction): a second echo tells which. In step, the error
+    /// is the echo's own, returned as it is.
     #[doc(hidden)]
     fn answers_in_step<C: Store<Db = Self>>(
         conn: &mut C,
         nonce: i64,
-    ) -> impl Future<Output = bool> + Send {
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
         let _ = (conn, nonce);
-        async { true }
+        async { Ok(true) }
     }
 
     /// Whether the session holds a transaction that Diesel does not know of, before a transaction
