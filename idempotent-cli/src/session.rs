@@ -60,6 +60,34 @@ fn postgres_seconds(shown: &str) -> Option<f64> {
     Some(number * per)
 }
 
+/// `read` in a transaction of its own begun with `begin` (MySQL: `START TRANSACTION`, which
+/// MariaDB's `sql_mode = 'ORACLE'` does not read as a PL/SQL block, as it does Diesel's `BEGIN`),
+/// committed, or rolled back when it failed.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "serve"))]
+pub fn in_transaction<C, T, E>(
+    conn: &mut C,
+    begin: &str,
+    read: impl FnOnce(&mut C) -> Result<T, E>,
+) -> Result<T, E>
+where
+    C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+    E: From<diesel::result::Error>,
+{
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    AnsiTransactionManager::begin_transaction_sql(conn, begin)?;
+    match read(conn) {
+        Ok(rows) => {
+            AnsiTransactionManager::commit_transaction(conn)?;
+            Ok(rows)
+        }
+        Err(failed) => {
+            // A rollback that fails marks the connection broken; the read's error is the one.
+            let _ = AnsiTransactionManager::rollback_transaction(conn);
+            Err(failed)
+        }
+    }
+}
+
 /// The session's statement time limit, where the database has one.
 pub trait SessionLimits {
     /// The limit; `None` where the database has none, or it cannot be read (MySQL's
@@ -82,16 +110,7 @@ fn read<C>(
 where
     C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
 {
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    AnsiTransactionManager::begin_transaction_sql(conn, begin).ok()?;
-    let rows = match load(conn) {
-        Ok(rows) => AnsiTransactionManager::commit_transaction(conn).map(|()| rows),
-        Err(error) => {
-            let _ = AnsiTransactionManager::rollback_transaction(conn);
-            Err(error)
-        }
-    }
-    .ok()?;
+    let rows = in_transaction(conn, begin, load).ok()?;
     let shown = rows.into_iter().next()?.shown;
     Some(StatementLimit {
         setting,

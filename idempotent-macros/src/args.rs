@@ -125,29 +125,7 @@ impl Args {
             }
             "name" => {
                 let value = string_value(meta, "name", "send_invoice")?;
-                if value.value().trim().is_empty() {
-                    return Err(syn::Error::new(
-                        value.span(),
-                        "the job name cannot be empty",
-                    ));
-                }
-                if let Some(control) = value.value().chars().find(|c| c.is_control()) {
-                    return Err(syn::Error::new(
-                        value.span(),
-                        format!(
-                            "the job name holds the control character {control:?}: PostgreSQL refuses `\\0` in text, so every call would fail there, and the others would print the name broken; give a name without one"
-                        ),
-                    ));
-                }
-                let chars = value.value().chars().count();
-                if chars > MAX_NAME_CHARS {
-                    return Err(syn::Error::new(
-                        value.span(),
-                        format!(
-                            "the job name is {chars} characters long; at most {MAX_NAME_CHARS} fit `done_jobs.job_name` (MySQL's `VARCHAR(255)`), so give a shorter `name`"
-                        ),
-                    ));
-                }
+                check_name(&value)?;
                 set_once(&mut self.name, value, meta)
             }
             "conn" => {
@@ -317,6 +295,35 @@ fn set_once<T>(slot: &mut Option<T>, value: T, meta: &ParseNestedMeta<'_>) -> sy
         return Err(meta.error(format!("`{name}` is given twice; give it once")));
     }
     *slot = Some(value);
+    Ok(())
+}
+
+/// A job name the runtime can store and show: not empty, no control character, at most
+/// [`MAX_NAME_CHARS`] characters.
+fn check_name(value: &LitStr) -> syn::Result<()> {
+    if value.value().trim().is_empty() {
+        return Err(syn::Error::new(
+            value.span(),
+            "the job name cannot be empty",
+        ));
+    }
+    if let Some(control) = value.value().chars().find(|c| c.is_control()) {
+        return Err(syn::Error::new(
+            value.span(),
+            format!(
+                "the job name holds the control character {control:?}: PostgreSQL refuses `\\0` in text, so every call would fail there, and the others would print the name broken; give a name without one"
+            ),
+        ));
+    }
+    let chars = value.value().chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err(syn::Error::new(
+            value.span(),
+            format!(
+                "the job name is {chars} characters long; at most {MAX_NAME_CHARS} fit `done_jobs.job_name` (MySQL's `VARCHAR(255)`), so give a shorter `name`"
+            ),
+        ));
+    }
     Ok(())
 }
 

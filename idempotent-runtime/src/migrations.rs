@@ -357,6 +357,14 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
     if present.contains(&"done_jobs") {
         problems.extend(cannot_write(conn).await?);
     }
+    problems.extend(session_problems(conn).await?);
+    Ok(problems)
+}
+
+/// What the session's own settings would change of what jobs store and decide (MySQL/MariaDB: a
+/// character set other than utf8mb4, a clock set apart by `SET timestamp`).
+async fn session_problems<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
+    let mut problems = Vec::new();
     if let Some(found) = S::Db::session_charset(conn).await? {
         problems.push(SchemaProblem::SessionCharset { found });
     }

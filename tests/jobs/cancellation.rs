@@ -378,6 +378,15 @@ impl<F: std::future::Future + ?Sized> std::future::Future for DropAfter<F> {
     }
 }
 
+/// The row `drops_lock` 1, which the tests below hold from another session while a body's
+/// `UPDATE` of it waits.
+#[cfg(feature = "async-mysql")]
+fn lock_row(conn: &mut AsyncConn<diesel_async::AsyncMysqlConnection>) {
+    use crate::backends::AsyncMysql;
+    <AsyncMysql as Backend>::execute(conn, "CREATE TABLE drops_lock (id INT PRIMARY KEY, v INT)");
+    <AsyncMysql as Backend>::execute(conn, "INSERT INTO drops_lock VALUES (1, 0)");
+}
+
 /// A body that drops a statement of its own midway (a `timeout` around an `UPDATE` that waits for
 /// a row lock), then returns `Ok`, on diesel-async's MySQL connection: the statement's answer (a
 /// lock wait timeout) comes after the runtime's next statement is sent. Before, the runtime read
@@ -413,11 +422,7 @@ fn a_statement_the_body_drops_is_found_before_the_commit() {
     let db = Db::<AsyncMysql>::fresh();
     let mut checker = db.connect();
     <AsyncMysql as Backend>::execute(&mut checker, "CREATE TABLE drops_work (n INT)");
-    <AsyncMysql as Backend>::execute(
-        &mut checker,
-        "CREATE TABLE drops_lock (id INT PRIMARY KEY, v INT)",
-    );
-    <AsyncMysql as Backend>::execute(&mut checker, "INSERT INTO drops_lock VALUES (1, 0)");
+    lock_row(&mut checker);
     let mut holder = db.connect();
     <AsyncMysql as Backend>::execute(&mut holder, "BEGIN");
     <AsyncMysql as Backend>::execute(&mut holder, "UPDATE drops_lock SET v = 10 WHERE id = 1");
@@ -505,11 +510,7 @@ fn a_statement_a_failing_body_drops_leaves_no_answer_behind() {
     let db = Db::<AsyncMysql>::fresh();
     let mut checker = db.connect();
     <AsyncMysql as Backend>::execute(&mut checker, "CREATE TABLE drops_work (k VARCHAR(64))");
-    <AsyncMysql as Backend>::execute(
-        &mut checker,
-        "CREATE TABLE drops_lock (id INT PRIMARY KEY, v INT)",
-    );
-    <AsyncMysql as Backend>::execute(&mut checker, "INSERT INTO drops_lock VALUES (1, 0)");
+    lock_row(&mut checker);
     let mut worker = db.connect();
     let done = idempotent_jobs::JobKey::new("drops:done");
     let first = worker.runtime.block_on(job(&mut worker.conn, &done, false));

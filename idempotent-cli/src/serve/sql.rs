@@ -62,30 +62,6 @@ pub trait Hourly {
     fn alive(&mut self) -> bool;
 }
 
-/// `read` in a transaction of its own begun with `begin`, committed (rolled back when it failed).
-fn in_transaction<C, T>(
-    conn: &mut C,
-    begin: &str,
-    read: impl FnOnce(&mut C) -> Result<T, Failed>,
-) -> Result<T, Failed>
-where
-    C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
-{
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    AnsiTransactionManager::begin_transaction_sql(conn, begin)?;
-    match read(conn) {
-        Ok(rows) => {
-            AnsiTransactionManager::commit_transaction(conn)?;
-            Ok(rows)
-        }
-        Err(failed) => {
-            // A rollback that fails marks the connection broken; the read's error is the one.
-            let _ = AnsiTransactionManager::rollback_transaction(conn);
-            Err(failed)
-        }
-    }
-}
-
 /// Implements [`Hourly`] for a connection type with the text that begins a transaction there
 /// (MySQL: `START TRANSACTION`, which MariaDB's `sql_mode = 'ORACLE'` does not read as a PL/SQL
 /// block, as it does `BEGIN`) and its two statements.
@@ -97,7 +73,7 @@ macro_rules! hourly {
             // holding it. A failed statement is read before its transaction rolls back.
             fn keys_per_hour(&mut self) -> Result<Vec<HourRow>, Failed> {
                 use diesel::RunQueryDsl;
-                in_transaction(self, $begin, |conn| {
+                crate::session::in_transaction(self, $begin, |conn| {
                     diesel::sql_query($keys)
                         .load(conn)
                         .map_err(|e| Failed::read(conn, e))
@@ -106,7 +82,7 @@ macro_rules! hourly {
 
             fn delivered_per_hour(&mut self) -> Result<Vec<HourRow>, Failed> {
                 use diesel::RunQueryDsl;
-                in_transaction(self, $begin, |conn| {
+                crate::session::in_transaction(self, $begin, |conn| {
                     diesel::sql_query($delivered)
                         .load(conn)
                         .map_err(|e| Failed::read(conn, e))
