@@ -6,11 +6,13 @@
 //! terminal or job log. Nothing else the runtime traces is printed.
 
 use std::fmt::{self, Write as _};
+use std::sync::OnceLock;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
+use crate::connect::Target;
 use crate::secret::scrub_text;
 use crate::table::printable;
 
@@ -21,6 +23,24 @@ const TARGET: &str = "idempotent_jobs::keys";
 pub fn install() {
     // Fails only if one is installed already, which nothing else here does.
     let _ = tracing::subscriber::set_global_default(KeyEvents(|line: String| eprintln!("{line}")));
+}
+
+/// The database this process talks to: its password, as written, decoded and encoded, is hidden
+/// in every audit line, as in every other error the CLI prints.
+static TARGET_SECRETS: OnceLock<Target> = OnceLock::new();
+
+/// Hides `target`'s secrets in the audit lines printed from now on (a driver's error may quote
+/// the password decoded, where no `password=` or URL form shows it).
+pub fn hide_secrets_of(target: &Target) {
+    let _ = TARGET_SECRETS.set(target.clone());
+}
+
+/// `text` with every secret hidden: the target's (once known) and those of any URL or
+/// `password=` parameter.
+fn scrub(text: &str) -> String {
+    TARGET_SECRETS
+        .get()
+        .map_or_else(|| scrub_text(text), |target| target.scrub(text))
 }
 
 /// Hands each of the runtime's key events (info and above), as one line, to its function: the
@@ -70,7 +90,7 @@ impl Fields {
     /// carries the database's) with its secrets hidden, as every other error the CLI prints.
     fn push(&mut self, field: &Field, value: String) {
         let value = if field.name() == "error" {
-            scrub_text(&value)
+            scrub(&value)
         } else {
             value
         };
@@ -136,6 +156,28 @@ mod tests {
             "{}",
             lines[0]
         );
+    }
+
+    /// A driver's error may quote the password decoded (`p@ss` for the URL's `p%40ss`), where
+    /// neither a URL nor a `password=` shows it: the target's own secrets are hidden too. Before,
+    /// the line printed it.
+    #[test]
+    fn an_audited_error_hides_the_targets_password_however_quoted() {
+        let target = Target::parse("postgres://app:s3cr%40t%21@db/jobs").unwrap();
+        hide_secrets_of(&target);
+        let lines = lines(|| {
+            tracing::warn!(
+                target: "idempotent_jobs::keys",
+                job = "invoice",
+                key = "invoice:2026-11:42",
+                reason = "refund",
+                error = "authentication for app with s3cr@t! failed",
+                "may have forgotten a key"
+            );
+        });
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(!lines[0].contains("s3cr@t!"), "{}", lines[0]);
+        assert!(lines[0].contains("authentication for app with *** failed"), "{}", lines[0]);
     }
 
     /// Events of other targets are not printed.

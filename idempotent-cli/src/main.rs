@@ -105,6 +105,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         )
     })?;
     let target = Target::parse(url)?;
+    audit::hide_secrets_of(&target);
     #[cfg(feature = "serve")]
     if let Command::Serve(args) = &cli.command {
         return serve::serve(target, args);
