@@ -454,7 +454,8 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     /// because the transaction was aborted already, after a body that returned `Ok`, is read as
     /// the job's own transaction reads it (its savepoint's release is refused): the body left it
     /// aborted, and it was rolled back. A refusal of the statement's own (a trigger, a grant) is
-    /// the database's error; before, any refusal there was read as the body's doing.
+    /// the database's error, in a caller's transaction and in the job's own; before, any refusal
+    /// there was read as the body's doing ("retrying is safe", while every retry failed alike).
     async fn fail_after_body(&mut self, error: Error) -> Error {
         let refused = S::Db::A_FAILED_STATEMENT_ABORTS
             && self.nesting == Nesting::Savepoint
@@ -463,8 +464,16 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         // transaction is gone by the database's doing, not the body's.
         let ended_by_it =
             matches!(&error, Error::Database { source, .. } if S::Db::rolled_back_whole(source));
+        // In the job's own transaction, the runtime's statement was refused on its own (a
+        // trigger, a grant; not for a transaction aborted before it) and that aborted the
+        // transaction: the savepoint's release is refused for it, not for the body's doing.
+        let aborted_by_it = S::Db::A_FAILED_STATEMENT_ABORTS
+            && self.nesting == Nesting::Outermost
+            && matches!(&error, Error::Database { source, .. }
+                if !S::Db::refused_as_aborted(source) && !S::Db::connection_lost(source));
         let error = match self.end_unfinished(false).await {
             Ended::RolledBackByBody { .. } if ended_by_it => error,
+            Ended::RolledBackByBody { outside: false } if aborted_by_it => error,
             // Inside a caller's transaction, that transaction went with it, whole.
             Ended::CallersRolledBack { .. } if ended_by_it => match error {
                 Error::Database {

@@ -83,6 +83,31 @@ pub trait JobResult: Sized {
         F: AsyncFnOnce(&mut Conn) -> Self;
 }
 
+/// [`JobResult`]'s items named through a parameter `P` of a generic handler: the companion's
+/// `outcome` of a generic handler whose return type (an alias such as `anyhow::Result<()>`)
+/// names none of its parameters has `<Ret as JobResultOf<P>>::Ok` for its `Ok` type, so that it
+/// takes the handler's turbofish alone, and its bound `Ret: JobResultOf<P>` is checked where
+/// `outcome` is called, not where it is written (a return type that is no `Result` is the
+/// handler's one error).
+pub trait JobResultOf<P: ?Sized>: Sized {
+    /// [`JobResult::Ok`].
+    type Ok: JobOutput;
+    /// [`JobResult::Err`].
+    type Err: JobError;
+
+    /// [`JobResult::into_result`].
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+}
+
+impl<R: JobResult, P: ?Sized> JobResultOf<P> for R {
+    type Ok = R::Ok;
+    type Err = R::Err;
+
+    fn into_result(self) -> Result<Self::Ok, Self::Err> {
+        JobResult::into_result(self)
+    }
+}
+
 /// The `PartialEq` of a handler's result type, where it has one, found by the attribute's
 /// wrapper where the handler's return type `R` is known: `Compared::<R>::NEW.equality()` picks
 /// [`ComparedByEq`] (the receiver by value) when `R` is `Result<T, E>` with `T: PartialEq`,

@@ -135,6 +135,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_record_the_database_refuses_is_the_databases_error() {
+                crate::truth::a_record_the_database_refuses_is_the_databases_error::<$backend>();
+            }
+
+            #[test]
             fn statements_in_a_nested_body_never_make_a_call_lie() {
                 crate::truth::statements_in_a_nested_body_never_make_a_call_lie::<$backend>();
             }

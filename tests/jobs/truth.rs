@@ -51,6 +51,13 @@ fn cases(server: Server) -> Vec<&'static str> {
             // The body's statement ends its own connection: the transaction ends with it,
             // uncommitted, and nothing can be taken back (or needs to be).
             "SELECT pg_terminate_backend(pg_backend_pid())",
+            // The runtime's second savepoint, by its old documented name (now drawn per process:
+            // a rollback to `idempotent_job_mark` kept it, took the claim, and a unit job said
+            // `Ok` with nothing of it committed, then ran again), and a body that makes the rest
+            // of its transaction read-only, which the record of a result then meets.
+            "ROLLBACK TO SAVEPOINT idempotent_job_mark",
+            "ROLLBACK TO SAVEPOINT idempotent_job_mark;;RELEASE SAVEPOINT idempotent_job_mark",
+            "SET TRANSACTION READ ONLY",
         ]
         .as_slice(),
         Server::Mysql => [
@@ -264,6 +271,74 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
         B::NAME,
         wrong.join("\n")
     );
+}
+
+/// The statements that make `done_jobs` refuse the update that records a result, for keys whose
+/// text holds `frozen`, per database (a trigger of the user's, as a grant without `UPDATE` would).
+fn refuse_records(server: Server) -> &'static [&'static str] {
+    match server {
+        Server::Postgres => &[
+            "CREATE FUNCTION refuse_records() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.job_key LIKE '%frozen%' THEN RAISE EXCEPTION 'records are frozen'; END IF; \
+             RETURN NEW; END $$",
+            "CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs FOR EACH ROW \
+             EXECUTE FUNCTION refuse_records()",
+        ],
+        Server::Mysql => &["CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs FOR EACH ROW \
+             BEGIN IF NEW.job_key LIKE '%frozen%' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'records are frozen'; END IF; END"],
+        Server::Sqlite => &["CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs \
+             WHEN NEW.job_key LIKE '%frozen%' BEGIN SELECT RAISE(ABORT, 'records are frozen'); END"],
+    }
+}
+
+/// The database refuses the statement that records a job's result (a trigger of the user's, or a
+/// grant without `UPDATE`): the call fails with the database's own error at that step, saying
+/// nothing was committed and that retrying does not help, and nothing is committed. Before, in
+/// a job's own transaction on PostgreSQL, where the refusal aborts the transaction, it was
+/// reported as a rollback by the body, "retrying is safe", the database's message lost, while
+/// every retry failed alike.
+pub fn a_record_the_database_refuses_is_the_databases_error<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    for statement in refuse_records(B::SERVER) {
+        B::execute(&mut conn, statement);
+    }
+    let id = harness::unique_name("frozen");
+    let result = deliver::<B>(&mut conn, Kind::Value, &id, "", false);
+    let Err(TestError::Idempotent(error)) = &result else {
+        panic!("the refused record fails the call: {result:?}");
+    };
+    assert!(
+        matches!(
+            error,
+            Error::Database {
+                step: idempotent_jobs::Step::Record,
+                ..
+            }
+        ),
+        "the database's error at the record: {error:?}"
+    );
+    // The error, and the database's beneath it.
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        text.push_str(&format!(": {inner}"));
+        cause = inner.source();
+    }
+    assert!(
+        text.contains("records are frozen") && text.contains("nothing of the job was committed"),
+        "{text}"
+    );
+    assert!(!error.is_retryable(), "every retry fails alike: {text}");
+    check(&db, Kind::Value, &id, "", &result).unwrap_or_else(|why| panic!("{why}"));
+    // Once the database takes records again, the key runs, and then replays.
+    let drop = match B::SERVER {
+        Server::Postgres => "DROP TRIGGER refuse_records ON done_jobs",
+        Server::Mysql | Server::Sqlite => "DROP TRIGGER refuse_records",
+    };
+    B::execute(&mut conn, drop);
+    redeliver(&db, Kind::Value, &id).unwrap_or_else(|why| panic!("{why}"));
 }
 
 /// The statements tried in the body of a job called inside a transaction of the caller's: every

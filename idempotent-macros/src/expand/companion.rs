@@ -226,8 +226,10 @@ impl Expansion<'_> {
             // A generic handler's `outcome` is called with its turbofish (`load::outcome::<X>`),
             // which must name all of `outcome`'s type parameters: where the return type names one
             // of the handler's, `T` and `E` are its `JobResult` items, not parameters of their
-            // own. (Where it names none, a bound on it would be checked where it is written: a
-            // second error for a return type that is no `Result`.)
+            // own. Where it names none, they are its `JobResultOf<P>` items, `P` a parameter of
+            // the handler: a bound naming no parameter would be checked where it is written (a
+            // second error for a return type that is no `Result`), one naming `P` where
+            // `outcome` is called.
             None if self.return_type_names_a_parameter() => {
                 let ret = respan(self.handler.output.ty.to_token_stream());
                 let private = private_module();
@@ -238,6 +240,18 @@ impl Expansion<'_> {
                     self.result_item("Err"),
                     Some(quote!(<#ret as #krate::#private::JobResult>::into_result)),
                 )
+            }
+            None if self.first_parameter().is_some() => {
+                let ret = respan(self.handler.output.ty.to_token_stream());
+                let private = private_module();
+                let krate = self.krate();
+                let by = self.first_parameter();
+                predicates.push(quote!(#ret: #krate::#private::JobResultOf<#by>));
+                let item = |name: &str| {
+                    let name = Ident::new(name, Span::call_site());
+                    quote!(<#ret as #krate::#private::JobResultOf<#by>>::#name)
+                };
+                (item("Ok"), item("Err"), Some(item("into_result")))
             }
             None => {
                 let parts = self.alias_parts();
@@ -293,6 +307,28 @@ impl Expansion<'_> {
             let cfg = (!conditional.is_empty()).then(|| quote!(#[cfg(all(#(#predicates),*))]));
             (cfg, call)
         })
+    }
+
+    /// The handler's first type parameter (`P`), or its first const parameter as a type
+    /// (`[(); N]`): what `JobResultOf<_>` is named through. `None` for a handler without either.
+    fn first_parameter(&self) -> Option<TokenStream> {
+        self.handler
+            .item
+            .sig
+            .generics
+            .params
+            .iter()
+            .find_map(|param| match param {
+                syn::GenericParam::Type(param) => {
+                    let ident = &param.ident;
+                    Some(quote!(#ident))
+                }
+                syn::GenericParam::Const(param) => {
+                    let ident = &param.ident;
+                    Some(quote!([(); #ident]))
+                }
+                syn::GenericParam::Lifetime(_) => None,
+            })
     }
 
     /// Whether the return type names one of the handler's type or const parameters.

@@ -653,8 +653,9 @@ impl Database for MysqlDb {
     const BEGIN: &'static str = "START TRANSACTION";
     const COMMIT: &'static str = COMMIT;
     const ROLLBACK: &'static str = ROLLBACK;
-    const RELEASE_AND_COMMIT: &'static str =
-        "RELEASE SAVEPOINT idempotent_job; COMMIT AND NO CHAIN NO RELEASE";
+    fn release_and_commit_sql() -> &'static str {
+        "RELEASE SAVEPOINT idempotent_job; COMMIT AND NO CHAIN NO RELEASE"
+    }
     migration_steps!(
         "mysql",
         crate::store::Step {
@@ -1565,7 +1566,7 @@ pub(crate) mod prepared {
         if super::savepoints_as_text() {
             return diesel::connection::SimpleConnection::batch_execute(
                 conn,
-                <super::MysqlDb as crate::store::Database>::RELEASE_AND_COMMIT,
+                <super::MysqlDb as crate::store::Database>::release_and_commit_sql(),
             );
         }
         match diesel::RunQueryDsl::execute(Statement::<CallFinishJob, _>::new(()), conn) {

@@ -47,7 +47,7 @@ macro_rules! now {
 }
 
 /// The claim token bound at `?`, in a claim of a job's own transaction: an error that names
-/// [`OUTSIDE_JOB`](crate::error::OUTSIDE_JOB) when the claim does not run in a transaction that [`BEGIN_JOB`] opened (its
+/// [`OUTSIDE_JOB`](crate::error::OUTSIDE_JOB) when the claim does not run in a transaction that [`begin_job`] opened (its
 /// transaction-local mark is not there), and one that names [`INSIDE_CALLERS`] when the
 /// transaction has written already, that is, when the job's `BEGIN` was only a warning inside a
 /// transaction of the caller's that Diesel does not know of (a `BEGIN` sent as text). The job's
@@ -67,7 +67,7 @@ macro_rules! now {
 /// flight (diesel-async), the claim is refused the same way when that `BEGIN` failed. Not folded
 /// at planning: it reads the session's settings and the transaction's id.
 ///
-/// Its cost, the `SET LOCAL` in `BEGIN_JOB`'s batch and the reads here: sync `macro/floor`
+/// Its cost, the `SET LOCAL` in `begin_job`'s batch and the reads here: sync `macro/floor`
 /// 1.080 and 1.089 against 1.054 and 1.069 before, taking turns in one machine's runs (2-3%). The
 /// alternative measured, no `SET LOCAL` and a `RETURNING` that refuses a row whose `xmin` is the
 /// transaction's own (not a savepoint's), cost the same (1.078 and 1.068 against 1.055 and
@@ -202,7 +202,7 @@ sql! {
     );
     // A claim in a job's own transaction (the first, sent in the same flight as its `BEGIN` on
     // diesel-async, and any after a redelivery's read or a bounded wait): `ClaimInsert`, refused
-    // with an error when it does not run in the transaction `BEGIN_JOB` opened or when that
+    // with an error when it does not run in the transaction `begin_job` opened or when that
     // transaction has written already (`own_claim_token`).
     OwnClaimInsert = concat!(
         "INSERT INTO done_jobs (key_digest, job_key, job_name, fingerprint, claim_token, result, done_at) \
@@ -452,7 +452,9 @@ impl Database for PostgresDb {
     }
 
     const A_FAILED_STATEMENT_ABORTS: bool = true;
-    const RELEASE_AND_COMMIT: &'static str = RELEASE_AND_COMMIT;
+    fn release_and_commit_sql() -> &'static str {
+        &JOB_TEXTS.release_and_commit
+    }
 
     shared_methods!();
     migration_steps!(
@@ -899,33 +901,52 @@ impl Database for PostgresDb {
     }
 }
 
-/// A second savepoint, set right after the job's own in [`BEGIN_JOB`]: a body that rolls back to
-/// the job's savepoint by name (`ROLLBACK TO SAVEPOINT idempotent_job`) takes it with the claim,
-/// which comes after both here, and [`RELEASE_AND_COMMIT`], which releases it, fails then (its
-/// name holds `idempotent_job`, so the failure reads as the release's). Without it such a job
-/// committed what its body wrote after the rollback without its claim, said it ran, and ran again
-/// at the next delivery. A savepoint, not a setting checked by a query: both are statements in
-/// batches that were there already, and a savepoint's is the cheapest.
-macro_rules! job_mark {
-    () => {
-        "idempotent_job_mark"
-    };
+/// The texts that open and end a job's own transaction, naming its second savepoint (the mark):
+/// set right after the job's own in [`begin_job`], so that a body that rolls back to the job's
+/// savepoint by name (`ROLLBACK TO SAVEPOINT idempotent_job`) takes it with the claim, which comes
+/// after both here, and the release of it before `COMMIT` fails then (its name holds
+/// `idempotent_job`, so the failure reads as the release's). Without it such a job committed what
+/// its body wrote after the rollback without its claim, said it ran, and ran again at the next
+/// delivery. A savepoint, not a setting checked by a query: both are statements in batches that
+/// were there already, and a savepoint's is the cheapest.
+///
+/// The mark's name, `idempotent_job_mark_` and 16 hex digits, is drawn once per process: a body
+/// that rolled back to the mark itself kept it (a rollback keeps the savepoint it names) and took
+/// the claim, and a job returning `()` said it ran with nothing committed. A body cannot name a
+/// savepoint whose name it cannot know.
+struct JobTexts {
+    /// `BEGIN`, the transaction-local mark its claims check ([`own_claim_token`]), the job's
+    /// savepoint and the mark after it, one round trip. A simple query stops at its first error,
+    /// so the setting is made only if `BEGIN` opened the transaction, and it goes with the
+    /// transaction.
+    begin_job: String,
+    /// The mark released (inside the job's savepoint, it fails for all the job's savepoint's
+    /// release failed for, and for a rollback to the job's savepoint) and the transaction
+    /// committed in one text batch: a simple query stops at its first error, so the `COMMIT` runs
+    /// only when the release succeeded.
+    release_and_commit: String,
 }
 
-/// A job's own transaction: `BEGIN`, the transaction-local mark its claims check
-/// ([`own_claim_token`]), the job's savepoint and `job_mark!` after it, one round trip. A simple
-/// query stops at its first error, so the mark is set only if `BEGIN` opened the transaction, and
-/// it goes with the transaction.
-const BEGIN_JOB: &str = concat!(
-    "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SAVEPOINT ",
-    job_mark!()
-);
+/// This process's [`JobTexts`].
+static JOB_TEXTS: std::sync::LazyLock<JobTexts> = std::sync::LazyLock::new(|| {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    // `RandomState`'s keys are drawn from the operating system's randomness.
+    let drawn = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let mark = format!("idempotent_job_mark_{drawn:016x}");
+    JobTexts {
+        begin_job: format!(
+            "BEGIN; SET LOCAL idempotent.job = 'on'; SAVEPOINT idempotent_job; SAVEPOINT {mark}"
+        ),
+        release_and_commit: format!("RELEASE SAVEPOINT {mark}; COMMIT"),
+    }
+});
 
-/// The job's savepoints released (`job_mark!`, inside the job's own, fails for all the job's
-/// savepoint's release failed for, and for a rollback to the job's savepoint) and the transaction
-/// committed in one text batch: a simple query stops at its first error, so the `COMMIT` runs only
-/// when the release succeeded.
-const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", job_mark!(), "; COMMIT");
+/// A job's own transaction opened: [`JobTexts::begin_job`].
+fn begin_job() -> &'static str {
+    &JOB_TEXTS.begin_job
+}
 
 /// A transaction of the runtime's own that is not a job (looking up and forgetting keys, a prune's
 /// batch, a relay's round): `BEGIN`, and in the same simple query a mark for this transaction
@@ -938,12 +959,12 @@ const BEGIN_OWN: &str = "BEGIN; SELECT set_config('idempotent.begun', \
      CASE WHEN transaction_timestamp() = statement_timestamp() THEN 'own' ELSE 'another' END, true)";
 
 #[cfg(feature = "postgres")]
-sync_store!(diesel::PgConnection, PostgresDb, begin: BEGIN_OWN, job: BEGIN_JOB, one_batch: true);
+sync_store!(diesel::PgConnection, PostgresDb, begin: BEGIN_OWN, job: begin_job(), one_batch: true);
 
 #[cfg(feature = "async-postgres")]
-async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: BEGIN_OWN, job: BEGIN_JOB, read_first_in_transaction: true, pipelined: pipeline_begin_job);
+async_store!(diesel_async::AsyncPgConnection, PostgresDb, begin: BEGIN_OWN, job: begin_job(), read_first_in_transaction: true, pipelined: pipeline_begin_job);
 
-/// [`Store::begin_job_pipelined`] on diesel-async's PostgreSQL connection: [`BEGIN_JOB`]
+/// [`Store::begin_job_pipelined`] on diesel-async's PostgreSQL connection: [`begin_job`]
 /// and `first` sent together, one round trip; `None` inside a caller's transaction.
 ///
 /// The transaction is counted open before anything is sent: a future dropped in flight leaves
@@ -975,7 +996,7 @@ where
     }
     let shared: &diesel_async::AsyncPgConnection = conn;
     let (begun, ran) = super::both(
-        async { (&mut &*shared).batch_execute(BEGIN_JOB).await },
+        async { (&mut &*shared).batch_execute(begin_job()).await },
         diesel_async::RunQueryDsl::execute(first, &mut &*shared),
     )
     .await;
@@ -994,7 +1015,7 @@ mod tests {
     use super::{DEADLOCK_DETECTED, IN_FAILED_TRANSACTION, WAIT_CANCELED};
 
     /// The claim's refusal outside the job's transaction says what the runtime looks for
-    /// (`crate::error::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `BEGIN_JOB`
+    /// (`crate::error::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `begin_job`
     /// sets.
     #[test]
     fn the_own_claim_refuses_in_the_words_the_runtime_reads() {
@@ -1002,7 +1023,7 @@ mod tests {
         let sql = super::OwnClaimInsert::SQL;
         assert!(sql.contains(&crate::error::OUTSIDE_JOB.replace('\'', "''")));
         assert!(sql.contains("current_setting('idempotent.job', true)"));
-        assert!(super::BEGIN_JOB.contains("SET LOCAL idempotent.job = 'on'"));
+        assert!(super::begin_job().contains("SET LOCAL idempotent.job = 'on'"));
     }
 
     /// The translations of `msgid` in a GNU message catalog (`.mo`): its header, then two tables

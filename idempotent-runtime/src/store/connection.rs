@@ -57,7 +57,7 @@ pub trait Store: Send + Sized {
     /// `idempotent_finish_job` (see `db::mysql`).
     #[doc(hidden)]
     fn release_and_commit(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
-        self.batch(<Self::Db as super::Database>::RELEASE_AND_COMMIT)
+        self.batch(<Self::Db as super::Database>::release_and_commit_sql())
     }
 
     /// The database this connection talks to.

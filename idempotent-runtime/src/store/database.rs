@@ -211,7 +211,9 @@ pub trait Database: Sized + Send + Sync + 'static {
     /// The job's savepoint released and the transaction committed in one text batch, the commit
     /// only when the release succeeded; see [`COMMIT`](Self::COMMIT).
     #[doc(hidden)]
-    const RELEASE_AND_COMMIT: &'static str = "RELEASE SAVEPOINT idempotent_job; COMMIT";
+    fn release_and_commit_sql() -> &'static str {
+        "RELEASE SAVEPOINT idempotent_job; COMMIT"
+    }
 
     /// SQL that puts the session back as it was after a migration step failed part way (MySQL:
     /// the `sql_mode` the routines' step sets for their creation).
