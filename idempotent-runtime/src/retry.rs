@@ -120,7 +120,7 @@ impl Retry {
         }
         if self.changing > 0 {
             parts.push(format!(
-                "{} times the key's row changed under the claim (pruned or renewed by other workers)",
+                "{} times the key's row changed under the claim (pruned or renewed by other workers; where none runs, a trigger on `done_jobs` that drops or changes the claim's row)",
                 self.changing
             ));
         }

@@ -1723,7 +1723,7 @@ mod tests {
         assert!(retry.exhausted::<super::MysqlDb>(&key_kept_changing()));
         assert_eq!(
             retry.explain(),
-            "1 times the key's row changed under the claim (pruned or renewed by other workers)"
+            "1 times the key's row changed under the claim (pruned or renewed by other workers; where none runs, a trigger on `done_jobs` that drops or changes the claim's row)"
         );
     }
 

@@ -130,6 +130,23 @@ pub(crate) const WAIT_CANCELED: &[&str] = &[
     "因為陳述式逾時，正在取消陳述式",
 ];
 
+/// PostgreSQL's "canceling statement due to user request" (SQLSTATE 57014, `pg_cancel_backend`),
+/// as [`DEADLOCK_DETECTED`].
+pub(crate) const USER_CANCELED: &[&str] = &[
+    "canceling statement due to user request",
+    "storniere Anfrage wegen Benutzeraufforderung",
+    "cancelando la sentencia debido a una petición del usuario",
+    "annulation de la requête à la demande de l'utilisateur",
+    "annullamento dell'istruzione su richiesta dell'utente",
+    "ユーザーからの要求により文をキャンセルしています",
+    "사용자 요청에 의해 작업을 취소합니다.",
+    "выполнение оператора отменено по запросу пользователя",
+    "avbryter sats på användares begäran",
+    "виконання оператора скасовано по запиту користувача",
+    "由于用户请求，正在取消语句",
+    "因為使用者要求，正在取消陳述式",
+];
+
 /// PostgreSQL's "current transaction is aborted, commands ignored until end of transaction block"
 /// (SQLSTATE 25P02), as [`DEADLOCK_DETECTED`] (the French one up to its line break).
 pub(crate) const IN_FAILED_TRANSACTION: &[&str] = &[
@@ -622,6 +639,10 @@ impl Database for PostgresDb {
         crate::lost::connection_lost(error, crate::lost::POSTGRES)
     }
 
+    fn canceled_by_request(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| USER_CANCELED.iter().any(|known| m.contains(known)))
+    }
+
     async fn claim<C: Store<Db = Self>>(
         conn: &mut C,
         claim: &Claim<'_>,
@@ -1012,7 +1033,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{DEADLOCK_DETECTED, IN_FAILED_TRANSACTION, WAIT_CANCELED};
+    use super::{DEADLOCK_DETECTED, IN_FAILED_TRANSACTION, USER_CANCELED, WAIT_CANCELED};
 
     /// The claim's refusal outside the job's transaction says what the runtime looks for
     /// (`crate::error::OUTSIDE_JOB`, its quote doubled in SQL), and checks the mark `begin_job`
@@ -1024,6 +1045,30 @@ mod tests {
         assert!(sql.contains(&crate::error::OUTSIDE_JOB.replace('\'', "''")));
         assert!(sql.contains("current_setting('idempotent.job', true)"));
         assert!(super::begin_job().contains("SET LOCAL idempotent.job = 'on'"));
+    }
+
+    /// A statement canceled at an operator's request (`pg_cancel_backend`, at a job's `COMMIT`
+    /// running a slow deferred trigger, say) rolled back what it was part of, and a later try can
+    /// succeed: its error says retrying helps, in any language, and the runtime does not retry
+    /// it on its own. Before, it said retrying does not help, and the redelivery then ran.
+    #[test]
+    fn a_statement_canceled_at_a_request_is_retryable_not_retried() {
+        use crate::store::{Database as _, Fault};
+        for message in [
+            "canceling statement due to user request",
+            "FEHLER:  storniere Anfrage wegen Benutzeraufforderung",
+        ] {
+            let error = diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new(message.to_owned()),
+            );
+            assert!(super::PostgresDb::passes(&error), "{message}");
+            assert_eq!(
+                super::PostgresDb::classify(&error),
+                Fault::Other,
+                "{message}"
+            );
+        }
     }
 
     /// The translations of `msgid` in a GNU message catalog (`.mo`): its header, then two tables
@@ -1083,6 +1128,7 @@ mod tests {
                     "current transaction is aborted, commands ignored until end of transaction block",
                     IN_FAILED_TRANSACTION,
                 ),
+                ("canceling statement due to user request", USER_CANCELED),
             ] {
                 assert!(known.contains(&msgid), "{msgid} itself");
                 if let Some(translated) = translation(&catalog, msgid) {

@@ -505,6 +505,17 @@ pub trait Database: Sized + Send + Sync + 'static {
             || Self::connection_lost(error)
             || matches!(error, DieselError::BrokenTransactionManager)
             || Self::claim_outside_job(error)
+            || Self::canceled_by_request(error)
+    }
+
+    /// Whether `error` is a statement canceled at someone's request (PostgreSQL's
+    /// `pg_cancel_backend`, an operator stopping a slow statement): what it was part of rolled
+    /// back, and a later try can succeed. Not a fault the runtime retries on its own (the cancel
+    /// meant to stop it). By default never.
+    #[doc(hidden)]
+    fn canceled_by_request(error: &DieselError) -> bool {
+        let _ = error;
+        false
     }
 
     /// Whether `error` is a claim's refusal to run outside the transaction its job opened
