@@ -1527,7 +1527,11 @@ async fn claim_failed<S: Store>(
             source: error,
         };
     }
-    if let Some(missing) = crate::migrations::not_migrated(store, "done_jobs").await {
+    // On a connection of no more use nothing more is sent: a statement dropped in flight may
+    // have its answer on the way, which the table's check would read as its own.
+    let unusable = S::Db::connection_lost(&error)
+        || matches!(error, diesel::result::Error::BrokenTransactionManager);
+    if !unusable && let Some(missing) = crate::migrations::not_migrated(store, "done_jobs").await {
         return missing;
     }
     call.database::<S::Db>(step, error)

@@ -11,7 +11,7 @@ use idempotent_jobs::idempotent_job;
 
 use crate::backends::{AsyncConn, Backend};
 use crate::handlers::{self, AsyncTestConn, Mode, TestError};
-use crate::harness::Db;
+use crate::harness::{Db, Server};
 
 /// A deadpool of `size` connections to `url`.
 fn pool<C>(url: &str, size: usize) -> Pool<C>
@@ -667,6 +667,14 @@ static EVERYWHERE: idempotent_jobs::Job = idempotent_jobs::Job::new("everywhere"
 
 /// Runs `EVERYWHERE` on `key` through `conn`: whether it ran.
 async fn everywhere<C: idempotent_jobs::AsyncJobStore>(conn: &mut C, key: &str) -> bool {
+    everywhere_result(conn, key).await.expect("a job").is_ran()
+}
+
+/// Runs `EVERYWHERE` on `key` through `conn`: what the call said.
+async fn everywhere_result<C: idempotent_jobs::AsyncJobStore>(
+    conn: &mut C,
+    key: &str,
+) -> Result<idempotent_jobs::Outcome<u32>, idempotent_jobs::Error> {
     idempotent_jobs::run_async(
         conn,
         &EVERYWHERE,
@@ -674,8 +682,6 @@ async fn everywhere<C: idempotent_jobs::AsyncJobStore>(conn: &mut C, key: &str) 
         async |_c| Ok::<_, idempotent_jobs::Error>(7u32),
     )
     .await
-    .expect("a job")
-    .is_ran()
 }
 
 /// Each call of `calls`, dropped at each of its `.await`s in turn on a warm connection of its own
@@ -707,6 +713,17 @@ where
             }
             points += 1;
             if C::TransactionManager::is_broken_transaction_manager(&mut worker.conn) {
+                // The next call on it says the connection is of no more use (a pool drops it),
+                // nothing else: before, on async MySQL, a table check after the refusal read the
+                // dropped statement's answer, and the call said the tables were never migrated
+                // (not retryable, not a lost connection).
+                let key = format!("everywhere:after-broken-{name}-{pendings}");
+                match runtime.block_on(everywhere_result(&mut worker.conn, &key)) {
+                    Err(error) if error.is_connection_lost() && error.is_retryable() => {}
+                    other => panic!(
+                        "{name}, dropped after {pendings} waits: the next job on its broken connection said {other:?}"
+                    ),
+                }
                 continue;
             }
             let key = format!("everywhere:{name}-{pendings}");
@@ -734,6 +751,19 @@ fn calls<C: AsyncTestConn>() -> Vec<NamedCall<C>> {
         ("ran", |c, n| {
             Box::pin(async move {
                 everywhere(c, &format!("everywhere:ran-{n}")).await;
+            })
+        }),
+        // A body whose own statement is in flight at the drop.
+        ("body", |c, n| {
+            Box::pin(async move {
+                let key = idempotent_jobs::JobKey::new(format!("everywhere:body-{n}"));
+                idempotent_jobs::run_async(c, &EVERYWHERE, &key, async |c| {
+                    c.insert_message("everywhere", "body").await?;
+                    c.insert_message("everywhere", "body").await?;
+                    Ok::<_, crate::handlers::TestError>(7u32)
+                })
+                .await
+                .expect("a job");
             })
         }),
         ("replayed", |c, _| {
@@ -766,6 +796,72 @@ fn calls<C: AsyncTestConn>() -> Vec<NamedCall<C>> {
             })
         }),
     ]
+}
+
+/// What the database tells of the statements the worker's session ran (`None` on SQLite, where
+/// nothing is sent): MySQL's session counter `Questions`, read on the connection itself (the
+/// read is one more); on PostgreSQL, whether the last one is still the read of its process id
+/// (1) or not (0), from `pg_stat_activity`, read by `watcher` for `pid`.
+fn sessions_statements<B, C>(
+    worker: &mut AsyncConn<C>,
+    watcher: &mut AsyncConn<C>,
+    pid: i64,
+) -> Option<i64>
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    match B::SERVER {
+        Server::Mysql => Some(B::query_i64(
+            worker,
+            "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS n FROM information_schema.SESSION_STATUS \
+             WHERE VARIABLE_NAME = 'QUESTIONS'",
+        )),
+        Server::Postgres => Some(B::query_i64(
+            watcher,
+            &format!(
+                "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = {pid} \
+                 AND query LIKE 'SELECT CAST(pg_backend_pid()%'"
+            ),
+        )),
+        Server::Sqlite => None,
+    }
+}
+
+/// A job called on a connection whose transaction manager is broken (a job's future dropped in
+/// flight left it so) says the connection is of no more use, and sends nothing on it: the
+/// dropped statement's answer may still be on its way. Before, the runtime asked whether its
+/// table was there on that connection, read the dropped statement's answer as no rows (async
+/// MySQL), and said the tables were never migrated: not retryable, not a lost connection.
+pub fn a_job_on_a_broken_connection_sends_nothing<B, C>()
+where
+    B: Backend<Conn = AsyncConn<C>>,
+    C: AsyncTestConn,
+{
+    use diesel_async::TransactionManager as _;
+    let db = Db::<B>::fresh();
+    let mut worker = db.connect();
+    let mut watcher = db.connect();
+    let pid = match B::SERVER {
+        Server::Postgres => B::query_i64(&mut worker, "SELECT CAST(pg_backend_pid() AS BIGINT) AS n"),
+        _ => 0,
+    };
+    let before = sessions_statements::<B, C>(&mut worker, &mut watcher, pid);
+    C::TransactionManager::transaction_manager_status_mut(&mut worker.conn).set_in_error();
+    let said = worker
+        .runtime
+        .block_on(everywhere_result(&mut worker.conn, "everywhere:broken"));
+    assert!(
+        matches!(&said, Err(error) if error.is_connection_lost() && error.is_retryable()),
+        "a job on a broken connection said {said:?}"
+    );
+    let after = sessions_statements::<B, C>(&mut worker, &mut watcher, pid);
+    let expected = match B::SERVER {
+        // The read of the counter itself is one statement.
+        Server::Mysql => before.map(|n| n + 1),
+        _ => before,
+    };
+    assert_eq!(after, expected, "statements the job sent on its broken connection");
 }
 
 pub fn every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection<B, C>()

@@ -380,6 +380,11 @@ macro_rules! async_tests {
             }
 
             #[test]
+            fn a_job_on_a_broken_connection_sends_nothing() {
+                cancellation::a_job_on_a_broken_connection_sends_nothing::<$backend, _>();
+            }
+
+            #[test]
             fn every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection() {
                 cancellation::every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection::<
                     $backend,

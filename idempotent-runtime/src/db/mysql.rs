@@ -628,6 +628,7 @@ fn in_english(error: DieselError, number: u32) -> DieselError {
         1969 => ": max_statement_time exceeded",
         3024 => ": maximum statement execution time exceeded",
         1927 => ": Connection was killed",
+        1317 => ": Query execution was interrupted",
         1295 => ": prepared statement protocol",
         1665 => ": BINLOG_FORMAT = STATEMENT",
         1142 | 1370 => ": command denied",
@@ -818,6 +819,14 @@ impl Database for MysqlDb {
 
     fn connection_lost(error: &DieselError) -> bool {
         crate::lost::connection_lost(error, crate::lost::MYSQL)
+    }
+
+    /// `KILL QUERY` (1317, also at a `COMMIT` it interrupted, reported as 1180): the statement,
+    /// and at the commit the transaction, rolled back. A statement's time limit says so too
+    /// (1969, "Query execution was interrupted (max_statement_time exceeded)"), which
+    /// [`classify`](Self::classify) already passes.
+    fn canceled_by_request(error: &DieselError) -> bool {
+        super::message(error).is_some_and(|m| m.contains("Query execution was interrupted"))
     }
 
     /// InnoDB rolls the whole transaction back on a deadlock (1213, also a Galera node's
@@ -1712,6 +1721,28 @@ mod tests {
     /// A claim whose key kept changing under it is counted as that, not as the deadlock MySQL's
     /// classification makes of a serialization failure ("614 deadlocks" before, for a claim that
     /// never met one).
+    /// A statement an operator stopped with `KILL QUERY` (the job's record, or its `COMMIT`
+    /// waiting for a backup lock) rolled back what it was part of: its error says retrying helps,
+    /// in the server's words or numbered in another language, and the runtime does not retry it on
+    /// its own. Before, it said retrying does not help, and the redelivery then ran.
+    #[test]
+    fn a_statement_killed_at_a_request_is_retryable_not_retried() {
+        use crate::store::{Database as _, Fault};
+        let error = |message: &str| {
+            diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new(message.to_owned()),
+            )
+        };
+        for killed in [
+            error("Query execution was interrupted"),
+            super::in_english(error("Abfrage wurde unterbrochen"), 1317),
+        ] {
+            assert!(super::MysqlDb::passes(&killed), "{killed}");
+            assert_eq!(super::MysqlDb::classify(&killed), Fault::Other, "{killed}");
+        }
+    }
+
     #[test]
     fn a_key_that_kept_changing_is_not_counted_as_a_deadlock() {
         let mut retry = Retry::new();
