@@ -843,7 +843,9 @@ where
     let mut worker = db.connect();
     let mut watcher = db.connect();
     let pid = match B::SERVER {
-        Server::Postgres => B::query_i64(&mut worker, "SELECT CAST(pg_backend_pid() AS BIGINT) AS n"),
+        Server::Postgres => {
+            B::query_i64(&mut worker, "SELECT CAST(pg_backend_pid() AS BIGINT) AS n")
+        }
         _ => 0,
     };
     let before = sessions_statements::<B, C>(&mut worker, &mut watcher, pid);
@@ -861,7 +863,10 @@ where
         Server::Mysql => before.map(|n| n + 1),
         _ => before,
     };
-    assert_eq!(after, expected, "statements the job sent on its broken connection");
+    assert_eq!(
+        after, expected,
+        "statements the job sent on its broken connection"
+    );
 }
 
 pub fn every_call_dropped_at_each_await_leaves_a_whole_or_broken_connection<B, C>()
