@@ -177,7 +177,11 @@ mod tests {
         });
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(!lines[0].contains("s3cr@t!"), "{}", lines[0]);
-        assert!(lines[0].contains("authentication for app with *** failed"), "{}", lines[0]);
+        assert!(
+            lines[0].contains("authentication for app with *** failed"),
+            "{}",
+            lines[0]
+        );
     }
 
     /// Events of other targets are not printed.

@@ -227,26 +227,25 @@ struct Wanted {
     named: String,
     /// The key's text, when it was given as text or built from a template.
     text: Option<String>,
-    /// The key whose stored, escaped form the text is, where that differs from it: a key given
-    /// to `JobKey::new` with a control character is stored (and listed) with it as `%XX`.
-    escaped_from: Option<JobKey>,
+    /// The other keys the text may name, tried in order when the text as given names none (see
+    /// [`other_forms`]).
+    others: Vec<JobKey>,
 }
 
 impl Wanted {
-    /// The record of the key: the text as given, else the key whose stored form it is (then
-    /// `self` names that key from here on).
+    /// The record of the key: the text as given, else the first of the other keys it may name
+    /// that is there (then `self` names that key from here on).
     fn lookup<C: JobStore>(&mut self, conn: &mut C) -> Result<Option<KeyRecord>, Error> {
         if let Some(record) = keys::lookup_digest(conn, &self.digest)? {
             return Ok(Some(record));
         }
-        let Some(key) = &self.escaped_from else {
-            return Ok(None);
-        };
-        let record = keys::lookup_digest(conn, &key.digest())?;
-        if record.is_some() {
-            self.digest = key.digest();
+        for key in &self.others {
+            if let Some(record) = keys::lookup_digest(conn, &key.digest())? {
+                self.digest = key.digest();
+                return Ok(Some(record));
+            }
         }
-        Ok(record)
+        Ok(None)
     }
 }
 
@@ -256,6 +255,21 @@ pub fn escaped_from(given: &str) -> Option<JobKey> {
     idempotent_keys::escape::unescape(given)
         .map(JobKey::new)
         .filter(|key| key.as_str() != given && key.readable() == given)
+}
+
+/// The keys `given` may name besides the key of that text, in the order they are tried: the key
+/// whose stored form it is (`%XX`, [`escaped_from`]); then, where it is a key as `keys list`
+/// prints it (`\\` for a backslash, `\u{200b}` for a character drawn as nothing), the key
+/// printed so, and the key whose stored form that is. A key that holds a backslash is found as
+/// given first.
+pub fn other_forms(given: &str) -> Vec<JobKey> {
+    let mut others: Vec<JobKey> = escaped_from(given).into_iter().collect();
+    if let Some(stored) = crate::table::unprintable(given) {
+        let escaped = escaped_from(&stored);
+        others.push(JobKey::new(stored));
+        others.extend(escaped);
+    }
+    others
 }
 
 /// Which key the arguments name; a template that does not fit its values is bad usage.
@@ -273,7 +287,7 @@ fn resolve(key: &KeyArg) -> Result<Wanted, Failure> {
             digest: *digest,
             named: format!("with digest {}", hex(digest)),
             text: None,
-            escaped_from: None,
+            others: Vec::new(),
         });
     }
     let job_key = match (&which.key, &which.template) {
@@ -288,12 +302,12 @@ fn resolve(key: &KeyArg) -> Result<Wanted, Failure> {
         }
     };
     let text = job_key.readable().into_owned();
-    let escaped_from = which.key.as_deref().and_then(escaped_from);
+    let others = which.key.as_deref().map(other_forms).unwrap_or_default();
     Ok(Wanted {
         digest: job_key.digest(),
         named: format!("`{}`", printable(&text)),
         text: Some(text),
-        escaped_from,
+        others,
     })
 }
 
@@ -337,7 +351,15 @@ fn near_text(near: &nearest::Nearest) -> String {
     } else {
         ""
     };
-    let mut text = format!("\n  nearest keys of job `{}`{scope}:", printable(&near.job));
+    let escaped = if near.keys.iter().any(|c| printable(&c.key) != c.key) {
+        " (escaped as `keys list` prints them: `\\\\` is a backslash, `\\u{...}` a character that does not print; give one as shown)"
+    } else {
+        ""
+    };
+    let mut text = format!(
+        "\n  nearest keys of job `{}`{scope}{escaped}:",
+        printable(&near.job)
+    );
     for candidate in &near.keys {
         text.push_str(&format!("\n    {}", printable(&candidate.key)));
         if let Some(decoded) = &candidate.decoded {
@@ -833,7 +855,9 @@ fn outbox_retry<C: JobStore>(
 
 // --- prune and verify ------------------------------------------------------------------------
 
-/// `prune`: deletes lapsed keys, or with `--dry-run` counts them.
+/// `prune`: deletes lapsed keys, or with `--dry-run` counts them. SIGINT and SIGTERM stop it
+/// after the batch under way: it says what it deleted, all committed, and exits 5 (as a prune
+/// that fails after committed batches does).
 fn prune<C: JobStore>(
     conn: &mut C,
     cx: &Context<'_>,
@@ -842,71 +866,147 @@ fn prune<C: JobStore>(
     pace: u32,
 ) -> Result<(), Failure> {
     if dry_run {
-        let counts = keys::job_counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
-        let lapsed: u64 = counts.iter().map(|c| c.lapsed).sum();
-        let by_job: Vec<&JobCount> = counts.iter().filter(|c| c.lapsed > 0).collect();
-        if cx.json {
-            #[derive(Serialize)]
-            struct DryRun<'a> {
-                dry_run: bool,
-                lapsed: u64,
-                jobs: Vec<JobLapsed<'a>>,
-            }
-            #[derive(Serialize)]
-            struct JobLapsed<'a> {
-                job: &'a str,
-                lapsed: u64,
-            }
-            emit_json(&DryRun {
-                dry_run: true,
-                lapsed,
-                jobs: by_job
-                    .iter()
-                    .map(|c| JobLapsed {
-                        job: &c.job,
-                        lapsed: c.lapsed,
-                    })
-                    .collect(),
-            });
-            return Ok(());
-        }
-        let s = if lapsed == 1 { "" } else { "s" };
-        let mut text =
-            format!("dry run: {lapsed} lapsed key{s} would be deleted; nothing was deleted\n");
-        if !by_job.is_empty() {
-            let mut table = Table::new(&[("JOB", Align::Left), ("LAPSED", Align::Right)]);
-            for c in by_job {
-                table.row([c.job.clone(), c.lapsed.to_string()]);
-            }
-            text.push_str(&table.render());
-        }
-        emit(&text);
-        return Ok(());
+        return prune_dry_run(conn, cx);
     }
+    let stop = Stop::catch();
+    let options = Prune::default()
+        .batch_size(batch_size)
+        .pace(pace)
+        .stop_when(std::sync::Arc::clone(&stop.caught));
     let report =
-        idempotent_runtime::prune(conn, &Prune::default().batch_size(batch_size).pace(pace))
-            .map_err(|e| db_failure(conn, cx.target, e))?;
+        idempotent_runtime::prune(conn, &options).map_err(|e| db_failure(conn, cx.target, e))?;
+    let stopped_by = report.stopped.then(|| stop.signal().unwrap_or("a signal"));
+    let s = if report.removed == 1 { "" } else { "s" };
+    let b = if report.batches == 1 { "" } else { "es" };
     if cx.json {
         #[derive(Serialize)]
         struct Pruned {
             dry_run: bool,
             removed: u64,
             batches: u32,
+            /// The signal that stopped the prune, when one did.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            stopped_by: Option<&'static str>,
         }
         emit_json(&Pruned {
             dry_run: false,
             removed: report.removed,
             batches: report.batches,
+            stopped_by,
         });
-    } else {
-        let s = if report.removed == 1 { "" } else { "s" };
-        let b = if report.batches == 1 { "" } else { "es" };
+    } else if stopped_by.is_none() {
         emit(&format!(
             "deleted {} lapsed key{s} in {} batch{b}\n",
             report.removed, report.batches
         ));
     }
+    match stopped_by {
+        None => Ok(()),
+        Some(signal) => Err(Failure::new(
+            Code::Database,
+            format!(
+                "prune stopped by {signal} after the batch under way: deleted {} lapsed key{s} in {} batch{b}, all committed; the lapsed keys left stay, and the next prune continues where this one stopped",
+                report.removed, report.batches
+            ),
+        )),
+    }
+}
+
+/// `prune --dry-run`: counts the lapsed keys, by job, and deletes nothing.
+fn prune_dry_run<C: JobStore>(conn: &mut C, cx: &Context<'_>) -> Result<(), Failure> {
+    let counts = keys::job_counts(conn).map_err(|e| db_failure(conn, cx.target, e))?;
+    let lapsed: u64 = counts.iter().map(|c| c.lapsed).sum();
+    let by_job: Vec<&JobCount> = counts.iter().filter(|c| c.lapsed > 0).collect();
+    if cx.json {
+        #[derive(Serialize)]
+        struct DryRun<'a> {
+            dry_run: bool,
+            lapsed: u64,
+            jobs: Vec<JobLapsed<'a>>,
+        }
+        #[derive(Serialize)]
+        struct JobLapsed<'a> {
+            job: &'a str,
+            lapsed: u64,
+        }
+        emit_json(&DryRun {
+            dry_run: true,
+            lapsed,
+            jobs: by_job
+                .iter()
+                .map(|c| JobLapsed {
+                    job: &c.job,
+                    lapsed: c.lapsed,
+                })
+                .collect(),
+        });
+        return Ok(());
+    }
+    let s = if lapsed == 1 { "" } else { "s" };
+    let mut text =
+        format!("dry run: {lapsed} lapsed key{s} would be deleted; nothing was deleted\n");
+    if !by_job.is_empty() {
+        let mut table = Table::new(&[("JOB", Align::Left), ("LAPSED", Align::Right)]);
+        for c in by_job {
+            table.row([c.job.clone(), c.lapsed.to_string()]);
+        }
+        text.push_str(&table.render());
+    }
+    emit(&text);
     Ok(())
+}
+
+/// The signals that stop a prune after the batch under way, and their names.
+const STOP_SIGNALS: [(i32, &str); 2] = [
+    (signal_hook::consts::SIGINT, "SIGINT"),
+    (signal_hook::consts::SIGTERM, "SIGTERM"),
+];
+
+/// SIGINT and SIGTERM, caught: the first says to stop after the batch under way; a second ends
+/// the process at once (exit 130 or 143, as the signal would have), for a batch stuck on a lock.
+struct Stop {
+    /// Which signal arrived first: its index in [`STOP_SIGNALS`], plus one; 0 for none yet.
+    which: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Set by the first signal: the runtime's prune stops at it (`Prune::stop_when`).
+    caught: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Stop {
+    /// Catches the signals from now on. Where the system refuses, says so, and the prune goes on
+    /// uncaught (a signal ends it, as before, without saying what it committed).
+    fn catch() -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        let which = Arc::new(AtomicUsize::new(0));
+        let caught = Arc::new(AtomicBool::new(false));
+        for (index, (signal, name)) in STOP_SIGNALS.iter().enumerate() {
+            // The shutdown first: it ends the process only once the flag is set, by the first.
+            let registered = signal_hook::flag::register_conditional_shutdown(
+                *signal,
+                128 + *signal,
+                Arc::clone(&caught),
+            )
+            .and_then(|_| signal_hook::flag::register(*signal, Arc::clone(&caught)))
+            // Only the first signal's name is kept: a second ends the process before this.
+            .and_then(|_| {
+                signal_hook::flag::register_usize(*signal, Arc::clone(&which), index + 1)
+            });
+            if let Err(error) = registered {
+                eprintln!(
+                    "warning: cannot catch {name} ({error}): it would end the prune without saying what it deleted"
+                );
+            }
+        }
+        Self { which, caught }
+    }
+
+    /// The signal that arrived, if one did.
+    fn signal(&self) -> Option<&'static str> {
+        let which = self.which.load(std::sync::atomic::Ordering::SeqCst);
+        STOP_SIGNALS
+            .get(which.checked_sub(1)?)
+            .map(|(_, name)| *name)
+    }
 }
 
 /// `verify`: the runtime's read-only schema check; first, a warning of a session statement time

@@ -290,15 +290,9 @@ fn classify(url: &str) -> Result<(Kind, Redacted), Failure> {
                 )
             });
     }
-    let shown = scrub_text(url);
-    Ok((
-        Kind::Sqlite,
-        Redacted {
-            shown,
-            driver: url.to_owned(),
-            secrets: Vec::new(),
-        },
-    ))
+    // A path shown as typed text is: a `name=value` in it whose name no driver knows (`pw=x`, a
+    // misspelt keyword) has its value hidden, here and in every error that quotes the path.
+    Ok((Kind::Sqlite, crate::secret::redact_typed(url)))
 }
 
 /// Whether `text` is a URL scheme (a letter, then letters, digits, `+`, `-` or `.`).
@@ -308,12 +302,23 @@ fn is_scheme(text: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
-/// Whether `text` starts like a libpq connection string: a libpq keyword, then `=`.
+/// Whether `text` is a libpq connection string: it starts with a libpq keyword and `=`, or it is
+/// all `name=value` pairs, one of them a libpq keyword's (a misspelt first keyword,
+/// `pasword=x host=db`, is one: libpq refuses the name it does not know, and its value is hidden
+/// as every unknown name's is).
 fn is_conninfo(text: &str) -> bool {
-    let Some((first, _)) = text.trim_start().split_once('=') else {
-        return false;
-    };
-    crate::secret::LIBPQ_KEYWORDS.contains(&first.trim_end())
+    let is_keyword = |name: &str| crate::secret::LIBPQ_KEYWORDS.contains(&name.trim());
+    if text
+        .trim_start()
+        .split_once('=')
+        .is_some_and(|(first, _)| is_keyword(first))
+    {
+        return true;
+    }
+    crate::secret::conninfo_pairs(text).is_ok_and(|pairs| {
+        pairs.iter().all(|pair| !pair.keyword.is_empty())
+            && pairs.iter().any(|pair| is_keyword(pair.keyword))
+    })
 }
 
 /// What the driver of `kind` is given: `mariadb://` spelled `mysql://` (the MySQL client reads
@@ -492,6 +497,63 @@ mod tests {
         }
         let target = Target::parse("mysql://app:%40secret@db").expect("a URL");
         assert_eq!(target.scrub("bad password '@secret'"), "bad password '***'");
+    }
+
+    /// A valid URL with `@` in its query or path reaches the host and database it names (it
+    /// connected to another database, or opened another file: a prune or a forget there would
+    /// change the wrong one).
+    #[test]
+    fn an_at_sign_in_the_query_or_path_keeps_the_database() {
+        for url in [
+            "postgres://postgres:pw@127.0.0.1/keys_explore?application_name=ops/x@127.0.0.1",
+            "mysql://root:pw@127.0.0.1/db?ssl_ca=/etc/x@y",
+        ] {
+            let target = Target::parse(url).expect("a URL");
+            assert!(
+                target.driver.starts_with(url),
+                "{url}: the driver gets {}",
+                target.driver
+            );
+        }
+        #[cfg(feature = "sqlite")]
+        for url in [
+            "file:///work/scratch/u@h/app.db",
+            "sqlite:///work/scratch/u@h/app.db",
+        ] {
+            let target = Target::parse(url).expect("a URL");
+            let SqliteFile::Path { path, .. } = sqlite_file(&target.driver) else {
+                panic!("{url}: not a file");
+            };
+            assert_eq!(path, PathBuf::from("/work/scratch/u@h/app.db"), "{url}");
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            let target = Target::parse("sqlite://data/u@h/app.db").expect("a URL");
+            let SqliteFile::Path { path, .. } = sqlite_file(&target.driver) else {
+                panic!("not a file");
+            };
+            assert_eq!(path, PathBuf::from("data/u@h/app.db"));
+        }
+    }
+
+    /// A key=value string whose first keyword is misspelt is a connection string, not a SQLite
+    /// path: its values are hidden (it printed "the SQLite database file pasword=S3cretPW ...
+    /// does not exist"). A text read as a SQLite path is shown with the values of names no driver
+    /// knows hidden.
+    #[test]
+    fn a_misspelt_first_keyword_is_still_a_connection_string() {
+        let target = Target::parse("pasword=S3cretPW host=127.0.0.1 dbname=keys_explore")
+            .expect("a connection string");
+        assert_eq!(target.kind, Kind::Postgres);
+        assert_eq!(
+            target.shown,
+            "pasword=*** host=127.0.0.1 dbname=keys_explore"
+        );
+        assert!(!target.scrub("no S3cretPW here").contains("S3cretPW"));
+        let target = Target::parse("pw=secret").expect("a path");
+        assert_eq!(target.kind, Kind::Sqlite);
+        assert_eq!(target.shown, "pw=***");
+        assert!(!target.scrub("file sqlite:pw=secret").contains("secret"));
     }
 
     #[test]

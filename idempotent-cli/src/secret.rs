@@ -151,13 +151,48 @@ pub fn redact_url(url: &str) -> Redacted {
     finish(shown, driver, secrets)
 }
 
-/// Where the user info after `scheme://` ends: at the last `@` before the query, the query being
-/// the first `?` after the last `/` (a password may hold a `?` or a `/`, a query value an `@`);
-/// failing that, at the last `@` of all, which hides too much rather than too little.
+/// Where the user info after `scheme://` ends (the index of its `@`), if there is one.
+///
+/// An empty authority (`file:///path`, `postgres:///db?host=/tmp`) has none. Otherwise it ends at
+/// the first `@` that a host, a path and a query follow ([`is_host_path_query`]): a raw password
+/// may hold `@`, `/`, `?`, `:` or spaces, and a query value or a path an `@`
+/// (`?application_name=ops/x@h`, `?ssl_ca=/etc/x@y`). Failing that, at the last `@`, which hides
+/// too much rather than too little.
 fn userinfo_end(rest: &str) -> Option<usize> {
-    let path = rest.rfind('/').unwrap_or(0);
-    let query = rest[path..].find('?').map_or(rest.len(), |q| path + q);
-    rest[..query].rfind('@').or_else(|| rest.rfind('@'))
+    if rest.starts_with('/') {
+        return None;
+    }
+    rest.match_indices('@')
+        .map(|(at, _)| at)
+        .find(|&at| is_host_path_query(&rest[at + 1..]))
+        .or_else(|| rest.rfind('@'))
+}
+
+/// Whether `text` reads as what follows a URL's user info: `host [/path] [?query]`, the host
+/// without `@`, `/` or `?` (`[::1]:5432`, `h1:5432,h2:5433`, `%2Fvar%2Frun` are hosts), the path
+/// one segment without `@`, the query empty or `&`-separated `name=value` pairs whose names are
+/// letters, digits, `_`, `.` or `-`.
+fn is_host_path_query(text: &str) -> bool {
+    let (before_query, query) = match text.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (text, None),
+    };
+    let (host, path) = match before_query.split_once('/') {
+        Some((host, path)) => (host, path),
+        None => (before_query, ""),
+    };
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    !host.contains('@')
+        && !path.contains(['/', '@'])
+        && query.is_none_or(|query| {
+            query
+                .split('&')
+                .filter(|pair| !pair.is_empty())
+                .all(|pair| {
+                    pair.split_once('=')
+                        .is_some_and(|(name, _)| !name.is_empty() && name.chars().all(name_char))
+                })
+        })
 }
 
 /// A query string with the values of secret parameters hidden (shown) and encoded (driver).
@@ -202,6 +237,30 @@ pub fn redact_conninfo(text: &str) -> Result<Redacted, Unreadable> {
         }
     }
     Ok(finish(shown.join(" "), text.to_owned(), secrets))
+}
+
+/// Reads text that is neither a URL nor a connection string (a SQLite path) as typed text: shown
+/// as [`scrub_typed`] shows it, each value it hides kept as a secret (the error of a missing file
+/// quotes the path in another form: `sqlite:pw=x` as `pw=x`).
+pub fn redact_typed(text: &str) -> Redacted {
+    let mut hidden = Vec::new();
+    let shown = scrub_parameters(
+        &scrub_url_userinfo(text),
+        |name| !name.starts_with('-') && is_hidden_name(name),
+        Some(&mut hidden),
+    );
+    let mut secrets = Vec::new();
+    for value in hidden {
+        add_secret(&mut secrets, &value);
+        if let Some((unquoted, _)) = value
+            .starts_with('\'')
+            .then(|| conninfo_value(&value, 0))
+            .flatten()
+        {
+            add_secret(&mut secrets, &unquoted);
+        }
+    }
+    finish(shown, text.to_owned(), secrets)
 }
 
 /// One `keyword=value` of a libpq connection string.
@@ -286,16 +345,20 @@ fn conninfo_value(text: &str, start: usize) -> Option<(String, usize)> {
 /// Hides, in any text, the secrets of every URL (`scheme://user:password@`) and every secret
 /// parameter (`password=...`, `password = '...'`, `sslpassword=...`) it holds.
 pub fn scrub_text(text: &str) -> String {
-    scrub_parameters(&scrub_url_userinfo(text), is_secret_name)
+    scrub_parameters(&scrub_url_userinfo(text), is_secret_name, None)
 }
 
 /// [`scrub_text`] for a message that quotes what a person typed (clap's, a panic's): the value of
 /// every `name=value` whose name no driver knows is hidden too (a misspelt `pasword=`, in a URL's
-/// query or a key=value string), but for command-line flags (`--since=1h`).
+/// query or a key=value string), but for command-line flags (`--since=1h`). A typed value may
+/// hold spaces (`password=Sek r1t`): an unquoted one runs to a quote, a line's end, or the next
+/// `name=`.
 pub fn scrub_typed(text: &str) -> String {
-    scrub_parameters(&scrub_url_userinfo(text), |name| {
-        !name.starts_with('-') && is_hidden_name(name)
-    })
+    scrub_parameters(
+        &scrub_url_userinfo(text),
+        |name| !name.starts_with('-') && is_hidden_name(name),
+        Some(&mut Vec::new()),
+    )
 }
 
 /// `scheme://user:password@` to `scheme://user:***@`, anywhere in `text`.
@@ -303,11 +366,11 @@ fn scrub_url_userinfo(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(found) = rest.find("://") {
+        let quote = quote_before_scheme(&rest[..found]);
         let after = found + 3;
         out.push_str(&rest[..after]);
         rest = &rest[after..];
-        // The URL runs to the next whitespace.
-        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let end = url_end(rest, quote);
         let url = &rest[..end];
         match userinfo_end(url) {
             Some(at) if url[..at].contains(':') => {
@@ -323,9 +386,45 @@ fn scrub_url_userinfo(text: &str) -> String {
     out
 }
 
+/// The quote (`'` or `"`) right before the scheme that `before` ends with, if any.
+fn quote_before_scheme(before: &str) -> Option<char> {
+    let scheme = before
+        .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    scheme
+        .chars()
+        .next_back()
+        .filter(|c| matches!(c, '\'' | '"'))
+}
+
+/// Where a URL starting `rest` (after its `scheme://`) ends. A quoted URL runs to its closing
+/// quote (the first one on its line with an `@` before it, where a password holds that quote), so
+/// that a password with a space is hidden whole; any other, or one whose quote is not closed on
+/// its line, to the next whitespace.
+fn url_end(rest: &str, quote: Option<char>) -> usize {
+    let to_space = rest.find(char::is_whitespace).unwrap_or(rest.len());
+    let Some(quote) = quote else {
+        return to_space;
+    };
+    let line = rest.find('\n').unwrap_or(rest.len());
+    let mut closing = rest[..line].match_indices(quote).map(|(i, _)| i);
+    let Some(first) = closing.next() else {
+        return to_space;
+    };
+    std::iter::once(first)
+        .chain(closing)
+        .find(|&i| rest[..i].contains('@'))
+        .unwrap_or(first)
+}
+
 /// `name=value` to `name=***` for every parameter name `hide` says holds a secret, anywhere in
-/// `text`.
-fn scrub_parameters(text: &str, hide: impl Fn(&str) -> bool) -> String {
+/// `text`. An unquoted value runs to whitespace, `&` or a quote; in text a person typed (`typed`,
+/// which collects the values hidden), to a quote, a line's end, or whitespace or `&` before the
+/// next `name=` (a password typed with spaces).
+fn scrub_parameters(
+    text: &str,
+    hide: impl Fn(&str) -> bool,
+    mut typed: Option<&mut Vec<String>>,
+) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(eq) = rest.find('=') {
@@ -350,17 +449,45 @@ fn scrub_parameters(text: &str, hide: impl Fn(&str) -> bool) -> String {
         }
         let end = if rest.starts_with('\'') {
             conninfo_value(rest, 0).map_or(rest.len(), |(_, end)| end)
+        } else if typed.is_some() {
+            typed_value_end(rest)
         } else {
             // An unquoted value runs to whitespace, the next URL parameter or a quote (a password
             // may hold `;` or `)`, whose tail would show).
             rest.find(|c: char| c.is_whitespace() || matches!(c, '&' | '\'' | '"'))
                 .unwrap_or(rest.len())
         };
+        if let Some(hidden) = typed.as_deref_mut() {
+            hidden.push(rest[..end].to_owned());
+        }
         out.push_str("***");
         rest = &rest[end..];
     }
     out.push_str(rest);
     out
+}
+
+/// Where an unquoted value a person typed ends: at a quote or a line's end, or at whitespace or
+/// `&` that the next `name=` follows; else at the text's end.
+fn typed_value_end(rest: &str) -> usize {
+    for (i, c) in rest.char_indices() {
+        if matches!(c, '\'' | '"' | '\n' | '\r') {
+            return i;
+        }
+        if (c.is_whitespace() || c == '&') && starts_with_parameter(rest[i..].trim_start()) {
+            return i;
+        }
+    }
+    rest.len()
+}
+
+/// Whether `text` starts with `name=` (or `name =`), the name of letters, digits, `_`, `.`, `-`.
+fn starts_with_parameter(text: &str) -> bool {
+    let text = text.strip_prefix('&').unwrap_or(text);
+    let name_end = text
+        .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '-')))
+        .unwrap_or(text.len());
+    name_end > 0 && text[name_end..].trim_start().starts_with('=')
 }
 
 /// Percent-encodes every character but the URL's unreserved ones, keeping `%XX` escapes: a
@@ -498,6 +625,95 @@ mod tests {
         }
         let redacted = redact_url("mysql://app:%40secret@db");
         assert!(redacted.secrets.contains(&"@secret".to_owned()));
+    }
+
+    /// A valid URL with `@` (and `/`) in its query or path keeps its host and database: the user
+    /// info ends at the first `@` after which a host, a path and a query follow. Before, the user
+    /// info ran to the last `@` before the last `/`, or to the last `@` of all: the CLI connected
+    /// to database `postgres` with the password `pw@127.0.0.1/keys_explore?application_name=ops/x`,
+    /// to host `corp`, to host `y`, or opened `/app.db`.
+    #[test]
+    fn an_at_sign_in_the_query_or_path_is_not_user_info() {
+        for url in [
+            "postgres://postgres:pw@127.0.0.1/keys_explore?application_name=ops/x@127.0.0.1",
+            "postgres://postgres:pw@127.0.0.1/keys_explore?application_name=ops/alice@corp",
+            "mysql://root:pw@127.0.0.1/db?ssl_ca=/etc/x@y",
+            "postgres://u:pw@[::1]:5432/db?application_name=a@b",
+            "postgres://u:pw@h1:5432,h2:5433/db?target_session_attrs=any&application_name=x/y@z",
+            "postgres://u:pw@%2Fvar%2Frun%2Fpostgresql/db?application_name=a/b@c",
+        ] {
+            let redacted = redact_url(url);
+            assert_eq!(redacted.driver, url, "{url}");
+            assert_eq!(redacted.shown, url.replacen(":pw@", ":***@", 1), "{url}");
+        }
+        // No authority at all (`scheme:///path`): no user info, whatever the path holds.
+        for url in [
+            "file:///work/scratch/u@h/app.db",
+            "sqlite:///work/scratch/u:p@h/app.db",
+            "postgres:///db?host=/tmp&application_name=a@b",
+        ] {
+            let redacted = redact_url(url);
+            assert_eq!(
+                (redacted.shown.as_str(), redacted.driver.as_str()),
+                (url, url)
+            );
+        }
+        // Raw passwords holding `@`, `/`, `?`, `:` or a space are still read whole.
+        for (url, password) in [
+            ("postgres://u:x@y/z@h/db", "x%40y%2Fz"),
+            ("postgres://u:a?b@h/db?sslmode=disable", "a%3Fb"),
+            ("postgres://u:a:b c@h/db", "a%3Ab%20c"),
+            (
+                "postgres://u:p@h/db@h2/db2?application_name=a@b",
+                "p%40h%2Fdb",
+            ),
+        ] {
+            let redacted = redact_url(url);
+            assert!(
+                redacted.driver.contains(&format!("u:{password}@h")),
+                "{url}: {redacted:?}"
+            );
+            assert!(
+                redacted.shown.starts_with("postgres://u:***@h"),
+                "{url}: {redacted:?}"
+            );
+        }
+    }
+
+    /// A URL in single or double quotes runs to its closing quote: a password with a space was
+    /// shown from the space on (`unexpected argument 'postgres://u:Sek r1tPW@h/db'` was printed
+    /// whole). In typed text, an unquoted secret value runs to a quote, or to whitespace before
+    /// the next `name=` (`password=*** r1tPW` showed the tail).
+    #[test]
+    fn quoted_urls_and_typed_values_are_hidden_whole() {
+        for (text, shown) in [
+            (
+                "error: unexpected argument 'postgres://u:Sek r1tPW@127.0.0.1/db' found",
+                "error: unexpected argument 'postgres://u:***@127.0.0.1/db' found",
+            ),
+            (
+                "at \"mysql://u:a b'c@h/db\": refused",
+                "at \"mysql://u:***@h/db\": refused",
+            ),
+            (
+                "error: unexpected argument 'host=127.0.0.1 password=Sek r1tPW' found",
+                "error: unexpected argument 'host=127.0.0.1 password=***' found",
+            ),
+            (
+                "password=Sek r1t PW port=5432 dbname=x",
+                "password=*** port=5432 dbname=x",
+            ),
+            (
+                "?pasword=a&b&sslmode=disable",
+                "?pasword=***&sslmode=disable",
+            ),
+        ] {
+            assert_eq!(scrub_typed(text), shown, "{text}");
+        }
+        assert_eq!(
+            scrub_text("error: unexpected argument 'postgres://u:Sek r1tPW@127.0.0.1/db' found"),
+            "error: unexpected argument 'postgres://u:***@127.0.0.1/db' found"
+        );
     }
 
     #[test]

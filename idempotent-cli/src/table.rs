@@ -99,6 +99,42 @@ pub fn printable(text: &str) -> String {
     out
 }
 
+/// The text that [`printable`] printed as `shown`, where `shown` holds its escapes (`\\`, `\n`,
+/// `\u{200b}`); `None` where it holds none, or where `printable` would not print it so (a `\`
+/// before anything else, an escape of a character it prints as it is).
+pub fn unprintable(shown: &str) -> Option<String> {
+    if !shown.contains('\\') {
+        return None;
+    }
+    let mut out = String::with_capacity(shown.len());
+    let mut rest = shown;
+    while let Some(backslash) = rest.find('\\') {
+        out.push_str(&rest[..backslash]);
+        rest = &rest[backslash + 1..];
+        let (c, len) = match rest.chars().next()? {
+            '\\' => ('\\', 1),
+            'n' => ('\n', 1),
+            't' => ('\t', 1),
+            'r' => ('\r', 1),
+            'u' => {
+                let close = rest.find('}')?;
+                let hex = rest.get(..close)?.strip_prefix("u{")?;
+                (
+                    char::from_u32(u32::from_str_radix(hex, 16).ok()?)?,
+                    close + 1,
+                )
+            }
+            _ => return None,
+        };
+        out.push(c);
+        rest = &rest[len..];
+    }
+    out.push_str(rest);
+    // Exactly what `printable` writes: no other spelling of an escape, no escape of a character
+    // it prints as it is.
+    (printable(&out) == shown).then_some(out)
+}
+
 /// Unicode's default-ignorable code points (drawn as nothing) and its format characters
 /// (general category Cf; among them the direction overrides, isolates and marks), Unicode 16.
 fn invisible(c: char) -> bool {
@@ -193,6 +229,27 @@ mod tests {
         assert_eq!(printable("a\\b"), "a\\\\b");
         // Visible text is untouched.
         assert_eq!(printable("Zürich 中 🦀 é"), "Zürich 中 🦀 é");
+    }
+
+    /// What `printable` printed reads back as the text it printed: `keys list`'s keys are given
+    /// back as it prints them.
+    #[test]
+    fn printed_text_reads_back() {
+        for text in [
+            "long:C:\\tmp\\x0",
+            "long:zw\u{200b}sp0",
+            "a\nb\tc\u{1b}[2J\u{202e}",
+            "two\\\\slashes",
+            "Zürich 中 🦀",
+        ] {
+            let shown = printable(text);
+            let expected = (shown != text).then(|| text.to_owned());
+            assert_eq!(unprintable(&shown), expected, "{shown}");
+        }
+        // Not what `printable` writes: read as given.
+        for shown in ["a\\x", "a\\", "\\u{41}", "\\u{zz}", "\\u{200B}", "\\u{200b"] {
+            assert_eq!(unprintable(shown), None, "{shown}");
+        }
     }
 
     #[test]

@@ -635,6 +635,170 @@ fn mysql_escaped_keys() {
     escaped_keys::<MysqlConnection>();
 }
 
+/// The job of [`keys_as_printed`]'s keys.
+static LONG: idempotent_runtime::Job = idempotent_runtime::Job::new("long", "long:<x>");
+
+/// A key is found by the text `keys list` prints for it, escapes and all (`\\` for a backslash,
+/// `\u{200b}` for a character drawn as nothing), as the README promises; one that holds a
+/// backslash is found as given too. Before, `keys show` and `keys forget` with the printed text
+/// said no run holds the key (exit 1), and the hint showed escaped keys without saying so.
+fn keys_as_printed<C: Backend>() {
+    let db = TestDb::empty::<C>();
+    let mut conn: C = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let stored = [
+        "long:C:\\tmp\\x0",
+        "long:zw\u{200b}sp0",
+        "long:two\\\\slashes",
+    ];
+    for key in stored {
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &LONG, &JobKey::new(key), |_| Ok::<_, Error>(()))
+                .expect("running the long job");
+    }
+    let run = db.cli(&["keys", "list", "--job", "long"]).ok();
+    let printed: Vec<&str> = run
+        .stdout
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .collect();
+    for expected in [
+        "long:C:\\\\tmp\\\\x0",
+        "long:zw\\u{200b}sp0",
+        "long:two\\\\\\\\slashes",
+    ] {
+        assert!(printed.contains(&expected), "{expected}: {run:#?}");
+    }
+    for text in &printed {
+        let run = db.cli(&["keys", "show", text]).ok();
+        assert!(
+            run.stdout.contains(&format!("{:<19} {text}\n", "key")),
+            "{run:#?}"
+        );
+    }
+    // As stored, too: a backslash is a backslash.
+    for key in ["long:C:\\tmp\\x0", "long:two\\\\slashes"] {
+        db.cli(&["keys", "show", key]).ok();
+    }
+    // The hint says its keys are printed escaped, as `keys list` prints them.
+    let run = db.cli(&["keys", "show", "long:zw\\u{200b}sp1"]).exit(1);
+    assert!(
+        run.stderr.contains("long:zw\\u{200b}sp0")
+            && run.stderr.contains("escaped as `keys list` prints them"),
+        "{run:#?}"
+    );
+    let run = db
+        .cli(&["keys", "forget", "long:zw\\u{200b}sp0", "--yes"])
+        .ok();
+    assert!(run.stdout.contains("forgot key"), "{run:#?}");
+    assert!(
+        keys::lookup(&mut conn, &JobKey::new("long:zw\u{200b}sp0"))
+            .expect("a look-up")
+            .is_none(),
+        "forgotten"
+    );
+}
+
+#[test]
+fn sqlite_keys_as_printed() {
+    keys_as_printed::<SqliteConnection>();
+}
+
+#[test]
+fn postgres_keys_as_printed() {
+    keys_as_printed::<PgConnection>();
+}
+
+#[test]
+fn mysql_keys_as_printed() {
+    keys_as_printed::<MysqlConnection>();
+}
+
+/// A prune stopped by SIGTERM or SIGINT stops after the batch under way, says how many keys it
+/// deleted and committed, and exits 5, as a prune that fails after committed batches does; the
+/// count is the rows it removed. Before, the signal ended it at once: nothing printed, exit 143,
+/// and 105 rows deleted that no one was told of.
+#[cfg(unix)]
+#[test]
+fn a_stopped_prune_says_what_it_committed() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    use std::process::{Command, Stdio};
+
+    const LAPSED: usize = 2_000;
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    // The counts below are read while the prune writes: wait for its write lock, not fail.
+    conn.batch_execute("PRAGMA busy_timeout = 10000")
+        .expect("a busy timeout");
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    conn.transaction(|conn| {
+        for user in 0..LAPSED {
+            let _: Outcome<()> = idempotent_runtime::run(
+                conn,
+                &DIGEST,
+                &JobKey::new(format!("digest:{user}")),
+                |_| Ok::<_, Error>(()),
+            )
+            .expect("running the digest job");
+        }
+        Ok::<_, diesel::result::Error>(())
+    })
+    .expect("lapsed keys");
+    let mut left = key_count_all(&mut conn);
+    assert_eq!(left, LAPSED);
+    for signal in ["TERM", "INT"] {
+        let child = Command::new(BIN)
+            .args(["prune", "--batch-size", "5", "--pace", "30"])
+            .env("DATABASE_URL", &db.url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running the idempotent-jobs binary");
+        // Once a batch has committed, the prune is under way (and catching signals).
+        let started = std::time::Instant::now();
+        while key_count_all(&mut conn) == left && started.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill -{signal}");
+        let output = child.wait_with_output().expect("waiting for the prune");
+        let run = Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        };
+        let removed = left - key_count_all(&mut conn);
+        left -= removed;
+        assert!(
+            removed > 0 && left > 0,
+            "{signal}: {removed} removed: {run:#?}"
+        );
+        assert_eq!(run.code, 5, "{signal}: {run:#?}");
+        assert!(
+            run.stderr.starts_with(&format!(
+                "error: prune stopped by SIG{signal} after the batch under way: deleted {removed} lapsed keys in "
+            )) && run.stderr.contains("committed"),
+            "{signal}: {removed} removed: {run:#?}"
+        );
+    }
+}
+
+/// How many keys `done_jobs` holds, lapsed or not.
+fn key_count_all(conn: &mut SqliteConnection) -> usize {
+    keys::job_counts(conn)
+        .expect("counting keys")
+        .iter()
+        .map(|count| count.keys as usize)
+        .sum()
+}
+
 #[test]
 fn completions_need_no_database() {
     for (shell, expected) in [

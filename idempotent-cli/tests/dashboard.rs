@@ -764,6 +764,30 @@ fn a_key_listed_escaped_is_found_by_its_listed_text() {
     );
 }
 
+/// A key as the CLI's `keys list` prints it (a backslash as `\\`) is found by the look-up too, as
+/// by `keys show`. Before: "not found".
+#[test]
+fn a_key_as_keys_list_prints_it_is_found() {
+    let db = TestDb::empty::<SqliteConnection>();
+    let mut conn: SqliteConnection = db.connect();
+    idempotent_runtime::migrate(&mut conn).expect("migrating");
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &WELCOME, &JobKey::new("welcome:C:\\tmp"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("welcome");
+    let server = Server::start(&db.url, false);
+    // `welcome:C:\\tmp`, as `keys list` prints it.
+    let response = get(&server, "/lookup?key=welcome%3AC%3A%5C%5Ctmp");
+    assert_eq!(response.status, 200, "{response:?}");
+    let digest = hex(&JobKey::new("welcome:C:\\tmp").digest());
+    assert!(
+        response.body.contains(&digest) && !response.body.contains("no committed run holds it"),
+        "{}",
+        response.body
+    );
+}
+
 /// `GET` `page` with the bearer token.
 fn get(server: &Server, page: &str) -> webdriver::HttpResponse {
     let bearer = format!("Bearer {TOKEN}");

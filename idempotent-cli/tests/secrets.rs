@@ -245,6 +245,27 @@ fn clap_messages_print_no_password() {
     }
 }
 
+/// A password with a space, in a URL or a key=value string clap quotes back: before, the URL's
+/// was printed whole (a URL ran to the first space) and the string's from the space on
+/// (`password=*** r1tPW`).
+#[test]
+fn clap_messages_print_no_password_with_a_space() {
+    let url = "postgres://u:Top Secret5@127.0.0.1/db";
+    let conninfo = "host=127.0.0.1 password=Top Secret5";
+    for args in [
+        vec!["jobs", url],
+        vec!["jobs", conninfo],
+        vec!["keys", "list", "--limit", conninfo],
+    ] {
+        let run = Cli::new().run(&args).exit(2);
+        assert_hidden(&run, &format!("{args:?}"));
+        assert!(
+            run.stderr.contains("127.0.0.1"),
+            "the host is shown: {run:#?}"
+        );
+    }
+}
+
 #[test]
 fn serve_prints_no_password() {
     // The server's errors before it serves: no token, a database it cannot reach, an address it

@@ -28,6 +28,8 @@
 //! # Ok::<(), idempotent_runtime::Error>(())
 //! ```
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -44,7 +46,36 @@ pub struct Prune {
     pace: u32,
     pause: Duration,
     max_batches: Option<u32>,
+    stop: StopFlag,
 }
+
+/// The flag [`Prune::stop_when`] reads: equal to another when it is the same flag.
+#[derive(Debug, Clone, Default)]
+struct StopFlag(Option<Arc<AtomicBool>>);
+
+impl PartialEq for StopFlag {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(one), Some(other)) => Arc::ptr_eq(one, other),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for StopFlag {}
+
+impl StopFlag {
+    /// Whether the flag is set.
+    fn raised(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::SeqCst))
+    }
+}
+
+/// How often a pause looks at [`Prune::stop_when`]'s flag.
+const STOP_LOOKS: Duration = Duration::from_millis(50);
 
 impl Default for Prune {
     /// Batches of 1,000 rows, paced 9 (a pause of nine times each batch's own duration after it),
@@ -55,6 +86,7 @@ impl Default for Prune {
             pace: 9,
             pause: Duration::ZERO,
             max_batches: None,
+            stop: StopFlag::default(),
         }
     }
 }
@@ -93,6 +125,16 @@ impl Prune {
         self
     }
 
+    /// Stops between two batches once `flag` is set (a signal handler's, a shutdown's): the batch
+    /// under way commits, the pause after it ends within 50 ms, and the report says so
+    /// ([`PruneReport::stopped`]), counting what was deleted, all of it committed. The lapsed rows
+    /// left wait for the next prune. A flag set before the prune starts stops it before its first
+    /// batch.
+    pub fn stop_when(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.stop = StopFlag(Some(flag));
+        self
+    }
+
     /// The pause after a batch that took `took`.
     fn pause_after(&self, took: Duration) -> Duration {
         took.saturating_mul(self.pace)
@@ -108,6 +150,8 @@ pub struct PruneReport {
     pub removed: u64,
     /// Statements run (the last one may have deleted fewer than a batch, or none).
     pub batches: u32,
+    /// The prune stopped at [`Prune::stop_when`]'s flag, lapsed rows perhaps left.
+    pub stopped: bool,
 }
 
 /// Deletes lapsed claims in batches; see the [module docs](self).
@@ -236,6 +280,16 @@ impl Batches {
         }
         let mut fewest_locks = true;
         loop {
+            if options.stop.raised() {
+                report.stopped = true;
+                tracing::info!(
+                    removed = report.removed,
+                    batches = report.batches,
+                    what = self.what,
+                    "prune stopped at its flag"
+                );
+                return Ok(report);
+            }
             // The batch's own time runs from when its transaction has begun: waiting for
             // SQLite's write lock (`BEGIN IMMEDIATE` behind the workers' claims) puts no load on
             // the database, and charged to the pace it made a prune beside busy workers pause
@@ -272,10 +326,25 @@ impl Batches {
                 );
                 return Ok(report);
             }
-            if !pause.is_zero() {
-                S::pause(pause).await;
-            }
+            pause_unless_stopped::<S>(pause, &options.stop).await;
         }
+    }
+}
+
+/// Pauses for `pause`, looking at `stop` every [`STOP_LOOKS`] where there is one, and ending once
+/// it is set.
+async fn pause_unless_stopped<S: Store>(pause: Duration, stop: &StopFlag) {
+    if stop.0.is_none() {
+        if !pause.is_zero() {
+            S::pause(pause).await;
+        }
+        return;
+    }
+    let mut left = pause;
+    while !left.is_zero() && !stop.raised() {
+        let slice = left.min(STOP_LOOKS);
+        S::pause(slice).await;
+        left = left.saturating_sub(slice);
     }
 }
 

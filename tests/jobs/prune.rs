@@ -186,6 +186,57 @@ fn a_prune_that_loses_its_table_midway_counts_what_it_deleted() {
     }
 }
 
+/// A prune given a flag stops between two batches once it is set (an operator's Ctrl-C, a
+/// service shutting down): the batch under way commits, a long pause ends at once, and the report
+/// says it stopped and counts exactly the rows deleted, all committed. A flag set before the
+/// prune starts stops it before its first batch.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_prune_stops_between_batches_when_its_flag_is_set() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::backends::Sqlite;
+
+    let db = Db::<Sqlite>::fresh();
+    let mut conn = db.connect();
+    lapsed::<Sqlite>(&mut conn, "lapsed", 50);
+    let flag = Arc::new(AtomicBool::new(false));
+    let options = Prune::default()
+        .batch_size(5)
+        .pause(Duration::from_secs(60))
+        .stop_when(Arc::clone(&flag));
+    let setter = {
+        let flag = Arc::clone(&flag);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+        })
+    };
+    let started = Instant::now();
+    let report = Sqlite::try_prune(&mut conn, &options).expect("a prune");
+    setter.join().expect("the setter");
+    assert!(report.stopped, "{report:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the pause ended at the flag: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (report.removed, report.batches),
+        (5, 1),
+        "one batch, then the pause"
+    );
+    assert_eq!(
+        Sqlite::count_done(&mut conn),
+        45,
+        "what the report counts is deleted"
+    );
+    let again = Sqlite::try_prune(&mut conn, &options).expect("a prune");
+    assert_eq!((again.removed, again.batches, again.stopped), (0, 0, true));
+    assert_eq!(Sqlite::count_done(&mut conn), 45);
+}
+
 /// Inserts `rows` claims of the job `job` that lapsed in 2000.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 fn lapsed<B: Backend>(conn: &mut B::Conn, job: &str, rows: u32) {

@@ -284,9 +284,11 @@ fn refuse_records(server: Server) -> &'static [&'static str] {
             "CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs FOR EACH ROW \
              EXECUTE FUNCTION refuse_records()",
         ],
-        Server::Mysql => &["CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs FOR EACH ROW \
+        Server::Mysql => &[
+            "CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs FOR EACH ROW \
              BEGIN IF NEW.job_key LIKE '%frozen%' THEN \
-             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'records are frozen'; END IF; END"],
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'records are frozen'; END IF; END",
+        ],
         Server::Sqlite => &["CREATE TRIGGER refuse_records BEFORE UPDATE ON done_jobs \
              WHEN NEW.job_key LIKE '%frozen%' BEGIN SELECT RAISE(ABORT, 'records are frozen'); END"],
     }

@@ -131,15 +131,16 @@ pub fn csrf_field(csrf: &str) -> String {
     )
 }
 
-/// A notice box (`role=status`), or an error box (`role=alert`).
+/// A notice box (`role=status`), or an error box (`role=alert`): the text escaped, its lines shown
+/// as lines.
 pub fn notice(text: &str, error: bool) -> String {
+    // An error of several lines (the operation's, then what `verify` finds) shows them as lines,
+    // each escaped.
+    let lines = text.lines().map(esc).collect::<Vec<_>>().join("<br>");
     if error {
-        format!(
-            "<div class=\"notice error\" role=\"alert\">{}</div>",
-            esc(text)
-        )
+        format!("<div class=\"notice error\" role=\"alert\">{lines}</div>")
     } else {
-        format!("<div class=\"notice\" role=\"status\">{}</div>", esc(text))
+        format!("<div class=\"notice\" role=\"status\">{lines}</div>")
     }
 }
 
@@ -223,6 +224,17 @@ mod tests {
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;\\u{a}"
         );
         assert_eq!(url_value("invoice:a b/c"), "invoice%3Aa+b%2Fc");
+    }
+
+    /// A notice of several lines (an error, then what `verify` finds) shows them as lines, each
+    /// escaped: it showed a literal `\u{a}` between them.
+    #[test]
+    fn notices_show_their_lines_as_lines() {
+        assert_eq!(
+            notice("failed <x>\nand verify finds: a & b\n  - c\u{1b}", true),
+            "<div class=\"notice error\" role=\"alert\">failed &lt;x&gt;<br>and verify finds: a &amp; b<br>  - c\\u{1b}</div>"
+        );
+        assert!(!notice("a\nb", false).contains("\\u{a}"));
     }
 
     #[test]

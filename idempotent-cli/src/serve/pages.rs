@@ -441,9 +441,10 @@ enum Asked {
     Key {
         digest: [u8; 32],
         text: Option<String>,
-        /// The digest of the key whose stored, escaped form the text is (see
-        /// [`crate::commands::escaped_from`]).
-        escaped_from: Option<[u8; 32]>,
+        /// The digests of the other keys the text may name, tried in order (see
+        /// [`crate::commands::other_forms`]: the key whose stored, escaped form the text is, the
+        /// key `keys list` prints so).
+        others: Vec<[u8; 32]>,
     },
     /// A request that cannot be read.
     Bad(String),
@@ -456,18 +457,21 @@ fn asked(form: &Form) -> Asked {
             Some(digest) => Asked::Key {
                 digest,
                 text: None,
-                escaped_from: None,
+                others: Vec::new(),
             },
             None => Asked::Bad("A digest is 64 hexadecimal digits.".to_owned()),
         };
     }
     if let Some(key) = form.get("key").filter(|k| !k.is_empty()) {
-        let escaped_from = crate::commands::escaped_from(key).map(|k| k.digest());
+        let others = crate::commands::other_forms(key)
+            .iter()
+            .map(idempotent_runtime::JobKey::digest)
+            .collect();
         let key = idempotent_runtime::JobKey::new(key);
         return Asked::Key {
             digest: key.digest(),
             text: Some(key.readable().into_owned()),
-            escaped_from,
+            others,
         };
     }
     let Some(template) = form.get("template").filter(|t| !t.trim().is_empty()) else {
@@ -481,7 +485,7 @@ fn asked(form: &Form) -> Asked {
             Ok(key) => Asked::Key {
                 digest: key.digest(),
                 text: Some(key.readable().into_owned()),
-                escaped_from: None,
+                others: Vec::new(),
             },
             Err(why) => Asked::Bad(why),
         },
@@ -509,12 +513,13 @@ pub async fn lookup(
         Asked::Key {
             digest,
             text,
-            escaped_from,
+            others,
         } => {
             let wanted = text.clone();
+            let digests: Vec<[u8; 32]> = std::iter::once(digest).chain(others).collect();
             let found = app
                 .db(move |conn, target| {
-                    on_conn!(conn, c => find(c, target, [Some(digest), escaped_from], wanted.as_deref()))
+                    on_conn!(conn, c => find(c, target, &digests, wanted.as_deref()))
                 })
                 .await;
             match found {
@@ -536,15 +541,15 @@ pub async fn lookup(
     )
 }
 
-/// Looks a key up (by the first of `digests` that is there: the text as given, then the key
-/// whose stored form it is), and the nearest keys when it is missing.
+/// Looks a key up (by the first of `digests` that is there: the text as given, then the other
+/// keys it may name), and the nearest keys when it is missing.
 fn find<C: JobStore>(
     conn: &mut C,
     target: &Target,
-    digests: [Option<[u8; 32]>; 2],
+    digests: &[[u8; 32]],
     text: Option<&str>,
 ) -> Result<Found, Failure> {
-    for digest in digests.iter().flatten() {
+    for digest in digests {
         if let Some(record) =
             keys::lookup_digest(conn, digest).map_err(|e| db_failure(conn, target, e))?
         {
