@@ -315,6 +315,41 @@ pub fn a_snapshot_sees_every_change<B: Backend>() {
             "{ty} from {old} to {new} ({session}): the snapshot saw no change"
         );
     }
+    // Columns whose names or sizes the snapshot's own SQL met: on PostgreSQL a column named `t`
+    // (the row's alias there, which the column took: only it was compared); on MySQL a value
+    // whose hex is past `max_allowed_packet` (16 MiB by default: `HEX` read NULL, every such
+    // value alike), and a row whose values together are (the whole row read NULL: the snapshot
+    // failed).
+    let sized: &[(&str, &str, &str)] = match B::SERVER {
+        crate::harness::Server::Mysql => &[
+            (
+                "CREATE TABLE kit_big_0 (id INT PRIMARY KEY, v LONGBLOB)",
+                "INSERT INTO kit_big_0 VALUES (1, REPEAT('a', 9000000))",
+                "UPDATE kit_big_0 SET v = CONCAT(v, 'x')",
+            ),
+            (
+                "CREATE TABLE kit_big_1 (id INT PRIMARY KEY, a LONGTEXT, b LONGTEXT)",
+                "INSERT INTO kit_big_1 VALUES (1, REPEAT('a', 9000000), REPEAT('b', 9000000))",
+                "UPDATE kit_big_1 SET b = CONCAT(b, 'x')",
+            ),
+        ],
+        crate::harness::Server::Postgres => &[(
+            "CREATE TABLE kit_named_t (id INT PRIMARY KEY, t TEXT, amount INT)",
+            "INSERT INTO kit_named_t VALUES (1, 'credit', 100)",
+            "UPDATE kit_named_t SET amount = amount + 10",
+        )],
+        crate::harness::Server::Sqlite => &[],
+    };
+    for (create, insert, update) in sized {
+        B::execute(&mut conn, create);
+        B::execute(&mut conn, insert);
+        let before = B::snapshot(&mut conn);
+        B::execute(&mut conn, update);
+        assert!(
+            !B::snapshot(&mut conn).changes_since(&before).is_empty(),
+            "{create}: the snapshot saw no change of `{update}`"
+        );
+    }
     // Tables of each kind a job may write to. MariaDB lists a system-versioned table as
     // `SYSTEM VERSIONED`, not `BASE TABLE`: the kit did not read it, and passed a job that wrote
     // to one twice.

@@ -910,9 +910,13 @@ impl Database for PostgresDb {
             )
         };
         conn.batch(&open).await?;
-        // `table` comes from `table_names`, already quoted per part.
+        // `table` comes from `table_names`, already quoted per part. `ROW(t.*)`, the row's
+        // columns: a bare `t` names a column called `t` where the table has one (and only that
+        // column was compared).
         let rows = conn
-            .text_rows(&format!("SELECT CAST(t AS text) AS row FROM {table} t"))
+            .text_rows(&format!(
+                "SELECT CAST(ROW(t.*) AS text) AS row FROM {table} t"
+            ))
             .await;
         // The read's own error first; else the end's.
         let closed = conn.batch(&close).await;
