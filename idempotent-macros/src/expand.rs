@@ -427,9 +427,14 @@ impl Expansion<'_> {
         };
         let builder = Ident::new("__idempotent_fingerprint", Span::mixed_site());
         let adds = inputs.iter().map(|input| {
-            let (value, span) = self.value_expr(&input.path);
+            let (mut value, span) = self.value_expr(&input.path);
             let name = &input.name;
             let krate = self.krate_at(span);
+            if let Some(depth) = self.hash_set_depth(&input.path) {
+                // Its elements in an order of their own, not the set's (`Unordered`).
+                let derefs = (0..depth).map(|_| quote!(*));
+                value = quote_spanned!(span=> #krate::#private::Unordered(&#(#derefs)* #value));
+            }
             // Spanned at the parameter, so "does not implement `Serialize`" points at it.
             quote_spanned! {span=>
                 let #builder = #krate::#private::FingerprintInput::add_to(&#value, #name, #builder);
@@ -442,6 +447,34 @@ impl Expansion<'_> {
             #(#adds)*
             #call.fingerprint_result(#builder.finish())
         }}
+    }
+
+    /// Where a fingerprint input is a parameter whose type is a `HashSet` (`FxHashSet`,
+    /// `AHashSet`: a last path segment ending so), behind how many references.
+    fn hash_set_depth(&self, path: &[Segment]) -> Option<usize> {
+        let [Segment::Name(root)] = path else {
+            return None;
+        };
+        let param = self
+            .handler
+            .params
+            .iter()
+            .find(|p| p.ident.unraw() == root.as_str())?;
+        let mut ty = crate::signature::strip_groups(&param.ty);
+        let mut depth = 0;
+        while let syn::Type::Reference(reference) = ty {
+            ty = crate::signature::strip_groups(&reference.elem);
+            depth += 1;
+        }
+        match &ty {
+            syn::Type::Path(path) if path.qself.is_none() => path
+                .path
+                .segments
+                .last()
+                .is_some_and(|last| last.ident.to_string().ends_with("HashSet"))
+                .then_some(depth),
+            _ => None,
+        }
     }
 
     /// The expression for a placeholder's value, and the span to blame for it: the parameter as

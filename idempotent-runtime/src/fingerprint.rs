@@ -13,7 +13,10 @@
 //! whitespace, serde_json's number formatting) and hashed with SHA-256. So:
 //!
 //! * the order in which inputs are named, and the iteration order of maps inside them (a
-//!   `HashMap`), do not matter, whatever serde_json features the build enables;
+//!   `HashMap`), do not matter, whatever serde_json features the build enables; nor the order of
+//!   a set that is an input itself (a parameter of type `HashSet`, [`Unordered`]). A `HashSet`
+//!   inside an input (a field of a struct) is written in its own order, which differs from one
+//!   set to the next: make it a `BTreeSet`;
 //! * formatting does not matter: there is none;
 //! * the value's type does: `1_i64` is `1` and `1.0_f64` is `1.0`, so changing an input's type from
 //!   integer to float changes the fingerprint. Strings are compared as written (no Unicode
@@ -120,6 +123,33 @@ impl FingerprintBuilder {
             &Value::Object(self.inputs.into_iter().collect()),
         );
         Ok(Fingerprint(Sha256::digest(canonical.as_bytes()).into()))
+    }
+}
+
+/// A set's elements, serialized in the order of their canonical form rather than the set's own:
+/// each `HashSet` iterates in an order of its own, so an equal set built again (a redelivered
+/// message decoded) gave another fingerprint, and every redelivery failed. `#[idempotent_job]`
+/// wraps a fingerprint input in it where the parameter's type is a `HashSet` (also `FxHashSet`,
+/// `AHashSet`); a set inside another input keeps its own order (use a `BTreeSet` there).
+pub struct Unordered<'a, S: ?Sized>(pub &'a S);
+
+impl<'a, S: ?Sized> Serialize for Unordered<'a, S>
+where
+    &'a S: IntoIterator,
+    <&'a S as IntoIterator>::Item: Serialize,
+{
+    fn serialize<Z: serde::Serializer>(&self, serializer: Z) -> Result<Z::Ok, Z::Error> {
+        use serde::ser::Error as _;
+        let mut items = Vec::new();
+        for item in self.0 {
+            refuse_non_finite(&item).map_err(Z::Error::custom)?;
+            let value = serde_json::to_value(&item).map_err(Z::Error::custom)?;
+            let mut canonical = String::new();
+            write_canonical(&mut canonical, &value);
+            items.push((canonical, value));
+        }
+        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        serializer.collect_seq(items.iter().map(|(_, value)| value))
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use crate::call::{Equality, JobCall};
-pub use crate::fingerprint::FingerprintBuilder;
+pub use crate::fingerprint::{FingerprintBuilder, Unordered};
 pub use crate::job::{Job, WhileInProgress};
 pub use crate::key::{JobKey, KeyWriter};
 pub use crate::outcome::Outcome;
