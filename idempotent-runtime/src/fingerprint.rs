@@ -24,6 +24,8 @@
 //! * a float that is NaN or infinite, anywhere inside an input, is refused: JSON has no such
 //!   number, and serde_json would write it as `null`, so NaN, both infinities and `None` would give
 //!   one fingerprint.
+//! * a key that comes twice in one object (a `#[serde(flatten)]` map's beside a field of that
+//!   name) is refused: JSON keeps only one of the two.
 //! * `Some(None)`, `Some(())` and `None` are all `null`, and give one fingerprint: where the
 //!   difference matters ("set to nothing" against "left alone"), make the input an enum.
 //!
@@ -195,7 +197,7 @@ impl serde::Serializer for FiniteFloats {
     type SerializeTuple = Self;
     type SerializeTupleStruct = Self;
     type SerializeTupleVariant = Self;
-    type SerializeMap = Self;
+    type SerializeMap = MapKeys;
     type SerializeStruct = Self;
     type SerializeStructVariant = Self;
 
@@ -250,12 +252,15 @@ impl serde::Serializer for FiniteFloats {
         value.serialize(self)
     }
 
+    fn serialize_map(self, _: Option<usize>) -> Result<MapKeys, NotFinite> {
+        Ok(MapKeys::default())
+    }
+
     descend! {
         serialize_seq(Option<usize>);
         serialize_tuple(usize);
         serialize_tuple_struct(&'static str, usize);
         serialize_tuple_variant(&'static str, u32, &'static str, usize);
-        serialize_map(Option<usize>);
         serialize_struct(&'static str, usize);
         serialize_struct_variant(&'static str, u32, &'static str, usize);
     }
@@ -286,9 +291,47 @@ compound! {
     SerializeTuple { serialize_element(); }
     SerializeTupleStruct { serialize_field(); }
     SerializeTupleVariant { serialize_field(); }
-    SerializeMap { serialize_key(); serialize_value(); }
     SerializeStruct { serialize_field(key: &'static str); }
     SerializeStructVariant { serialize_field(key: &'static str); }
+}
+
+/// A map's keys as JSON writes them, for [`FiniteFloats`]: a key that comes twice (a
+/// `#[serde(flatten)]` field's beside a field of the same name) is refused, since JSON keeps one
+/// of the two, and inputs that differ there would give one fingerprint, or a value one text.
+#[derive(Default)]
+struct MapKeys {
+    seen: std::collections::HashSet<String>,
+}
+
+impl serde::ser::SerializeMap for MapKeys {
+    type Ok = ();
+    type Error = NotFinite;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotFinite> {
+        key.serialize(FiniteFloats)?;
+        // serde_json writes a number key as its digits, a string as itself.
+        let text = match serde_json::to_value(key) {
+            Ok(Value::String(text)) => text,
+            Ok(other) => other.to_string(),
+            // serde_json refuses it as a key when the whole value is written.
+            Err(_) => return Ok(()),
+        };
+        if self.seen.insert(text.clone()) {
+            Ok(())
+        } else {
+            Err(NotFinite(format!(
+                "it holds the key `{text}` twice in one object (a `#[serde(flatten)]` field's beside a field of that name, say), and JSON keeps only one of the two"
+            )))
+        }
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
+        value.serialize(FiniteFloats)
+    }
+
+    fn end(self) -> Result<(), NotFinite> {
+        Ok(())
+    }
 }
 
 /// Writes `value` as compact JSON with object keys sorted at every depth.
@@ -329,6 +372,52 @@ mod tests {
 
     fn of<T: Serialize>(value: &T) -> Fingerprint {
         Fingerprint::builder().input("v", value).finish().unwrap()
+    }
+
+    /// A key that comes twice in one object (a flattened map's beside a field of that name):
+    /// JSON keeps one, and the inputs `amount` 100 and 999999 gave one fingerprint, so the second
+    /// call replayed the first's result. Refused now; a set's order does not matter
+    /// ([`Unordered`]).
+    #[test]
+    fn a_key_twice_in_one_object_is_refused_and_sets_have_no_order() {
+        #[derive(Serialize)]
+        struct Order {
+            amount: u64,
+            #[serde(flatten)]
+            extra: HashMap<String, u64>,
+        }
+        let order = |amount| Order {
+            amount,
+            extra: HashMap::from([("amount".to_owned(), 7)]),
+        };
+        for amount in [100, 999_999] {
+            let refused = Fingerprint::builder()
+                .input("order", &order(amount))
+                .finish();
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("the key `amount` twice")),
+                "{refused:?}"
+            );
+        }
+        let fine = Order {
+            amount: 1,
+            extra: HashMap::from([("note".to_owned(), 7)]),
+        };
+        assert!(
+            Fingerprint::builder()
+                .input("order", &fine)
+                .finish()
+                .is_ok()
+        );
+        let a: std::collections::HashSet<u32> = (0..50).collect();
+        let b: std::collections::HashSet<u32> = (0..50).rev().collect();
+        assert_eq!(of(&Unordered(&a)), of(&Unordered(&b)));
+        assert_ne!(
+            of(&Unordered(&a)),
+            of(&Unordered(&(0..49).collect::<Vec<u32>>()))
+        );
     }
 
     #[test]
