@@ -757,7 +757,7 @@ fn calls<C: AsyncTestConn>() -> Vec<NamedCall<C>> {
         ("body", |c, n| {
             Box::pin(async move {
                 let key = idempotent_jobs::JobKey::new(format!("everywhere:body-{n}"));
-                idempotent_jobs::run_async(c, &EVERYWHERE, &key, async |c| {
+                let _ran = idempotent_jobs::run_async(c, &EVERYWHERE, &key, async |c| {
                     c.insert_message("everywhere", "body").await?;
                     c.insert_message("everywhere", "body").await?;
                     Ok::<_, crate::handlers::TestError>(7u32)
