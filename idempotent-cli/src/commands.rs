@@ -232,21 +232,59 @@ struct Wanted {
     others: Vec<JobKey>,
 }
 
+/// What [`Wanted::lookup`] found.
+enum Found {
+    /// No key the text may name.
+    None,
+    /// One.
+    One(KeyRecord),
+    /// Two keys the text names, each in one of its forms (`path:C:\\tmp` names the key of that
+    /// text and, as `keys list` prints it, the key `path:C:\tmp`): which is meant, only the
+    /// operator knows.
+    Two(KeyRecord, KeyRecord),
+}
+
 impl Wanted {
     /// The record of the key: the text as given, else the first of the other keys it may name
-    /// that is there (then `self` names that key from here on).
-    fn lookup<C: JobStore>(&mut self, conn: &mut C) -> Result<Option<KeyRecord>, Error> {
-        if let Some(record) = keys::lookup_digest(conn, &self.digest)? {
-            return Ok(Some(record));
-        }
-        for key in &self.others {
-            if let Some(record) = keys::lookup_digest(conn, &key.digest())? {
-                self.digest = key.digest();
-                return Ok(Some(record));
+    /// that is there (then `self` names that key from here on); two where the text names one
+    /// key as given and another in another form.
+    fn lookup<C: JobStore>(&mut self, conn: &mut C) -> Result<Found, Error> {
+        let mut found: Option<KeyRecord> = None;
+        let digests: Vec<[u8; 32]> = std::iter::once(self.digest)
+            .chain(self.others.iter().map(JobKey::digest))
+            .collect();
+        for digest in digests {
+            if found.as_ref().is_some_and(|first| first.digest == digest) {
+                continue;
+            }
+            if let Some(record) = keys::lookup_digest(conn, &digest)? {
+                match found {
+                    Some(first) => return Ok(Found::Two(first, record)),
+                    None => {
+                        self.digest = digest;
+                        found = Some(record);
+                    }
+                }
             }
         }
-        Ok(None)
+        Ok(found.map_or(Found::None, Found::One))
     }
+}
+
+/// The failure for a text that names two keys ([`Found::Two`]): nothing is shown or changed;
+/// the operator names one by its digest.
+fn two_keys(given: &str, first: &KeyRecord, second: &KeyRecord) -> Failure {
+    Failure::new(
+        Code::Usage,
+        format!(
+            "`{}` names two keys: `{}` (digest {}) and `{}` (digest {}), one as given, the other as `keys list` prints it; nothing was changed. Name one with --digest",
+            printable(given),
+            printable(&first.key),
+            hex(&first.digest),
+            printable(&second.key),
+            hex(&second.digest)
+        ),
+    )
 }
 
 /// The key whose stored form `given` is, where that is another key: one given to `JobKey::new`
@@ -377,11 +415,19 @@ fn near_text(near: &nearest::Nearest) -> String {
 /// `keys show`: one record.
 fn keys_show<C: JobStore>(conn: &mut C, cx: &Context<'_>, key: &KeyArg) -> Result<(), Failure> {
     let mut wanted = resolve(key)?;
-    let Some(record) = wanted
+    let record = match wanted
         .lookup(conn)
         .map_err(|e| db_failure(conn, cx.target, e))?
-    else {
-        return Err(not_found(conn, &wanted));
+    {
+        Found::One(record) => record,
+        Found::None => return Err(not_found(conn, &wanted)),
+        Found::Two(first, second) => {
+            return Err(two_keys(
+                key.which.key.as_deref().unwrap_or_default(),
+                &first,
+                &second,
+            ));
+        }
     };
     if cx.json {
         emit_json(&KeyJson::from(&record));
@@ -503,9 +549,20 @@ fn keys_forget<C: JobStore>(
     yes: bool,
 ) -> Result<(), Failure> {
     let mut wanted = resolve(key)?;
-    let found = wanted
+    let found = match wanted
         .lookup(conn)
-        .map_err(|e| db_failure(conn, cx.target, e))?;
+        .map_err(|e| db_failure(conn, cx.target, e))?
+    {
+        Found::One(record) => Some(record),
+        Found::None => None,
+        Found::Two(first, second) => {
+            return Err(two_keys(
+                key.which.key.as_deref().unwrap_or_default(),
+                &first,
+                &second,
+            ));
+        }
+    };
     let (digest, named) = (wanted.digest, wanted.named.clone());
     let Some(record) = found else {
         let mut failure = not_found(conn, &wanted);

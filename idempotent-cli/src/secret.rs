@@ -159,7 +159,10 @@ pub fn redact_url(url: &str) -> Redacted {
 /// (`?application_name=ops/x@h`, `?ssl_ca=/etc/x@y`). Failing that, at the last `@`, which hides
 /// too much rather than too little.
 fn userinfo_end(rest: &str) -> Option<usize> {
-    if rest.starts_with('/') {
+    // No authority (`scheme:///path`), or one that reads whole as a host, a path and a query: no
+    // user info, whatever `@` the query holds (`postgres://db/app?application_name=deploy@ci`
+    // went to host `ci` as user `db/app?application_name=deploy`).
+    if rest.starts_with('/') || is_host_path_query(rest) {
         return None;
     }
     rest.match_indices('@')
@@ -168,10 +171,9 @@ fn userinfo_end(rest: &str) -> Option<usize> {
         .or_else(|| rest.rfind('@'))
 }
 
-/// Whether `text` reads as what follows a URL's user info: `host [/path] [?query]`, the host
-/// without `@`, `/` or `?` (`[::1]:5432`, `h1:5432,h2:5433`, `%2Fvar%2Frun` are hosts), the path
-/// one segment without `@`, the query empty or `&`-separated `name=value` pairs whose names are
-/// letters, digits, `_`, `.` or `-`.
+/// Whether `text` reads as what follows a URL's user info: `host [/path] [?query]`, the hosts
+/// ([`is_host_list`]) without `@`, `/` or `?`, the path one segment without `@`, the query empty
+/// or `&`-separated `name=value` pairs whose names are letters, digits, `_`, `.` or `-`.
 fn is_host_path_query(text: &str) -> bool {
     let (before_query, query) = match text.split_once('?') {
         Some((before, query)) => (before, Some(query)),
@@ -182,7 +184,7 @@ fn is_host_path_query(text: &str) -> bool {
         None => (before_query, ""),
     };
     let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
-    !host.contains('@')
+    is_host_list(host)
         && !path.contains(['/', '@'])
         && query.is_none_or(|query| {
             query
@@ -193,6 +195,30 @@ fn is_host_path_query(text: &str) -> bool {
                         .is_some_and(|(name, _)| !name.is_empty() && name.chars().all(name_char))
                 })
         })
+}
+
+/// Whether `text` reads as a URL's hosts: comma-separated, each a name without `@` or `:` (or an
+/// IPv6 address in brackets), its port, where given, digits (`[::1]:5432`, `h1:5432,h2:5433`,
+/// `%2Fvar%2Frun`; `u:secret` is no host).
+fn is_host_list(text: &str) -> bool {
+    text.split(',').all(|entry| {
+        let (name, port) = match entry.strip_prefix('[') {
+            Some(bracketed) => match bracketed.split_once(']') {
+                Some((_, "")) => ("", None),
+                Some((_, after)) => match after.strip_prefix(':') {
+                    Some(port) => ("", Some(port)),
+                    None => return false,
+                },
+                None => return false,
+            },
+            None => match entry.split_once(':') {
+                Some((name, port)) => (name, Some(port)),
+                None => (entry, None),
+            },
+        };
+        !name.contains('@')
+            && port.is_none_or(|port| !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()))
+    })
 }
 
 /// A query string with the values of secret parameters hidden (shown) and encoded (driver).
@@ -646,8 +672,13 @@ mod tests {
             assert_eq!(redacted.driver, url, "{url}");
             assert_eq!(redacted.shown, url.replacen(":pw@", ":***@", 1), "{url}");
         }
-        // No authority at all (`scheme:///path`): no user info, whatever the path holds.
+        // No authority at all (`scheme:///path`), or one with no user info (it reads whole as
+        // hosts, a path and a query): none, whatever the path or the query holds. Before, the
+        // `@` in `application_name` was taken for the user info's end: host `localhost`.
         for url in [
+            "postgres://127.0.0.1:5432/test?application_name=ops@localhost",
+            "postgres://db.internal/app?application_name=deploy@ci",
+            "postgres://[::1]:5432,h2/app?application_name=a@b",
             "file:///work/scratch/u@h/app.db",
             "sqlite:///work/scratch/u:p@h/app.db",
             "postgres:///db?host=/tmp&application_name=a@b",
@@ -662,6 +693,7 @@ mod tests {
         for (url, password) in [
             ("postgres://u:x@y/z@h/db", "x%40y%2Fz"),
             ("postgres://u:a?b@h/db?sslmode=disable", "a%3Fb"),
+            ("postgres://u:a?x=y@h/db", "a%3Fx%3Dy"),
             ("postgres://u:a:b c@h/db", "a%3Ab%20c"),
             (
                 "postgres://u:p@h/db@h2/db2?application_name=a@b",

@@ -698,6 +698,31 @@ fn keys_as_printed<C: Backend>() {
             .is_none(),
         "forgotten"
     );
+    // A text that names one key as given and another as `keys list` prints it: which one is
+    // meant, only the operator knows. Before, `forget --yes` forgot the first silently.
+    for key in ["long:C:\\tmp", "long:C:\\\\tmp"] {
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, &LONG, &JobKey::new(key), |_| Ok::<_, Error>(()))
+                .expect("running the long job");
+    }
+    for args in [
+        &["keys", "show", "long:C:\\\\tmp"][..],
+        &["keys", "forget", "long:C:\\\\tmp", "--yes"][..],
+    ] {
+        let run = db.cli(args).exit(2);
+        assert!(
+            run.stderr.contains("names two keys") && run.stderr.contains("--digest"),
+            "{run:#?}"
+        );
+    }
+    for key in ["long:C:\\tmp", "long:C:\\\\tmp"] {
+        assert!(
+            keys::lookup(&mut conn, &JobKey::new(key))
+                .expect("a look-up")
+                .is_some(),
+            "{key}: nothing forgotten"
+        );
+    }
 }
 
 #[test]

@@ -450,7 +450,8 @@ impl Expansion<'_> {
     }
 
     /// Where a fingerprint input is a parameter whose type is a `HashSet` (`FxHashSet`,
-    /// `AHashSet`: a last path segment ending so), behind how many references.
+    /// `AHashSet`: a path whose last segment is one of the three names; not a set that keeps an
+    /// order of its own, such as `IndexSet`), behind how many references.
     fn hash_set_depth(&self, path: &[Segment]) -> Option<usize> {
         let [Segment::Name(root)] = path else {
             return None;
@@ -471,7 +472,9 @@ impl Expansion<'_> {
                 .path
                 .segments
                 .last()
-                .is_some_and(|last| last.ident.to_string().ends_with("HashSet"))
+                .is_some_and(|last| {
+                    ["HashSet", "FxHashSet", "AHashSet"].contains(&last.ident.to_string().as_str())
+                })
                 .then_some(depth),
             _ => None,
         }

@@ -295,12 +295,17 @@ compound! {
     SerializeStructVariant { serialize_field(key: &'static str); }
 }
 
-/// A map's keys as JSON writes them, for [`FiniteFloats`]: a key that comes twice (a
-/// `#[serde(flatten)]` field's beside a field of the same name) is refused, since JSON keeps one
-/// of the two, and inputs that differ there would give one fingerprint, or a value one text.
+/// A map's keys as JSON writes them, for [`FiniteFloats`]: a key that comes twice with two
+/// different values (a `#[serde(flatten)]` field's beside a field of the same name) is refused,
+/// since JSON keeps one of the two, and inputs that differ there would give one fingerprint. The
+/// same key twice with equal values (a flattened map ahead of a flattened struct: serde hands the
+/// map every entry, the struct's too) says one thing, and passes.
 #[derive(Default)]
 struct MapKeys {
-    seen: std::collections::HashSet<String>,
+    /// Each key's value, in canonical form.
+    seen: std::collections::HashMap<String, String>,
+    /// The key whose value comes next.
+    pending: Option<String>,
 }
 
 impl serde::ser::SerializeMap for MapKeys {
@@ -309,24 +314,29 @@ impl serde::ser::SerializeMap for MapKeys {
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NotFinite> {
         key.serialize(FiniteFloats)?;
-        // serde_json writes a number key as its digits, a string as itself.
-        let text = match serde_json::to_value(key) {
-            Ok(Value::String(text)) => text,
-            Ok(other) => other.to_string(),
-            // serde_json refuses it as a key when the whole value is written.
-            Err(_) => return Ok(()),
+        // serde_json writes a number key as its digits, a string as itself; it refuses another
+        // key when the whole value is written.
+        self.pending = match serde_json::to_value(key) {
+            Ok(Value::String(text)) => Some(text),
+            Ok(other) => Some(other.to_string()),
+            Err(_) => None,
         };
-        if self.seen.insert(text.clone()) {
-            Ok(())
-        } else {
-            Err(NotFinite(format!(
-                "it holds the key `{text}` twice in one object (a `#[serde(flatten)]` field's beside a field of that name, say), and JSON keeps only one of the two"
-            )))
-        }
+        Ok(())
     }
 
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotFinite> {
-        value.serialize(FiniteFloats)
+        value.serialize(FiniteFloats)?;
+        let (Some(key), Ok(value)) = (self.pending.take(), serde_json::to_value(value)) else {
+            return Ok(());
+        };
+        let mut canonical = String::new();
+        write_canonical(&mut canonical, &value);
+        match self.seen.insert(key.clone(), canonical.clone()) {
+            Some(before) if before != canonical => Err(NotFinite(format!(
+                "it holds the key `{key}` twice in one object with two values (a `#[serde(flatten)]` field's beside a field of that name, say), and JSON keeps only one of the two"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn end(self) -> Result<(), NotFinite> {
@@ -395,9 +405,9 @@ mod tests {
                 .input("order", &order(amount))
                 .finish();
             assert!(
-                refused
-                    .as_ref()
-                    .is_err_and(|e| e.to_string().contains("the key `amount` twice")),
+                refused.as_ref().is_err_and(|e| e
+                    .to_string()
+                    .contains("the key `amount` twice in one object with two values")),
                 "{refused:?}"
             );
         }
@@ -411,6 +421,24 @@ mod tests {
                 .finish()
                 .is_ok()
         );
+        // The same key twice with one value (a flattened map ahead of a flattened struct, which
+        // hands the map the struct's fields too) says one thing: accepted, as before.
+        #[derive(Serialize)]
+        struct Meta {
+            id: u32,
+        }
+        #[derive(Serialize)]
+        struct Message {
+            #[serde(flatten)]
+            extra: HashMap<String, u32>,
+            #[serde(flatten)]
+            meta: Meta,
+        }
+        let message = Message {
+            extra: HashMap::from([("id".to_owned(), 1), ("x".to_owned(), 2)]),
+            meta: Meta { id: 1 },
+        };
+        assert!(Fingerprint::builder().input("m", &message).finish().is_ok());
         let a: std::collections::HashSet<u32> = (0..50).collect();
         let b: std::collections::HashSet<u32> = (0..50).rev().collect();
         assert_eq!(of(&Unordered(&a)), of(&Unordered(&b)));

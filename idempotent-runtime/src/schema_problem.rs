@@ -71,10 +71,12 @@ pub enum SchemaProblem {
         /// The version of the step that made it.
         version: i32,
     },
-    /// The session converts text through a character set other than utf8mb4 (MySQL/MariaDB: a
-    /// `SET NAMES latin1`, or a `SET character_set_client`, `_connection` or `_results`, after
-    /// Diesel set utf8mb4 at connect): keys, results and outbox messages would be stored converted
-    /// and read back changed on other sessions, or refused. `found` names the settings.
+    /// The session converts text through a character set other than the one Diesel sets at
+    /// connect (MySQL/MariaDB: a `SET NAMES latin1`, or a `SET character_set_client`,
+    /// `_connection` or `_results`, where Diesel set utf8mb4; PostgreSQL: a `SET client_encoding`,
+    /// where it set UTF8): keys, results and outbox messages would be stored converted and read
+    /// back changed on other sessions, or refused (a relay stops at a message the session cannot
+    /// show). `found` names the settings.
     SessionCharset {
         /// The settings that are not utf8mb4, as `name = value`.
         found: String,
@@ -155,7 +157,7 @@ impl std::fmt::Display for SchemaProblem {
             ),
             SchemaProblem::SessionCharset { found } => write!(
                 f,
-                "this session's character set is not utf8mb4 ({found}): keys, results and outbox messages would be stored converted through it and read back changed on other sessions (`é` as `Ã©`), or refused; keep the character set Diesel sets when it connects (utf8mb4): drop the `SET NAMES` or `SET character_set_...` of the pool's connection hook, or of the code that runs before the jobs"
+                "this session's character set is not the one Diesel sets when it connects, utf8mb4 on MySQL and MariaDB, UTF8 on PostgreSQL ({found}): keys, results and outbox messages would be stored converted through it and read back changed on other sessions (`é` as `Ã©`), or refused (a relay would stop at a message it cannot show, every time); keep that character set: drop the `SET NAMES`, `SET character_set_...` or `SET client_encoding` of the pool's connection hook, or of the code that runs before the jobs"
             ),
             SchemaProblem::SessionClock { offset_seconds } => write!(
                 f,

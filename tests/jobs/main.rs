@@ -780,6 +780,13 @@ macro_rules! postgres_tests {
     ($module:ident, $backend:ty) => {
         mod $module {
             #[test]
+            fn verify_names_a_session_client_encoding_that_is_not_utf8() {
+                crate::schema::verify_names_a_session_client_encoding_that_is_not_utf8::<
+                    $backend,
+                >();
+            }
+
+            #[test]
             fn a_record_refused_inside_a_callers_transaction_is_the_databases_error() {
                 crate::holes::a_record_refused_inside_a_callers_transaction_is_the_databases_error::<
                     $backend,

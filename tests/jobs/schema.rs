@@ -359,57 +359,89 @@ pub fn a_table_lost_after_migrate_is_named_with_its_repair<B: Backend>() {
     );
 }
 
-/// MySQL/MariaDB: a session whose character set is not utf8mb4 (a pool's connection hook that
-/// runs `SET NAMES latin1`) stores keys, results and messages converted through it, read back
-/// changed on other sessions. `verify`, run on such a connection before the jobs, names the
-/// settings; `binary` (which converts nothing) and no `character_set_results` pass.
-pub fn verify_names_a_session_character_set_that_is_not_utf8mb4<B: Backend>() {
+/// After each `(set, found)`'s `set` on a session of its own, `verify` names the settings
+/// (`found`) in a problem whose words hold `fix`; after `reset`, it finds none.
+fn verify_names_each_character_set<B: Backend>(cases: &[(&str, &str)], fix: &str, reset: &str) {
     let db = Db::<B>::fresh();
     let mut conn = db.connect();
-    B::verify(&mut conn).expect("Diesel's own session: utf8mb4");
-    for (set, found) in [
-        (
-            "SET NAMES latin1",
-            "character_set_client = latin1, character_set_connection = latin1, character_set_results = latin1",
-        ),
-        (
-            "SET character_set_client = cp1251",
-            "character_set_client = cp1251",
-        ),
-        (
-            "SET character_set_connection = utf8mb3",
-            "character_set_connection = utf8mb3",
-        ),
-        (
-            "SET character_set_results = latin1",
-            "character_set_results = latin1",
-        ),
-    ] {
+    B::verify(&mut conn).expect("Diesel's own session");
+    for (set, found) in cases {
         B::execute(&mut conn, set);
         match B::verify(&mut conn) {
             Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
                 assert_eq!(
                     problems,
                     [idempotent_jobs::SchemaProblem::SessionCharset {
-                        found: found.to_owned()
+                        found: (*found).to_owned()
                     }],
                     "after {set}"
                 );
-                assert!(
-                    problems[0].to_string().contains("utf8mb4"),
-                    "{}",
-                    problems[0]
-                );
+                assert!(problems[0].to_string().contains(fix), "{}", problems[0]);
             }
             other => panic!("after {set}: {other:?}"),
         }
-        B::execute(&mut conn, "SET NAMES utf8mb4");
+        B::execute(&mut conn, reset);
     }
+    B::verify(&mut conn).unwrap_or_else(|error| panic!("after {reset}: {error}"));
+}
+
+/// MySQL/MariaDB: a session whose character set is not utf8mb4 (a pool's connection hook that
+/// runs `SET NAMES latin1`) stores keys, results and messages converted through it, read back
+/// changed on other sessions. `verify`, run on such a connection before the jobs, names the
+/// settings; `binary` (which converts nothing) and no `character_set_results` pass.
+pub fn verify_names_a_session_character_set_that_is_not_utf8mb4<B: Backend>() {
+    verify_names_each_character_set::<B>(
+        &[
+            (
+                "SET NAMES latin1",
+                "character_set_client = latin1, character_set_connection = latin1, character_set_results = latin1",
+            ),
+            (
+                "SET character_set_client = cp1251",
+                "character_set_client = cp1251",
+            ),
+            (
+                "SET character_set_connection = utf8mb3",
+                "character_set_connection = utf8mb3",
+            ),
+            (
+                "SET character_set_results = latin1",
+                "character_set_results = latin1",
+            ),
+        ],
+        "utf8mb4",
+        "SET NAMES utf8mb4",
+    );
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
     for set in ["SET NAMES binary", "SET character_set_results = NULL"] {
         B::execute(&mut conn, set);
         B::verify(&mut conn).unwrap_or_else(|error| panic!("after {set}: {error}"));
         B::execute(&mut conn, "SET NAMES utf8mb4");
     }
+}
+
+/// PostgreSQL: a session whose `client_encoding` is not UTF8 (a pool's hook that runs
+/// `SET client_encoding = 'LATIN1'`) converts text through it, and refuses a row holding a
+/// character it cannot show as it reads it: a relay's lease of a batch with such a message failed
+/// every time, rolled back, its attempts never counted, the batch never delivered nor parked, and
+/// `verify` said all was well. It names the setting now.
+pub fn verify_names_a_session_client_encoding_that_is_not_utf8<B: Backend>() {
+    verify_names_each_character_set::<B>(
+        &[
+            ("SET client_encoding = 'LATIN1'", "client_encoding = LATIN1"),
+            (
+                "SET client_encoding = 'WIN1251'",
+                "client_encoding = WIN1251",
+            ),
+            (
+                "SET client_encoding = 'SQL_ASCII'",
+                "client_encoding = SQL_ASCII",
+            ),
+        ],
+        "SET client_encoding",
+        "SET client_encoding = 'UTF8'",
+    );
 }
 
 /// A session whose clock is set (`SET timestamp`): `UTC_TIMESTAMP()`, the database's clock the

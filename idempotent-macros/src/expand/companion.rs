@@ -309,8 +309,10 @@ impl Expansion<'_> {
         })
     }
 
-    /// The handler's first type parameter (`P`), or its first const parameter as a type
-    /// (`[(); N]`): what `JobResultOf<_>` is named through. `None` for a handler without either.
+    /// The handler's first type parameter (`P`), or its first `usize` const parameter as a type
+    /// (`[(); N]`): what `JobResultOf<_>` is named through. `None` for a handler without either
+    /// (lifetimes alone, a `bool` const): `outcome` then has the alias's `T` and `E` for
+    /// parameters of its own, as before.
     fn first_parameter(&self) -> Option<TokenStream> {
         self.handler
             .item
@@ -323,11 +325,12 @@ impl Expansion<'_> {
                     let ident = &param.ident;
                     Some(quote!(#ident))
                 }
-                syn::GenericParam::Const(param) => {
+                // An array's length is a `usize`: a const parameter of another type names none.
+                syn::GenericParam::Const(param) if is_usize(&param.ty) => {
                     let ident = &param.ident;
                     Some(quote!([(); #ident]))
                 }
-                syn::GenericParam::Lifetime(_) => None,
+                syn::GenericParam::Const(_) | syn::GenericParam::Lifetime(_) => None,
             })
     }
 
@@ -375,6 +378,11 @@ impl Expansion<'_> {
             err: quote!(#err),
         }
     }
+}
+
+/// Whether `ty` is `usize` (as written: an alias of it is not known here).
+fn is_usize(ty: &syn::Type) -> bool {
+    matches!(ty, syn::Type::Path(path) if path.qself.is_none() && path.path.is_ident("usize"))
 }
 
 /// Every identifier in `tokens`, groups included.

@@ -821,8 +821,9 @@ impl Database for MysqlDb {
         crate::lost::connection_lost(error, crate::lost::MYSQL)
     }
 
-    /// `KILL QUERY` (1317, also at a `COMMIT` it interrupted, reported as 1180): the statement,
-    /// and at the commit the transaction, rolled back. A statement's time limit says so too
+    /// `KILL QUERY` (1317, also at a `COMMIT` it interrupted, reported as 1180 with 1317's words
+    /// in English): the statement rolled back (the transaction stays open, and the runtime rolls
+    /// it back), at a `COMMIT` the transaction. A statement's time limit says so too
     /// (1969, "Query execution was interrupted (max_statement_time exceeded)"), which
     /// [`classify`](Self::classify) already passes.
     fn canceled_by_request(error: &DieselError) -> bool {
@@ -1730,13 +1731,11 @@ async_store!(diesel_async::AsyncMysqlConnection, MysqlDb, begin: BEGIN, job: BEG
 mod tests {
     use crate::retry::{Retry, key_kept_changing};
 
-    /// A claim whose key kept changing under it is counted as that, not as the deadlock MySQL's
-    /// classification makes of a serialization failure ("614 deadlocks" before, for a claim that
-    /// never met one).
     /// A statement an operator stopped with `KILL QUERY` (the job's record, or its `COMMIT`
-    /// waiting for a backup lock) rolled back what it was part of: its error says retrying helps,
-    /// in the server's words or numbered in another language, and the runtime does not retry it on
-    /// its own. Before, it said retrying does not help, and the redelivery then ran.
+    /// waiting for a backup lock): the statement rolled back, the transaction with it at a
+    /// `COMMIT`, and the runtime rolls back the rest. Its error says retrying helps, in the
+    /// server's words or numbered in another language, and the runtime does not retry it on its
+    /// own. Before, it said retrying does not help, and the redelivery then ran.
     #[test]
     fn a_statement_killed_at_a_request_is_retryable_not_retried() {
         use crate::store::{Database as _, Fault};
@@ -1755,6 +1754,9 @@ mod tests {
         }
     }
 
+    /// A claim whose key kept changing under it is counted as that, not as the deadlock MySQL's
+    /// classification makes of a serialization failure ("614 deadlocks" before, for a claim that
+    /// never met one).
     #[test]
     fn a_key_that_kept_changing_is_not_counted_as_a_deadlock() {
         let mut retry = Retry::new();

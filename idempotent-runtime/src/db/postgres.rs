@@ -639,6 +639,20 @@ impl Database for PostgresDb {
         crate::lost::connection_lost(error, crate::lost::POSTGRES)
     }
 
+    /// `client_encoding` other than UTF8 (Diesel sets UTF8 when it connects; a pool's hook or
+    /// the code before the jobs may set another): text converts through it, and a row holding a
+    /// character it cannot show is refused as it is read, a relay's lease with it, every time, so
+    /// that its batch is neither delivered nor parked.
+    async fn session_charset<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<String>> {
+        let encoding = conn
+            .text_rows("SELECT current_setting('client_encoding') AS row")
+            .await?;
+        Ok(encoding
+            .first()
+            .filter(|value| !value.eq_ignore_ascii_case("UTF8"))
+            .map(|value| format!("client_encoding = {value}")))
+    }
+
     fn canceled_by_request(error: &DieselError) -> bool {
         super::message(error).is_some_and(|m| USER_CANCELED.iter().any(|known| m.contains(known)))
     }

@@ -398,8 +398,8 @@ pub trait Database: Sized + Send + Sync + 'static {
 
     /// The session's character set settings that would change the text the runtime stores and
     /// reads back, as `name = value` (MySQL/MariaDB: any of `character_set_client`,
-    /// `_connection`, `_results` that is not utf8mb4); `None` where all is well, and on the other
-    /// databases.
+    /// `_connection`, `_results` that is not utf8mb4; PostgreSQL: `client_encoding` not UTF8);
+    /// `None` where all is well, and on SQLite.
     #[doc(hidden)]
     fn session_charset<C: Store<Db = Self>>(
         conn: &mut C,

@@ -43,6 +43,15 @@ fn batch<const N: usize>(conn: &mut SqliteConnection, id: u64) -> Sent {
     Ok(N)
 }
 
+/// A const parameter that is not a `usize` (no array length can name it): `outcome` keeps the
+/// alias's parameters of its own; the handler compiles and runs. Before the fix above it failed
+/// to compile ("the constant `B` is not of type `usize`").
+#[idempotent_job(key = "flag:<id>")]
+fn flag<const B: bool>(conn: &mut SqliteConnection, id: u64) -> Sent {
+    let _ = (conn, id);
+    Ok(usize::from(B))
+}
+
 fn main() {
     let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
     idempotent_jobs::migrate(&mut conn).expect("migrations");
@@ -52,4 +61,5 @@ fn main() {
     assert_eq!(send::outcome::<Sms>(&mut conn, 2).expect("a run").into_inner(), 3);
     assert!(send::outcome::<Sms>(&mut conn, 2).expect("a replay").is_replayed());
     assert_eq!(batch::outcome::<4>(&mut conn, 3).expect("a run").into_inner(), 4);
+    assert_eq!(flag::<true>(&mut conn, 4).expect("a run"), 1);
 }

@@ -21,6 +21,17 @@ fn owned(conn: &mut SqliteConnection, id: u32, tags: HashSet<u64>) -> Result<usi
     Ok(tags.len())
 }
 
+/// A type of the user's whose name merely ends in `HashSet`, not iterable: fingerprinted as it
+/// serializes (it was refused: "`Unordered<'_, MyHashSet>` ... does not implement `Serialize`").
+#[derive(serde::Serialize)]
+struct MyHashSet(u32);
+
+#[idempotent_job(key = "mine:<id>", fingerprint(set))]
+fn mine(conn: &mut SqliteConnection, id: u32, set: &MyHashSet) -> Result<u32, idempotent_jobs::Error> {
+    let _ = (conn, id);
+    Ok(set.0)
+}
+
 fn main() {
     let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
     idempotent_jobs::migrate(&mut conn).expect("migrations");
@@ -37,6 +48,8 @@ fn main() {
         tag::outcome(&mut conn, 1, &other),
         Err(idempotent_jobs::Error::FingerprintMismatch { .. })
     ));
+    assert!(mine::outcome(&mut conn, 3, &MyHashSet(7)).expect("a run").is_ran());
+    assert!(mine::outcome(&mut conn, 3, &MyHashSet(7)).expect("a replay").is_replayed());
     let numbers = || (0..50_u64).collect::<HashSet<u64>>();
     assert!(owned::outcome(&mut conn, 2, numbers()).expect("a run").is_ran());
     for _ in 0..20 {
