@@ -23,14 +23,70 @@ impl Ctxt {
     }
 
     /// `Ok` when nothing was recorded; otherwise every error, as `compile_error!`s.
+    #[cfg(test)]
     pub fn check(self) -> Result<(), TokenStream> {
+        self.check_in(None)
+    }
+
+    /// [`check`](Self::check), the `compile_error!`s reached through the runtime at `krate`
+    /// (the attribute's `crate = ...`; `::idempotent_jobs` where there is none):
+    /// `::core::compile_error!`, as syn writes it, spanned at the user's tokens, does not resolve
+    /// in an edition 2015 crate without `extern crate core;`, and every error read "cannot find
+    /// `core` in the crate root". The runtime, which a 2015 crate names with `extern crate`,
+    /// re-exports the macro.
+    pub fn check_in(self, krate: Option<&syn::Path>) -> Result<(), TokenStream> {
         let errors = self.errors.into_inner();
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors.iter().map(syn::Error::to_compile_error).collect())
+            Err(errors
+                .iter()
+                .map(|error| through_runtime(error.to_compile_error(), krate))
+                .collect())
         }
     }
+}
+
+/// syn's `::core::compile_error! { ... }` as `<krate>::<private>::compile_error! { ... }`, the
+/// path spanned where `core` was, every other token as syn spanned it (where each error points).
+fn through_runtime(tokens: TokenStream, krate: Option<&syn::Path>) -> TokenStream {
+    use quote::ToTokens as _;
+    let mut out = TokenStream::new();
+    let mut tokens = tokens.into_iter().peekable();
+    let mut leading = Vec::new();
+    while let Some(token) = tokens.next() {
+        match token {
+            proc_macro2::TokenTree::Ident(ident) if ident == "core" => {
+                let span = ident.span();
+                let private = crate::expand::private_module_at(span);
+                let path = match krate {
+                    Some(path) => {
+                        let mut path = path.to_token_stream();
+                        path = path
+                            .into_iter()
+                            .map(|mut token| {
+                                token.set_span(span);
+                                token
+                            })
+                            .collect();
+                        quote::quote_spanned!(span=> #path :: #private)
+                    }
+                    None => {
+                        out.extend(leading.drain(..));
+                        quote::quote_spanned!(span=> idempotent_jobs :: #private)
+                    }
+                };
+                leading.clear();
+                out.extend(path);
+                out.extend(tokens.by_ref());
+                return out;
+            }
+            // The leading `::`, kept for `::idempotent_jobs`, dropped before a path of the user's.
+            other => leading.push(other),
+        }
+    }
+    out.extend(leading);
+    out
 }
 
 /// The candidate closest to `name`, if it is close enough to be a likely typo.

@@ -37,9 +37,15 @@ mod companion;
 /// The runtime's private module for generated code, named with this crate's version, which the
 /// facade pins exactly.
 fn private_module() -> Ident {
+    private_module_at(Span::call_site())
+}
+
+/// [`private_module`], spanned at `span`.
+pub fn private_module_at(span: Span) -> Ident {
     format_ident!(
         "__private_{}",
-        env!("CARGO_PKG_VERSION").replace(['.', '-', '+'], "_")
+        env!("CARGO_PKG_VERSION").replace(['.', '-', '+'], "_"),
+        span = span
     )
 }
 

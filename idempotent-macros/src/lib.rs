@@ -49,7 +49,7 @@ fn entry(
         Err(error) => {
             // Not a function we can wrap: give the item back untouched, next to the errors.
             cx.error(error);
-            let errors = cx.check().err();
+            let errors = cx.check_in(args.krate.as_ref()).err();
             return quote::quote! { #errors #item };
         }
     };
@@ -62,7 +62,7 @@ fn entry(
                 item.sig.ident
             ),
         ));
-        let errors = cx.check().err();
+        let errors = cx.check_in(args.krate.as_ref()).err();
         return quote::quote! { #errors #[allow(unused_variables)] #item };
     }
     let handler = signature::Handler::analyse(&item, args.conn.as_ref(), &cx);
@@ -83,7 +83,7 @@ fn entry(
         .is_some_and(|handler| wants_companion(handler, &args, &cx));
 
     // Expand, only when nothing was found.
-    match (cx.check(), handler, key) {
+    match (cx.check_in(args.krate.as_ref()), handler, key) {
         (Ok(()), Some(handler), Some(key)) => expand::Expansion {
             handler: &handler,
             key: &key,

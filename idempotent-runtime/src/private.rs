@@ -18,6 +18,9 @@ pub use crate::job::{Job, WhileInProgress};
 pub use crate::key::{JobKey, KeyWriter};
 pub use crate::outcome::Outcome;
 pub use crate::registry::{Part, RegisteredJob};
+/// For the attribute's errors: `::core` does not resolve in an edition 2015 crate without
+/// `extern crate core;`, this crate does (the crate names it with `extern crate`).
+pub use core::compile_error;
 pub use inventory;
 
 use crate::call::{JobError, JobOutput};

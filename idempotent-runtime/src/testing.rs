@@ -248,17 +248,24 @@ where
     C: crate::connection::JobStore,
     E: fmt::Debug,
 {
-    let first = {
+    let (first, left) = {
         let mut worker = connect();
         crate::drive::block_on(rolled_back_run_changes_nothing(
             &mut worker,
             C::idempotent_store,
             async |conn| job(conn),
         ));
-        first_run(job(&mut worker))
+        let first = first_run(job(&mut worker));
+        let left = crate::drive::block_on(read_tables(
+            worker.idempotent_store(),
+            "after the",
+            "first run",
+        ));
+        (first, left)
         // The worker dies here: its connection closes, the acknowledgement is never sent.
     };
     let mut retry = connect();
+    crate::drive::block_on(same_database(retry.idempotent_store(), &left));
     crate::drive::block_on(rerun_changes_nothing(
         &mut retry,
         C::idempotent_store,
@@ -266,6 +273,18 @@ where
         "rerun after the crash",
     ));
     first
+}
+
+/// Panics where the rerun's connection does not see what the first run left (`left`): `connect`
+/// reached another database (`:memory:` opens a new one each time), and every row of the first
+/// run would read as the rerun's change, "not idempotent", of a job that may well be.
+async fn same_database<S: Store>(conn: &mut S, left: &Snapshot) {
+    let found = read_tables(conn, "before the", "rerun after the crash").await;
+    let missing = found.changes_since(left);
+    assert!(
+        missing.is_empty(),
+        "the rerun's connection does not see what the first run left: `connect` must reach the same database each time (a file or a server; `:memory:` opens a new, empty one each time)\n{missing}"
+    );
 }
 
 /// [`assert_idempotent`] for async jobs, with its rolled-back run first.
@@ -306,12 +325,15 @@ where
     C: crate::connection::AsyncJobStore,
     E: fmt::Debug,
 {
-    let first = {
+    let (first, left) = {
         let mut worker = connect().await;
         rolled_back_run_changes_nothing(&mut worker, C::idempotent_store, &mut job).await;
-        first_run(job(&mut worker).await)
+        let first = first_run(job(&mut worker).await);
+        let left = read_tables(worker.idempotent_store(), "after the", "first run").await;
+        (first, left)
     };
     let mut retry = connect().await;
+    same_database(retry.idempotent_store(), &left).await;
     rerun_changes_nothing(
         &mut retry,
         C::idempotent_store,

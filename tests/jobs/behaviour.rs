@@ -569,3 +569,40 @@ pub fn unit_results_store_nothing<B: Backend>() {
         .collect();
     assert_eq!(stored, [None]);
 }
+
+/// `assert_rerun_after_crash` whose `connect` opens a new database each time (`:memory:`): the
+/// rerun's connection sees nothing of the first run, and the kit says so. Before, it said the job
+/// was not idempotent ("its rerun after the crash changed rows", listing the first run's own
+/// rows), of a job that is.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_rerun_after_a_crash_on_another_database_is_told_apart() {
+    use diesel::{Connection as _, RunQueryDsl as _, SqliteConnection};
+
+    static MARK: idempotent_jobs::Job = idempotent_jobs::Job::new("mark", "mark:<n>");
+    let connect = || {
+        let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+        idempotent_jobs::migrate(&mut conn).expect("the runtime's tables");
+        diesel::sql_query("CREATE TABLE marks (n INTEGER NOT NULL)")
+            .execute(&mut conn)
+            .expect("the table");
+        conn
+    };
+    let job = |conn: &mut SqliteConnection| {
+        idempotent_jobs::run(conn, &MARK, &JobKey::new("mark:1"), |conn| {
+            diesel::sql_query("INSERT INTO marks (n) VALUES (1)")
+                .execute(conn)
+                .map(drop)
+                .map_err(TestError::from)
+        })
+    };
+    let told = catch_unwind(AssertUnwindSafe(|| {
+        let _replayed = idempotent_jobs::testing::assert_rerun_after_crash(connect, job);
+    }))
+    .expect_err("the kit fails it");
+    let told = told.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        told.contains("must reach the same database") && !told.contains("not idempotent"),
+        "{told}"
+    );
+}

@@ -157,7 +157,10 @@ impl Expansion<'_> {
                 "`#[idempotent_job]` gives `{name}::outcome` at most {MAX_CFG_PARAMS} parameters under `#[cfg]`, and `{name}` has {}: add `no_companion` to the attribute, or gather the conditional inputs into one parameter",
                 conditional.len()
             );
-            return quote_spanned!(name.span()=> ::core::compile_error!(#message););
+            // Through the runtime, as every error of the attribute (`ctxt::check_in`).
+            let krate = self.krate_at(name.span());
+            let private = super::private_module_at(name.span());
+            return quote_spanned!(name.span()=> #krate::#private::compile_error!(#message););
         }
         let OutcomeSignature {
             generic_params,
