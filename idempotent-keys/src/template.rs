@@ -354,6 +354,27 @@ fn not_an_identifier(inner: &str, part: &str) -> String {
             "`{part}` in `<{inner}>` is not a parameter name: use letters, digits and `_`, and `.` for a field"
         )
     };
+    // What a Rust expression would be there: said what it is, not mended into a name that is no
+    // parameter either (`<Self::KIND>` was "did you mean `<Self__KIND>`?").
+    let expression = if part.contains("::") {
+        Some(
+            "; a path (a constant, an associated item) is no placeholder: write its value into the template as fixed text, or take it as a parameter",
+        )
+    } else if part.contains(['(', ')']) {
+        Some(
+            "; a call is no placeholder: placeholders name parameters and their fields; compute the value where the job is called and take it as a parameter",
+        )
+    } else if part.contains(['[', ']']) {
+        Some(
+            "; an index is no placeholder: a tuple's field is `<pair.0>`; take an element of a list as a parameter of its own",
+        )
+    } else {
+        None
+    };
+    if let Some(hint) = expression {
+        message.push_str(hint);
+        return message;
+    }
     let fixed: String = part
         .chars()
         .map(|c| {
@@ -544,6 +565,22 @@ mod tests {
         assert!(errors("<<a>>")[0].starts_with("placeholders cannot nest: `<<a>>`"));
         assert!(errors("a:<>")[0].starts_with("empty placeholder"));
         assert!(errors("<customer-id>")[0].contains("did you mean `<customer_id>`?"));
+        // Expressions are said to be so, not mended into other names that are no parameters
+        // (`<Self__KIND>`, `<id.len__>`, `<ids_0_>` before).
+        for (template, says) in [
+            (
+                "<Self::KIND>",
+                "a path (a constant, an associated item) is no placeholder",
+            ),
+            ("<id.len()>", "a call is no placeholder"),
+            ("<ids[0]>", "an index is no placeholder"),
+        ] {
+            let error = &errors(template)[0];
+            assert!(
+                error.contains(says) && !error.contains("did you mean"),
+                "{template}: {error}"
+            );
+        }
         assert!(errors("<1x>")[0].contains("names start with a letter"));
         assert!(errors("< id >")[0].contains("write `<id>`"));
         assert!(errors("<a><b>")[0].contains("touch"));

@@ -173,6 +173,11 @@ impl<'a> Handler<'a> {
             cx.error_at(variadic.span(), "a job handler cannot be variadic");
         }
         let output = check_output(sig, cx);
+        if output.is_none() && returns_boxed_future(sig) {
+            // The method `#[async_trait]` rewrote: its connection is one an `async fn` takes,
+            // and saying "make the handler an `async fn`" of it would mislead.
+            return None;
+        }
 
         let mut receiver = None;
         let mut params = Vec::new();
@@ -223,6 +228,29 @@ impl<'a> Handler<'a> {
     }
 }
 
+/// Whether `sig` is a plain `fn` that returns a boxed future ([`is_boxed_future`]).
+fn returns_boxed_future(sig: &Signature) -> bool {
+    match &sig.output {
+        ReturnType::Type(_, ty) if sig.asyncness.is_none() => {
+            matches!(strip_groups(ty), Type::Path(path) if is_boxed_future(&path))
+        }
+        _ => false,
+    }
+}
+
+/// Whether `path` is a boxed future: `Pin<Box<dyn Future<..>>>` (what `#[async_trait]` makes of an
+/// `async fn`'s return type), `BoxFuture` or `LocalBoxFuture` (futures' aliases of it).
+fn is_boxed_future(path: &syn::TypePath) -> bool {
+    let Some(last) = path.path.segments.last() else {
+        return false;
+    };
+    match last.ident.to_string().as_str() {
+        "BoxFuture" | "LocalBoxFuture" => true,
+        "Pin" => mentions(last.arguments.to_token_stream(), "Future"),
+        _ => false,
+    }
+}
+
 /// The return type, checked by its shape: a type that cannot be a `Result` whatever it names, or a
 /// `Result<T, E>` whose `T` cannot be read back from the database, is an error here; any other
 /// path (an alias such as `anyhow::Result<T>`) is left to the `JobResult` trait.
@@ -249,6 +277,15 @@ fn check_output(sig: &Signature, cx: &Ctxt) -> Option<Output> {
                 &ty,
                 format!(
                     "`{name}` returns a future: write it as an `async fn` that returns the `Result` itself (`async fn {name}(..) -> Result<T, E>`), so that the job's claim and the body run in one transaction"
+                ),
+            ));
+            return None;
+        }
+        Type::Path(_) if returns_boxed_future(sig) => {
+            cx.error(syn::Error::new_spanned(
+                &ty,
+                format!(
+                    "`{name}` returns a boxed future, as `#[async_trait]` rewrites an `async fn` before this attribute sees it: the job's claim and its body must run in one transaction, in the handler itself. Write the trait's method as a native `async fn` (no `#[async_trait]`), or make the job a free `async fn {name}(..) -> Result<T, E>` that the method calls"
                 ),
             ));
             return None;
