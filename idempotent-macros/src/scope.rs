@@ -55,6 +55,17 @@ struct Region {
     place: Place,
 }
 
+/// Whether code of a function's scope names the function's name as the root of a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rooted {
+    /// No.
+    No,
+    /// Yes: a crate's, unless an item of the file binds the name.
+    ByPath,
+    /// Yes, and no item of the scope binds it where a glob import may bring it: the glob's.
+    ThroughGlob,
+}
+
 /// What a source file holds.
 #[derive(Clone, Debug, Default)]
 struct Summary {
@@ -62,10 +73,12 @@ struct Summary {
     regions: Vec<Region>,
     /// For each function of `functions` (same index): whether code of its scope names its name as
     /// the root of a path (`url::Url::parse`), other than to its companion.
-    rooted: Vec<bool>,
+    rooted: Vec<Rooted>,
     /// Every name a `use`, `mod` or `extern crate` of the file binds, at any depth: a path rooted
     /// there may reach that, not a crate.
     bound: std::collections::HashSet<String>,
+    /// The names of `bound` that a block binds (a `use` or `mod` in a function's body).
+    block_bound: std::collections::HashSet<String>,
 }
 
 thread_local! {
@@ -157,10 +170,13 @@ fn summarise(source: &str) -> Option<Summary> {
     let items: Vec<&Item> = file.items.iter().collect();
     walk_items(&items, &mut summary);
     for (found, rooted) in summary.functions.iter_mut().zip(&summary.rooted) {
-        if *rooted
-            && !summary.bound.contains(&found.name)
-            && found.place == (Place::Free { taken_by: None })
-        {
+        let taken = match rooted {
+            Rooted::No => false,
+            Rooted::ByPath => !summary.bound.contains(&found.name),
+            // A block's own `use` may bind it where the path is.
+            Rooted::ThroughGlob => !summary.block_bound.contains(&found.name),
+        };
+        if taken && found.place == (Place::Free { taken_by: None }) {
             found.place = Place::Free {
                 taken_by: Some(CRATE_IN_A_PATH),
             };
@@ -185,6 +201,14 @@ fn region(summary: &mut Summary, braces: &syn::token::Brace, place: Place) {
 
 fn walk_items(items: &[&Item], summary: &mut Summary) {
     let roots = path_roots(items);
+    // A name that starts a path here and that no item of this scope binds, where a glob import
+    // (`use super::*;`) may bring it, is the glob's: bound elsewhere in the file (a module of
+    // the parent's) is no binding here, and the companion, an item of this scope, would hide it.
+    let mut own = std::collections::HashSet::new();
+    for item in items {
+        bind_names(item, &mut own);
+    }
+    let globbed = items.iter().any(|item| is_glob_import(item));
     for item in items {
         bind_names(item, &mut summary.bound);
         match item {
@@ -197,9 +221,12 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
                         taken_by: taken_by(items, &function.sig.ident),
                     },
                 });
-                summary
-                    .rooted
-                    .push(roots.contains(&function.sig.ident.to_string()));
+                let name = function.sig.ident.to_string();
+                summary.rooted.push(match roots.contains(&name) {
+                    false => Rooted::No,
+                    true if globbed && !own.contains(&name) => Rooted::ThroughGlob,
+                    true => Rooted::ByPath,
+                });
                 walk_block(&function.block, summary);
             }
             Item::Mod(module) => {
@@ -214,7 +241,7 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
                 for item in &block.items {
                     if let ImplItem::Fn(function) = item {
                         summary.functions.push(associated(&function.sig));
-                        summary.rooted.push(false);
+                        summary.rooted.push(Rooted::No);
                         walk_block(&function.block, summary);
                     }
                 }
@@ -226,7 +253,7 @@ fn walk_items(items: &[&Item], summary: &mut Summary) {
                         && let Some(body) = &function.default
                     {
                         summary.functions.push(associated(&function.sig));
-                        summary.rooted.push(false);
+                        summary.rooted.push(Rooted::No);
                         walk_block(body, summary);
                     }
                 }
@@ -262,6 +289,9 @@ fn walk_block(block: &syn::Block, summary: &mut Summary) {
             _ => None,
         })
         .collect();
+    for item in &items {
+        bind_names(item, &mut summary.block_bound);
+    }
     walk_items(&items, summary);
     for stmt in &block.stmts {
         match stmt {
@@ -417,6 +447,19 @@ fn collect_roots(tokens: proc_macro2::TokenStream, roots: &mut std::collections:
 
 /// Adds the names `item` binds by a `use`, a `mod` or an `extern crate`, and those of the items
 /// inside it at any depth, to `bound`.
+/// Whether `item` is a glob import (`use super::*;`, `use crate::{a::*, b}`).
+fn is_glob_import(item: &Item) -> bool {
+    fn glob(tree: &syn::UseTree) -> bool {
+        match tree {
+            syn::UseTree::Path(path) => glob(&path.tree),
+            syn::UseTree::Glob(_) => true,
+            syn::UseTree::Group(group) => group.items.iter().any(glob),
+            syn::UseTree::Name(_) | syn::UseTree::Rename(_) => false,
+        }
+    }
+    matches!(item, Item::Use(item) if !conditional(&Item::Use(item.clone())) && glob(&item.tree))
+}
+
 fn bind_names(item: &Item, bound: &mut std::collections::HashSet<String>) {
     struct Binder<'a>(&'a mut std::collections::HashSet<String>);
     impl Binder<'_> {
@@ -568,6 +611,13 @@ mod tests {
             (
                 "fn serde(id: u64) {} fn f() -> Option<serde::de::IgnoredAny> { None }",
                 "serde",
+            ),
+            // A module of the parent's, brought by a glob import: the companion would hide it.
+            // Before, a module of that name anywhere in the file passed it by.
+            (
+                "mod report { pub fn level() -> u8 { 3 } } \
+                 mod jobs { use super::*; fn report(id: u64) -> u8 { report::level() } }",
+                "report",
             ),
         ] {
             assert_eq!(place(source, name), CRATE, "{source}");
