@@ -271,6 +271,28 @@ impl Wanted {
     }
 }
 
+/// The record of the key `key` names ([`Wanted::lookup`]), `None` where none is there; a text
+/// that names two keys is refused ([`two_keys`]).
+fn look_up<C: JobStore>(
+    conn: &mut C,
+    cx: &Context<'_>,
+    key: &KeyArg,
+    wanted: &mut Wanted,
+) -> Result<Option<KeyRecord>, Failure> {
+    match wanted
+        .lookup(conn)
+        .map_err(|e| db_failure(conn, cx.target, e))?
+    {
+        Found::One(record) => Ok(Some(record)),
+        Found::None => Ok(None),
+        Found::Two(first, second) => Err(two_keys(
+            key.which.key.as_deref().unwrap_or_default(),
+            &first,
+            &second,
+        )),
+    }
+}
+
 /// The failure for a text that names two keys ([`Found::Two`]): nothing is shown or changed;
 /// the operator names one by its digest.
 fn two_keys(given: &str, first: &KeyRecord, second: &KeyRecord) -> Failure {
@@ -415,19 +437,8 @@ fn near_text(near: &nearest::Nearest) -> String {
 /// `keys show`: one record.
 fn keys_show<C: JobStore>(conn: &mut C, cx: &Context<'_>, key: &KeyArg) -> Result<(), Failure> {
     let mut wanted = resolve(key)?;
-    let record = match wanted
-        .lookup(conn)
-        .map_err(|e| db_failure(conn, cx.target, e))?
-    {
-        Found::One(record) => record,
-        Found::None => return Err(not_found(conn, &wanted)),
-        Found::Two(first, second) => {
-            return Err(two_keys(
-                key.which.key.as_deref().unwrap_or_default(),
-                &first,
-                &second,
-            ));
-        }
+    let Some(record) = look_up(conn, cx, key, &mut wanted)? else {
+        return Err(not_found(conn, &wanted));
     };
     if cx.json {
         emit_json(&KeyJson::from(&record));
@@ -549,20 +560,7 @@ fn keys_forget<C: JobStore>(
     yes: bool,
 ) -> Result<(), Failure> {
     let mut wanted = resolve(key)?;
-    let found = match wanted
-        .lookup(conn)
-        .map_err(|e| db_failure(conn, cx.target, e))?
-    {
-        Found::One(record) => Some(record),
-        Found::None => None,
-        Found::Two(first, second) => {
-            return Err(two_keys(
-                key.which.key.as_deref().unwrap_or_default(),
-                &first,
-                &second,
-            ));
-        }
-    };
+    let found = look_up(conn, cx, key, &mut wanted)?;
     let (digest, named) = (wanted.digest, wanted.named.clone());
     let Some(record) = found else {
         let mut failure = not_found(conn, &wanted);
