@@ -58,7 +58,7 @@ fn through_runtime(tokens: TokenStream, krate: Option<&syn::Path>) -> TokenStrea
         match token {
             proc_macro2::TokenTree::Ident(ident) if ident == "core" => {
                 let span = ident.span();
-                let private = crate::expand::private_module_at(span);
+                let private = crate::private_path::private_module_at(span);
                 let path = match krate {
                     Some(path) => {
                         let mut path = path.to_token_stream();

@@ -30,6 +30,7 @@ use idempotent_keys::template::{self, Piece, Segment};
 
 use crate::args::Args;
 use crate::check::KeyTemplate;
+use crate::private_path::private_module_at;
 use crate::signature::{Handler, param_span};
 
 mod companion;
@@ -38,15 +39,6 @@ mod companion;
 /// facade pins exactly.
 fn private_module() -> Ident {
     private_module_at(Span::call_site())
-}
-
-/// [`private_module`], spanned at `span`.
-pub fn private_module_at(span: Span) -> Ident {
-    format_ident!(
-        "__private_{}",
-        env!("CARGO_PKG_VERSION").replace(['.', '-', '+'], "_"),
-        span = span
-    )
 }
 
 /// `tokens`, each placed where it is but in the attribute's expansion: errors still point at the

@@ -24,6 +24,7 @@ mod args;
 mod check;
 mod ctxt;
 mod expand;
+mod private_path;
 mod scope;
 mod signature;
 

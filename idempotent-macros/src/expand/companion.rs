@@ -159,7 +159,7 @@ impl Expansion<'_> {
             );
             // Through the runtime, as every error of the attribute (`ctxt::check_in`).
             let krate = self.krate_at(name.span());
-            let private = super::private_module_at(name.span());
+            let private = crate::private_path::private_module_at(name.span());
             return quote_spanned!(name.span()=> #krate::#private::compile_error!(#message););
         }
         let OutcomeSignature {
