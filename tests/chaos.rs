@@ -1207,7 +1207,7 @@ fn poison_messages_go_to_the_dead_letter_queue() {
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert!(letters[0].0.contains("\"amount\":250"), "{letters:?}");
     assert!(
-        letters[0].1.contains("other inputs (amount)"),
+        letters[0].1.contains("other values of its inputs (amount)"),
         "{letters:?}"
     );
     let (per_job, done) = db.effects();

@@ -14,7 +14,7 @@ use crate::failure::{Code, Failure};
 use crate::keyform::key_from_template;
 use crate::nearest;
 use crate::page::After;
-use crate::session::SessionLimits;
+use crate::session::{Privileges, SessionLimits};
 use crate::table::{Align, Table, printable, truncate};
 use crate::time::{format_age, format_micros, format_seconds};
 
@@ -28,7 +28,7 @@ pub struct Context<'a> {
 
 /// Runs `command` on `conn`, printing its output; `Err` says what to print on stderr and how to
 /// exit.
-pub fn run<C: JobStore + SessionLimits>(
+pub fn run<C: JobStore + SessionLimits + Privileges>(
     conn: &mut C,
     cx: &Context<'_>,
     command: &Command,
@@ -552,7 +552,7 @@ fn keys_table(records: &[KeyRecord]) -> String {
 }
 
 /// `keys forget`: shows the record, asks unless `--yes`, then forgets it.
-fn keys_forget<C: JobStore>(
+fn keys_forget<C: JobStore + Privileges>(
     conn: &mut C,
     cx: &Context<'_>,
     key: &KeyArg,
@@ -631,9 +631,14 @@ fn keys_forget<C: JobStore>(
 
 /// A forget's failure, told as [`db_failure`] tells it; one whose `COMMIT` went unanswered with
 /// [`a_forget_of_unknown_outcome`]'s advice.
-fn forget_failed<C: JobStore>(conn: &mut C, target: &Target, error: Error, named: &str) -> Failure {
+fn forget_failed<C: JobStore + Privileges>(
+    conn: &mut C,
+    target: &Target,
+    error: Error,
+    named: &str,
+) -> Failure {
     let unknown = matches!(error, Error::OutcomeUnknown { .. });
-    let mut failure = db_failure(conn, target, error);
+    let mut failure = delete_failure(conn, target, error, &format!("forgetting key {named}"));
     if unknown {
         failure.message = a_forget_of_unknown_outcome(&failure.message, named);
     }
@@ -913,7 +918,7 @@ fn outbox_retry<C: JobStore>(
 /// `prune`: deletes lapsed keys, or with `--dry-run` counts them. SIGINT and SIGTERM stop it
 /// after the batch under way: it says what it deleted, all committed, and exits 5 (as a prune
 /// that fails after committed batches does).
-fn prune<C: JobStore>(
+fn prune<C: JobStore + Privileges>(
     conn: &mut C,
     cx: &Context<'_>,
     dry_run: bool,
@@ -928,8 +933,8 @@ fn prune<C: JobStore>(
         .batch_size(batch_size)
         .pace(pace)
         .stop_when(std::sync::Arc::clone(&stop.caught));
-    let report =
-        idempotent_runtime::prune(conn, &options).map_err(|e| db_failure(conn, cx.target, e))?;
+    let report = idempotent_runtime::prune(conn, &options)
+        .map_err(|e| delete_failure(conn, cx.target, e, "pruning lapsed keys"))?;
     let stopped_by = report.stopped.then(|| stop.signal().unwrap_or("a signal"));
     let s = if report.removed == 1 { "" } else { "s" };
     let b = if report.batches == 1 { "" } else { "es" };
@@ -1215,6 +1220,7 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
                 SchemaProblem::ReadOnly { .. }
                     | SchemaProblem::SessionCharset { .. }
                     | SchemaProblem::SessionClock { .. }
+                    | SchemaProblem::VolatileJournal { .. }
             )
         });
         return match changed_something(&error) || steps_committed(target, &error) || !of_the_tables
@@ -1224,6 +1230,37 @@ pub fn db_failure<C: JobStore>(conn: &mut C, target: &Target, error: Error) -> F
         };
     }
     Failure::new(Code::Database, failed)
+}
+
+/// The failure of `what`, an operation that deletes from `done_jobs`: where the database refused
+/// this session's role the `DELETE` and nothing was changed, the tables cannot be used as they
+/// are until someone grants it (4, naming the grant; running the command again meets the same
+/// refusal); otherwise as [`db_failure`] tells it.
+fn delete_failure<C: JobStore + Privileges>(
+    conn: &mut C,
+    target: &Target,
+    error: Error,
+    what: &str,
+) -> Failure {
+    if error.is_connection_lost() || changed_something(&error) {
+        return db_failure(conn, target, error);
+    }
+    let Some(grant) = conn.delete_refused("done_jobs", &with_causes(&error)) else {
+        return db_failure(conn, target, error);
+    };
+    // The database's own words, without the runtime's account of a failure that passes.
+    let mut cause: &dyn std::error::Error = &error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    let refusal = printable(&target.scrub(cause.to_string().trim_end()));
+    Failure::new(
+        Code::Schema,
+        format!(
+            "{what} was refused: this connection's role may not delete from done_jobs ({refusal}); nothing was changed. As the schema's owner, grant it: {grant}; or run this as a role that has it (workers need no DELETE: only the role that prunes and forgets keys does). Until then, running this again meets the same refusal (database: {})",
+            target.shown
+        ),
+    )
 }
 
 /// Whether a failed migration may have committed steps before the one that failed: on MySQL,

@@ -8,7 +8,7 @@ use diesel::Connection;
 use diesel::connection::SimpleConnection;
 
 use crate::failure::{Code, Failure};
-use crate::secret::{Redacted, redact_conninfo, redact_url, scrub_text};
+use crate::secret::{Redacted, is_scheme, redact_conninfo, redact_url, scrub_text};
 use crate::table::printable;
 
 /// How long libpq may take to connect, unless the URL says otherwise: a CLI should not hang for
@@ -153,9 +153,12 @@ impl Target {
 
     /// A connection failure, saying where and why.
     fn cannot_connect(&self, why: impl std::fmt::Display) -> Failure {
-        // Drivers' messages span lines (libpq's hint): one line reads better after `error:`.
-        let why = why
-            .to_string()
+        // Drivers' messages span lines (libpq's hint): one line reads better after `error:`. The
+        // secrets are hidden first: collapsing a secret's own runs of whitespace (two spaces, a
+        // tab) first made it no longer match (`pwd=*** secret`); and again after, for a URL a
+        // driver wrapped across lines.
+        let why = self
+            .scrub(&why.to_string())
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
@@ -268,7 +271,7 @@ fn classify(url: &str) -> Result<(Kind, Redacted), Failure> {
                     Code::Connect,
                     format!(
                         "cannot connect to the database at {}: unknown scheme `{}://`. This idempotent-jobs reads {}",
-                        redact_url(url).shown,
+                        scrub_text(&redact_url(url).shown),
                         printable(scheme),
                         known_forms()
                     ),
@@ -293,13 +296,6 @@ fn classify(url: &str) -> Result<(Kind, Redacted), Failure> {
     // A path shown as typed text is: a `name=value` in it whose name no driver knows (`pw=x`, a
     // misspelt keyword) has its value hidden, here and in every error that quotes the path.
     Ok((Kind::Sqlite, crate::secret::redact_typed(url)))
-}
-
-/// Whether `text` is a URL scheme (a letter, then letters, digits, `+`, `-` or `.`).
-fn is_scheme(text: &str) -> bool {
-    let mut chars = text.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// Whether `text` is a libpq connection string: it starts with a libpq keyword and `=`, or it is

@@ -268,14 +268,26 @@ pub fn redact_conninfo(text: &str) -> Result<Redacted, Unreadable> {
 /// Reads text that is neither a URL nor a connection string (a SQLite path) as typed text: shown
 /// as [`scrub_typed`] shows it, each value it hides kept as a secret (the error of a missing file
 /// quotes the path in another form: `sqlite:pw=x` as `pw=x`).
+///
+/// A URL whose `://` was mistyped (`postgres:/u:pw@h/db`, `postgres//u:pw@h/db`,
+/// `postgres:u:pw@h/db`) is such text too: its user info's password is hidden as well
+/// ([`mistyped_userinfo_password`]), and kept as a secret, so that the missing file's error, which
+/// quotes the whole path, shows none of it.
 pub fn redact_typed(text: &str) -> Redacted {
+    let mut secrets = Vec::new();
+    let unmasked = match mistyped_userinfo_password(text) {
+        Some(password) => {
+            add_secret(&mut secrets, &text[password.clone()]);
+            format!("{}***{}", &text[..password.start], &text[password.end..])
+        }
+        None => text.to_owned(),
+    };
     let mut hidden = Vec::new();
     let shown = scrub_parameters(
-        &scrub_url_userinfo(text),
+        &scrub_url_userinfo(&unmasked),
         |name| !name.starts_with('-') && is_hidden_name(name),
         Some(&mut hidden),
     );
-    let mut secrets = Vec::new();
     for value in hidden {
         add_secret(&mut secrets, &value);
         if let Some((unquoted, _)) = value
@@ -287,6 +299,35 @@ pub fn redact_typed(text: &str) -> Redacted {
         }
     }
     finish(shown, text.to_owned(), secrets)
+}
+
+/// Where the password of a would-be user info is, in text that is no well-formed URL but has an
+/// `@`: from the first `:` of what reads as the user info (after a leading `scheme:` and any `/`s;
+/// it ends at an `@` as a URL's does, [`userinfo_end`]) or, without one, from the last `:` before
+/// that `@`, to that `@`. No `:` before it: no password (`/data/u@x.db`, `postgres//app@db/main`).
+///
+/// This hides too much rather than too little: a real SQLite path with a `:` and an `@` in it
+/// (`C:\db\u@x.db`, `file:/data/a:b@c.db`) is shown partly masked (`C:***@x.db`), which is
+/// acceptable; only the text shown changes, the driver still gets the path as written.
+fn mistyped_userinfo_password(text: &str) -> Option<std::ops::Range<usize>> {
+    let scheme_end = text
+        .find(':')
+        .filter(|&colon| is_scheme(&text[..colon]))
+        .map_or(0, |colon| colon + 1);
+    let body_start = text.len() - text[scheme_end..].trim_start_matches('/').len();
+    let at = body_start + userinfo_end(&text[body_start..])?;
+    let start = match text[body_start..at].find(':') {
+        Some(colon) => body_start + colon + 1,
+        None => text[..at].rfind(':')? + 1,
+    };
+    Some(start..at)
+}
+
+/// Whether `text` is a URL scheme (a letter, then letters, digits, `+`, `-` or `.`).
+pub fn is_scheme(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// One `keyword=value` of a libpq connection string.
@@ -330,10 +371,12 @@ pub fn conninfo_pairs(text: &str) -> Result<Vec<ConninfoPair<'_>>, Unreadable> {
         }
         i = skip_space(i + 1);
         let value_start = i;
+        // The pair is named by its number, never by its keyword: a password typed unquoted with
+        // a space and a quote (`password=abc def='x`) makes a piece of it a keyword.
         let (value, end) = conninfo_value(text, i).ok_or_else(|| {
             Unreadable(format!(
-                "the value of `{}` in the connection string has no closing single quote",
-                crate::table::printable(keyword)
+                "the value of pair {} of the connection string has no closing single quote (a quote inside a quoted value is written \\')",
+                pairs.len() + 1
             ))
         })?;
         pairs.push(ConninfoPair {
@@ -765,6 +808,61 @@ mod tests {
         ] {
             let error = redact_conninfo(bad).expect_err(bad);
             assert!(!error.0.contains("open"), "{error:?}");
+        }
+        // A password typed unquoted with a space and a quote: its second word was quoted as the
+        // keyword whose value has no closing quote.
+        let error =
+            redact_conninfo("host=h password=abc hunter2secret='x").expect_err("no closing quote");
+        assert!(!error.0.contains("hunter2"), "{error:?}");
+        assert!(error.0.contains("pair 3"), "{error:?}");
+    }
+
+    /// A URL with a mistyped `://` is read as a path: its user info's password is hidden, and
+    /// kept as a secret (it was shown whole). A path with an `@` but no `:` before it is shown.
+    #[test]
+    fn mistyped_urls_hide_their_password() {
+        for (text, shown, secret) in [
+            (
+                "postgres:/postgres:hunter2secret@127.0.0.1/test",
+                "postgres:/postgres:***@127.0.0.1/test",
+                "hunter2secret",
+            ),
+            (
+                "postgres//postgres:hunter2secret@127.0.0.1/test",
+                "postgres//postgres:***@127.0.0.1/test",
+                "hunter2secret",
+            ),
+            (
+                "postgres:postgres:hunter2secret@127.0.0.1/test",
+                "postgres:postgres:***@127.0.0.1/test",
+                "hunter2secret",
+            ),
+            (
+                "postgres:/u:a:b@c d@h/db?application_name=x@y",
+                "postgres:/u:***@h/db?application_name=x@y",
+                "a:b@c d",
+            ),
+            ("postgres:hunter2@h/db", "postgres:***@h/db", "hunter2"),
+            (
+                "/tmp/a:b@c/x.db?pw=hunter2",
+                "/tmp/a:***@c/x.db?pw=***",
+                "hunter2",
+            ),
+        ] {
+            let redacted = redact_typed(text);
+            assert_eq!(redacted.shown, shown, "{text}");
+            assert_eq!(redacted.driver, text, "{text}");
+            assert!(
+                redacted.secrets.contains(&secret.to_owned()),
+                "{redacted:?}"
+            );
+        }
+        for text in [
+            "/data/u@x.db",
+            "postgres//app@db/main",
+            "sqlite:/tmp/app.db",
+        ] {
+            assert_eq!(redact_typed(text).shown, text);
         }
     }
 

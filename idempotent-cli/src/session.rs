@@ -171,6 +171,86 @@ impl SessionLimits for diesel::SqliteConnection {
     }
 }
 
+/// What the session's role may not do to the runtime's tables, as the statement that grants it.
+pub trait Privileges {
+    /// The `GRANT` that lets this session's role delete from `table` (as the session finds it),
+    /// when the role may not: `error` is the text of the failure of a statement that deleted
+    /// from it, on this connection. `None` when the role may, or where it cannot be told.
+    ///
+    /// PostgreSQL is asked (`has_table_privilege`), whatever the language of its messages;
+    /// MySQL's refusal is its error number 1142, which the runtime adds to the message.
+    fn delete_refused(&mut self, table: &str, error: &str) -> Option<String>;
+}
+
+/// A row of [`Privileges::delete_refused`]'s statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(QueryableByName)]
+struct GrantRow {
+    /// The table, qualified and quoted as a `GRANT` names it.
+    #[diesel(sql_type = Text)]
+    object: String,
+    /// The role (PostgreSQL) or `user@host` account (MySQL).
+    #[diesel(sql_type = Text)]
+    grantee: String,
+}
+
+#[cfg(feature = "postgres")]
+impl Privileges for diesel::PgConnection {
+    fn delete_refused(&mut self, table: &str, _error: &str) -> Option<String> {
+        use diesel::RunQueryDsl;
+        let rows: Vec<GrantRow> = in_transaction(self, "BEGIN", |conn| {
+            diesel::sql_query(
+                "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS object, \
+                 quote_ident(current_user) AS grantee \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = to_regclass($1) AND NOT has_table_privilege(c.oid, 'DELETE')",
+            )
+            .bind::<Text, _>(table)
+            .load(conn)
+        })
+        .ok()?;
+        let row = rows.into_iter().next()?;
+        Some(format!("GRANT DELETE ON {} TO {}", row.object, row.grantee))
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Privileges for diesel::MysqlConnection {
+    fn delete_refused(&mut self, table: &str, error: &str) -> Option<String> {
+        use diesel::RunQueryDsl;
+        // ER_TABLEACCESS_DENIED_ERROR: "DELETE command denied to user ... for table ...".
+        if !error.contains("(MySQL error 1142") {
+            return None;
+        }
+        let rows: Vec<GrantRow> = in_transaction(self, "START TRANSACTION", |conn| {
+            diesel::sql_query(
+                "SELECT COALESCE(DATABASE(), '') AS object, CURRENT_USER() AS grantee",
+            )
+            .load(conn)
+        })
+        .ok()?;
+        let row = rows.into_iter().next()?;
+        let (user, host) = row.grantee.rsplit_once('@')?;
+        let quoted = |text: &str| text.replace('\'', "''");
+        let object = match row.object.as_str() {
+            "" => format!("`{table}`"),
+            database => format!("`{}`.`{table}`", database.replace('`', "``")),
+        };
+        Some(format!(
+            "GRANT DELETE ON {object} TO '{}'@'{}'",
+            quoted(user),
+            quoted(host)
+        ))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Privileges for diesel::SqliteConnection {
+    fn delete_refused(&mut self, _table: &str, _error: &str) -> Option<String> {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1204,3 +1204,263 @@ fn pages_of_a_relative_since_skip_no_key() {
         "{second} (since {since})"
     );
 }
+
+static RESET_LINK: idempotent_runtime::Job =
+    idempotent_runtime::Job::new("reset", "reset-link:<query>");
+static WEBHOOK: idempotent_runtime::Job = idempotent_runtime::Job::new("webhook", "hook:<url>");
+
+/// A key not found is answered with the stored keys nearest to it exactly as stored (as `keys
+/// list` prints them), also where they read like a secret (`password=...`, a URL's user info):
+/// the secret scrubber is for the database URL's password, not for what the tables hold. Given as
+/// printed, each is found.
+#[test]
+fn a_key_not_found_names_the_nearest_keys_as_stored_even_when_they_look_secret() {
+    let db = TestDb::empty::<SqliteConnection>();
+    db.cli(&["migrate"]).ok();
+    let mut conn: SqliteConnection = db.connect();
+    let stored = [
+        (
+            &RESET_LINK,
+            "reset-link:password=hunter2",
+            "reset-link:password=hunter3",
+        ),
+        (
+            &WEBHOOK,
+            "hook:https://bob:tiger5@example.com/x",
+            "hook:https://bob:tiger5@example.com/y",
+        ),
+    ];
+    for (job, key, _) in stored {
+        let _: Outcome<()> =
+            idempotent_runtime::run(&mut conn, job, &JobKey::new(key), |_| Ok::<_, Error>(()))
+                .expect("running the job");
+    }
+    let listed = db.cli(&["keys", "list"]).ok();
+    for (_, key, mistyped) in stored {
+        assert!(listed.stdout.contains(key), "{listed:#?}");
+        for args in [
+            &["keys", "show", mistyped][..],
+            &["keys", "forget", mistyped, "--yes"],
+        ] {
+            let run = db.cli(args).exit(1);
+            assert!(
+                run.stderr
+                    .starts_with(&format!("error: no key `{mistyped}` in done_jobs")),
+                "{args:?}: the key looked for, as given: {run:#?}"
+            );
+            assert!(
+                run.stderr.contains(&format!("\n    {key}")),
+                "{args:?}: the nearest key as stored: {run:#?}"
+            );
+            assert!(!run.stderr.contains("***"), "{args:?}: {run:#?}");
+        }
+        // Each nearest key, given as the message printed it, is the key.
+        let run = db.cli(&["keys", "show", key]).ok();
+        assert!(run.stdout.contains(key), "{run:#?}");
+    }
+}
+
+/// `--json migrate` whose check after the migration finds the tables not ready for this session
+/// prints its document (`ok: false` and each problem) on stdout, as `verify --json` does, and
+/// exits 4; the README's Output section says so.
+#[test]
+fn a_json_migrate_that_finds_problems_prints_them_as_the_readme_says() {
+    let db = TestDb::empty::<PgConnection>();
+    db.cli(&["migrate"]).ok();
+    // The URL's options end it: the session's transactions are read-only.
+    let read_only = format!("{}%20-cdefault_transaction_read_only%3Don", db.url);
+    let run = run_cli(&read_only, &["--json", "migrate"]).exit(4);
+    let document = run.json();
+    assert_eq!(document["ok"], false, "{run:#?}");
+    assert!(
+        document["problems"]
+            .as_array()
+            .is_some_and(|problems| !problems.is_empty()),
+        "{run:#?}"
+    );
+    assert!(run.stderr.starts_with("error: migrate found"), "{run:#?}");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("reading idempotent-cli/README.md");
+    let output = readme
+        .split("\n### Output\n")
+        .nth(1)
+        .and_then(|section| section.split("\n## ").next())
+        .expect("a section `### Output` in the README");
+    let sentence = output
+        .split("when a command fails, stdout is empty")
+        .nth(1)
+        .and_then(|rest| rest.split(". ").next())
+        .expect("the README's sentence on stdout when a command fails")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        sentence.contains("`verify --json`") && sentence.contains("`migrate --json`"),
+        "the README names both commands whose failure prints a document: {sentence}"
+    );
+}
+
+/// A role of a test's own with the workers' grants of docs/operating.md (no `DELETE`), dropped
+/// at the end.
+struct Worker {
+    url: String,
+    /// What drops the role or user, as the server's administrator.
+    admin_url: String,
+    server: Server,
+    drop_sql: String,
+    /// How a `GRANT` names it.
+    grantee: String,
+    /// How a `GRANT` names `done_jobs`.
+    table: String,
+}
+
+impl Worker {
+    fn create(db: &TestDb) -> Self {
+        use diesel::connection::SimpleConnection;
+        let name = format!("{}_w", unique_name());
+        let password = "W5ecretPw";
+        let base = db.server.base_url();
+        let at = db.url.find('@').expect("a URL with a user");
+        let after_scheme = db.url.find("://").expect("a URL") + 3;
+        let url = format!(
+            "{}{name}:{password}{}",
+            &db.url[..after_scheme],
+            &db.url[at..]
+        );
+        match db.server {
+            Server::Postgres => {
+                let schema = db
+                    .url
+                    .split("search_path%3D")
+                    .nth(1)
+                    .expect("the test's schema")
+                    .to_owned();
+                let mut admin = PgConnection::open(&base);
+                admin
+                    .batch_execute(&format!(
+                        "CREATE ROLE {name} LOGIN PASSWORD '{password}';
+                         GRANT USAGE ON SCHEMA {schema} TO {name};
+                         GRANT SELECT ON {schema}.idempotent_schema TO {name};
+                         GRANT SELECT, INSERT, UPDATE ON {schema}.done_jobs TO {name};
+                         GRANT SELECT, INSERT, UPDATE ON {schema}.outbox TO {name};
+                         GRANT USAGE ON SEQUENCE {schema}.outbox_id_seq TO {name};"
+                    ))
+                    .expect("creating the worker's role");
+                Worker {
+                    url,
+                    admin_url: base,
+                    server: db.server,
+                    drop_sql: format!("DROP OWNED BY {name}; DROP ROLE {name}"),
+                    grantee: name,
+                    table: format!("{schema}.done_jobs"),
+                }
+            }
+            Server::Mysql => {
+                let database = db.url.rsplit('/').next().expect("the test's database");
+                let mut admin = MysqlConnection::open(&base);
+                let user = format!("'{name}'@'%'");
+                let mut sql = format!(
+                    "CREATE USER {user} IDENTIFIED BY '{password}';
+                     GRANT SELECT ON {database}.idempotent_schema TO {user};
+                     GRANT SELECT, INSERT, UPDATE ON {database}.done_jobs TO {user};
+                     GRANT SELECT, INSERT, UPDATE ON {database}.outbox TO {user};"
+                );
+                for procedure in [
+                    "idempotent_begin_job",
+                    "idempotent_begin_and_claim",
+                    "idempotent_finish_job",
+                ] {
+                    sql.push_str(&format!(
+                        "GRANT EXECUTE ON PROCEDURE {database}.{procedure} TO {user};"
+                    ));
+                }
+                admin
+                    .batch_execute(&sql)
+                    .expect("creating the worker's user");
+                Worker {
+                    url,
+                    admin_url: base,
+                    server: db.server,
+                    drop_sql: format!("DROP USER {user}"),
+                    grantee: user,
+                    table: format!("`{database}`.`done_jobs`"),
+                }
+            }
+            Server::Sqlite => unreachable!("SQLite has no roles"),
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        use diesel::connection::SimpleConnection;
+        match self.server {
+            Server::Postgres => {
+                if let Ok(mut admin) =
+                    <PgConnection as diesel::Connection>::establish(&self.admin_url)
+                {
+                    let _ = admin.batch_execute(&self.drop_sql);
+                }
+            }
+            Server::Mysql => {
+                if let Ok(mut admin) =
+                    <MysqlConnection as diesel::Connection>::establish(&self.admin_url)
+                {
+                    let _ = admin.batch_execute(&self.drop_sql);
+                }
+            }
+            Server::Sqlite => {}
+        }
+    }
+}
+
+/// `prune` and `keys forget` with the workers' grants (no `DELETE` on `done_jobs`) exit 4, as the
+/// exit-code table says of a role that may not use the tables, naming the grant to give; they do
+/// not say that the next prune continues (it would meet the same refusal), and change nothing.
+fn without_delete_the_grant_is_named<C: Backend>() {
+    let db = TestDb::empty::<C>();
+    db.cli(&["migrate"]).ok();
+    let mut conn: C = db.connect();
+    let _: Outcome<()> =
+        idempotent_runtime::run(&mut conn, &DIGEST, &JobKey::new("digest:ada"), |_| {
+            Ok::<_, Error>(())
+        })
+        .expect("running the digest job");
+    assert!(charge(&mut conn, 1).1);
+    let worker = Worker::create(&db);
+    run_cli(&worker.url, &["verify"]).ok();
+    let grant = format!("GRANT DELETE ON {} TO {}", worker.table, worker.grantee);
+    for args in [
+        &["prune"][..],
+        &["--json", "prune"],
+        &["keys", "forget", "charge:order-1", "--yes"],
+    ] {
+        let run = run_cli(&worker.url, args).exit(4);
+        assert!(run.stdout.is_empty(), "{args:?}: {run:#?}");
+        assert!(
+            run.stderr.contains(&grant),
+            "{args:?}: names `{grant}`: {run:#?}"
+        );
+        assert!(
+            !run.stderr.contains("continues where this one stopped"),
+            "{args:?}: a retry meets the same refusal: {run:#?}"
+        );
+        assert!(
+            run.stderr.contains("nothing was changed")
+                || run.stderr.contains("nothing was deleted"),
+            "{args:?}: {run:#?}"
+        );
+        assert!(!run.stderr.contains("W5ecretPw"), "{args:?}: {run:#?}");
+    }
+    assert_eq!(key_count(&mut conn), 2, "nothing was deleted");
+}
+
+#[test]
+fn postgres_prune_and_forget_without_delete_name_the_grant() {
+    without_delete_the_grant_is_named::<PgConnection>();
+}
+
+#[test]
+fn mysql_prune_and_forget_without_delete_name_the_grant() {
+    without_delete_the_grant_is_named::<MysqlConnection>();
+}

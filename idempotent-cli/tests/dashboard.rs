@@ -1264,3 +1264,107 @@ fn allowed_hosts_are_answered_and_no_other() {
     );
     assert_eq!(status("attacker.example:443"), 421, "another name");
 }
+
+/// `serve` without a token advises a command that makes one, as written: the advice is the
+/// CLI's own words, not a secret to hide.
+#[test]
+fn serve_without_a_token_advises_a_command_that_runs() {
+    let run = Cli::new()
+        .env(
+            "DATABASE_URL",
+            &format!("postgres://u:Top{MARK}@127.0.0.1:1/test"),
+        )
+        .env("IDEMPOTENT_DASHBOARD_TOKEN", "short")
+        .run(&["serve"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("export IDEMPOTENT_DASHBOARD_TOKEN=$(openssl rand -hex 32)"),
+        "{run:#?}"
+    );
+    assert!(!run.stderr.contains(MARK), "{run:#?}");
+}
+
+/// Every refused request writes one audit line, with the true reason: a wrong bearer token (on a
+/// GET, sent to the login form, and on a POST), no token at all, a `Host` the server does not
+/// answer to. The wrong token's value is in no line.
+#[test]
+fn every_refused_request_is_audited_with_its_reason() {
+    let db = TestDb::empty::<SqliteConnection>();
+    db.cli(&["migrate"]).ok();
+    let server = Server::start(&db.url, true);
+    let wrong = "Bearer wrong-token-wrong-token-42";
+    let right = format!("Bearer {TOKEN}");
+    let form = [
+        ("Authorization", wrong),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+    /// A request (method, page, headers), the status that refuses it, and its audit line's start.
+    type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], u16, &'a str);
+    let cases: [Case<'_>; 5] = [
+        (
+            "GET",
+            "/keys",
+            &[("Authorization", wrong)],
+            303,
+            "refused GET /keys from 127.0.0.1:",
+        ),
+        (
+            "POST",
+            "/outbox/retry",
+            &form,
+            401,
+            "refused POST /outbox/retry from 127.0.0.1:",
+        ),
+        (
+            "GET",
+            "/outbox",
+            &[],
+            303,
+            "refused GET /outbox from 127.0.0.1:",
+        ),
+        (
+            "GET",
+            "/lookup",
+            &[("Host", "evil.example"), ("Authorization", right.as_str())],
+            421,
+            "refused GET /lookup from 127.0.0.1:",
+        ),
+        (
+            "POST",
+            "/forget",
+            &[],
+            401,
+            "refused POST /forget from 127.0.0.1:",
+        ),
+    ];
+    let reasons = [
+        "a wrong bearer token",
+        "a wrong bearer token",
+        "no token",
+        "Host `evil.example`",
+        "no token",
+    ];
+    for ((method, page, headers, status, line), reason) in cases.iter().zip(reasons) {
+        let body = if *method == "POST" { "all=yes" } else { "" };
+        let response = http(method, &server.addr, page, headers, body);
+        assert_eq!(response.status, *status, "{method} {page}: {response:#?}");
+        assert!(
+            server.logged(line),
+            "{method} {page}: an audit line `{line}...`: {}",
+            server.log()
+        );
+        let log = server.log();
+        let audited: Vec<&str> = log.lines().filter(|l| l.contains(line)).collect();
+        assert_eq!(audited.len(), 1, "{method} {page}: one line: {audited:#?}");
+        assert!(
+            audited[0].starts_with("audit: dashboard: ") && audited[0].contains(reason),
+            "{method} {page}: the reason `{reason}`: {audited:#?}"
+        );
+    }
+    assert!(
+        !server.log().contains("wrong-token-wrong-token-42"),
+        "{}",
+        server.log()
+    );
+}

@@ -266,6 +266,52 @@ fn clap_messages_print_no_password_with_a_space() {
     }
 }
 
+/// A URL with a mistyped separator after its scheme (`postgres:/`, `postgres//`, `postgres:`) is
+/// no URL: it is read as a SQLite path, whose error quoted it whole, password and all
+/// (`the SQLite database file postgres:/postgres:TopSecret5@127.0.0.1/test does not exist`).
+#[test]
+fn mistyped_url_separators_print_no_password() {
+    for url in [
+        format!("postgres:/postgres:{PASSWORD}@127.0.0.1/test"),
+        format!("postgres//postgres:{PASSWORD}@127.0.0.1/test"),
+        format!("postgres:postgres:{PASSWORD}@127.0.0.1/test"),
+        format!("postgres:/postgres:Top:{MARK}@127.0.0.1/test"),
+        format!("postgres:/postgres:Top@{MARK}@127.0.0.1/test"),
+        format!("postgres:{PASSWORD}@127.0.0.1/test"),
+        format!("mysql:/root:Top {MARK}@127.0.0.1/test"),
+    ] {
+        let run = each_way_exits(&url, &["verify"], 3);
+        assert!(run.stderr.contains("127.0.0.1/test"), "{run:#?}");
+        each_way_exits(&url, &["--json", "jobs"], 3);
+    }
+}
+
+/// A key=value string with an unclosed quote: the message named the keyword before it, which a
+/// password typed with a space and a quote holds (`password=abc TopSecret5='x`).
+#[test]
+fn an_unclosed_quote_quotes_nothing_of_the_connection_string() {
+    for conninfo in [
+        format!("host=127.0.0.1 user=postgres password=abc {PASSWORD}='x"),
+        format!("host=127.0.0.1 port=1 password=abc {PASSWORD} = 'x y"),
+    ] {
+        let run = each_way_exits(&conninfo, &["verify"], 3);
+        assert!(run.stderr.contains("single quote"), "{run:#?}");
+    }
+}
+
+/// A secret holding two spaces or a tab: connection errors collapsed whitespace before hiding
+/// the secret, which no longer matched it (`pwd=*** Secret5`).
+#[test]
+fn a_secret_with_runs_of_whitespace_is_hidden() {
+    for path in [
+        format!("/no/such/dir/pwd=Top  {MARK}"),
+        format!("/no/such/dir/pwd=Top\t{MARK}"),
+    ] {
+        let run = each_way_exits(&path, &["jobs"], 3);
+        assert!(run.stderr.contains("/no/such/dir/pwd=***"), "{run:#?}");
+    }
+}
+
 #[test]
 fn serve_prints_no_password() {
     // The server's errors before it serves: no token, a database it cannot reach, an address it

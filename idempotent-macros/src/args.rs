@@ -298,8 +298,8 @@ fn set_once<T>(slot: &mut Option<T>, value: T, meta: &ParseNestedMeta<'_>) -> sy
     Ok(())
 }
 
-/// A job name the runtime can store and show: not empty, no control character, at most
-/// [`MAX_NAME_CHARS`] characters.
+/// A job name the runtime can store and show: not empty, no control character, no trailing space,
+/// at most [`MAX_NAME_CHARS`] characters.
 fn check_name(value: &LitStr) -> syn::Result<()> {
     if value.value().trim().is_empty() {
         return Err(syn::Error::new(
@@ -313,6 +313,12 @@ fn check_name(value: &LitStr) -> syn::Result<()> {
             format!(
                 "the job name holds the control character {control:?}: PostgreSQL refuses `\\0` in text, so every call would fail there, and the others would print the name broken; give a name without one"
             ),
+        ));
+    }
+    if value.value().ends_with(' ') {
+        return Err(syn::Error::new(
+            value.span(),
+            "the job name ends with a space: MySQL and MariaDB compare `done_jobs.job_name` ignoring trailing spaces, so the keys API and the operator CLI would count it as the job without them; drop the trailing space",
         ));
     }
     let chars = value.value().chars().count();

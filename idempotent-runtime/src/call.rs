@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use crate::context::{self, JobContext};
 use crate::error::{Error, Step};
-use crate::fingerprint::{Fingerprint, FingerprintError};
+use crate::fingerprint::{Compared, Fingerprint, FingerprintError};
 use crate::job::Job;
 use crate::key::JobKey;
 
@@ -174,6 +174,8 @@ pub(crate) struct Call {
     pub(crate) key_text: String,
     pub(crate) digest: [u8; 32],
     pub(crate) fingerprint: Option<Fingerprint>,
+    /// What the claim stores of the fingerprint ([`Fingerprint::stored`]).
+    stored_fingerprint: Option<[u8; 64]>,
     /// How long the key holds after the commit, in microseconds.
     pub(crate) keep_micros: Option<i64>,
     pub(crate) started: Instant,
@@ -228,6 +230,7 @@ impl Call {
             ),
             key_text,
             digest,
+            stored_fingerprint: fingerprint.as_ref().map(Fingerprint::stored),
             fingerprint,
             keep_micros,
             started: Instant::now(),
@@ -258,7 +261,7 @@ impl Call {
             token: self.context.claim_token(),
             key: &self.key_text,
             job: self.job.name(),
-            fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+            fingerprint: self.stored_fingerprint.as_ref().map(|f| &f[..]),
             result: stores_result.then_some(crate::store::UNFINISHED),
             own: false,
         }
@@ -403,15 +406,25 @@ impl Call {
                 claimed_by: row.job_name,
             });
         }
-        // A row from before the job had a fingerprint, or a call without one, is not compared.
-        if let (Some(stored), Some(ours)) = (&row.fingerprint, &self.fingerprint)
-            && stored.as_slice() != ours.as_bytes()
-        {
-            return Err(Error::FingerprintMismatch {
-                job: self.job.name(),
-                key: self.key_text.clone(),
-                inputs: self.job.fingerprint_input_names().join(", "),
-            });
+        // A row from before the job had a fingerprint, or a call without one, is not compared;
+        // nor one of other inputs than the call's (the job's fingerprint changed since).
+        if let (Some(stored), Some(ours)) = (&row.fingerprint, &self.fingerprint) {
+            match ours.compare_stored(stored) {
+                Compared::Same => {}
+                Compared::OtherInputs => tracing::warn!(
+                    job = self.job.name(),
+                    key = %self.key_text,
+                    inputs = %self.job.fingerprint_input_names().join(", "),
+                    "the key's first run stored a fingerprint of other inputs (the job's fingerprint changed since): not compared; its result replays"
+                ),
+                Compared::Differs => {
+                    return Err(Error::FingerprintMismatch {
+                        job: self.job.name(),
+                        key: self.key_text.clone(),
+                        inputs: self.job.fingerprint_input_names().join(", "),
+                    });
+                }
+            }
         }
         serde_json::from_str(row.result.as_deref().unwrap_or("null")).map_err(|source| {
             Error::ReplayDecode {

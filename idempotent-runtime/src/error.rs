@@ -387,11 +387,17 @@ pub enum Error {
     },
 
     /// The key came back with inputs different from the first run's: nothing ran, nothing changed.
+    /// (A first run whose fingerprint covered other inputs, by name, is not compared: a deploy
+    /// that adds an input to the job's `fingerprint(...)`, or renames one, leaves the keys stored
+    /// before it replaying.)
     ///
     /// What to do: a key reused with different input is usually a bug: make the key include what
-    /// identifies the work, or let the first run's inputs stand. Retrying does not help.
+    /// identifies the work, or let the first run's inputs stand. Retrying does not help. Where the
+    /// inputs are the first run's but one's type now serializes otherwise (a field added to it),
+    /// every key stored before differs: keep the serialized form (`#[serde(skip_serializing_if =
+    /// "Option::is_none")]` on a new optional field), or forget the key (its job runs again).
     #[error(
-        "job `{job}` (key `{key}`): called again with other inputs ({inputs}) than its first run; nothing ran and nothing changed"
+        "job `{job}` (key `{key}`): called again with other values of its inputs ({inputs}) than its first run, or with values that serialize otherwise since (a field added to an input's type); nothing ran and nothing changed"
     )]
     FingerprintMismatch {
         /// The job's name.
@@ -740,19 +746,21 @@ pub enum Error {
     Verify(#[source] diesel::result::Error),
 
     /// Creating or upgrading one of the runtime's tables failed. Steps already done stay done (on
-    /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL); calling `migrate` again
-    /// resumes. Where the source is a [`SchemaProblem`](crate::SchemaProblem) (a schema made by a
-    /// newer release; on PostgreSQL, a schema holding the tables that the role may not use),
-    /// `migrate` refused before it changed anything, and calling it again meets the same until
-    /// that is dealt with. Where the connection failed while the migration was committing, the
-    /// error is [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step may be committed.
+    /// MySQL) or were rolled back with the rest (SQLite, PostgreSQL). The message says what lets
+    /// `migrate` finish: calling it again resumes where a failure that passes stopped (a lost
+    /// connection, a lock wait, a deadlock; [`is_retryable`](Error::is_retryable) is true for
+    /// those alone); a step that fails the same way at every call is told with its fix (an
+    /// invalid index in the way: `DROP INDEX` it; MySQL's `ROW_FORMAT` too small for an index; the
+    /// grant a refused privilege needs). Where the source is a
+    /// [`SchemaProblem`](crate::SchemaProblem) (a schema made by a newer release; on PostgreSQL,
+    /// a schema holding the tables that the role may not use; a temporary table of the session
+    /// hiding the runtime's), `migrate` refused before it changed anything, and calling it again
+    /// meets the same until that is dealt with. Where the connection failed while the migration
+    /// was committing, the error is [`OutcomeUnknown`](Error::OutcomeUnknown) instead: every step
+    /// may be committed.
     #[error(
         "creating or upgrading the runtime's table `{table}` failed; {advice}",
-        advice = if source.is::<crate::schema_problem::SchemaProblem>() {
-            "nothing was changed, and calling migrate again fails the same way until its cause (this error's source) is dealt with"
-        } else {
-            "calling migrate again resumes where this stopped"
-        }
+        advice = crate::migration_failure::advice(source.as_ref())
     )]
     Migration {
         /// The table the failed step was about.
@@ -828,6 +836,7 @@ impl Error {
             | Error::InProgress { .. } => true,
             Error::ClaimNotTakenBack { replays, .. } => !replays,
             Error::RelayStopped { source, .. } => source.is_retryable(),
+            Error::Migration { source, .. } => crate::migration_failure::retryable(source.as_ref()),
             Error::Keys { retryable, .. }
             | Error::Prune { retryable, .. }
             | Error::Outbox { retryable, .. }
@@ -856,7 +865,7 @@ impl Error {
             | Error::OutboxPushRolledBackJob { source, .. }
             | Error::Verify(source) => source,
             Error::Migration { source, .. } => {
-                match source.downcast_ref::<diesel::result::Error>() {
+                match crate::migration_failure::database_error(source.as_ref()) {
                     Some(source) => source,
                     None => return false,
                 }

@@ -42,8 +42,27 @@ use sha2::{Digest as _, Sha256};
 use crate::shape::NoShape as NotFinite;
 
 /// The SHA-256 of a job call's canonical inputs; see the [module docs](self).
+///
+/// Stored with it, the SHA-256 of the inputs' names alone: where a redelivery's fingerprint
+/// covers other inputs than the stored one (a deploy gave the job's `fingerprint(...)` another
+/// input, or renamed one), the two cannot be compared, and are not, as a row stored before the job
+/// had a fingerprint is not: before, every such key failed with `FingerprintMismatch` for ever.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 32]);
+pub struct Fingerprint {
+    digest: [u8; 32],
+    names: [u8; 32],
+}
+
+/// How a stored fingerprint compares with a call's ([`Fingerprint::compare_stored`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Compared {
+    /// The same inputs, with the same values.
+    Same,
+    /// The same inputs, with other values (or values that serialize otherwise).
+    Differs,
+    /// Other inputs (by name): the job's fingerprint changed since the row was stored.
+    OtherInputs,
+}
 
 impl Fingerprint {
     /// Starts a fingerprint.
@@ -62,14 +81,35 @@ impl Fingerprint {
 
     /// The digest.
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.digest
+    }
+
+    /// What `done_jobs.fingerprint` holds: the digest, then the digest of the inputs' names.
+    pub(crate) fn stored(&self) -> [u8; 64] {
+        let mut stored = [0; 64];
+        stored[..32].copy_from_slice(&self.digest);
+        stored[32..].copy_from_slice(&self.names);
+        stored
+    }
+
+    /// How `stored` (a row's fingerprint: [`stored`](Self::stored), or a digest alone, as written
+    /// before the names were) compares with this one.
+    pub(crate) fn compare_stored(&self, stored: &[u8]) -> Compared {
+        let (digest, names) = stored.split_at(stored.len().min(32));
+        if names.len() == 32 && names != self.names {
+            Compared::OtherInputs
+        } else if digest == self.digest {
+            Compared::Same
+        } else {
+            Compared::Differs
+        }
     }
 }
 
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint(")?;
-        for byte in &self.0[..8] {
+        for byte in &self.digest[..8] {
             write!(f, "{byte:02x}")?;
         }
         write!(f, "…)")
@@ -119,12 +159,22 @@ impl FingerprintBuilder {
         if let Some(error) = self.error {
             return Err(error);
         }
+        // The names, sorted (the map's order), each followed by a NUL, which no name contains
+        // that serde_json would write as itself.
+        let mut names = Sha256::new();
+        for name in self.inputs.keys() {
+            names.update(name.as_bytes());
+            names.update([0]);
+        }
         let mut canonical = String::new();
         write_canonical(
             &mut canonical,
             &Value::Object(self.inputs.into_iter().collect()),
         );
-        Ok(Fingerprint(Sha256::digest(canonical.as_bytes()).into()))
+        Ok(Fingerprint {
+            digest: Sha256::digest(canonical.as_bytes()).into(),
+            names: names.finalize().into(),
+        })
     }
 }
 

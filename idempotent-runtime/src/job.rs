@@ -60,8 +60,9 @@ impl Job {
     ///
     /// # Panics
     ///
-    /// When `name` is longer than [`MAX_NAME_CHARS`](Self::MAX_NAME_CHARS), or holds a control
-    /// character (PostgreSQL refuses a `NUL` in text: every call would fail): in a `static` (as
+    /// When `name` is longer than [`MAX_NAME_CHARS`](Self::MAX_NAME_CHARS), holds a control
+    /// character (PostgreSQL refuses a `NUL` in text: every call would fail), is empty, or ends
+    /// with a space (MySQL and MariaDB compare names ignoring trailing spaces): in a `static` (as
     /// the attribute declares it) that is a compile error.
     pub const fn new(name: &'static str, template: &'static str) -> Self {
         assert!(
@@ -71,6 +72,10 @@ impl Job {
         assert!(
             !has_control(name),
             "a job name cannot hold a control character (NUL, a line break, ...): PostgreSQL refuses NUL in text, and the others would print the name broken"
+        );
+        assert!(
+            !name.is_empty() && name.as_bytes()[name.len() - 1] != b' ',
+            "a job name is not empty and does not end with a space: MySQL and MariaDB compare `done_jobs.job_name` ignoring trailing spaces, so that the keys API and the operator CLI would count `pad ` and `pad` as one job"
         );
         Self {
             name,
@@ -268,5 +273,19 @@ mod tests {
     #[should_panic(expected = "a job name cannot hold a control character")]
     fn a_name_with_a_nul_is_refused() {
         let _ = Job::new("nul\0name", "nul:<id>");
+    }
+
+    /// MySQL and MariaDB compare `job_name` with `PAD SPACE`: the keys API grouped `pad ` with
+    /// `pad` (one job of 3 keys where the tables hold 2 and 1).
+    #[test]
+    #[should_panic(expected = "does not end with a space")]
+    fn a_name_ending_with_a_space_is_refused() {
+        let _ = Job::new("pad ", "pad:<id>");
+    }
+
+    #[test]
+    #[should_panic(expected = "is not empty")]
+    fn an_empty_name_is_refused() {
+        let _ = Job::new("", "empty:<id>");
     }
 }

@@ -53,6 +53,7 @@ pub mod key;
 pub mod keys;
 mod lifecycle;
 mod lost;
+mod migration_failure;
 pub mod outbox;
 mod outcome;
 #[cfg(feature = "async-postgres")]

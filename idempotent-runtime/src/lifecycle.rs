@@ -608,10 +608,10 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             Mark::Gone => {
                 self.transaction.guard(true);
                 let store = self.transaction.store();
-                // What the body ran after the end ran outside any transaction where none is open
-                // now; else in the one open, which the rollback here undoes.
-                let outside =
-                    !stopped_at_failure && S::Db::transaction_still_open(store).await != Some(true);
+                // What the body ran after the end may have run outside any transaction
+                // ([`after_end`]); where it did not, the rollback here undoes it.
+                let after = after_end(store).await;
+                let outside = !stopped_at_failure && after.outside;
                 if let Err(error) = store.batch(S::Db::ROLLBACK).await {
                     tracing::debug!(%error, "no transaction was open after the caller's ended");
                 }
@@ -641,7 +641,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                         }
                         .to_owned(),
                         source,
-                        !self.stores_result || (body_ok && outside),
+                        !self.stores_result || (body_ok && !after.open),
                     ),
                 })
             }
@@ -649,12 +649,11 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
     }
 
     /// Asked before the runtime ends a transaction that the database said is no longer the
-    /// job's: whether it had ended already (no transaction open on the session), so that what the
-    /// body ran after its end ran outside it. Unless the database answers that one is still open,
-    /// the answer is yes: the call then says such statements may be committed.
+    /// job's: whether what the body ran after its end may have run outside any transaction, each
+    /// statement committed on its own ([`after_end`]). The call then says such statements may be
+    /// committed.
     async fn ended_outside(&mut self, ownership: Ownership) -> bool {
-        ownership == Ownership::NotOwn
-            && S::Db::transaction_still_open(self.transaction.store()).await != Some(true)
+        ownership == Ownership::NotOwn && after_end(self.transaction.store()).await.outside
     }
 
     /// After a rollback the database reported done: on a connection that has no rollback, the
@@ -704,7 +703,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
         };
         let commit_failed = self.nesting != Nesting::Savepoint
             && S::Db::commit_failed_instead(self.transaction.store(), &source).await;
-        let outside = self.ended_outside(Ownership::NotOwn).await;
+        let after = after_end(self.transaction.store()).await;
         self.transaction.abort_job(self.nesting).await;
         if self.nesting == Nesting::Savepoint
             && Ownership::from_failure::<S::Db>(&source) == Ownership::NotOwn
@@ -715,7 +714,7 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                 .error(self.call)
                 .unwrap_or_else(|| self.call.database::<S::Db>(Step::Commit, source));
         }
-        if self.nesting == Nesting::Savepoint && S::Db::A_FAILED_STATEMENT_ABORTS && !outside {
+        if self.nesting == Nesting::Savepoint && S::Db::A_FAILED_STATEMENT_ABORTS && after.open {
             // The release of Diesel's savepoint failed with the caller's transaction still open:
             // the body had released it (the claim, checked by the record, was still there), and
             // the failed release aborted the whole transaction, which nothing can commit now.
@@ -737,10 +736,10 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
             // Nothing of the run is committed, and the error may be the `COMMIT`'s own (a
             // deferred trigger's): it, not the body, says what happened.
             Ok(false) if commit_failed => self.call.database::<S::Db>(Step::Commit, source),
-            Ok(false) if outside && self.nesting == Nesting::Savepoint => {
+            Ok(false) if after.outside && self.nesting == Nesting::Savepoint => {
                 callers_rolled_back(self.call, true)
             }
-            Ok(false) => rolled_back_in_body(self.call, outside),
+            Ok(false) => rolled_back_in_body(self.call, after.outside),
             // The result was recorded after the body's statement. Where no transaction was open
             // any more (the body's `COMMIT` alone, or no answer), the record ran outside any, and
             // a committed row of it reads as finished, whatever the job returns. Where one was (the
@@ -751,13 +750,47 @@ impl<Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &mut S> JobEnd<'_, '_, Conn, S,
                     self.call,
                     ENDED_BEFORE_COMMIT.to_owned(),
                     error,
-                    outside || !self.stores_result,
+                    !after.open || !self.stores_result,
                 ),
                 // The connection failed at the commit (inside a caller's transaction, releasing
                 // Diesel's savepoint): the transaction ended with it, uncommitted.
                 _ => self.call.database::<S::Db>(Step::Commit, source),
             },
         }
+    }
+}
+
+/// What the session holds once the job's transaction has ended under its body.
+#[derive(Debug, Clone, Copy)]
+struct AfterEnd {
+    /// A transaction is open now, not the job's: where a result is recorded after the body, the
+    /// record ran in it (and the runtime's rollback undoes it), not outside any transaction.
+    open: bool,
+    /// What the body ran after the end may have run outside any transaction, each statement
+    /// committed on its own.
+    outside: bool,
+}
+
+/// What the session holds once the job's transaction has ended under its body ([`AfterEnd`]).
+/// What the body ran after the end may have run outside any transaction where none is open now,
+/// or where the database does not answer. Where one is open, it holds all of it only where it is
+/// the job's own still (aborted, say); else a statement began it (the body's `BEGIN` after a
+/// `ROLLBACK` or a deadlock it caught, a nested job's; on MySQL under `autocommit = 0` also a
+/// `BEGIN` or `COMMIT` that committed what the session had opened by itself), and what the body
+/// ran before that statement may have run outside any transaction
+/// ([`Database::open_transaction_holds_the_rest`]). Before, every open transaction was read as
+/// holding it all: a body that caught a deadlock, wrote, and began again was told nothing of it
+/// was committed, with its write committed.
+async fn after_end<S: Store>(store: &mut S) -> AfterEnd {
+    match S::Db::transaction_still_open(store).await {
+        Some(true) => AfterEnd {
+            open: true,
+            outside: S::Db::open_transaction_holds_the_rest(store).await != Some(true),
+        },
+        _ => AfterEnd {
+            open: false,
+            outside: true,
+        },
     }
 }
 

@@ -173,6 +173,13 @@ pub(crate) const MYSQL: &[&str] = &[
     "Connection was killed",
     "disconnected by the server because of inactivity",
     "Connection to the server is closed",
+    // A Galera node out of the primary component (1047, in English whatever `lc_messages`): it
+    // refuses every statement until it rejoins, and its open transaction cannot commit. Read as
+    // a lost connection, the job is retryable (on another node) and its connection marked broken;
+    // before, the record's refusal read as a body that ended its transaction (`ClaimNotTakenBack`,
+    // an operator called out), a claim's as not retryable, and diesel-async's MySQL connection
+    // was left inside the job's transaction, holding the key's row lock.
+    "WSREP has not yet prepared node for application use",
 ];
 
 /// Whether `error` (or, for a commit Diesel tried to roll back, the commit's own error) is one of
@@ -213,6 +220,25 @@ pub(crate) fn anywhere(error: &DieselError) -> bool {
         error,
         DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
     )
+}
+
+#[cfg(all(test, any(feature = "mysql", feature = "async-mysql")))]
+mod mysql_tests {
+    use super::*;
+
+    /// A Galera node that left the primary component answers every statement with 1047; the
+    /// runtime (which appends the number to the server's message) reads it as a lost connection.
+    #[test]
+    fn a_galera_node_out_of_the_primary_component_is_a_lost_connection() {
+        let error = DieselError::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new(
+                "WSREP has not yet prepared node for application use (MySQL error 1047)".to_owned(),
+            ),
+        );
+        assert!(connection_lost(&error, MYSQL));
+        assert!(anywhere(&error));
+    }
 }
 
 #[cfg(all(test, any(feature = "postgres", feature = "async-postgres")))]

@@ -21,6 +21,8 @@
 //! The steps as plain SQL, for teams with their own migration tool, are the files in
 //! `idempotent-runtime/sql/<database>/`; each records its version in `idempotent_schema`.
 
+pub(crate) use crate::migration_failure::LockWait;
+use crate::migration_failure::{Cause, StepFailed};
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Nullable};
 
@@ -71,6 +73,35 @@ pub(crate) const TABLES: &[(&str, &[&str])] = &[
         ],
     ),
 ];
+
+/// The runtime's tables among `names`, in [`TABLES`]' order, each once.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "async-postgres"))]
+pub(crate) fn runtime_tables<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'static str> {
+    let names: Vec<&str> = names.into_iter().collect();
+    TABLES
+        .iter()
+        .map(|(table, _)| *table)
+        .filter(|table| names.iter().any(|name| name.eq_ignore_ascii_case(table)))
+        .collect()
+}
+
+/// Steps of routines (MySQL's job procedures) recorded at or below `version` whose routines are
+/// not there: a `migrate` by a role that may not create routines records the step without them.
+async fn routines_missing<S: Store>(
+    conn: &mut S,
+    version: i32,
+) -> diesel::QueryResult<Vec<&'static Step>> {
+    let mut missing = Vec::new();
+    for step in S::Db::STEPS
+        .iter()
+        .filter(|step| !step.routines.is_empty() && step.version <= version)
+    {
+        if !S::Db::routines_exist(conn, step.routines).await? {
+            missing.push(step);
+        }
+    }
+    Ok(missing)
+}
 
 /// A column each runtime table has had since the step that created it, and an application's table
 /// of the same name hardly has: a table without it is not the runtime's (an application's own
@@ -215,10 +246,38 @@ pub(crate) async fn run<S: Store>(
         crate::retry::retrying(conn, async |conn: &mut S| S::Db::schema_version(conn).await)
             .await
             .map_err(failed("idempotent_schema"))?;
-    if let Some(version) = current
-        && let Some(problem) =
-            outside_migration(conn, async |conn: &mut S| lost(conn, version).await).await?
-    {
+    // Where the tables are as this connection finds them, a table recorded but gone, routines
+    // recorded but missing: one transaction of reads, before any lock.
+    let (shadowed, attached, lost_table, routines) =
+        outside_migration(conn, async |conn: &mut S| {
+            let shadowed = S::Db::shadowed_by_temporary(conn).await?;
+            // Only the runtime's own: an application's table of that name in an attached
+            // database is a foreign table (refused below as such, with its own advice).
+            let mut attached = Vec::new();
+            for (table, database) in S::Db::in_attached_databases(conn).await? {
+                if foreign(conn, table).await?.is_none() {
+                    attached.push((table, database));
+                }
+            }
+            let (lost_table, routines) = match current {
+                Some(version) => (
+                    lost(conn, version).await?,
+                    routines_missing(conn, version).await?,
+                ),
+                None => (None, Vec::new()),
+            };
+            Ok((shadowed, attached, lost_table, routines))
+        })
+        .await?;
+    if let Some(table) = shadowed.first() {
+        // A temporary table of the session hides the runtime's: what migrate read (the version
+        // among it) and would make is the temporary one's. Nothing is changed.
+        return Err(Error::Migration {
+            table,
+            source: Box::new(SchemaProblem::ShadowedByTemporary { table }),
+        });
+    }
+    if let Some(problem) = lost_table {
         // Nothing is changed, and calling again meets the same: the source says what to do.
         return Err(Error::Migration {
             table: match &problem {
@@ -229,7 +288,7 @@ pub(crate) async fn run<S: Store>(
         });
     }
     let latest = latest::<S::Db>();
-    if current == Some(latest) {
+    if current == Some(latest) && routines.is_empty() {
         return Ok(());
     }
     if let Some(newer) = current.filter(|version| *version > latest) {
@@ -240,6 +299,14 @@ pub(crate) async fn run<S: Store>(
                 found: newer,
                 known: latest,
             }),
+        });
+    }
+    if let Some((table, database)) = attached.into_iter().next() {
+        // SQLite: the tables are in an attached database. DDL from here would make a second copy
+        // in main, which SQLite searches first: refused, nothing changed.
+        return Err(Error::Migration {
+            table,
+            source: Box::new(SchemaProblem::AttachedDatabase { table, database }),
         });
     }
     if current.is_none() {
@@ -289,6 +356,10 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
     // them (PostgreSQL): the grant is the problem, not tables to create.
     let mut problems = hidden_by(conn).await?;
     let hidden = !problems.is_empty();
+    // A temporary table of the session that hides the runtime's: jobs here would write to it.
+    for table in S::Db::shadowed_by_temporary(conn).await? {
+        problems.push(SchemaProblem::ShadowedByTemporary { table });
+    }
     let mut present = Vec::new();
     for (table, expected) in TABLES {
         if let Some(problem) = foreign(conn, table).await? {
@@ -362,7 +433,8 @@ async fn problems_of<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaPr
 }
 
 /// What the session's own settings would change of what jobs store and decide (MySQL/MariaDB: a
-/// character set other than utf8mb4, a clock set apart by `SET timestamp`).
+/// character set other than utf8mb4, a clock set apart by `SET timestamp`; SQLite: a journal a
+/// killed process leaves nothing of).
 async fn session_problems<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<SchemaProblem>> {
     let mut problems = Vec::new();
     if let Some(found) = S::Db::session_charset(conn).await? {
@@ -370,6 +442,9 @@ async fn session_problems<S: Store>(conn: &mut S) -> diesel::QueryResult<Vec<Sch
     }
     if let Some(offset_seconds) = S::Db::session_clock_offset(conn).await? {
         problems.push(SchemaProblem::SessionClock { offset_seconds });
+    }
+    if let Some(found) = S::Db::volatile_journals(conn).await? {
+        problems.push(SchemaProblem::VolatileJournal { found });
     }
     Ok(problems)
 }
@@ -460,10 +535,9 @@ pub(crate) async fn in_transaction<S: Store>(
             Err(error) if S::Db::classify(&error).is_transient() => {
                 return Err(Error::Migration {
                     table: "idempotent_schema",
-                    source: format!(
+                    source: Box::new(LockWait(format!(
                         "another connection held the database's write lock for more than {lock_timeout:?} ({error}); nothing was changed. Retry once it has finished"
-                    )
-                    .into(),
+                    ))),
                 });
             }
             Err(error) => return Err(failed("idempotent_schema")(error)),
@@ -565,6 +639,14 @@ pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> R
             step_made(conn, step).await.map_err(failed(step.table))?,
         ));
     }
+    // Routines a step recorded without (its role could not create them): made now, by a role
+    // that may; a role that may not is warned again, and the step stays recorded.
+    let repair = match version {
+        Some(version) => routines_missing(conn, version)
+            .await
+            .map_err(failed("idempotent_schema"))?,
+        None => Vec::new(),
+    };
     if version.is_none()
         && S::Db::table_exists(conn, "__diesel_schema_migrations")
             .await
@@ -581,6 +663,9 @@ pub(crate) async fn pass<S: Store>(conn: &mut S, ddl_prelude: Option<&str>) -> R
     }
     if version.is_none() {
         create(conn, "idempotent_schema", S::Db::VERSION_TABLE, None).await?;
+    }
+    for step in repair {
+        remake_routines(conn, step).await?;
     }
     for (step, made) in pending {
         if made {
@@ -622,6 +707,33 @@ async fn record_version<S: Store>(conn: &mut S, step: &Step) -> Result<(), Error
         .map_err(failed("idempotent_schema"))
 }
 
+/// Makes again the routines of a step recorded without them. A role that may not (or that may not
+/// even see them: MySQL lists a routine only to a user with a privilege on it) is warned, and
+/// nothing changes: the step stays recorded, and jobs run correctly without them.
+async fn remake_routines<S: Store>(conn: &mut S, step: &Step) -> Result<(), Error> {
+    let Err(error) = conn.batch(step.sql).await else {
+        tracing::info!(
+            routines = step.routines.join(", "),
+            "made the stored procedures a migration recorded without them"
+        );
+        return Ok(());
+    };
+    if let Some(reset) = S::Db::AFTER_FAILED_STEP
+        && let Err(reset_error) = conn.batch(reset).await
+    {
+        tracing::warn!(%reset_error, "restoring the session after a failed migration step failed");
+    }
+    if S::Db::privilege_denied(&error) {
+        tracing::warn!(
+            %error,
+            routines = step.routines.join(", "),
+            "the stored procedures of this schema are missing (or this role may not see them), and this role may not create them: jobs run correctly without them, with four more round trips each (7 where they take 3); to add them, run migrate as a role that may create routines (CREATE ROUTINE, ALTER ROUTINE), and grant EXECUTE on them to the workers' role"
+        );
+        return Ok(());
+    }
+    Err(step_failed::<S::Db>(step.table, Some(step), error))
+}
+
 /// Runs a step's DDL (the version table's when `step` is `None`). Where DDL commits by itself
 /// (MySQL), a failure because another migration made the table meanwhile is told by looking: on
 /// Galera, `GET_LOCK` holds on one node only, while DDL is ordered across the cluster, so workers
@@ -656,7 +768,7 @@ async fn create<S: Store>(
         S::pause(std::time::Duration::from_millis(50 * attempt)).await;
     };
     if S::Db::DDL_IN_TRANSACTION {
-        return Err(failed(table)(error));
+        return Err(step_failed::<S::Db>(table, step, error));
     }
     let made_meanwhile = match step {
         Some(step) => step_made(conn, step).await,
@@ -670,15 +782,78 @@ async fn create<S: Store>(
             tracing::warn!(
                 %error,
                 routines = step.routines.join(", "),
-                "this role may not create stored procedures: jobs run correctly without them, with two more round trips each; to add them, run this step's SQL (idempotent-runtime/sql/) as a role that may"
+                "this role may not create stored procedures: jobs run correctly without them, with four more round trips each (7 where they take 3); to add them, run migrate as a role that may create routines (CREATE ROUTINE, ALTER ROUTINE), or this step's SQL (idempotent-runtime/sql/)"
             );
             return record_version(conn, step).await;
         }
-        return Err(failed(table)(error));
+        return Err(step_failed::<S::Db>(table, step, error));
     }
     tracing::info!(table, "another migration created this table meanwhile");
     match step {
         Some(step) => record_version(conn, step).await,
         None => Ok(()),
     }
+}
+
+/// Sorts the failure of a step's DDL (`step` `None`: the version table's).
+fn step_failed<D: crate::store::Database>(
+    table: &'static str,
+    step: Option<&Step>,
+    error: diesel::result::Error,
+) -> Error {
+    let message = crate::db::message(&error).unwrap_or_default().to_owned();
+    let cause = if D::connection_lost(&error) || D::classify(&error).is_transient() {
+        Cause::Transient
+    } else if D::privilege_denied(&error) {
+        Cause::Privilege {
+            grant: grant_for::<D>(&message),
+        }
+    } else if message.contains("Index column size too large")
+        || message.contains("key was too long")
+    {
+        Cause::RowFormat { table }
+    } else if let Some(index) = step
+        .filter(|_| message.contains("already exists"))
+        .and_then(|step| step.indexes.iter().find(|index| message.contains(**index)))
+    {
+        Cause::IndexInTheWay { index }
+    } else {
+        Cause::Other
+    };
+    Error::Migration {
+        table,
+        source: Box::new(StepFailed { cause, error }),
+    }
+}
+
+/// The grant a refused step needs, from the database's refusal.
+fn grant_for<D: crate::store::Database>(message: &str) -> String {
+    if D::NAME == "PostgreSQL" {
+        return "as the schema's owner, grant the role that migrates CREATE on the schema (`GRANT USAGE, CREATE ON SCHEMA <schema> TO <the role that migrates>`); an index or a column on a table of the runtime's needs that table's owner: migrate as the schema's owner".to_owned();
+    }
+    // MySQL/MariaDB: "CREATE command denied to user 'u'@'h' for table `db`.`t`".
+    let privilege = message
+        .split(" command denied")
+        .next()
+        .filter(|head| head.len() < message.len())
+        .and_then(|head| head.rsplit(": ").next())
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphabetic() || c == ' '))
+        .unwrap_or("CREATE");
+    let user = message
+        .split("to user ")
+        .nth(1)
+        .and_then(|rest| rest.split(" for ").next())
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .unwrap_or("<the user that migrates>");
+    let database = message
+        .split("for table `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| "<the database>".to_owned(), |d| format!("`{d}`"));
+    format!(
+        "as an administrator, `GRANT {privilege} ON {database}.* TO {user}` (migrate needs SELECT, INSERT, DELETE, CREATE, ALTER, INDEX and DROP there, and CREATE ROUTINE and ALTER ROUTINE for the job procedures), or migrate as the schema's owner"
+    )
 }

@@ -89,6 +89,39 @@ pub enum SchemaProblem {
         /// How far the session's clock is ahead of the server's, in seconds (behind: negative).
         offset_seconds: i64,
     },
+    /// SQLite: a database file of the connection (its main one, or one attached) runs with
+    /// `journal_mode = MEMORY` or `OFF`, which keep no journal on disk. A process killed in the
+    /// middle of a job can leave in the file pages of its transaction that nothing undoes, such as
+    /// the claim's without the work's: the key then replays, for ever, a run whose work is
+    /// missing. (`OFF` also has no rollback: a failing job is `Error::CannotRollBack`.) An
+    /// in-memory database, whose journal is always in memory, is not this problem: a killed
+    /// process takes it whole.
+    VolatileJournal {
+        /// Each such database, as `name (journal_mode = mode)`.
+        found: String,
+    },
+    /// This session has a temporary table of the name of one of the runtime's (PostgreSQL's
+    /// `pg_temp`, searched before the search_path; a MySQL/MariaDB `TEMPORARY` table; SQLite's
+    /// `temp` database), which every statement of the session finds instead of the runtime's: what
+    /// jobs write there (their claims, their outbox messages) vanishes when the session
+    /// disconnects, and the next delivery runs them again. `migrate` refuses, changing nothing.
+    /// Jobs do not check: `verify` at the start of a worker (on each pooled connection's setup)
+    /// does.
+    ShadowedByTemporary {
+        /// The runtime's table hidden.
+        table: &'static str,
+    },
+    /// SQLite: the runtime's table is in a database attached to this connection (`database`), not
+    /// in its main one. Jobs use it there, as SQLite finds tables (temp, main, then the attached
+    /// databases in order); `migrate` does not make or upgrade tables there, nor a second copy in
+    /// main, which SQLite would search first (the keys committed in `database` would run again):
+    /// it refuses, changing nothing.
+    AttachedDatabase {
+        /// The table.
+        table: &'static str,
+        /// The attached database's name on this connection.
+        database: String,
+    },
     /// The schema was made by a newer release.
     Newer {
         /// The version recorded.
@@ -168,6 +201,18 @@ impl std::fmt::Display for SchemaProblem {
                 } else {
                     "behind"
                 }
+            ),
+            SchemaProblem::VolatileJournal { found } => write!(
+                f,
+                "this SQLite connection keeps no journal on disk ({found}): a process killed in the middle of a job can leave the job's claim committed without its work, and the key would then replay, for ever, a run whose work is missing; use the default journal (`PRAGMA journal_mode = DELETE`) or WAL (`PRAGMA journal_mode = WAL`) on that database, in the pool's connection hook or wherever the connection is set up"
+            ),
+            SchemaProblem::ShadowedByTemporary { table } => write!(
+                f,
+                "this session has a temporary table `{table}`, which its statements find instead of the runtime's `{table}`: what jobs write there (their claims, their outbox messages) vanishes when the session disconnects, and their next delivery runs them again; drop it where the session's setup makes it (PostgreSQL: `DROP TABLE pg_temp.{table}`, or put pg_temp last in the search_path, `SET search_path = <your schemas>, pg_temp`; MySQL/MariaDB: `DROP TEMPORARY TABLE {table}`; SQLite: `DROP TABLE temp.{table}`), or give it another name; migrate changes nothing while it is there"
+            ),
+            SchemaProblem::AttachedDatabase { table, database } => write!(
+                f,
+                "the runtime's `{table}` is in the database `{database}` attached to this connection, not in its main database: jobs find it there, but migrate does not make or upgrade tables in an attached database, nor a second copy in the main one, which SQLite searches first (the keys committed in `{database}` would run again); run migrate on a connection that opens `{database}`'s file as its main database, then attach it again; nothing was changed"
             ),
             SchemaProblem::Newer { found, known } => write!(
                 f,

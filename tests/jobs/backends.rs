@@ -18,6 +18,31 @@ pub static PLAIN: Job = Job::new("plain", "plain:<n>");
 /// `held_job` through the plain function API: the same job, so the same definition.
 pub static HELD: Job = Job::new("held_job", "held:<id>").keep_for(Duration::from_secs(1));
 
+/// A job whose fingerprint covers the inputs each call names: as deploys of one job that change
+/// its `fingerprint(...)` would.
+pub static DEPLOYED: Job = Job::new("deployed", "deployed:<id>");
+
+/// [`DEPLOYED`]'s key for `id`.
+fn deployed_key(id: &str) -> JobKey {
+    JobKey::builder()
+        .text("deployed:")
+        .value(id)
+        .build()
+        .expect("one value")
+}
+
+/// A fingerprint of `inputs`, by name.
+fn fingerprint_of(inputs: &[(&str, i64)]) -> idempotent_jobs::fingerprint::Fingerprint {
+    inputs
+        .iter()
+        .fold(
+            idempotent_jobs::fingerprint::Fingerprint::builder(),
+            |builder, (name, value)| builder.input(name, value),
+        )
+        .finish()
+        .expect("numbers serialize")
+}
+
 fn held_key(id: &str) -> JobKey {
     JobKey::builder()
         .text("held:")
@@ -111,6 +136,9 @@ pub trait Backend: Sized + 'static {
         amount: i64,
         currency: &str,
     ) -> Result<Receipt, TestError>;
+    /// [`DEPLOYED`] for `id`, its fingerprint of `inputs`: writes a `deployed` message, returns
+    /// the sum of the inputs.
+    fn deployed(conn: &mut Self::Conn, id: &str, inputs: &[(&str, i64)]) -> Result<i64, TestError>;
     fn remind(conn: &mut Self::Conn, user_id: i64) -> Result<(), TestError>;
     fn hostile(conn: &mut Self::Conn, value: &str) -> Result<usize, TestError>;
     /// `held_job`: signals `id` once it holds the claim, then works `hold_ms`.
@@ -459,6 +487,20 @@ macro_rules! sync_backend {
 
             fn held(conn: &mut Self::Conn, id: &str, hold_ms: u64) -> Result<(), TestError> {
                 handlers::held_job(conn, id, hold_ms)
+            }
+
+            fn deployed(
+                conn: &mut Self::Conn,
+                id: &str,
+                inputs: &[(&str, i64)],
+            ) -> Result<i64, TestError> {
+                idempotent_jobs::JobCall::new(&DEPLOYED, &deployed_key(id))
+                    .fingerprint(fingerprint_of(inputs))
+                    .run(conn, |conn| {
+                        handlers::TestConn::insert_message(conn, "deployed", id)?;
+                        Ok::<_, TestError>(inputs.iter().map(|(_, value)| value).sum())
+                    })
+                    .map(Outcome::into_inner)
             }
 
             fn held_retrying(
@@ -1002,6 +1044,24 @@ macro_rules! async_backend {
                             .run_async(&mut c.conn, async |conn| {
                                 handlers::AsyncTestConn::insert_message(conn, "held", id).await?;
                                 Ok::<_, TestError>(())
+                            }),
+                    )
+                    .map(Outcome::into_inner)
+            }
+
+            fn deployed(
+                c: &mut Self::Conn,
+                id: &str,
+                inputs: &[(&str, i64)],
+            ) -> Result<i64, TestError> {
+                c.runtime
+                    .block_on(
+                        idempotent_jobs::JobCall::new(&DEPLOYED, &deployed_key(id))
+                            .fingerprint(fingerprint_of(inputs))
+                            .run_async(&mut c.conn, async |conn| {
+                                handlers::AsyncTestConn::insert_message(conn, "deployed", id)
+                                    .await?;
+                                Ok::<_, TestError>(inputs.iter().map(|(_, value)| value).sum())
                             }),
                     )
                     .map(Outcome::into_inner)

@@ -418,13 +418,22 @@ fn run_statements<C: TestConn>(
     fail: bool,
 ) -> Result<(), TestError> {
     conn.insert_message(&format!("before:{id}"), id)?;
+    let mut wrote_after = false;
     for statement in statements.split(";;").filter(|s| !s.is_empty()) {
-        if statement == "EXIT" {
-            std::process::exit(3);
+        match statement {
+            "EXIT" => std::process::exit(3),
+            AFTER => {
+                conn.insert_message(&format!("after:{id}"), id)?;
+                wrote_after = true;
+            }
+            _ => {
+                let _caught = conn.execute_sql(statement);
+            }
         }
-        let _caught = conn.execute_sql(statement);
     }
-    conn.insert_message(&format!("after:{id}"), id)?;
+    if !wrote_after {
+        conn.insert_message(&format!("after:{id}"), id)?;
+    }
     if fail {
         // Returns at a failed statement, as a body that `?`s one does.
         conn.execute_sql(A_FAILING_STATEMENT)?;
@@ -432,6 +441,11 @@ fn run_statements<C: TestConn>(
     }
     Ok(())
 }
+
+/// In the statements of [`statements_in_body`], where the body writes its `after:` row (else it
+/// writes it after the last statement): between a statement that ends the job's transaction and
+/// one that begins another, it runs outside any.
+pub const AFTER: &str = "AFTER";
 
 /// The statement a failing [`statements_in_body`] returns at: it fails on every database, and
 /// takes nothing with it but (on PostgreSQL) the transaction it runs in.
@@ -812,13 +826,22 @@ mod asynchronous {
         fail: bool,
     ) -> Result<(), TestError> {
         conn.insert_message(&format!("before:{id}"), id).await?;
+        let mut wrote_after = false;
         for statement in statements.split(";;").filter(|s| !s.is_empty()) {
-            if statement == "EXIT" {
-                std::process::exit(3);
+            match statement {
+                "EXIT" => std::process::exit(3),
+                super::AFTER => {
+                    conn.insert_message(&format!("after:{id}"), id).await?;
+                    wrote_after = true;
+                }
+                _ => {
+                    let _caught = conn.execute_sql(statement).await;
+                }
             }
-            let _caught = conn.execute_sql(statement).await;
         }
-        conn.insert_message(&format!("after:{id}"), id).await?;
+        if !wrote_after {
+            conn.insert_message(&format!("after:{id}"), id).await?;
+        }
         if fail {
             conn.execute_sql(super::A_FAILING_STATEMENT).await?;
             return Err(TestError::Declined);

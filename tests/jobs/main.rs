@@ -319,6 +319,11 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn a_changed_fingerprint_definition_replays() {
+                second_run::a_changed_fingerprint_definition_replays::<$backend>();
+            }
+
+            #[test]
             fn lapsed_keys_run_again() {
                 second_run::lapsed_keys_run_again::<$backend>();
             }
@@ -901,6 +906,11 @@ macro_rules! sqlite_tests {
             #[test]
             fn exhausted_retries_name_their_cause() {
                 crate::holes::exhausted_retries_name_their_cause::<$backend>("");
+            }
+
+            #[test]
+            fn verify_names_a_journal_a_killed_process_cannot_undo() {
+                crate::schema::verify_names_a_journal_a_killed_process_cannot_undo::<$backend>();
             }
         }
     };
@@ -1599,5 +1609,84 @@ mod snapshot_isolation_tests {
     #[test]
     fn racing_relays_deliver_every_message_once() {
         snapshot_isolation::racing_relays_deliver_every_message_once();
+    }
+}
+
+/// Where `verify` and `migrate` find the runtime's tables, and what a failed step says to do.
+mod schema_placement {
+    macro_rules! shadow_test {
+        ($name:ident, $feature:literal, $backend:ty) => {
+            #[cfg(feature = $feature)]
+            #[test]
+            fn $name() {
+                crate::schema::a_temporary_table_that_hides_the_runtimes_is_named::<$backend>();
+            }
+        };
+    }
+    shadow_test!(
+        a_temporary_table_that_hides_the_runtimes_is_named_sqlite,
+        "sqlite",
+        crate::backends::Sqlite
+    );
+    shadow_test!(
+        a_temporary_table_that_hides_the_runtimes_is_named_postgres,
+        "postgres",
+        crate::backends::Postgres
+    );
+    shadow_test!(
+        a_temporary_table_that_hides_the_runtimes_is_named_mysql,
+        "mysql",
+        crate::backends::Mysql
+    );
+    shadow_test!(
+        a_temporary_table_that_hides_the_runtimes_is_named_async_postgres,
+        "async-postgres",
+        crate::backends::AsyncPostgres
+    );
+    shadow_test!(
+        a_temporary_table_that_hides_the_runtimes_is_named_async_mysql,
+        "async-mysql",
+        crate::backends::AsyncMysql
+    );
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn tables_in_an_attached_database_are_found_there_sqlite() {
+        crate::schema::tables_in_an_attached_database_are_found_there::<crate::backends::Sqlite>();
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn an_applications_table_in_an_attached_database_is_foreign_sqlite() {
+        crate::schema::an_applications_table_in_an_attached_database_is_foreign::<
+            crate::backends::Sqlite,
+        >();
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_step_that_fails_the_same_way_says_what_to_do_postgres() {
+        crate::schema::a_step_that_fails_the_same_way_says_what_to_do::<crate::backends::Postgres>(
+        );
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_step_that_fails_the_same_way_says_what_to_do_mysql() {
+        crate::schema::a_step_that_fails_the_same_way_says_what_to_do::<crate::backends::Mysql>();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_user_without_create_is_told_the_grant_mysql() {
+        crate::schema::a_user_without_create_is_told_the_grant::<crate::backends::Mysql>();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_later_migrate_makes_the_procedures_an_earlier_one_could_not_mysql() {
+        crate::schema::a_later_migrate_makes_the_procedures_an_earlier_one_could_not::<
+            crate::backends::Mysql,
+        >();
     }
 }

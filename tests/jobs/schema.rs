@@ -519,6 +519,9 @@ pub fn a_held_migration_lock_times_out_clearly<B: Backend>(hold: &str, release: 
         crate::harness::with_causes(&error).contains("nothing was changed"),
         "{error}"
     );
+    // A wait that passes: a later call finishes once the other migration has (it said "not
+    // retryable" while its text said to retry).
+    assert!(error.is_retryable(), "{error}");
     assert!(B::snapshot(&mut conn).table_names().next().is_none());
     B::migrate_waiting(&mut conn, Duration::from_secs(1)).expect("the lock is free");
 }
@@ -886,4 +889,436 @@ pub fn a_migration_with_no_time_limit_migrates<B: Backend>() {
     B::migrate_waiting(&mut conn, Duration::MAX)
         .unwrap_or_else(|error| panic!("migrate with no time limit: {error}"));
     B::verify(&mut conn).unwrap_or_else(|error| panic!("verify after it: {error}"));
+}
+
+/// SQLite: a database file the connection keeps no journal of on disk (`journal_mode = MEMORY`
+/// or `OFF`, on the main database or one attached): a process killed in the middle of a job can
+/// leave the claim's page committed without the work's, and the key then replays, for ever, a
+/// run whose work is missing; `verify` said all was well. It names each such database now; the
+/// default journal, WAL, and an in-memory database (whose journal is always in memory, and which a
+/// killed process takes whole) pass.
+pub fn verify_names_a_journal_a_killed_process_cannot_undo<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::verify(&mut conn).expect("the default journal");
+    let attached = format!("{}-attached.db", db.locator());
+    B::execute(&mut conn, "ATTACH DATABASE ':memory:' AS scratch");
+    B::verify(&mut conn).expect("an attached in-memory database");
+    B::execute(&mut conn, &format!("ATTACH DATABASE '{attached}' AS aux"));
+    for (set, found) in [
+        (
+            "PRAGMA main.journal_mode = MEMORY",
+            "main (journal_mode = memory)",
+        ),
+        (
+            "PRAGMA main.journal_mode = OFF",
+            "main (journal_mode = off)",
+        ),
+        (
+            "PRAGMA aux.journal_mode = MEMORY",
+            "aux (journal_mode = memory)",
+        ),
+    ] {
+        B::execute(&mut conn, set);
+        match B::verify(&mut conn) {
+            Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+                assert_eq!(
+                    problems,
+                    [idempotent_jobs::SchemaProblem::VolatileJournal {
+                        found: found.to_owned()
+                    }],
+                    "after {set}"
+                );
+                assert!(
+                    problems[0].to_string().contains("journal_mode = WAL"),
+                    "{}",
+                    problems[0]
+                );
+            }
+            other => panic!("after {set}: {other:?}"),
+        }
+        B::execute(
+            &mut conn,
+            "PRAGMA journal_mode = DELETE; PRAGMA aux.journal_mode = DELETE",
+        );
+    }
+    B::execute(&mut conn, "PRAGMA journal_mode = WAL");
+    B::verify(&mut conn).expect("WAL");
+    // Unqualified, the setting is every database's: each is named.
+    B::execute(&mut conn, "PRAGMA journal_mode = MEMORY");
+    match B::verify(&mut conn) {
+        Err(idempotent_jobs::Error::SchemaNotReady { problems }) => assert_eq!(
+            problems,
+            [idempotent_jobs::SchemaProblem::VolatileJournal {
+                found: "main (journal_mode = memory), aux (journal_mode = memory)".to_owned()
+            }]
+        ),
+        other => panic!("after journal_mode = MEMORY everywhere: {other:?}"),
+    }
+    B::execute(&mut conn, "PRAGMA journal_mode = DELETE");
+    B::execute(&mut conn, "DETACH DATABASE aux");
+    let _ = std::fs::remove_file(&attached);
+}
+
+/// The statements that give this session a temporary table of `table`'s name, a copy of the
+/// runtime's, which the session's statements then find first (PostgreSQL's `pg_temp`, searched
+/// before the search_path; MySQL's temporary tables; SQLite's `temp` database).
+fn shadow(server: Server, table: &str) -> Vec<String> {
+    match server {
+        Server::Postgres => vec![format!(
+            "CREATE TEMP TABLE {table} (LIKE {table} INCLUDING ALL)"
+        )],
+        Server::Mysql => vec![
+            format!("CREATE TEMPORARY TABLE shadow_{table} LIKE {table}"),
+            format!("ALTER TABLE shadow_{table} RENAME TO {table}"),
+        ],
+        Server::Sqlite => vec![format!(
+            "CREATE TEMP TABLE {table} AS SELECT * FROM main.{table} WHERE 0"
+        )],
+    }
+}
+
+/// A session's temporary table named `done_jobs`, `outbox` or `idempotent_schema` hides the
+/// runtime's from every statement of that session: its jobs claimed keys and pushed messages into
+/// it, said `Ran`, and at disconnect the claims and messages were gone (the redelivery ran the
+/// work again), while `verify` and `migrate` said all was well (PostgreSQL's `verify` failed with
+/// an opaque `UnexpectedNullError` for a temporary outbox). `verify` names each such table now,
+/// with what happens and what to do, and `migrate` refuses, changing nothing.
+pub fn a_temporary_table_that_hides_the_runtimes_is_named<B: Backend>() {
+    use idempotent_jobs::SchemaProblem;
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    B::verify(&mut conn).expect("no temporary table yet");
+    let versions = |conn: &mut B::Conn| {
+        B::query_i64(
+            conn,
+            &format!(
+                "SELECT COUNT(*) AS n FROM {} idempotent_schema",
+                match B::SERVER {
+                    Server::Sqlite => "main.",
+                    _ => "",
+                }
+            ),
+        )
+    };
+    let recorded = i64::try_from(steps(B::SERVER)).expect("a few steps");
+    for table in ["done_jobs", "outbox", "idempotent_schema"] {
+        for sql in shadow(B::SERVER, table) {
+            B::execute(&mut conn, &sql);
+        }
+        match B::verify(&mut conn) {
+            Err(idempotent_jobs::Error::SchemaNotReady { problems }) => {
+                let named = problems
+                    .iter()
+                    .find(|p| matches!(p, SchemaProblem::ShadowedByTemporary { table: t } if *t == table))
+                    .unwrap_or_else(|| panic!("{table}: {problems:?}"));
+                let text = named.to_string();
+                assert!(text.contains("temporary table"), "{text}");
+                assert!(text.contains("runs them again"), "{text}");
+                assert!(text.contains("DROP"), "{text}");
+            }
+            other => panic!("a temporary {table}: {other:?}"),
+        }
+        let error = B::migrate(&mut conn).expect_err("migrate refuses a hidden table");
+        let text = crate::harness::with_causes(&error);
+        assert!(
+            matches!(&error, idempotent_jobs::Error::Migration { source, .. }
+                if matches!(source.downcast_ref::<SchemaProblem>(), Some(SchemaProblem::ShadowedByTemporary { .. }))),
+            "{text}"
+        );
+        assert!(!text.contains("resumes"), "{text}");
+        assert!(!error.is_retryable(), "{text}");
+    }
+    // Nothing changed: the runtime's own tables are as they were.
+    let mut other = db.connect();
+    assert_eq!(versions(&mut other), recorded);
+    B::verify(&mut other).expect("another session sees the runtime's tables");
+    for table in ["done_jobs", "outbox", "idempotent_schema"] {
+        B::execute(
+            &mut conn,
+            &match B::SERVER {
+                Server::Postgres => format!("DROP TABLE pg_temp.{table}"),
+                Server::Mysql => format!("DROP TEMPORARY TABLE {table}"),
+                Server::Sqlite => format!("DROP TABLE temp.{table}"),
+            },
+        );
+    }
+    B::verify(&mut conn).expect("the temporary tables dropped");
+    B::migrate(&mut conn).expect("nothing to do");
+    if B::SERVER == Server::Postgres {
+        // `pg_temp` last in the search_path: the session finds the runtime's tables first.
+        for sql in shadow(B::SERVER, "done_jobs") {
+            B::execute(&mut conn, &sql);
+        }
+        B::execute(
+            &mut conn,
+            "SELECT set_config('search_path', current_schema() || ', pg_temp', false)",
+        );
+        B::verify(&mut conn).expect("pg_temp searched last");
+        B::migrate(&mut conn).expect("pg_temp searched last");
+    }
+}
+
+/// SQLite: the runtime's tables in a database the worker ATTACHes (its main file is the
+/// application's). Jobs, replays and the keys API found them there, but `verify` looked in the
+/// main database alone and said to migrate, and `migrate` then made empty tables in main, which
+/// SQLite searches first: committed keys ran again. Now `verify` finds them where SQLite does
+/// (temp, main, then the attached databases in order), a current `migrate` changes nothing, and
+/// one with steps to make refuses to make a second copy in main, naming the attached database.
+pub fn tables_in_an_attached_database_are_found_there<B: Backend>() {
+    use idempotent_jobs::SchemaProblem;
+    let jobs = Db::<B>::fresh();
+    let app = Db::<B>::empty();
+    let mut conn = app.connect();
+    B::execute(
+        &mut conn,
+        &format!("ATTACH DATABASE '{}' AS jobs", jobs.locator()),
+    );
+    let in_main = |conn: &mut B::Conn| {
+        B::query_i64(
+            conn,
+            "SELECT COUNT(*) AS n FROM main.sqlite_master \
+             WHERE name IN ('idempotent_schema', 'done_jobs', 'outbox')",
+        )
+    };
+    B::verify(&mut conn).expect("the tables are in the attached database");
+    assert!(
+        B::charge_outcome(&mut conn, "attached-1")
+            .expect("ran")
+            .is_ran()
+    );
+    B::migrate(&mut conn).expect("current: nothing to do");
+    assert_eq!(in_main(&mut conn), 0, "no second copy in main");
+    assert!(
+        !B::charge_outcome(&mut conn, "attached-1")
+            .expect("replayed")
+            .is_ran(),
+        "the redelivery replays"
+    );
+    // An older schema there: migrate has a step to make, and refuses to make it in main.
+    let (indexes, drop) = leased_indexes(B::SERVER);
+    let latest = i64::try_from(steps(B::SERVER)).expect("a few steps");
+    B::execute(&mut conn, &drop.replace("DROP INDEX ", "DROP INDEX jobs."));
+    B::execute(
+        &mut conn,
+        &format!("DELETE FROM jobs.idempotent_schema WHERE version = {latest}"),
+    );
+    let error = B::migrate(&mut conn)
+        .expect_err("an attached database's tables are not migrated from here");
+    let text = crate::harness::with_causes(&error);
+    assert!(
+        matches!(&error, idempotent_jobs::Error::Migration { source, .. }
+            if matches!(source.downcast_ref::<SchemaProblem>(),
+                Some(SchemaProblem::AttachedDatabase { database, .. }) if database == "jobs")),
+        "{text}"
+    );
+    assert!(text.contains("main database"), "{text}");
+    assert!(!text.contains("resumes"), "{text}");
+    assert_eq!(in_main(&mut conn), 0, "no second copy in main");
+    let _ = indexes;
+    assert!(
+        !B::charge_outcome(&mut conn, "attached-1")
+            .expect("replayed")
+            .is_ran(),
+        "the redelivery still replays"
+    );
+    // Migrated on a connection whose main database is that file.
+    B::migrate(&mut jobs.connect()).expect("migrate on the jobs file");
+    B::verify(&mut conn).expect("current again");
+    B::execute(&mut conn, "DETACH DATABASE jobs");
+}
+
+/// Steps that fail the same way at every call said "calling migrate again resumes where this
+/// stopped" (PostgreSQL: an invalid `outbox_leased` left by a failed `CREATE INDEX
+/// CONCURRENTLY`; MariaDB: an `outbox` rebuilt `ROW_FORMAT=COMPACT`, error 1709; a user without
+/// `CREATE`). Each says what to do now, and is not retryable; the step succeeds once it is done.
+pub fn a_step_that_fails_the_same_way_says_what_to_do<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let latest = i64::try_from(steps(B::SERVER)).expect("a few steps");
+    let (fix, undo) = match B::SERVER {
+        Server::Postgres => {
+            B::execute(&mut conn, "DROP INDEX outbox_leased");
+            B::execute(
+                &mut conn,
+                "INSERT INTO outbox (message_id, topic, payload, created_at, available_at) \
+                 VALUES ('a', 'same', '{}', now(), now()), ('b', 'same', '{}', now(), now())",
+            );
+            assert!(
+                B::try_execute(
+                    &mut conn,
+                    "CREATE UNIQUE INDEX CONCURRENTLY outbox_leased ON outbox (topic)",
+                )
+                .is_err()
+            );
+            ("DROP INDEX outbox_leased", "DROP INDEX outbox_leased")
+        }
+        Server::Mysql => {
+            B::execute(
+                &mut conn,
+                "ALTER TABLE outbox DROP INDEX outbox_leased, ROW_FORMAT=COMPACT",
+            );
+            (
+                "ALTER TABLE outbox ROW_FORMAT=DYNAMIC",
+                "ALTER TABLE outbox ROW_FORMAT=DYNAMIC",
+            )
+        }
+        Server::Sqlite => return,
+    };
+    B::execute(
+        &mut conn,
+        &format!("DELETE FROM idempotent_schema WHERE version = {latest}"),
+    );
+    for _ in 0..2 {
+        let error = B::migrate(&mut conn).expect_err("the step fails the same way");
+        let text = crate::harness::with_causes(&error);
+        assert!(text.contains(fix), "{text}");
+        assert!(!text.contains("resumes"), "{text}");
+        assert!(!error.is_retryable(), "{text}");
+    }
+    B::execute(&mut conn, undo);
+    B::migrate(&mut conn).expect("done what it said");
+    B::verify(&mut conn).expect("ready");
+}
+
+/// A URL of `db`'s database for `user` (password `pw`) instead of root.
+fn mysql_url_as(locator: &str, user: &str) -> String {
+    locator.replacen("root@", &format!("{user}:pw@"), 1)
+}
+
+/// A MySQL user made for one test, with `grants` on `db`'s database, dropped at the end.
+struct MysqlUser<B: Backend> {
+    name: String,
+    backend: std::marker::PhantomData<fn() -> B>,
+}
+
+impl<B: Backend> MysqlUser<B> {
+    fn new(db: &Db<B>, grants: &str) -> Self {
+        let name = crate::harness::unique_name("mig");
+        let database = db
+            .locator()
+            .rsplit('/')
+            .next()
+            .expect("a database")
+            .to_owned();
+        let mut admin = B::connect(&Server::Mysql.base_url());
+        B::execute(
+            &mut admin,
+            &format!("CREATE USER '{name}'@'%' IDENTIFIED BY 'pw'"),
+        );
+        B::execute(
+            &mut admin,
+            &format!("GRANT {grants} ON `{database}`.* TO '{name}'@'%'"),
+        );
+        MysqlUser {
+            name,
+            backend: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<B: Backend> Drop for MysqlUser<B> {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = B::try_connect(&Server::Mysql.base_url()) {
+            let _ = B::try_execute(
+                &mut admin,
+                &format!("DROP USER IF EXISTS '{}'@'%'", self.name),
+            );
+        }
+    }
+}
+
+/// MySQL: a user without `CREATE` was told "calling migrate again resumes where this stopped",
+/// with no grant named. It is told the grant now, and that a retry alone fails the same way.
+pub fn a_user_without_create_is_told_the_grant<B: Backend>() {
+    let db = Db::<B>::empty();
+    let user = MysqlUser::new(&db, "SELECT, INSERT, UPDATE");
+    let mut conn = B::connect(&mysql_url_as(db.locator(), &user.name));
+    let error = B::migrate(&mut conn).expect_err("no CREATE");
+    let text = crate::harness::with_causes(&error);
+    assert!(text.contains("GRANT CREATE"), "{text}");
+    assert!(!text.contains("resumes"), "{text}");
+    assert!(!error.is_retryable(), "{text}");
+    assert!(
+        B::snapshot(&mut db.connect())
+            .table_names()
+            .next()
+            .is_none()
+    );
+}
+
+/// MySQL: a `migrate` by a user without `CREATE ROUTINE` records the step of the job procedures
+/// without them (a warning). A later `migrate` as a user that may (the runtime's own advice)
+/// found the version current and changed nothing: the procedures never came. It makes them now.
+pub fn a_later_migrate_makes_the_procedures_an_earlier_one_could_not<B: Backend>() {
+    let db = Db::<B>::empty();
+    let user = MysqlUser::new(
+        &db,
+        "SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP",
+    );
+    let routines = |conn: &mut B::Conn| {
+        B::query_i64(
+            conn,
+            "SELECT COUNT(*) AS n FROM information_schema.routines WHERE routine_schema = DATABASE()",
+        )
+    };
+    let mut limited = B::connect(&mysql_url_as(db.locator(), &user.name));
+    B::migrate(&mut limited).expect("migrates without the procedures");
+    let mut owner = db.connect();
+    assert_eq!(routines(&mut owner), 0);
+    B::migrate(&mut limited).expect("still without them, and no error");
+    assert_eq!(routines(&mut owner), 0);
+    B::migrate(&mut owner).expect("as a user that may create routines");
+    assert_eq!(routines(&mut owner), 3, "the procedures are made");
+    assert_eq!(
+        B::query_i64(
+            &mut owner,
+            "SELECT COUNT(*) AS n FROM idempotent_schema WHERE version = 4"
+        ),
+        1
+    );
+    B::migrate(&mut owner).expect("current");
+    B::verify(&mut owner).expect("ready");
+}
+
+/// SQLite: an attached database of the application's with a table `outbox` of its own (not the
+/// runtime's), and no runtime tables anywhere: `migrate` refused with `AttachedDatabase`, telling
+/// the user to migrate that file as its main database, which would fail the same way. It is the
+/// foreign table it is (`ForeignTable`, rename it or give the runtime a database of its own), and
+/// nothing is made in main, where it would hide the application's table from its own statements.
+pub fn an_applications_table_in_an_attached_database_is_foreign<B: Backend>() {
+    use idempotent_jobs::SchemaProblem;
+    let app = Db::<B>::empty();
+    let aux = format!("{}-aux.db", app.locator());
+    let mut conn = app.connect();
+    B::execute(&mut conn, &format!("ATTACH DATABASE '{aux}' AS app"));
+    B::execute(
+        &mut conn,
+        "CREATE TABLE app.outbox (id INTEGER PRIMARY KEY, body TEXT)",
+    );
+    match B::migrate(&mut conn) {
+        Err(idempotent_jobs::Error::Migration { source, .. }) => {
+            assert!(
+                matches!(
+                    source.downcast_ref::<SchemaProblem>(),
+                    Some(SchemaProblem::ForeignTable {
+                        table: "outbox",
+                        ..
+                    })
+                ),
+                "{source}"
+            );
+        }
+        other => panic!("migrate beside an application's attached outbox: {other:?}"),
+    }
+    assert_eq!(
+        B::query_i64(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM main.sqlite_master WHERE type = 'table'"
+        ),
+        0,
+        "nothing made in main"
+    );
+    B::execute(&mut conn, "DETACH DATABASE app");
+    let _ = std::fs::remove_file(&aux);
 }

@@ -50,6 +50,55 @@ pub fn fingerprints_guard_replays<B: Backend>() {
     assert_eq!(B::count_charges(&mut conn, "order-1"), 1);
 }
 
+/// A deploy that changes a job's fingerprint (adds an input, renames one): a redelivery of a key
+/// its first run stored under the old one is not compared, and replays. Before, every such key
+/// failed with `FingerprintMismatch` for ever, and only `forget` (running the work again) got it
+/// out. Other values of the same inputs are still refused; so is a row stored before the
+/// fingerprint held its inputs' names (the digest alone), whose values differ.
+pub fn a_changed_fingerprint_definition_replays<B: Backend>() {
+    let db = Db::<B>::fresh();
+    let mut conn = db.connect();
+    let runs = |conn: &mut B::Conn| B::count_topic(conn, "deployed");
+    // Other values of the same inputs: refused, whatever the row's form.
+    let refused_other_values = |conn: &mut B::Conn| {
+        let error = B::deployed(conn, "a", &[("amount", 9900)]).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                TestError::Idempotent(idempotent_jobs::Error::FingerprintMismatch { .. })
+            ),
+            "{error}"
+        );
+    };
+    assert_eq!(
+        B::deployed(&mut conn, "a", &[("amount", 1200)]).unwrap(),
+        1200
+    );
+    for inputs in [
+        [("amount", 1200), ("currency", 978)].as_slice(),
+        &[("amount_cents", 1200)],
+    ] {
+        assert_eq!(
+            B::deployed(&mut conn, "a", inputs).unwrap_or_else(|e| panic!("{inputs:?}: {e}")),
+            1200,
+            "{inputs:?}: the first run's result"
+        );
+    }
+    assert_eq!(runs(&mut conn), 1, "ran once");
+    refused_other_values(&mut conn);
+    // A row as written before the names were stored: the digest alone, compared as before.
+    B::execute(
+        &mut conn,
+        "UPDATE done_jobs SET fingerprint = SUBSTR(fingerprint, 1, 32)",
+    );
+    assert_eq!(
+        B::deployed(&mut conn, "a", &[("amount", 1200)]).unwrap(),
+        1200
+    );
+    refused_other_values(&mut conn);
+    assert_eq!(runs(&mut conn), 1, "still ran once");
+}
+
 /// A key whose `keep` lapsed may run again: once per lapse, not once per call.
 pub fn lapsed_keys_run_again<B: Backend>() {
     let db = Db::<B>::fresh();

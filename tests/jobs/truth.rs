@@ -35,6 +35,10 @@ fn cases(server: Server) -> Vec<&'static str> {
         "RELEASE SAVEPOINT idempotent_job",
         UNDO_TO_THE_JOBS_SAVEPOINT,
         "ROLLBACK TO SAVEPOINT idempotent_job;;RELEASE SAVEPOINT idempotent_job",
+        // The transaction ended, a write outside any (committed on its own), then a transaction
+        // begun again: one open at the end does not mean nothing ran outside one.
+        "ROLLBACK;;AFTER;;BEGIN",
+        "COMMIT;;AFTER;;BEGIN",
     ];
     cases.extend(match server {
         Server::Postgres => [
@@ -236,7 +240,12 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
     let db = Db::<B>::fresh();
     let mut wrong = Vec::new();
     let mut tried = 0;
-    for statements in cases(B::SERVER) {
+    // MySQL also with `autocommit = 0`, where a statement after the end opens a transaction of
+    // the session's, which a `BEGIN` or `COMMIT` of the body's then commits.
+    let modes = session_modes(B::SERVER)
+        .iter()
+        .flat_map(|mode| cases(B::SERVER).into_iter().map(move |case| (mode, case)));
+    for (&(setting, reset), statements) in modes {
         for (kind, fail) in [Kind::Value, Kind::Unit]
             .into_iter()
             .flat_map(|kind| [(kind, false), (kind, true)])
@@ -252,10 +261,17 @@ pub fn statements_in_the_body_never_make_a_call_lie<B: Backend>() {
             let id = harness::unique_name("truth");
             let result = {
                 let mut conn = db.connect();
-                deliver::<B>(&mut conn, kind, &id, statements, fail)
+                if !setting.is_empty() {
+                    B::execute(&mut conn, setting);
+                }
+                let result = deliver::<B>(&mut conn, kind, &id, statements, fail);
+                for statement in reset {
+                    let _ = B::try_execute(&mut conn, statement);
+                }
+                result
             };
             let ending = if fail { "Err" } else { "Ok" };
-            let case = format!("{kind:?} job, `{statements}` then {ending}");
+            let case = format!("{setting:?}: {kind:?} job, `{statements}` then {ending}");
             if let Err(why) = check(&db, kind, &id, statements, &result) {
                 wrong.push(format!("{case}: {why}"));
             }

@@ -105,17 +105,51 @@ impl Gate {
 
     /// How the request is authenticated, if it is.
     pub fn authenticate(&self, headers: &HeaderMap) -> Option<Auth> {
+        self.admit(headers).ok()
+    }
+
+    /// How the request is authenticated, or why it is not (for the audit log).
+    pub fn admit(&self, headers: &HeaderMap) -> Result<Auth, Denied> {
+        // Another scheme (a proxy's `Basic`) is not the dashboard's: the session decides.
         if let Some(token) = bearer(headers) {
-            return self.is_token(token).then_some(Auth::Bearer);
+            return match self.is_token(token) {
+                true => Ok(Auth::Bearer),
+                false => Err(Denied::WrongToken),
+            };
         }
-        let id = cookie(headers, COOKIE)?;
+        let id = cookie(headers, COOKIE).ok_or(Denied::NoToken)?;
         let key: [u8; 32] = Sha256::digest(id.as_bytes()).into();
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        let session = sessions.get(&key)?;
-        (session.since.elapsed() < SESSION_LIFETIME).then(|| Auth::Session {
+        let session = sessions.get(&key).ok_or(Denied::UnknownSession)?;
+        if session.since.elapsed() >= SESSION_LIFETIME {
+            return Err(Denied::UnknownSession);
+        }
+        Ok(Auth::Session {
             csrf: session.csrf.clone(),
             tag: session.tag.clone(),
         })
+    }
+}
+
+/// Why a request is not let in: what the audit log says of it (never the token it carried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// No `Authorization` header and no session cookie.
+    NoToken,
+    /// `Authorization: Bearer` with a token that is not the dashboard's.
+    WrongToken,
+    /// A session cookie of no open session: unknown, closed, or older than 12 hours.
+    UnknownSession,
+}
+
+impl Denied {
+    /// The reason, for the audit log.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Denied::NoToken => "no token (no bearer token, no session cookie)",
+            Denied::WrongToken => "a wrong bearer token",
+            Denied::UnknownSession => "an unknown or expired session cookie",
+        }
     }
 }
 

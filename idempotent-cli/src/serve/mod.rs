@@ -27,7 +27,6 @@ use axum::routing::{get, post};
 use crate::cli::ServeArgs;
 use crate::connect::{Conn, Target};
 use crate::failure::{Code, Failure};
-use crate::secret::scrub_text;
 use crate::table::printable;
 
 pub use auth::Auth;
@@ -313,9 +312,12 @@ fn limit_waits(mut conn: Conn) -> Conn {
     conn
 }
 
-/// Writes one line to the audit log (stderr), with secrets hidden and control characters escaped.
+/// Writes one line to the audit log (stderr), control characters escaped. A line that quotes a
+/// database error quotes it with its secrets hidden already (`Target::scrub`); keys, jobs and
+/// reasons are written as they are (a scrubber would take a key `reset-link:password=x` for a
+/// secret, and log a key that is not there).
 pub fn audit(line: &str) {
-    eprintln!("audit: dashboard: {}", printable(&scrub_text(line)));
+    eprintln!("audit: dashboard: {}", printable(line));
 }
 
 /// Serves the dashboard until interrupted.
@@ -466,19 +468,37 @@ async fn guard(
     response
 }
 
-/// The request, with its [`Auth`] and peer attached, or the response that refuses it.
+/// The answer to a request whose `Host` this server does not answer to, audited with the Host it
+/// named.
+fn refuse_host(headers: &HeaderMap, method: &Method, path: &str, peer: SocketAddr) -> Response {
+    let host = match headers.get(header::HOST) {
+        Some(host) => format!(
+            "Host `{}`",
+            crate::table::truncate(&String::from_utf8_lossy(host.as_bytes()), 100)
+        ),
+        None => "no Host header".to_owned(),
+    };
+    audit(&format!(
+        "refused {method} {path} from {peer}: {host}, not one this server answers to"
+    ));
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        "this server does not answer to that Host (start it with --allowed-host NAME:PORT)",
+    )
+        .into_response()
+}
+
+/// The request, with its [`Auth`] and peer attached, or the response that refuses it. Each
+/// refusal writes one audit line with its reason.
 async fn admit(app: &Arc<App>, peer: SocketAddr, request: Request) -> Result<Request, Response> {
     let (mut parts, body) = request.into_parts();
-    if !app.host_allowed(&parts.headers) {
-        return Err((
-            StatusCode::MISDIRECTED_REQUEST,
-            "this server does not answer to that Host (start it with --allowed-host NAME:PORT)",
-        )
-            .into_response());
-    }
     let path = parts.uri.path().to_owned();
+    let method = parts.method.clone();
+    if !app.host_allowed(&parts.headers) {
+        return Err(refuse_host(&parts.headers, &method, &path, peer));
+    }
     let public = path == "/login" || path.starts_with("/static/");
-    let post = parts.method == Method::POST;
+    let post = method == Method::POST;
     if post && let Some(why) = auth::cross_origin(&parts.headers) {
         audit(&format!("refused POST {path} from {peer}: {why}"));
         return Err(pages::refused(
@@ -486,25 +506,40 @@ async fn admit(app: &Arc<App>, peer: SocketAddr, request: Request) -> Result<Req
             &format!("Refused: {why}. Nothing was changed."),
         ));
     }
-    let auth = app.gate.authenticate(&parts.headers);
-    let Some(auth) = auth else {
-        if public {
+    let auth = match app.gate.admit(&parts.headers) {
+        Ok(auth) => auth,
+        // The login form and the style sheet need no token.
+        Err(_) if public => {
             parts.extensions.insert(peer);
             return Ok(Request::from_parts(parts, body));
         }
-        if post {
-            audit(&format!("refused POST {path} from {peer}: no token"));
-            return Err(pages::refused(
-                StatusCode::UNAUTHORIZED,
-                "Refused: log in with the access token first. Nothing was changed.",
+        Err(denied) => {
+            let reason = denied.reason();
+            if post {
+                audit(&format!("refused POST {path} from {peer}: {reason}"));
+                return Err(pages::refused(
+                    StatusCode::UNAUTHORIZED,
+                    "Refused: log in with the access token first. Nothing was changed.",
+                ));
+            }
+            audit(&format!(
+                "refused {method} {path} from {peer}: {reason}; sent to the login form"
             ));
+            return Err(Redirect::to("/login").into_response());
         }
-        return Err(Redirect::to("/login").into_response());
     };
     let body = if post {
-        let bytes = axum::body::to_bytes(body, MAX_FORM_BYTES)
-            .await
-            .map_err(|_| pages::refused(StatusCode::PAYLOAD_TOO_LARGE, "The form is too large."))?;
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
+            audit(&format!(
+                "refused POST {path} from {peer} ({}): the form is larger than {} KiB",
+                auth.who(),
+                MAX_FORM_BYTES / 1024
+            ));
+            return Err(pages::refused(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "The form is too large.",
+            ));
+        };
         if let Some(csrf) = auth.csrf() {
             let form = actions::Form::parse(&bytes);
             let sent = form.get("csrf").unwrap_or_default();

@@ -281,6 +281,41 @@ sql! {
          WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position",
         every_row!()
     );
+    // What the session finds by each name: `information_schema` lists no temporary table
+    // (MariaDB 10.11, MySQL 8), `SHOW CREATE TABLE` shows the one the name resolves to.
+    ShowCreateIdempotentSchema = "SHOW CREATE TABLE idempotent_schema";
+    ShowCreateDoneJobs = "SHOW CREATE TABLE done_jobs";
+    ShowCreateOutbox = "SHOW CREATE TABLE outbox";
+}
+
+/// A row of `SHOW CREATE TABLE`.
+#[derive(diesel::QueryableByName)]
+struct CreateTable {
+    #[diesel(sql_type = Text, column_name = "Create Table")]
+    create: String,
+}
+
+/// Whether the table `SHOW CREATE TABLE` (`S`) shows is a temporary one of this session. A name
+/// that resolves to no table (or to a view) is not; a lost connection is the error it is.
+async fn temporary<S: crate::sql::SqlText, C: Store<Db = MysqlDb>>(
+    conn: &mut C,
+) -> QueryResult<bool>
+where
+    CreateTable: diesel::QueryableByName<Mysql>,
+{
+    match conn
+        .load::<_, _, CreateTable>(Statement::<S, _>::new(()))
+        .await
+    {
+        Ok(rows) => Ok(rows.first().is_some_and(|row| {
+            row.create
+                .trim_start()
+                .to_ascii_uppercase()
+                .starts_with("CREATE TEMPORARY TABLE")
+        })),
+        Err(error) if MysqlDb::connection_lost(&error) => Err(error),
+        Err(_) => Ok(false),
+    }
 }
 
 /// A read outside the runtime's transactions sees the latest commit only in autocommit mode: with
@@ -1111,7 +1146,7 @@ impl Database for MysqlDb {
                     match crate::migrations::pass(conn, None).await {
                         Err(crate::error::Error::Migration { source, .. })
                             if attempt < 5
-                                && source.downcast_ref::<DieselError>().is_some_and(|error| {
+                                && crate::migration_failure::database_error(source.as_ref()).is_some_and(|error| {
                                     matches!(Self::classify(error), Fault::Deadlock | Fault::Serialization)
                                 }) =>
                         {
@@ -1124,6 +1159,22 @@ impl Database for MysqlDb {
             },
         )
         .await
+    }
+
+    async fn shadowed_by_temporary<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> QueryResult<Vec<&'static str>> {
+        let mut found = Vec::new();
+        if temporary::<ShowCreateIdempotentSchema, _>(conn).await? {
+            found.push("idempotent_schema");
+        }
+        if temporary::<ShowCreateDoneJobs, _>(conn).await? {
+            found.push("done_jobs");
+        }
+        if temporary::<ShowCreateOutbox, _>(conn).await? {
+            found.push("outbox");
+        }
+        Ok(found)
     }
 
     async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
@@ -1251,10 +1302,9 @@ async fn take_migration_lock<C: Store<Db = MysqlDb>>(
         Some(1) => Ok(()),
         Some(_) => Err(crate::error::Error::Migration {
             table: "idempotent_schema",
-            source: format!(
+            source: Box::new(crate::migrations::LockWait(format!(
                 "another migration held the lock `idempotent_jobs:<database>` for more than {seconds} s; nothing was changed. Retry once it has finished (a stuck session holding it shows in SHOW PROCESSLIST)"
-            )
-            .into(),
+            ))),
         }),
         None => Err(crate::error::Error::Migration {
             table: "idempotent_schema",

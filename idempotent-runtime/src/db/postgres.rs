@@ -299,7 +299,21 @@ sql! {
          WHERE c.relname IN ('idempotent_schema', 'done_jobs', 'outbox') \
          AND NOT has_schema_privilege(n.oid, 'USAGE') \
          AND n.nspname = ANY (string_to_array(replace(replace(current_setting('search_path'), '\"', ''), ' ', ''), ','))";
-    OutboxSequence = "SELECT has_sequence_privilege(pg_get_serial_sequence('outbox', 'id'), 'USAGE') AS usage";
+    // Of the outbox the catalog reads above find (a temporary `outbox`, which `pg_temp` puts
+    // first for the unqualified name, has no serial sequence: NULL); one without a serial
+    // sequence has none to grant.
+    OutboxSequence = "SELECT COALESCE(has_sequence_privilege(pg_get_serial_sequence(\
+         quote_ident(n.nspname) || '.outbox', 'id'), 'USAGE'), TRUE) AS usage \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname = 'outbox' AND c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false)) \
+         ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1";
+    // The runtime's tables that this session's temporary table of the same name hides: the one
+    // the unqualified name resolves to is in `pg_temp` (searched first unless the search_path
+    // places it).
+    ShadowingTemporaries = "SELECT c.relname::text AS name FROM pg_class c \
+         WHERE c.relnamespace = pg_my_temp_schema() \
+         AND c.relname IN ('idempotent_schema', 'done_jobs', 'outbox') \
+         AND c.oid = to_regclass(quote_ident(c.relname))";
     UniqueIndexOn = "SELECT COUNT(*) AS n FROM pg_index i WHERE i.indrelid = to_regclass(?) \
          AND i.indisunique AND i.indnatts = 1 AND i.indkey[0] = \
          (SELECT attnum FROM pg_attribute WHERE attrelid = i.indrelid AND attname = ?)";
@@ -397,6 +411,7 @@ sql! {
            AND c.relname IN ('idempotent_schema', 'done_jobs', 'outbox')) AS holds_tables \
          FROM pg_namespace n WHERE quote_ident(n.nspname) = ?";
     ReadStillOpen = "SELECT COALESCE(current_setting('idempotent.open', true), '') AS previous";
+    JobMarkSet = "SELECT COALESCE(current_setting('idempotent.job', true), '') AS previous";
 }
 
 #[derive(diesel::QueryableByName)]
@@ -567,6 +582,29 @@ impl Database for PostgresDb {
             .await
             .ok()?;
         Some(read.first().is_some_and(|row| row.previous == "on"))
+    }
+
+    /// The job's own transaction has its transaction-local mark (`idempotent.job`, set by
+    /// [`JobTexts::begin_job`]); one the body began after ending it has none. An aborted one
+    /// answers nothing until it is rolled back to the job's savepoint, which only the job's own
+    /// has (the runtime rolls the transaction back next in any case): where that fails, the
+    /// transaction is taken for one the body began (or the body released the job's savepoint),
+    /// and what the body ran may be committed.
+    async fn open_transaction_holds_the_rest<C: Store<Db = Self>>(conn: &mut C) -> Option<bool> {
+        let mark = async |conn: &mut C| {
+            let rows: Vec<crate::store::SettingRow> =
+                conn.load(Statement::<JobMarkSet, _>::new(())).await?;
+            Ok::<_, DieselError>(rows.first().is_some_and(|row| row.previous == "on"))
+        };
+        match mark(conn).await {
+            Ok(marked) => Some(marked),
+            Err(error) if Self::connection_lost(&error) => None,
+            Err(_) => match conn.batch("ROLLBACK TO SAVEPOINT idempotent_job").await {
+                Ok(()) => mark(conn).await.ok(),
+                Err(error) if Self::connection_lost(&error) => None,
+                Err(_) => Some(false),
+            },
+        }
     }
 
     const LEAVE_CALLERS_TRANSACTION: &'static str = "ROLLBACK TO SAVEPOINT idempotent_job; \
@@ -800,10 +838,9 @@ impl Database for PostgresDb {
                 if Self::classify(&error) == Fault::LockTimeout {
                     return Err(crate::error::Error::Migration {
                         table: "idempotent_schema",
-                        source: format!(
+                        source: Box::new(crate::migrations::LockWait(format!(
                             "another migration held the migration lock for more than {lock_timeout:?}; nothing was changed. Retry once it has finished"
-                        )
-                        .into(),
+                        ))),
                     });
                 }
                 return Err(failed("idempotent_schema")(error));
@@ -814,6 +851,23 @@ impl Database for PostgresDb {
             crate::migrations::pass(conn, Some(&narrow)).await
         })
         .await
+    }
+
+    async fn shadowed_by_temporary<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> QueryResult<Vec<&'static str>> {
+        let found: Vec<super::Name> = conn
+            .load(Statement::<ShadowingTemporaries, _>::new(()))
+            .await?;
+        Ok(crate::migrations::runtime_tables(
+            found.iter().map(|n| n.name.as_str()),
+        ))
+    }
+
+    fn privilege_denied(error: &DieselError) -> bool {
+        // "permission denied for schema jobs", "must be owner of table outbox".
+        super::message(error)
+            .is_some_and(|m| m.contains("permission denied") || m.contains("must be owner"))
     }
 
     async fn where_tables_are<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<String> {

@@ -124,19 +124,33 @@ sql! {
          COUNT(delivered_at) AS delivered, \
          COUNT(CASE WHEN delivered_at IS NULL THEN parked_at END) AS parked \
          FROM outbox";
-    TableExists = "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?";
+    // In any database of the connection (temp, main, or one attached), as SQLite finds an
+    // unqualified name: the job statements find the tables wherever they are.
+    TableExists = "SELECT COUNT(*) AS n FROM pragma_table_list WHERE type = 'table' AND name = ?";
+    // Where each of the runtime's tables resolves: first in temp, then main, then the attached
+    // databases in the order they were attached (`seq`).
+    TablesResolved = "SELECT lower(t.name) AS name, t.schema AS schema FROM pragma_table_list AS t \
+         LEFT JOIN pragma_database_list AS d ON d.name = t.schema \
+         WHERE lower(t.name) IN ('idempotent_schema', 'done_jobs', 'outbox') \
+         AND t.type IN ('table', 'view', 'virtual') \
+         ORDER BY CASE t.schema WHEN 'temp' THEN 0 WHEN 'main' THEN 1 ELSE 2 + COALESCE(d.seq, 0) END";
     RecordVersion = concat!(
         "INSERT INTO idempotent_schema (version, description, applied_at) VALUES (?, ?, ", now!(), ")"
     );
     // Of every database of the connection, the main one and each attached one: a body may write
     // to any of them.
     JournalMode = "SELECT COALESCE((SELECT journal_mode FROM pragma_journal_mode WHERE schema = d.name), '') AS name FROM pragma_database_list AS d";
+    // The databases in a file (an in-memory one, `temp` included, has the file name '') whose
+    // journal is kept in memory or not at all.
+    VolatileJournals = "SELECT name || ' (journal_mode = ' || mode || ')' AS name FROM \
+         (SELECT d.seq, d.name, d.file, lower(COALESCE((SELECT journal_mode FROM pragma_journal_mode WHERE schema = d.name), '')) AS mode \
+         FROM pragma_database_list AS d) WHERE file <> '' AND mode IN ('memory', 'off') ORDER BY seq";
     // SQLite's own tables begin with exactly `sqlite_` (it refuses that prefix, in any case, to
     // others); `LIKE` would ignore case and read `_` as any character.
     TableNames = "SELECT name AS name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, 7) <> 'sqlite_' ORDER BY name";
     TableColumns = "SELECT name AS name FROM pragma_table_info(?) ORDER BY cid";
-    IndexExists =
-        "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name = ?";
+    // On the table the name resolves to, in whichever database it is.
+    IndexExists = "SELECT COUNT(*) AS n FROM pragma_index_list(?) WHERE name = ?";
     // A primary key or a unique index whose only column is the one asked for.
     UniqueIndexOn = "SELECT COUNT(*) AS n FROM pragma_index_list(?) AS l \
          WHERE l.\"unique\" = 1 AND (SELECT COUNT(*) FROM pragma_index_info(l.name)) = 1 \
@@ -232,6 +246,17 @@ impl Database for SqliteDb {
             .then_some(
                 "this SQLite connection runs with journal_mode = OFF (on its main database or one attached), which has no rollback",
             ))
+    }
+
+    async fn volatile_journals<C: Store<Db = Self>>(conn: &mut C) -> QueryResult<Option<String>> {
+        let found: Vec<super::Name> = conn.load(Statement::<VolatileJournals, _>::new(())).await?;
+        Ok((!found.is_empty()).then(|| {
+            found
+                .into_iter()
+                .map(|database| database.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        }))
     }
 
     /// The busy timeout bounds the wait for the write lock, and goes back to the usual one as soon
@@ -390,7 +415,28 @@ impl Database for SqliteDb {
     }
 
     async fn where_tables_are<C: Store<Db = Self>>(_conn: &mut C) -> QueryResult<String> {
-        Ok("this database file".to_owned())
+        Ok("this connection's databases (its main file, and those attached to it)".to_owned())
+    }
+
+    async fn shadowed_by_temporary<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> QueryResult<Vec<&'static str>> {
+        Ok(resolved(conn)
+            .await?
+            .into_iter()
+            .filter(|(_, schema)| schema == "temp")
+            .map(|(table, _)| table)
+            .collect())
+    }
+
+    async fn in_attached_databases<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> QueryResult<Vec<(&'static str, String)>> {
+        Ok(resolved(conn)
+            .await?
+            .into_iter()
+            .filter(|(_, schema)| schema != "temp" && schema != "main")
+            .collect())
     }
 
     async fn table_rows<C: Store<Db = Self>>(
@@ -409,6 +455,32 @@ impl Database for SqliteDb {
         ))
         .await
     }
+}
+
+/// A runtime table's name, and the database it is in.
+#[derive(diesel::QueryableByName)]
+struct Resolved {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Text)]
+    schema: String,
+}
+
+/// Each of the runtime's tables the connection finds, with the database SQLite finds it in (the
+/// first of temp, main, then the attached ones in order, that holds one of that name).
+async fn resolved<C: Store<Db = SqliteDb>>(
+    conn: &mut C,
+) -> QueryResult<Vec<(&'static str, String)>> {
+    let rows: Vec<Resolved> = conn.load(Statement::<TablesResolved, _>::new(())).await?;
+    let mut found: Vec<(&'static str, String)> = Vec::new();
+    for row in rows {
+        if let Some(table) = crate::migrations::runtime_tables([row.name.as_str()]).pop()
+            && !found.iter().any(|(seen, _)| *seen == table)
+        {
+            found.push((table, row.schema));
+        }
+    }
+    Ok(found)
 }
 
 /// The clock as `strftime('%Y-%m-%d %H:%M:%f', 'now')` gives it, read by the runtime: SQLite

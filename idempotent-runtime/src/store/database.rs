@@ -156,6 +156,25 @@ pub trait Database: Sized + Send + Sync + 'static {
         async { None }
     }
 
+    /// Asked with [`transaction_still_open`](Self::transaction_still_open) on the same error
+    /// paths, where it answered `Some(true)`: whether the open transaction holds all that the body
+    /// ran after the job's transaction was found not to be its own, so that none of it ran outside
+    /// any transaction. `Some(true)`: it is the job's still (PostgreSQL: its transaction-local
+    /// mark is set, or, aborted, it still has the job's savepoint). `Some(false)`: it may not be
+    /// (a statement began it: the body's `BEGIN` after a `ROLLBACK` or a deadlock it caught, a
+    /// nested job's; or the body released the job's savepoint in an aborted transaction), and what
+    /// the body ran before may have run outside any. MySQL answers `Some(false)` too: under
+    /// `autocommit = 0` the session opens a transaction at the body's next statement by itself,
+    /// but a `BEGIN` or `COMMIT` of the body's then commits it, which nothing shows afterwards.
+    /// By default `Some(false)`.
+    #[doc(hidden)]
+    fn open_transaction_holds_the_rest<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = Option<bool>> + Send {
+        let _ = conn;
+        async { Some(false) }
+    }
+
     /// Whether the connection's answers are in step with its statements: a statement that echoes
     /// `nonce` reads it back. Asked after a job's body, before the runtime's next statement, where
     /// statements are not cancel-safe (`Store::STATEMENTS_CANCEL_SAFE`: diesel-async's MySQL
@@ -415,6 +434,39 @@ pub trait Database: Sized + Send + Sync + 'static {
     fn session_clock_offset<C: Store<Db = Self>>(
         conn: &mut C,
     ) -> impl Future<Output = QueryResult<Option<i64>>> + Send {
+        let _ = conn;
+        async { Ok(None) }
+    }
+
+    /// The runtime's tables that a temporary table of this session hides: one of the same name
+    /// that the session's statements find first (PostgreSQL's `pg_temp`, searched before the
+    /// search_path unless placed in it; a MySQL/MariaDB `TEMPORARY` table; SQLite's `temp`
+    /// database). Asked by `verify` and `migrate` only: jobs do not check.
+    #[doc(hidden)]
+    fn shadowed_by_temporary<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<&'static str>>> + Send {
+        let _ = conn;
+        async { Ok(Vec::new()) }
+    }
+
+    /// SQLite: the runtime's tables that the connection finds in a database attached to it, not
+    /// in its main one, with that database's name; `migrate` does not make tables there.
+    #[doc(hidden)]
+    fn in_attached_databases<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Vec<(&'static str, String)>>> + Send {
+        let _ = conn;
+        async { Ok(Vec::new()) }
+    }
+
+    /// The databases of the connection that keep no journal on disk (SQLite's `journal_mode`
+    /// `MEMORY` or `OFF` on a database in a file), as `name (journal_mode = mode)`; `None` where
+    /// there is none, and on the other databases.
+    #[doc(hidden)]
+    fn volatile_journals<C: Store<Db = Self>>(
+        conn: &mut C,
+    ) -> impl Future<Output = QueryResult<Option<String>>> + Send {
         let _ = conn;
         async { Ok(None) }
     }
