@@ -219,11 +219,23 @@ pub enum Error {
     /// their own. Where `outside`, the body went on after the rollback, and what it ran then ran
     /// outside any transaction and may be committed.
     ///
+    /// With [`Step::Begin`] (MySQL/MariaDB), the caller's transaction had ended before the call:
+    /// the caller caught a deadlock and went on, or ran a statement that ended it. Opening the
+    /// job's savepoint found no transaction open, and the job did not run (before, it ran outside
+    /// any transaction, its claim and work each committed on their own, and its end took the
+    /// claim back: the retry it asked for ran the job twice). What the caller's transaction wrote
+    /// before the call was rolled back with it, or committed by the caller's statement.
+    ///
     /// What to do: return the error from the caller's transaction (with `?`) and retry that
     /// transaction from its start when [`is_retryable`](Error::is_retryable); calling the job
     /// again alone would run it, and the rest of the caller's work, outside any transaction.
     #[error(
-        "job `{job}` (key `{key}`): the whole enclosing transaction the job was called in was rolled back (by the database, or by a statement of the body) while {step}{hint}: nothing of the job was committed, nor anything that transaction wrote before the call, and the connection is no longer in a transaction{after}; return this error from the enclosing transaction{retry}",
+        "job `{job}` (key `{key}`): {what}{hint}: nothing of the job was committed{before}, and the connection is no longer in a transaction{after}; return this error from the enclosing transaction{retry}",
+        what = callers_end(*step),
+        before = match step {
+            Step::Begin => " (it did not run); what that transaction wrote before the call was rolled back with it, or committed by a statement of the caller's that ended it",
+            _ => ", nor anything that transaction wrote before the call",
+        },
         hint = source.as_ref().map_or("", hint),
         after = if *outside { ", but the statements the body ran after the rollback ran outside any transaction and may be committed" } else { "" },
         retry = match (*retryable, *outside) {
@@ -802,6 +814,14 @@ impl fmt::Display for Step {
     }
 }
 
+/// How [`Error::CallersTransactionRolledBack`] says the caller's transaction ended, found at `step`.
+fn callers_end(step: Step) -> String {
+    match step {
+        Step::Begin => "the enclosing transaction the job was called in had ended before the call (the database rolled it back, a deadlock the caller went on after, or a statement of the caller's ended it): opening the job's savepoint found no transaction open".to_owned(),
+        step => format!("the whole enclosing transaction the job was called in was rolled back (by the database, or by a statement of the body) while {step}"),
+    }
+}
+
 /// What the runtime was doing, as [`Error::Database`] says it: inside a caller's transaction the
 /// job's end is the release of its savepoint there, not a commit of its own.
 fn doing(step: Step, enclosing: bool) -> std::borrow::Cow<'static, str> {
@@ -1117,6 +1137,14 @@ mod tests {
                 source: None,
             });
         }
+        cases.push(Error::CallersTransactionRolledBack {
+            job: "invoice",
+            key: "invoice:1".into(),
+            step: Step::Begin,
+            outside: false,
+            retryable: true,
+            source: None,
+        });
         for error in cases {
             let text = error.to_string();
             assert!(

@@ -1421,6 +1421,15 @@ async fn open_job<'a, S: Store>(
             Attempt::Over(Error::InsideTransaction {
                 what: "run the job",
             })
+        } else if crate::transaction::callers_transaction_gone::<S::Db>(&error) {
+            Attempt::Over(Error::CallersTransactionRolledBack {
+                job: call.job.name(),
+                key: call.key_text.clone(),
+                step: Step::Begin,
+                outside: false,
+                retryable: true,
+                source: Some(error),
+            })
         } else {
             Attempt::Failed(Step::Begin, error)
         }

@@ -27,7 +27,24 @@ pub(crate) struct Transaction<'a, Conn: ?Sized, S: Store, R: Fn(&mut Conn) -> &m
 /// ends at it ([`end_at_mark`]: released, or rolled back to and released),
 /// and its failure paths read it ([`Mark`]).
 pub(crate) fn enclosing_mark(enclosing: u32) -> String {
-    format!("idempotent_enclosing_{enclosing}")
+    format!("{MARK_PREFIX}{enclosing}")
+}
+
+/// What every [`enclosing_mark`] begins with.
+const MARK_PREFIX: &str = "idempotent_enclosing_";
+
+/// Whether `error`, met opening a job's savepoint inside a caller's transaction, says that no
+/// transaction was open: the mark set in the same batch was gone at once (MySQL and MariaDB; see
+/// [`Database::TRANSACTION_MAY_END_UNDER_THE_SESSION`]). The server had ended the caller's
+/// transaction before the call (a deadlock the caller caught and went on after), or a statement
+/// of the caller's had; nothing of the job ran.
+pub(crate) fn callers_transaction_gone<D: Database>(error: &diesel::result::Error) -> bool {
+    D::TRANSACTION_MAY_END_UNDER_THE_SESSION
+        && matches!(
+            error,
+            diesel::result::Error::DatabaseError(_, info)
+                if info.message().contains(MARK_PREFIX)
+        )
 }
 
 /// How [`Transaction::check_and_finish`] ended a job inside a caller's transaction.

@@ -1546,6 +1546,11 @@ mod nested_jobs {
     }
 
     #[test]
+    fn a_job_called_after_the_callers_transaction_died_does_not_run() {
+        nested::a_job_called_after_the_callers_transaction_died_does_not_run();
+    }
+
+    #[test]
     fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction() {
         nested::a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction();
     }

@@ -182,6 +182,93 @@ pub fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
     }
 }
 
+/// MySQL/MariaDB: a caller catches a deadlock (the server rolled back its whole transaction; the
+/// session runs each later statement on its own) and then calls a job, which Diesel still counts
+/// as nested. Before, the job ran outside any transaction, its claim and its body's row each
+/// committed on their own; the release of its savepoint failed, the claim was taken back, and the
+/// call said `TransactionEndedInBody` ("a statement of its body ended the job's transaction"),
+/// with the row committed and no claim: the caller's retry ran the job a second time (2 rows).
+/// Now opening the job's savepoint finds no transaction open: the job does not run, and the call
+/// says the caller's transaction had ended before it, which the caller retries from its start.
+pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
+    use crate::backends::Mysql;
+    for value in [false, true] {
+        let db = fresh::<Mysql>();
+        let mut conn = db.connect();
+        Mysql::execute(
+            &mut conn,
+            "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
+             CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
+             INSERT INTO locked VALUES (1, 0), (2, 0)",
+        );
+        let kind = if value { "value job" } else { "unit job" };
+        let call = |conn: &mut diesel::MysqlConnection| -> Result<(), TestError> {
+            if value {
+                let key = JobKey::new("nested-value:1");
+                let _ran = idempotent_jobs::run(conn, &VALUE, &key, |conn| {
+                    write(conn, "job").map(|()| 7_u32)
+                })?;
+            } else {
+                let key = JobKey::new("nested-unit:1");
+                let _ran = idempotent_jobs::run(conn, &UNIT, &key, |conn| write(conn, "job"))?;
+            }
+            Ok(())
+        };
+        let caller = with_deadlock_partner(&db, |barrier| {
+            conn.transaction::<(), TestError, _>(|conn| {
+                write(conn, "caller-before")?;
+                diesel::sql_query("UPDATE locked SET v = v + 10 WHERE id = 1").execute(conn)?;
+                barrier.wait();
+                // The deadlock, caught by the caller, which goes on.
+                let _ =
+                    diesel::sql_query("UPDATE locked SET v = v + 10 WHERE id = 2").execute(conn);
+                call(conn)
+            })
+        });
+        let error = match caller {
+            Err(TestError::Idempotent(error)) => error,
+            other => panic!("{kind}: expected the call's error: {other:?}"),
+        };
+        assert!(
+            matches!(
+                error,
+                Error::CallersTransactionRolledBack {
+                    step: idempotent_jobs::Step::Begin,
+                    outside: false,
+                    retryable: true,
+                    ..
+                }
+            ),
+            "{kind}: the caller's transaction had ended before the call: {error:?}: {error}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("before the call") && text.contains("did not run"),
+            "{kind}: {text}"
+        );
+        assert_eq!(
+            count::<Mysql>(&mut conn, "job"),
+            0,
+            "{kind}: the job did not run"
+        );
+        assert_eq!(Mysql::count_done(&mut conn), 0, "{kind}: no claim");
+        assert_eq!(count::<Mysql>(&mut conn, "caller-before"), 0, "{kind}");
+        // The retry the call asks for: the caller's transaction, from its start, runs the job once.
+        let retried = conn.transaction::<(), TestError, _>(|conn| {
+            write(conn, "caller-before")?;
+            call(conn)
+        });
+        assert!(retried.is_ok(), "{kind}: {retried:?}");
+        assert_eq!(
+            count::<Mysql>(&mut conn, "job"),
+            1,
+            "{kind}: the job ran once"
+        );
+        assert_eq!(Mysql::count_done(&mut conn), 1, "{kind}: one claim");
+        assert_eq!(count::<Mysql>(&mut conn, "caller-before"), 1, "{kind}");
+    }
+}
+
 /// SQLite in WAL mode: a job called inside a caller's transaction that read before another
 /// connection committed cannot claim: the transaction's snapshot is older than the database
 /// (`SQLITE_BUSY_SNAPSHOT`), and no retry of the call inside that transaction can write. Before,

@@ -14,17 +14,19 @@ use diesel::result::QueryResult;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::store::Nesting;
 
-/// Opens a transaction with `sql` on a sync connection, or a savepoint inside the caller's.
+/// Opens a transaction with `sql` on a sync connection of database `D`, or a savepoint inside the
+/// caller's.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn begin_sync<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
+pub(crate) fn begin_sync<D, C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
 where
+    D: crate::store::Database,
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
     match AnsiTransactionManager::begin_transaction_sql(conn, sql) {
         Ok(()) => Ok(Nesting::Outermost),
         Err(DieselError::AlreadyInTransaction) => {
             let depth = depth_sync(conn)?;
-            conn.batch_execute(&marked_savepoint(depth))?;
+            conn.batch_execute(&marked_savepoint::<D>(depth))?;
             change_depth(
                 <AnsiTransactionManager as TransactionManager<C>>::transaction_manager_status_mut(
                     conn,
@@ -37,18 +39,26 @@ where
 }
 
 /// What Diesel sends to open a savepoint inside a caller's transaction at `depth`, with the
-/// runtime's mark before it in the same batch (no round trip more).
+/// runtime's mark before it in the same batch (no round trip more). Where the server may have
+/// ended the caller's transaction under it
+/// ([`Database::TRANSACTION_MAY_END_UNDER_THE_SESSION`](crate::store::Database::TRANSACTION_MAY_END_UNDER_THE_SESSION)),
+/// the mark is rolled back to at once: outside any transaction the savepoint is gone with the
+/// statement that set it, and the batch stops there, before the job's savepoint, claim or body
+/// ([`crate::transaction::callers_transaction_gone`]).
 #[cfg(any(
     feature = "sqlite",
     feature = "postgres",
     feature = "mysql",
     feature = "async"
 ))]
-fn marked_savepoint(depth: u32) -> String {
-    format!(
-        "SAVEPOINT {}; SAVEPOINT diesel_savepoint_{depth}",
-        crate::transaction::enclosing_mark(depth)
-    )
+fn marked_savepoint<D: crate::store::Database>(depth: u32) -> String {
+    let mark = crate::transaction::enclosing_mark(depth);
+    match D::TRANSACTION_MAY_END_UNDER_THE_SESSION {
+        true => format!(
+            "SAVEPOINT {mark}; ROLLBACK TO SAVEPOINT {mark}; SAVEPOINT diesel_savepoint_{depth}"
+        ),
+        false => format!("SAVEPOINT {mark}; SAVEPOINT diesel_savepoint_{depth}"),
+    }
 }
 
 /// Counts one transaction more in Diesel's manager (the savepoint just opened).
@@ -74,9 +84,9 @@ fn change_depth(
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn ansi_begin<C>(conn: &mut C, sql: &str) -> QueryResult<Nesting>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: Connection<TransactionManager = AnsiTransactionManager> + crate::store::Store,
 {
-    begin_sync(conn, sql)
+    begin_sync::<C::Db, C>(conn, sql)
 }
 
 /// Commits the innermost transaction the way Diesel does.
@@ -106,7 +116,7 @@ where
     D: crate::store::Database,
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
-    let begun = begin_sync(conn, sql);
+    let begun = begin_sync::<D, C>(conn, sql);
     if begun.is_err()
         && let Some(reset) = D::bounded_begin_failed_sql()
         && let Err(error) = conn.batch_execute(reset)
@@ -559,7 +569,8 @@ pub(crate) async fn begin_async<C>(
     sql: &str,
 ) -> diesel::QueryResult<crate::store::Nesting>
 where
-    C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
+    C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>
+        + crate::store::Store,
 {
     use diesel_async::{AnsiTransactionManager, TransactionManager};
     match AnsiTransactionManager::begin_transaction_sql(conn, sql).await {
@@ -569,8 +580,8 @@ where
             // future dropped while it is in flight is the runtime's transaction guard's to mark
             // broken, as for any statement of a job's.
             let depth = depth_async(conn)?;
-            diesel_async::SimpleAsyncConnection::batch_execute(conn, &marked_savepoint(depth))
-                .await?;
+            let sql = marked_savepoint::<C::Db>(depth);
+            diesel_async::SimpleAsyncConnection::batch_execute(conn, &sql).await?;
             change_depth(AnsiTransactionManager::transaction_manager_status_mut(conn))?;
             Ok(crate::store::Nesting::Savepoint)
         }

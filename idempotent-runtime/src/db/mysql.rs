@@ -689,6 +689,7 @@ impl Database for MysqlDb {
     const BEGIN: &'static str = "START TRANSACTION";
     const COMMIT: &'static str = COMMIT;
     const ROLLBACK: &'static str = ROLLBACK;
+    const TRANSACTION_MAY_END_UNDER_THE_SESSION: bool = true;
     fn release_and_commit_sql() -> &'static str {
         "RELEASE SAVEPOINT idempotent_job; COMMIT AND NO CHAIN NO RELEASE"
     }
@@ -1672,7 +1673,7 @@ pub(crate) mod prepared {
     /// Opens a transaction, or a savepoint inside the caller's.
     pub(crate) fn begin(conn: &mut MysqlConnection, text: &str) -> QueryResult<Nesting> {
         if super::savepoints_as_text() || crate::db::depth_sync(conn)? > 0 {
-            return crate::db::begin_sync(conn, text);
+            return crate::db::begin_sync::<super::MysqlDb, _>(conn, text);
         }
         match diesel::RunQueryDsl::execute(Statement::<Begin, _>::new(()), conn) {
             Ok(_) => {
@@ -1681,7 +1682,7 @@ pub(crate) mod prepared {
             }
             Err(error) if super::refuses_prepared(&error) => {
                 super::use_text_for_transactions();
-                crate::db::begin_sync(conn, text)
+                crate::db::begin_sync::<super::MysqlDb, _>(conn, text)
             }
             Err(error) => Err(error),
         }

@@ -570,7 +570,7 @@ sync_store!(diesel::SqliteConnection, SqliteDb, begin: BEGIN, job: BEGIN, transa
 /// costs nothing after the claim in process ([`Nesting::Unmarked`]); or Diesel's savepoint inside
 /// the caller's transaction.
 fn begin_job(conn: &mut diesel::SqliteConnection, sql: &str) -> QueryResult<Nesting> {
-    crate::db::begin_sync(conn, sql).map(super::unmarked)
+    crate::db::begin_sync::<SqliteDb, _>(conn, sql).map(super::unmarked)
 }
 
 /// diesel-async's SQLite runs the sync connection on a blocking thread; statements go through
@@ -588,8 +588,10 @@ mod wrapper {
         type Db = super::SqliteDb;
 
         async fn begin(&mut self) -> diesel::QueryResult<Nesting> {
-            self.spawn_blocking(|conn| crate::db::begin_sync(conn, super::BEGIN))
-                .await
+            self.spawn_blocking(|conn| {
+                crate::db::begin_sync::<super::SqliteDb, _>(conn, super::BEGIN)
+            })
+            .await
         }
 
         async fn begin_bounded(
@@ -624,8 +626,10 @@ mod wrapper {
         }
 
         async fn begin_deferred(&mut self) -> diesel::QueryResult<Nesting> {
-            self.spawn_blocking(|conn| crate::db::begin_sync(conn, super::BEGIN_DEFERRED))
-                .await
+            self.spawn_blocking(|conn| {
+                crate::db::begin_sync::<super::SqliteDb, _>(conn, super::BEGIN_DEFERRED)
+            })
+            .await
         }
 
         async_store_methods!();

@@ -24,6 +24,16 @@ pub trait Database: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     const A_FAILED_STATEMENT_ABORTS: bool = false;
 
+    /// Whether the server can end a transaction under a session that goes on, each later
+    /// statement then committing on its own while Diesel still counts the transaction open
+    /// (MySQL and MariaDB: a deadlock or a Galera conflict rolls back the whole transaction, and a
+    /// caller may catch it and go on). A job called inside such a caller's transaction checks at
+    /// its savepoint that one is open: the runtime's mark is rolled back to as soon as it is set,
+    /// in the same batch, which fails where no transaction holds it
+    /// ([`crate::transaction::enclosing_mark`]).
+    #[doc(hidden)]
+    const TRANSACTION_MAY_END_UNDER_THE_SESSION: bool = false;
+
     /// Whether a transaction that writes takes the whole database's write lock at `BEGIN`
     /// (SQLite): then a claim waits there, not for the key's row.
     #[doc(hidden)]
