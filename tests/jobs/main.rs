@@ -1550,6 +1550,12 @@ mod nested_jobs {
         nested::a_job_called_after_the_callers_transaction_died_does_not_run();
     }
 
+    #[cfg(feature = "async-mysql")]
+    #[test]
+    fn an_async_job_called_after_the_caller_ended_its_transaction_does_not_run() {
+        nested::an_async_job_called_after_the_caller_ended_its_transaction_does_not_run();
+    }
+
     #[test]
     fn a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction() {
         nested::a_claim_behind_a_stale_snapshot_says_to_retry_the_enclosing_transaction();

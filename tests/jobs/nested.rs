@@ -269,6 +269,78 @@ pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
     }
 }
 
+/// diesel-async's MySQL connection: a caller whose own statement ended its transaction (a raw
+/// `COMMIT`: its row before it committed; Diesel still counts the transaction open) calls a job.
+/// Opening the job's savepoint finds no transaction open: the job does not run, and the call says
+/// the caller's transaction had ended before it (its writes rolled back or committed by the
+/// caller's statement). Before the check, the job ran outside any transaction, as in
+/// [`a_job_called_after_the_callers_transaction_died_does_not_run`].
+#[cfg(feature = "async-mysql")]
+pub fn an_async_job_called_after_the_caller_ended_its_transaction_does_not_run() {
+    use crate::backends::AsyncMysql;
+    use diesel_async::TransactionManager as _;
+    type Manager =
+        <diesel_async::AsyncMysqlConnection as diesel_async::AsyncConnection>::TransactionManager;
+    let db = fresh::<AsyncMysql>();
+    let mut c = db.connect();
+    let said = c.runtime.block_on(async {
+        let conn = &mut c.conn;
+        Manager::begin_transaction(conn).await.expect("BEGIN");
+        diesel_async::RunQueryDsl::execute(
+            diesel::sql_query("INSERT INTO rows_written (tag) VALUES ('caller-before')"),
+            conn,
+        )
+        .await
+        .expect("the caller's row");
+        // The caller's own statement ends its transaction.
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, "COMMIT")
+            .await
+            .expect("COMMIT");
+        let said =
+            idempotent_jobs::run_async(conn, &UNIT, &JobKey::new("nested-unit:1"), async |c| {
+                diesel_async::RunQueryDsl::execute(
+                    diesel::sql_query("INSERT INTO rows_written (tag) VALUES ('job')"),
+                    c,
+                )
+                .await?;
+                Ok::<_, TestError>(())
+            })
+            .await;
+        Manager::rollback_transaction(conn)
+            .await
+            .expect("the caller's rollback, of nothing");
+        said
+    });
+    let error = match said {
+        Err(TestError::Idempotent(error)) => error,
+        other => panic!("expected the call's error: {other:?}"),
+    };
+    assert!(
+        matches!(
+            error,
+            Error::CallersTransactionRolledBack {
+                step: idempotent_jobs::Step::Begin,
+                outside: false,
+                ..
+            }
+        ),
+        "{error:?}: {error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("committed by a statement of the caller's"),
+        "{error}"
+    );
+    assert_eq!(count::<AsyncMysql>(&mut c, "job"), 0, "the job did not run");
+    assert_eq!(AsyncMysql::count_done(&mut c), 0, "no claim");
+    assert_eq!(
+        count::<AsyncMysql>(&mut c, "caller-before"),
+        1,
+        "the caller's COMMIT"
+    );
+}
+
 /// SQLite in WAL mode: a job called inside a caller's transaction that read before another
 /// connection committed cannot claim: the transaction's snapshot is older than the database
 /// (`SQLITE_BUSY_SNAPSHOT`), and no retry of the call inside that transaction can write. Before,
