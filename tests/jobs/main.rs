@@ -1550,6 +1550,11 @@ mod nested_jobs {
         nested::a_job_called_after_the_callers_transaction_died_does_not_run();
     }
 
+    #[test]
+    fn a_job_calling_a_job_after_a_caught_deadlock_runs_neither() {
+        nested::a_job_calling_a_job_after_a_caught_deadlock_runs_neither();
+    }
+
     #[cfg(feature = "async-mysql")]
     #[test]
     fn an_async_job_called_after_the_caller_ended_its_transaction_does_not_run() {

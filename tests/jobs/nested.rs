@@ -269,6 +269,64 @@ pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
     }
 }
 
+/// MySQL/MariaDB: the caller is a job of its own (its transaction the deadlock's victim), whose
+/// body catches the deadlock and calls another job with `?`. Before, the inner job ran outside any
+/// transaction, its row committed and its claim taken back, and the outer job's redelivery ran it
+/// again. Now the inner job does not run: the outer call says its transaction was rolled back in
+/// its body, no claim is left, and the redelivery runs both jobs once.
+pub fn a_job_calling_a_job_after_a_caught_deadlock_runs_neither() {
+    use crate::backends::Mysql;
+    static OUTER: Job = Job::new("nested_outer", "nested-outer:<n>");
+    let db = fresh::<Mysql>();
+    let mut conn = db.connect();
+    Mysql::execute(
+        &mut conn,
+        "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
+         CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
+         INSERT INTO locked VALUES (1, 0), (2, 0)",
+    );
+    let outer_key = JobKey::new("nested-outer:1");
+    let inner = |conn: &mut diesel::MysqlConnection| {
+        idempotent_jobs::run(conn, &UNIT, &JobKey::new("nested-unit:1"), |conn| {
+            write(conn, "inner")
+        })
+    };
+    let first = with_deadlock_partner(&db, |barrier| {
+        idempotent_jobs::run(&mut conn, &OUTER, &outer_key, |conn| {
+            write(conn, "outer-before")?;
+            diesel::sql_query("UPDATE locked SET v = v + 10 WHERE id = 1").execute(conn)?;
+            barrier.wait();
+            // The deadlock, caught.
+            let _ = diesel::sql_query("UPDATE locked SET v = v + 10 WHERE id = 2").execute(conn);
+            let _ran = inner(conn)?;
+            Ok::<_, TestError>(())
+        })
+    });
+    let said = format!("{first:?}");
+    assert!(
+        matches!(
+            first,
+            Err(TestError::Idempotent(
+                Error::TransactionRolledBackInBody { .. }
+            ))
+        ),
+        "the outer job's transaction was rolled back in its body: {said}"
+    );
+    assert_eq!(count::<Mysql>(&mut conn, "inner"), 0, "{said}");
+    assert_eq!(count::<Mysql>(&mut conn, "outer-before"), 0, "{said}");
+    assert_eq!(Mysql::count_done(&mut conn), 0, "no claim: {said}");
+    // The redelivery runs both, once.
+    let again = idempotent_jobs::run(&mut conn, &OUTER, &outer_key, |conn| {
+        write(conn, "outer-before")?;
+        let _ran = inner(conn)?;
+        Ok::<_, TestError>(())
+    });
+    assert!(again.is_ok(), "{again:?}");
+    assert_eq!(count::<Mysql>(&mut conn, "inner"), 1);
+    assert_eq!(count::<Mysql>(&mut conn, "outer-before"), 1);
+    assert_eq!(Mysql::count_done(&mut conn), 2);
+}
+
 /// diesel-async's MySQL connection: a caller whose own statement ended its transaction (a raw
 /// `COMMIT`: its row before it committed; Diesel still counts the transaction open) calls a job.
 /// Opening the job's savepoint finds no transaction open: the job does not run, and the call says
