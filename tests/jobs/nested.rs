@@ -86,6 +86,23 @@ where
     assert_eq!(count::<B>(&mut conn, "caller-after"), 1);
 }
 
+/// A fresh MySQL/MariaDB database with the tables [`with_deadlock_partner`] locks, and a connection.
+fn fresh_for_deadlock() -> (
+    Db<crate::backends::Mysql>,
+    <crate::backends::Mysql as Backend>::Conn,
+) {
+    use crate::backends::Mysql;
+    let db = fresh::<Mysql>();
+    let mut conn = db.connect();
+    Mysql::execute(
+        &mut conn,
+        "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
+         CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
+         INSERT INTO locked VALUES (1, 0), (2, 0)",
+    );
+    (db, conn)
+}
+
 /// Makes the transaction on the calling connection the victim of a deadlock (MySQL/MariaDB): the
 /// other transaction, on its own connection, is the heavier, and asks for row 1 once `f` has
 /// locked it and waits at the barrier for row 2.
@@ -125,14 +142,7 @@ fn with_deadlock_partner<R: Send>(
 pub fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
     use crate::backends::Mysql;
     for value in [false, true] {
-        let db = fresh::<Mysql>();
-        let mut conn = db.connect();
-        Mysql::execute(
-            &mut conn,
-            "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
-             CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
-             INSERT INTO locked VALUES (1, 0), (2, 0)",
-        );
+        let (db, mut conn) = fresh_for_deadlock();
         let caller = with_deadlock_partner(&db, |barrier| {
             conn.transaction::<(), TestError, _>(|conn| {
                 write(conn, "caller-before")?;
@@ -193,14 +203,7 @@ pub fn a_deadlock_the_body_catches_says_the_callers_transaction_is_gone() {
 pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
     use crate::backends::Mysql;
     for value in [false, true] {
-        let db = fresh::<Mysql>();
-        let mut conn = db.connect();
-        Mysql::execute(
-            &mut conn,
-            "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
-             CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
-             INSERT INTO locked VALUES (1, 0), (2, 0)",
-        );
+        let (db, mut conn) = fresh_for_deadlock();
         let kind = if value { "value job" } else { "unit job" };
         let call = |conn: &mut diesel::MysqlConnection| -> Result<(), TestError> {
             if value {
@@ -225,27 +228,7 @@ pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
                 call(conn)
             })
         });
-        let error = match caller {
-            Err(TestError::Idempotent(error)) => error,
-            other => panic!("{kind}: expected the call's error: {other:?}"),
-        };
-        assert!(
-            matches!(
-                error,
-                Error::CallersTransactionRolledBack {
-                    step: idempotent_jobs::Step::Begin,
-                    outside: false,
-                    retryable: true,
-                    ..
-                }
-            ),
-            "{kind}: the caller's transaction had ended before the call: {error:?}: {error}"
-        );
-        let text = error.to_string();
-        assert!(
-            text.contains("before the call") && text.contains("did not run"),
-            "{kind}: {text}"
-        );
+        said_ended_before_the_call(caller, kind);
         assert_eq!(
             count::<Mysql>(&mut conn, "job"),
             0,
@@ -269,6 +252,33 @@ pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
     }
 }
 
+/// The error of a job called where the caller's transaction had ended before the call: it says
+/// so, and that the job did not run; the caller may retry its transaction.
+fn said_ended_before_the_call<T: std::fmt::Debug>(said: Result<T, TestError>, kind: &str) -> Error {
+    let error = match said {
+        Err(TestError::Idempotent(error)) => error,
+        other => panic!("{kind}: expected the call's error: {other:?}"),
+    };
+    assert!(
+        matches!(
+            error,
+            Error::CallersTransactionRolledBack {
+                step: idempotent_jobs::Step::Begin,
+                outside: false,
+                retryable: true,
+                ..
+            }
+        ),
+        "{kind}: the caller's transaction had ended before the call: {error:?}: {error}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("before the call") && text.contains("did not run"),
+        "{kind}: {text}"
+    );
+    error
+}
+
 /// MySQL/MariaDB: the caller is a job of its own (its transaction the deadlock's victim), whose
 /// body catches the deadlock and calls another job with `?`. Before, the inner job ran outside any
 /// transaction, its row committed and its claim taken back, and the outer job's redelivery ran it
@@ -277,14 +287,7 @@ pub fn a_job_called_after_the_callers_transaction_died_does_not_run() {
 pub fn a_job_calling_a_job_after_a_caught_deadlock_runs_neither() {
     use crate::backends::Mysql;
     static OUTER: Job = Job::new("nested_outer", "nested-outer:<n>");
-    let db = fresh::<Mysql>();
-    let mut conn = db.connect();
-    Mysql::execute(
-        &mut conn,
-        "CREATE TABLE locked (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
-         CREATE TABLE heavy (id INT) ENGINE = InnoDB; \
-         INSERT INTO locked VALUES (1, 0), (2, 0)",
-    );
+    let (db, mut conn) = fresh_for_deadlock();
     let outer_key = JobKey::new("nested-outer:1");
     let inner = |conn: &mut diesel::MysqlConnection| {
         idempotent_jobs::run(conn, &UNIT, &JobKey::new("nested-unit:1"), |conn| {
@@ -369,21 +372,7 @@ pub fn an_async_job_called_after_the_caller_ended_its_transaction_does_not_run()
             .expect("the caller's rollback, of nothing");
         said
     });
-    let error = match said {
-        Err(TestError::Idempotent(error)) => error,
-        other => panic!("expected the call's error: {other:?}"),
-    };
-    assert!(
-        matches!(
-            error,
-            Error::CallersTransactionRolledBack {
-                step: idempotent_jobs::Step::Begin,
-                outside: false,
-                ..
-            }
-        ),
-        "{error:?}: {error}"
-    );
+    let error = said_ended_before_the_call(said, "async unit job");
     assert!(
         error
             .to_string()
