@@ -224,7 +224,10 @@ pub enum Error {
     /// job's savepoint found no transaction open, and the job did not run (before, it ran outside
     /// any transaction, its claim and work each committed on their own, and its end took the
     /// claim back: the retry it asked for ran the job twice). What the caller's transaction wrote
-    /// before the call was rolled back with it, or committed by the caller's statement.
+    /// before the call was rolled back with it, or committed by the caller's statement, and what
+    /// the caller ran after its end ran outside any transaction: the retry can succeed, and runs
+    /// those statements again. Only with `autocommit = 1`: under `autocommit = 0` the job's
+    /// savepoint opens the transaction the server begins at any statement, and the job runs in it.
     ///
     /// What to do: return the error from the caller's transaction (with `?`) and retry that
     /// transaction from its start when [`is_retryable`](Error::is_retryable); calling the job
@@ -233,15 +236,16 @@ pub enum Error {
         "job `{job}` (key `{key}`): {what}{hint}: nothing of the job was committed{before}, and the connection is no longer in a transaction{after}; return this error from the enclosing transaction{retry}",
         what = callers_end(*step),
         before = match step {
-            Step::Begin => " (it did not run); what that transaction wrote before the call was rolled back with it, or committed by a statement of the caller's that ended it",
+            Step::Begin => " (it did not run); what that transaction wrote before the call was rolled back with it or committed by the caller's statement, and what the caller ran after its end ran outside any transaction and may be committed",
             _ => ", nor anything that transaction wrote before the call",
         },
         hint = source.as_ref().map_or("", hint),
         after = if *outside { ", but the statements the body ran after the rollback ran outside any transaction and may be committed" } else { "" },
-        retry = match (*retryable, *outside) {
-            (true, false) => " and retry that from its start: retrying is safe and can succeed",
-            (true, true) => " and retry that from its start, which can succeed: a retry runs the job again, those statements with it",
-            (false, _) => "",
+        retry = match (*retryable, *outside, *step == Step::Begin) {
+            (true, _, true) => " and retry that from its start, which can succeed: a retry runs the job once, and those statements of the caller's again",
+            (true, false, false) => " and retry that from its start: retrying is safe and can succeed",
+            (true, true, false) => " and retry that from its start, which can succeed: a retry runs the job again, those statements with it",
+            (false, ..) => "",
         }
     )]
     CallersTransactionRolledBack {
@@ -250,13 +254,15 @@ pub enum Error {
         /// The job's key (redacted when the job asks for it).
         key: String,
         /// What the runtime was doing when it found out: [`Step::Claim`] for a claim that met
-        /// the failure itself, [`Step::Body`] for a body that went on after it.
+        /// the failure itself, [`Step::Body`] for a body that went on after it, [`Step::Begin`]
+        /// where the caller's transaction had ended before the call.
         step: Step,
         /// The body ran statements after the rollback: they may be committed.
         outside: bool,
         /// Whether running the caller's transaction again can succeed.
         retryable: bool,
-        /// Diesel's error, where a statement of the runtime's met the failure (the claim).
+        /// Diesel's error, where a statement of the runtime's met the failure (the claim, or the
+        /// job's savepoint).
         #[source]
         source: Option<diesel::result::Error>,
     },
