@@ -901,6 +901,20 @@ async fn take_back_after_callers_end<S: Store>(
     }
 }
 
+/// Where opening a job's savepoint found the caller's transaction ended before the call, with
+/// Diesel still counting it: opens its [`stand_in`], so that each of the caller's rollbacks finds
+/// its own and Diesel returns the job's error (a caller two levels deep got Diesel's "SAVEPOINT
+/// diesel_savepoint_1 does not exist" instead).
+async fn stand_in_for_callers<S: Store>(store: &mut S) {
+    let Ok(enclosing) = store.transaction_depth() else {
+        return;
+    };
+    if let Err(error) = store.batch(&stand_in::<S::Db>(enclosing)).await {
+        tracing::warn!(%error, "opening a transaction for the caller's to end failed");
+        store.count_transactions(0);
+    }
+}
+
 /// The empty transaction that stands for a caller's that a statement of the body ended, at
 /// Diesel's count of `enclosing` transactions: `BEGIN`, and Diesel's savepoints of the levels past
 /// the first (`diesel_savepoint_1` ..), so that each of the caller's rollbacks finds its own and
@@ -1308,7 +1322,15 @@ async fn begin_and_claim<S: Store>(
         let (step, error) = match attempt {
             Ok((nesting, claimed)) => return Ok(Began::Open(nesting, claimed)),
             Err(Attempt::Taken { read }) => return Ok(Began::Taken { read }),
-            Err(Attempt::Over(error)) => return Err(error),
+            Err(Attempt::Over(error)) => {
+                if let Error::CallersTransactionRolledBack {
+                    step: Step::Begin, ..
+                } = error
+                {
+                    stand_in_for_callers(store).await;
+                }
+                return Err(error);
+            }
             Err(Attempt::Failed(step, error)) => {
                 // SQLite in WAL mode: a `BEGIN IMMEDIATE` inside a transaction the session holds
                 // of its own, whose snapshot another connection's commit has made old, is

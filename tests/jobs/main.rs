@@ -1551,6 +1551,11 @@ mod nested_jobs {
     }
 
     #[test]
+    fn a_job_called_two_levels_deep_after_the_caller_ended_its_transaction_returns_its_error() {
+        nested::a_job_called_two_levels_deep_after_the_caller_ended_its_transaction_returns_its_error();
+    }
+
+    #[test]
     fn a_job_calling_a_job_after_a_caught_deadlock_runs_neither() {
         nested::a_job_calling_a_job_after_a_caught_deadlock_runs_neither();
     }

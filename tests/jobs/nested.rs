@@ -279,6 +279,34 @@ fn said_ended_before_the_call<T: std::fmt::Debug>(said: Result<T, TestError>, ki
     error
 }
 
+/// MySQL/MariaDB: a caller two transactions deep ends its transaction with a statement of its
+/// own (`COMMIT`) and calls a job. The job does not run, and the caller's `?` gets the job's error
+/// back through both of Diesel's rollbacks: an empty transaction, with Diesel's savepoints of the
+/// caller's levels, stands for the caller's, as where a body ended it.
+pub fn a_job_called_two_levels_deep_after_the_caller_ended_its_transaction_returns_its_error() {
+    use crate::backends::Mysql;
+    let db = fresh::<Mysql>();
+    let mut conn = db.connect();
+    let caller = conn.transaction::<(), TestError, _>(|conn| {
+        conn.transaction::<(), TestError, _>(|conn| {
+            write(conn, "caller-before")?;
+            diesel::sql_query("COMMIT").execute(conn)?;
+            let _ran = idempotent_jobs::run(conn, &UNIT, &JobKey::new("nested-unit:1"), |conn| {
+                write(conn, "job")
+            })?;
+            Ok(())
+        })
+    });
+    said_ended_before_the_call(caller, "two levels deep");
+    assert_eq!(count::<Mysql>(&mut conn, "job"), 0, "the job did not run");
+    assert_eq!(Mysql::count_done(&mut conn), 0, "no claim");
+    assert_eq!(
+        count::<Mysql>(&mut conn, "caller-before"),
+        1,
+        "the caller's COMMIT"
+    );
+}
+
 /// MySQL/MariaDB: the caller is a job of its own (its transaction the deadlock's victim), whose
 /// body catches the deadlock and calls another job with `?`. Before, the inner job ran outside any
 /// transaction, its row committed and its claim taken back, and the outer job's redelivery ran it
