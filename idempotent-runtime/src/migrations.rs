@@ -251,14 +251,7 @@ pub(crate) async fn run<S: Store>(
     let (shadowed, attached, lost_table, routines) =
         outside_migration(conn, async |conn: &mut S| {
             let shadowed = S::Db::shadowed_by_temporary(conn).await?;
-            // Only the runtime's own: an application's table of that name in an attached
-            // database is a foreign table (refused below as such, with its own advice).
-            let mut attached = Vec::new();
-            for (table, database) in S::Db::in_attached_databases(conn).await? {
-                if foreign(conn, table).await?.is_none() {
-                    attached.push((table, database));
-                }
-            }
+            let attached = runtime_tables_attached(conn).await?;
             let (lost_table, routines) = match current {
                 Some(version) => (
                     lost(conn, version).await?,
@@ -322,6 +315,21 @@ pub(crate) async fn run<S: Store>(
         }
     }
     S::Db::migrate(conn, lock_timeout).await
+}
+
+/// The runtime's own tables in an attached SQLite database, with the database's name. Only the
+/// runtime's: an application's table of that name there is a foreign table (refused as such, with
+/// its own advice).
+async fn runtime_tables_attached<S: Store>(
+    conn: &mut S,
+) -> diesel::QueryResult<Vec<(&'static str, String)>> {
+    let mut attached = Vec::new();
+    for (table, database) in S::Db::in_attached_databases(conn).await? {
+        if foreign(conn, table).await?.is_none() {
+            attached.push((table, database));
+        }
+    }
+    Ok(attached)
 }
 
 /// Checks, changing nothing, that the tables are there at this release's version, with their
@@ -801,7 +809,10 @@ fn step_failed<D: crate::store::Database>(
     step: Option<&Step>,
     error: diesel::result::Error,
 ) -> Error {
-    let message = crate::db::message(&error).unwrap_or_default().to_owned();
+    let message = match &error {
+        diesel::result::Error::DatabaseError(_, info) => info.message().to_owned(),
+        _ => String::new(),
+    };
     let cause = if D::connection_lost(&error) || D::classify(&error).is_transient() {
         Cause::Transient
     } else if D::privilege_denied(&error) {
